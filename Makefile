@@ -1,0 +1,160 @@
+# ikbo-serve build. `make help` lists the targets.
+#
+# Outputs go to build/. CUDA sources (kernels/cuda/*.cu) are compiled whenever
+# nvcc is found, for sm_90a plus PTX; `make CUDA=0` builds CPU-only.
+
+CC       ?= gcc
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -MMD -MP -pthread
+CPPFLAGS += -I. -Ibuild/gen
+LDLIBS   += -lm -lpthread
+BUILD    := build
+PY       := /usr/bin/python3
+
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_SRCS := $(wildcard kernels/cuda/*.cu)
+ifeq ($(strip $(NVCC)),)
+CUDA ?= 0
+else
+CUDA ?= 1
+endif
+ifeq ($(strip $(CUDA_SRCS)),)
+override CUDA := 0
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS ?= -O3 -lineinfo
+NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90a,code=compute_90a \
+             -Xcompiler -fPIC,-Wall -I.
+ifeq ($(CUDA),1)
+CPPFLAGS  += -DIKBO_CUDA
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
+endif
+
+# Debian packages: what building needs, and what the tests need on top.
+DEPS_BUILD := gcc make pkg-config libevent-dev libprotobuf-c-dev protobuf-c-compiler \
+              libgrpc-dev libjansson-dev
+DEPS_TEST  := libcmocka-dev protobuf-compiler python3-torch python3-numpy python3-grpcio \
+              python3-protobuf python3-prometheus-client openssl curl
+
+ENGINE_SRCS := $(wildcard engine/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
+ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/obj/%.o)
+SERVER_SRCS := $(filter-out server/main.c,$(wildcard server/*.c))
+SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/obj/%.o)
+PROTOS      := proto/ikbo/v1/ranker.proto $(wildcard proto/grpc/health/v1/health.proto)
+GEN_C       := $(PROTOS:proto/%.proto=$(BUILD)/gen/%.pb-c.c)
+GEN_H       := $(GEN_C:.c=.h)
+GEN_OBJS    := $(GEN_C:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
+GEN_PY      := $(PROTOS:proto/%.proto=$(BUILD)/gen/py/%_pb2.py)
+UNIT_SRCS   := $(wildcard tests/unit/test_*.c)
+UNIT_BINS   := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+SERVER_LIBS := -lgrpc -lgpr -lprotobuf-c -levent -levent_pthreads -ljansson
+
+LIBIKBO := $(BUILD)/libikbo.a
+
+.PHONY: all run test deps deps-build unit golden integration fuzz clean help
+.DEFAULT_GOAL := all
+
+all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader
+
+help:
+	@echo "make            build build/ikbo-serve, build/ikbo-score and the tests (CUDA=0: CPU only)"
+	@echo "make run        install missing packages, build, serve the demo model (config/server.json)"
+	@echo "make test       install missing packages, build, run unit, fuzz, golden and integration tests"
+	@echo "make unit       cmocka unit tests only"
+	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py)"
+	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
+	@echo "make deps       install missing Debian packages (needs root)"
+	@echo "make clean      remove build/"
+
+# ---- packages ----
+deps-build:
+	@$(MAKE) --no-print-directory -s _deps PKGS="$(DEPS_BUILD)"
+deps:
+	@$(MAKE) --no-print-directory -s _deps PKGS="$(DEPS_BUILD) $(DEPS_TEST)"
+_deps:
+	@missing=""; for p in $(PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "error: missing Debian packages:$$missing"; \
+	    echo "       run 'sudo make deps' or: sudo apt-get install$$missing"; exit 1; \
+	  fi; \
+	  echo "installing:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  (apt-get install -y -qq $$missing >/dev/null 2>&1) || \
+	  (apt-get update -qq && apt-get install -y -qq $$missing) || exit 1; \
+	fi
+
+# ---- build ----
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+
+$(BUILD)/gen/py/%_pb2.py: proto/%.proto
+	@mkdir -p $(BUILD)/gen/py
+	protoc --python_out=$(BUILD)/gen/py -Iproto $<
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c | $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIBIKBO): $(ENGINE_OBJS) $(CUDA_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/ikbo-serve: $(BUILD)/obj/server/main.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+
+$(BUILD)/ikbo-score: $(BUILD)/obj/tools/ikbo_score.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ -lcmocka $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+
+$(BUILD)/fuzz_loader: $(wildcard tests/fuzz/fuzz_loader.c) $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	@if [ -f tests/fuzz/fuzz_loader.c ]; then \
+	  echo "$(CC) ... tests/fuzz/fuzz_loader.c -o $@"; \
+	  $(CC) $(CPPFLAGS) $(CFLAGS) -o $@ tests/fuzz/fuzz_loader.c $(LIBIKBO) -ljansson $(CUDA_LIBS) $(LDLIBS) -lstdc++; \
+	else touch $@; fi
+
+# ---- run and test ----
+run: deps-build $(BUILD)/ikbo-serve
+	$(BUILD)/ikbo-serve --config config/server.json
+
+unit: $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+
+fuzz: $(BUILD)/fuzz_loader
+	@if [ -s $(BUILD)/fuzz_loader ]; then echo "== fuzz_loader"; $(BUILD)/fuzz_loader; fi
+
+golden: $(BUILD)/ikbo-score
+	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
+
+integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(GEN_PY)
+	@set -e; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
+	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t; done
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory golden
+	@$(MAKE) --no-print-directory integration
+	@echo "make test: all passed"
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,98 @@
+/* ikbo.h - the ranking engine's public C API.
+ *
+ * Why this exists: the daemon, the offline scorer (ikbo-score) and anyone who
+ * embeds the engine load a model and score host batches through these few
+ * calls. A batch is already deduplicated: U unique user rows, C candidates,
+ * and an int32 map c -> user row. The engine runs the user-only part of the
+ * model at U and the candidate part at C with IKBO ops that read user rows
+ * through the map (or, in broadcast mode, materializes user tensors at C).
+ *
+ * Ownership and thread-safety
+ * - ikbo_model_load returns a model the caller frees with ikbo_model_free
+ *   after every context made from it is freed. A model is immutable: its
+ *   info and weights may be read from any number of threads.
+ * - ikbo_ctx is an execution instance (workspace and, on GPU, a stream).
+ *   One thread at a time per context; make one per worker thread.
+ * - Errors are returned (-1 / NULL) with the message in *err, never printed.
+ */
+#ifndef IKBO_H
+#define IKBO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+
+typedef bk_err ikbo_err;
+typedef struct ikbo_model ikbo_model;
+typedef struct ikbo_ctx ikbo_ctx;
+
+enum ikbo_mode { IKBO_MODE_IKBO = 0, IKBO_MODE_BROADCAST = 1 };
+
+typedef struct ikbo_load_opts {
+    const char *device; /* "cpu" (default when NULL), "cuda:N" */
+    enum ikbo_mode mode;
+} ikbo_load_opts;
+
+/* What a model takes and returns. Pointers stay valid for the model's life. */
+typedef struct ikbo_model_info {
+    const char *dir;
+    int user_dense, cand_dense;
+    const char *const *user_sparse; /* feature names, the model's order */
+    int n_user_sparse;
+    const char *const *cand_sparse;
+    int n_cand_sparse;
+    int has_history, hist_max_len, hist_actions;
+    const char *const *tasks;
+    int n_tasks;
+    const float *score_weights;
+    enum ikbo_mode mode;
+    const char *device;
+} ikbo_model_info;
+
+/* A jagged list of int64 ids per row: row r owns ids[offsets[r] ..
+ * offsets[r+1]); offsets has rows+1 entries, offsets[0] = 0. */
+typedef struct ikbo_jagged {
+    const int64_t *ids;
+    const int64_t *offsets;
+} ikbo_jagged;
+
+/* A deduplicated host batch. Arrays are read during ikbo_score only. */
+typedef struct ikbo_batch {
+    int n_users; /* U >= 1 */
+    int n_cands; /* C >= 1 */
+    const float *user_dense;       /* [U, user_dense] (NULL if user_dense == 0) */
+    const ikbo_jagged *user_sparse; /* [n_user_sparse], model order */
+    /* History, oldest first: user u owns events [hist.offsets[u],
+     * hist.offsets[u+1]). The engine keeps the most recent hist_max_len.
+     * hist_actions: one per event in [0, hist_actions), or NULL = all 0. */
+    ikbo_jagged hist;
+    const int32_t *hist_actions;
+    const float *cand_dense;        /* [C, cand_dense] */
+    const ikbo_jagged *cand_sparse; /* [n_cand_sparse] */
+    const int32_t *map;             /* [C], non-decreasing, in [0, U) */
+} ikbo_batch;
+
+/* Per-context byte accounting, from the backend (see bk_stats). */
+typedef bk_stats ikbo_stats;
+
+ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_err *err);
+void ikbo_model_free(ikbo_model *m);
+const ikbo_model_info *ikbo_model_get_info(const ikbo_model *m);
+
+ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err);
+void ikbo_ctx_free(ikbo_ctx *ctx);
+
+/* Scores a batch. task_scores [C, n_tasks] = sigmoid(logits); scores [C] =
+ * sum_t score_weights[t] * task_scores[c, t]. Either output may be NULL.
+ * Rows are in the batch's candidate order. Returns 0, or -1 with err set
+ * (bad batch: message names the field; device failure). */
+int ikbo_score(ikbo_ctx *ctx, const ikbo_batch *b, float *task_scores, float *scores,
+               ikbo_err *err);
+
+/* Byte accounting of the model's backend (live and peak bytes by tag). */
+void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out);
+
+const char *ikbo_version(void);
+
+#endif

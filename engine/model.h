@@ -1,0 +1,154 @@
+/* model.h - a loaded, validated and planned ikbo-model/1 (engine-internal).
+ *
+ * Why this exists: the loader (model_load.c, safetensors.c) turns a model
+ * directory into this plain description, with every reference resolved, every
+ * tensor's batch domain and shape inferred, and every weight checked and held
+ * as fp32 on the host. The executor (engine.c) only walks it. Anything wrong
+ * is refused here, at load, never discovered during a request.
+ *
+ * Ownership: model_def_load returns a model_def the caller frees with
+ * model_def_free. Immutable after load; safe to read from any thread.
+ */
+#ifndef IKBO_MODEL_H
+#define IKBO_MODEL_H
+
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+
+enum md_op {
+    MD_EMBEDDING_BAG,
+    MD_HISTORY_EMBEDDING,
+    MD_MEAN_POOL,
+    MD_LINEAR,
+    MD_RESHAPE,
+    MD_STACK,
+    MD_FLATTEN,
+    MD_TARGET_ATTENTION,
+    MD_LCE,
+    MD_ADD,
+};
+
+enum md_domain { MD_USER = 0, MD_CAND = 1 };
+
+/* Shape after the leading (batch) dim. */
+enum md_kind {
+    MD_VEC = 0,    /* [dim]                                   */
+    MD_TOKENS = 1, /* [tokens, dim]                           */
+    MD_JAGGED = 2, /* [L_u, dim], packed rows, one per event  */
+};
+
+/* Where a layer input comes from. */
+enum md_src {
+    MD_SRC_LAYER = 0,        /* index = layer index (always < this layer's) */
+    MD_SRC_USER_DENSE = 1,   /* [user_dense] vec, user domain               */
+    MD_SRC_CAND_DENSE = 2,   /* [cand_dense] vec, candidate domain          */
+    MD_SRC_USER_SPARSE = 3,  /* index = user sparse feature index           */
+    MD_SRC_CAND_SPARSE = 4,  /* index = candidate sparse feature index      */
+    MD_SRC_USER_HISTORY = 5, /* user.history                                */
+};
+
+typedef struct md_ref {
+    enum md_src src;
+    int index;
+} md_ref;
+
+/* A weight as fp32 host data, [rows, cols] row-major (a 1-D tensor has rows=1). */
+typedef struct md_weight {
+    char *name; /* safetensors name, e.g. "top1.weight" */
+    int rows, cols;
+    float *data;
+} md_weight;
+
+typedef struct md_table {
+    char *name;
+    int rows, dim;
+    md_weight w; /* "tables.<name>" [rows, dim] */
+} md_table;
+
+#define MD_MAX_WEIGHTS 4
+
+typedef struct md_layer {
+    char *name;
+    enum md_op op;
+    md_ref *in; /* n_in inputs; for target_attention: [query, history];
+                   for lce: [user, candidate]; for add: [a, b] */
+    int n_in;
+
+    /* Output, inferred by the planner. */
+    enum md_domain domain;
+    enum md_kind kind;
+    int tokens; /* MD_TOKENS: K; MD_VEC and MD_JAGGED: 1 */
+    int dim;    /* MD_VEC: F; MD_TOKENS, MD_JAGGED: D */
+
+    /* Op parameters (those that apply). */
+    int table;            /* embedding_bag, history_embedding: index into tables */
+    enum bk_pool pooling; /* embedding_bag */
+    enum bk_act act;      /* linear */
+    int heads, head_dim;  /* target_attention */
+
+    /* Weights, op-specific order:
+     *   linear: weight [out, in], bias [1, out]
+     *   history_embedding: action [actions, dim], position [max_len, dim]
+     *   target_attention: wq, wk, wv [H*dh, D], wo [D, H*dh]
+     *   lce: w_user [M, Ku], w_cand [M, Kc] */
+    md_weight w[MD_MAX_WEIGHTS];
+    int n_w;
+} md_layer;
+
+/* Width of a layer output row in elements (jagged: per event row). */
+static inline int md_layer_width(const md_layer *l)
+{
+    return l->kind == MD_TOKENS ? l->tokens * l->dim : l->dim;
+}
+
+/* Per-model serving overrides ("serving" in model.json). Unset fields are
+ * -1 / empty; the server documents the precedence. */
+typedef struct md_serving {
+    int64_t max_batch_candidates;
+    int64_t max_batch_users;
+    int64_t max_queue_delay_us;
+    int64_t instances;
+    char mode[16];   /* "", "ikbo", "broadcast" */
+    char device[32]; /* "", "cpu", "cuda:N"     */
+} md_serving;
+
+typedef struct model_def {
+    char *dir;         /* version directory as given */
+    char *name;        /* optional "name", may be NULL */
+    char *description; /* optional, may be NULL */
+
+    int user_dense, cand_dense; /* 0 = not declared */
+    char **user_sparse;         /* declared order */
+    int n_user_sparse;
+    char **cand_sparse;
+    int n_cand_sparse;
+    int has_history;
+    int hist_max_len;
+    int hist_actions;
+
+    md_table *tables;
+    int n_tables;
+    md_layer *layers; /* in file order (inputs always defined earlier) */
+    int n_layers;
+
+    int logits_layer; /* candidate-domain MD_VEC of width n_tasks */
+    char **tasks;
+    int n_tasks;
+    float *score_weights; /* n_tasks, default 1.0 */
+
+    md_serving serving;
+} model_def;
+
+/* Loads <dir>/model.json and <dir>/weights.safetensors. On failure returns
+ * -1, *out untouched, and err names the file, the layer or tensor, and the
+ * problem. */
+int model_def_load(const char *dir, model_def **out, bk_err *err);
+
+/* Same, from memory: for tests and fuzzing. dir is only used in messages. */
+int model_def_parse(const char *dir, const char *json, size_t json_len, const uint8_t *st,
+                    size_t st_len, model_def **out, bk_err *err);
+
+void model_def_free(model_def *m);
+
+#endif

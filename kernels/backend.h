@@ -1,0 +1,162 @@
+/* backend.h - the one op table the engine computes through.
+ *
+ * Why this exists: the engine (engine/) plans a model once and then runs the
+ * same sequence of ops on whichever device serves it. Every device-specific
+ * thing - memory, weight layout and dtype, kernels - sits behind this table,
+ * like ggml's backend interface: kernels/cpu implements it in fp32 C,
+ * kernels/cuda in CUDA C. The engine never dereferences a buffer pointer.
+ *
+ * Conventions
+ * - Activations are 2-D row-major [rows, width] in the backend's activation
+ *   dtype (fp32 on the CPU; the CUDA backend may use bf16/fp16). A "row" is one
+ *   user or one candidate (or one history event for jagged tensors). `ld` is
+ *   the row stride in elements; ops that take no `ld` use ld == width.
+ * - Buffers come from be->alloc and are freed with be->free. Index arrays
+ *   (ids, offsets, map) are backend buffers too, filled with be->upload.
+ * - Weights are opaque handles made once at load from fp32 host data; the
+ *   backend may convert, pad (K to a multiple of 8) or transpose them.
+ * - Every op returns 0 or -1; on -1 it wrote a message with bk_seterr().
+ *   Ops on one bk_stream run in order; be->sync waits for them.
+ *
+ * Ownership: the caller owns everything it allocates and frees it with the
+ * same backend. Thread-safety: weights are read-only after load and may be
+ * shared by all threads; a bk_stream and the buffers used on it belong to one
+ * thread at a time. alloc/free/weight_new may be called from any thread.
+ */
+#ifndef IKBO_BACKEND_H
+#define IKBO_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct bk_backend bk_backend;
+typedef struct bk_weight bk_weight;
+typedef struct bk_stream bk_stream;
+
+/* Error text carried up to the caller (gRPC status, log line, CLI). */
+typedef struct bk_err {
+    char msg[512];
+} bk_err;
+void bk_seterr(bk_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+enum bk_act { BK_ACT_NONE = 0, BK_ACT_RELU = 1, BK_ACT_SIGMOID = 2 };
+enum bk_pool { BK_POOL_SUM = 0, BK_POOL_MEAN = 1 };
+
+/* What a buffer holds, for the byte accounting that proves IKBO mode never
+ * materializes a user tensor at candidate batch size. */
+enum bk_tag {
+    BK_TAG_USER = 0,      /* a user-domain tensor: rows = U (or history rows) */
+    BK_TAG_CAND = 1,      /* a candidate-domain tensor: rows = C             */
+    BK_TAG_BROADCAST = 2, /* a user tensor gathered to candidates (baseline)  */
+    BK_TAG_INDEX = 3,     /* ids, offsets, map                                */
+    BK_TAG_COUNT = 4
+};
+
+typedef struct bk_stats {
+    size_t bytes_live[BK_TAG_COUNT]; /* currently allocated, by tag */
+    size_t bytes_peak[BK_TAG_COUNT]; /* high-water mark, by tag     */
+    size_t weight_bytes;             /* device bytes held by weights */
+} bk_stats;
+
+struct bk_backend {
+    const char *name;       /* "cpu", "cuda"                         */
+    size_t act_size;        /* bytes per activation element           */
+    void *impl;             /* backend private state                  */
+
+    void (*destroy)(bk_backend *be);
+
+    /* ---- memory ---- */
+    void *(*alloc)(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err);
+    void (*free)(bk_backend *be, void *p, size_t bytes, enum bk_tag tag);
+    /* Raw byte copies (ids, offsets, map) host <-> backend. */
+    int (*upload)(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err);
+    /* fp32 host -> activation dtype, n elements. */
+    int (*upload_f32)(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err);
+    /* activation dtype -> fp32 host, n elements (completes before returning). */
+    int (*download_f32)(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err);
+    void (*get_stats)(bk_backend *be, bk_stats *out);
+
+    /* ---- streams (one per execution instance) ---- */
+    bk_stream *(*stream_new)(bk_backend *be, bk_err *err);
+    void (*stream_free)(bk_stream *s);
+    int (*sync)(bk_stream *s, bk_err *err);
+
+    /* ---- weights ---- */
+    /* w: fp32 [rows, cols] row-major, copied. */
+    bk_weight *(*weight_new)(bk_backend *be, const float *w, int rows, int cols, bk_err *err);
+    void (*weight_free)(bk_backend *be, bk_weight *w);
+
+    /* ---- ops ---- */
+
+    /* Embedding bag: out[b, :] = pool over ids[offsets[b] .. offsets[b+1]) of
+     * table[((id % rows) + rows) % rows, :]. Empty bag -> zeros.
+     * table [rows, dim]; ids int64; offsets int64 [n+1]; out [n, ld]. */
+    int (*embedding_bag)(bk_stream *s, const bk_weight *table, const int64_t *ids,
+                         const int64_t *offsets, int n, enum bk_pool pool,
+                         void *out, int ld, bk_err *err);
+
+    /* History embedding over packed jagged events: for user u, events
+     * [offsets[u], offsets[u+1]) (already cut to the most recent max_len,
+     * oldest first): out[e] = table[row(ids[e])] + action[actions[e]] +
+     * position[e - offsets[u]]. actions may be NULL (all 0); values were
+     * checked by the caller. out [offsets[n], dim]. */
+    int (*history_embedding)(bk_stream *s, const bk_weight *table, const bk_weight *action,
+                             const bk_weight *position, const int64_t *ids,
+                             const int32_t *actions, const int64_t *offsets, int n,
+                             void *out, bk_err *err);
+
+    /* Mean over each segment [offsets[r], offsets[r+1]) of x [*, dim];
+     * empty segment -> zeros. out [n, dim]. */
+    int (*mean_pool)(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
+                     void *out, bk_err *err);
+
+    /* y[r, :] = act(x[r, :] W^T + b). W [out, in]; bias NULL = none.
+     * x [rows, ldx >= in], y [rows, ldy >= out]. */
+    int (*linear)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                  const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+
+    /* IKBO linear compression: for candidate c,
+     *   Z[c] = w_user @ Eu[map[c]] + w_cand @ Ec[c]
+     * Eu [nu, Ku*D], Ec [nc, Kc*D], Z [nc, M*D], w_user [M, Ku], w_cand [M, Kc].
+     * map int32 [nc], values in [0, nu). Must not build an [nc, Ku*D] copy
+     * of Eu; scratch at nu rows is fine. */
+    int (*lce)(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
+               const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+               void *z, bk_err *err);
+
+    /* IKBO attention core, queries of a candidate against its user's keys:
+     * q [nc*tq, H*dh]; k, v packed jagged [offsets[nu], H*dh] (user u's
+     * events are rows [offsets[u], offsets[u+1])); map int32 [nc],
+     * non-decreasing. For candidate c, query row i, head h:
+     *   o[c*tq+i, h*dh:(h+1)*dh] = softmax_j(q . k_j / sqrt(dh)) v_j over u's events;
+     * a user with no events gives zeros. o [nc*tq, H*dh]. */
+    int (*attention)(bk_stream *s, const void *q, const void *k, const void *v,
+                     const int64_t *offsets, int nu, const int32_t *map, int nc, int tq,
+                     int heads, int dh, void *o, bk_err *err);
+
+    /* out[r, :] = a[r, :] + b[map ? map[r] : r, :], width elements, n rows.
+     * out may alias a. */
+    int (*add)(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
+               void *out, bk_err *err);
+
+    /* Strided row copy: dst[r*ldd + j] = src[r*lds + j] for j < width.
+     * Used by stack. */
+    int (*copy_rows)(bk_stream *s, const void *src, int lds, int n, int width, void *dst,
+                     int ldd, bk_err *err);
+
+    /* Broadcast-mode gather (the baseline; never used in IKBO mode).
+     * Dense (src_offsets NULL): dst[c, :] = src[map[c], :], width elements.
+     * Jagged: rows [src_offsets[map[c]], src_offsets[map[c]+1]) of src are
+     * copied to dst starting at row dst_offsets[c]. */
+    int (*gather)(bk_stream *s, const void *src, const int64_t *src_offsets, const int32_t *map,
+                  int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err);
+};
+
+/* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
+ * device is unknown or unavailable in this build. */
+bk_backend *bk_backend_new(const char *device, bk_err *err);
+bk_backend *bk_cpu_new(bk_err *err);
+bk_backend *bk_cuda_new(int ordinal, bk_err *err); /* kernels/cuda; absent with CUDA=0 */
+
+#endif
