@@ -1,0 +1,112 @@
+/* config.h - the daemon's configuration: defaults, config file (JSON), env
+ * overrides and command-line flags, resolved into one struct.
+ *
+ * Precedence (lowest to highest): built-in defaults < config file (--config
+ * FILE; no file is read without it) < environment (IKBO_GRPC_LISTEN,
+ * IKBO_HTTP_LISTEN, IKBO_MODEL_REPOSITORY, IKBO_DEVICE, IKBO_MODE,
+ * IKBO_LOG_LEVEL) < flags.
+ *
+ * Config file keys (all optional; unknown keys anywhere are errors naming the
+ * path, e.g. `limits.max_userz: unknown key`):
+ *   grpc_listen       "127.0.0.1:50051"  loopback by default, for safety;
+ *                                         "0.0.0.0:50051" to serve the network
+ *   http_listen       "127.0.0.1:8080"
+ *   model_repository  "models"
+ *   models            all models in the repository; or an array of names
+ *   device            "cpu" | "cuda:N"    default "cpu"
+ *   mode              "ikbo" | "broadcast" default "ikbo"
+ *   threads           gRPC worker threads, 1..1024, default 2
+ *   limits            {max_users 1024, max_candidates 10000, max_ids_per_bag
+ *                      1024, max_history 10000, max_sparse_features 64,
+ *                      max_message_bytes 4194304}  (each >= 1; see request.h)
+ *   log               {level: "debug"|"info"|"warn"|"error" (info),
+ *                      format: "plain"|"json" (plain)}
+ *   drain_timeout_ms  0..3600000, default 10000
+ *   tls               {cert_file, key_file, client_ca_file (optional: mutual
+ *                      TLS)}; absent or null = plaintext. cert_file and
+ *                      key_file are required when tls is given.
+ *
+ * Flags: --config FILE, --grpc ADDR, --http ADDR, --models DIR, --device DEV,
+ * --mode MODE, --threads N, --log-level L, --log-format F, --help, --version
+ * (both "--flag VALUE" and "--flag=VALUE").
+ *
+ * Ownership: config_* functions fill a caller-owned struct whose strings are
+ * malloc'd; config_free releases them. Errors are returned in an ikbo_err,
+ * never printed; nothing here exits. Thread-safety: no global state; a
+ * resolved config is read-only and may be shared by threads.
+ */
+#ifndef IKBO_SERVER_CONFIG_H
+#define IKBO_SERVER_CONFIG_H
+
+#include <stdio.h>
+
+#include "../engine/ikbo.h"
+#include "request.h"
+
+enum config_log_level {
+    CONFIG_LOG_DEBUG = 0,
+    CONFIG_LOG_INFO = 1,
+    CONFIG_LOG_WARN = 2,
+    CONFIG_LOG_ERROR = 3,
+};
+enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
+
+typedef struct config {
+    char *grpc_listen;      /* "host:port" */
+    char *http_listen;      /* "host:port" */
+    char *model_repository; /* directory */
+    char **models;          /* names to serve; NULL = all in the repository */
+    int n_models;
+    char *device;           /* "cpu" | "cuda:N" */
+    enum ikbo_mode mode;
+    int threads;
+    rq_limits limits;
+    enum config_log_level log_level;
+    enum config_log_format log_format;
+    int drain_timeout_ms;
+    /* TLS: all NULL = plaintext; cert+key set = TLS; + client_ca = mTLS. */
+    char *tls_cert_file;
+    char *tls_key_file;
+    char *tls_client_ca_file;
+    char *config_file;      /* the file read, or NULL */
+} config;
+
+/* What the command line asked for. */
+enum config_action { CONFIG_RUN = 0, CONFIG_HELP = 1, CONFIG_VERSION = 2 };
+
+/* Fills *c with the built-in defaults. Returns 0, -1 on allocation failure. */
+int config_defaults(config *c, ikbo_err *err);
+
+/* Applies a JSON config document / file on top of *c. Errors name the path
+ * and what was expected: `threads: expected integer 1..1024, got "two"`;
+ * file errors name the file. On error *c may be partly updated. */
+int config_apply_json(config *c, const char *text, size_t len, ikbo_err *err);
+int config_apply_file(config *c, const char *path, ikbo_err *err);
+
+/* Applies IKBO_* overrides from envp ("KEY=VALUE" strings, NULL-terminated;
+ * NULL = none). Values are validated like the config file's. */
+int config_apply_env(config *c, const char *const *envp, ikbo_err *err);
+
+/* The whole resolution: defaults, then --config FILE, env, flags. argv[0] is
+ * the program name. *action says whether to run or print help/version (then
+ * *c holds defaults only). On error *c is freed (config_free is still safe),
+ * and err names the flag, env var or file. */
+int config_resolve(config *c, int argc, char *const *argv, const char *const *envp,
+                   enum config_action *action, ikbo_err *err);
+
+/* Frees the strings and zeroes *c. Safe on a zeroed or freed config. */
+void config_free(config *c);
+
+/* --help text: usage line, then every flag on its own line. */
+void config_write_help(FILE *f, const char *prog);
+
+/* "debug" / "info" / "warn" / "error"; "plain" / "json"; "ikbo" / "broadcast". */
+const char *config_log_level_name(enum config_log_level l);
+const char *config_log_format_name(enum config_log_format f);
+const char *config_mode_name(enum ikbo_mode m);
+
+/* The resolved config as one-line JSON (for the startup log; TLS file paths
+ * included, never file contents). malloc'd; NULL on allocation failure. */
+char *config_to_json(const config *c);
+
+#endif
