@@ -1,0 +1,733 @@
+/* engine.c - runs a planned model on a backend: the forward pass.
+ *
+ * Why this exists: model_load.c produced a plan in which every layer has a
+ * batch domain; this file executes it for one deduplicated batch. User-domain
+ * layers run at U rows, candidate-domain layers at C rows, and the three
+ * mixing ops (lce, target_attention, add) read user rows through map[c].
+ * In broadcast mode (the baseline) the user operand of each mixing op is first
+ * gathered to C rows and the same op runs with an identity map.
+ *
+ * Workspace: each context owns one arena per bk_tag. A batch is walked twice:
+ * a dry pass that only sums the bytes each tag needs, then the real pass that
+ * bump-allocates from arenas grown to fit. The arenas persist, so steady
+ * traffic allocates nothing, and the per-tag totals are the byte accounting
+ * that shows no user tensor ever reaches C rows in IKBO mode.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ikbo.h"
+#include "model.h"
+
+#define ARENA_ALIGN 256
+
+struct ikbo_model {
+    model_def *def;
+    bk_backend *be;
+    enum ikbo_mode mode;
+    char device[32];
+    bk_weight **table_w; /* [n_tables] */
+    bk_weight *(*layer_w)[MD_MAX_WEIGHTS]; /* [n_layers][4] */
+    ikbo_model_info info;
+};
+
+typedef struct arena {
+    void *base;
+    size_t cap, used;
+} arena;
+
+/* A layer output during a batch. */
+typedef struct value {
+    void *p;
+    int rows;               /* U, C, or event rows for jagged */
+    const int64_t *offsets; /* jagged: backend offsets [U+1]  */
+} value;
+
+struct ikbo_ctx {
+    ikbo_model *m;
+    bk_stream *s;
+    arena ar[BK_TAG_COUNT];
+    size_t need[BK_TAG_COUNT];
+    size_t last[BK_TAG_COUNT];
+    int dry;
+    value *vals; /* [n_layers] */
+    /* host staging, grown on demand */
+    int64_t *h_off;
+    size_t h_off_cap;
+    int64_t *h_ids;
+    size_t h_ids_cap;
+    int32_t *h_i32;
+    size_t h_i32_cap;
+    float *h_logits;
+    size_t h_logits_cap;
+};
+
+const char *ikbo_version(void) { return "0.1.0"; }
+
+/* ---------------------------------------------------------------- load */
+
+static void model_release(ikbo_model *m)
+{
+    if (!m) return;
+    if (m->be) {
+        if (m->table_w)
+            for (int i = 0; i < m->def->n_tables; i++)
+                if (m->table_w[i]) m->be->weight_free(m->be, m->table_w[i]);
+        if (m->layer_w)
+            for (int i = 0; i < m->def->n_layers; i++)
+                for (int j = 0; j < MD_MAX_WEIGHTS; j++)
+                    if (m->layer_w[i][j]) m->be->weight_free(m->be, m->layer_w[i][j]);
+        m->be->destroy(m->be);
+    }
+    free(m->table_w);
+    free(m->layer_w);
+    model_def_free(m->def);
+    free(m);
+}
+
+void ikbo_model_free(ikbo_model *m) { model_release(m); }
+
+static bk_weight *upload_weight(ikbo_model *m, md_weight *w, ikbo_err *err)
+{
+    bk_weight *h = m->be->weight_new(m->be, w->data, w->rows, w->cols, err);
+    if (!h) return NULL;
+    /* The backend holds its own copy; the host copy is no longer needed. */
+    free(w->data);
+    w->data = NULL;
+    return h;
+}
+
+ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_err *err)
+{
+    const char *device = opts && opts->device ? opts->device : "cpu";
+    ikbo_model *m = calloc(1, sizeof(*m));
+    if (!m) {
+        bk_seterr(err, "out of memory");
+        return NULL;
+    }
+    m->mode = opts ? opts->mode : IKBO_MODE_IKBO;
+    if (m->mode != IKBO_MODE_IKBO && m->mode != IKBO_MODE_BROADCAST) {
+        bk_seterr(err, "load options: unknown mode %d", (int)m->mode);
+        free(m);
+        return NULL;
+    }
+    snprintf(m->device, sizeof(m->device), "%s", device);
+    if (model_def_load(dir, &m->def, err) != 0) {
+        free(m);
+        return NULL;
+    }
+    m->be = bk_backend_new(device, err);
+    if (!m->be) goto fail;
+    model_def *d = m->def;
+    m->table_w = calloc((size_t)d->n_tables + 1, sizeof(*m->table_w));
+    m->layer_w = calloc((size_t)d->n_layers + 1, sizeof(*m->layer_w));
+    if (!m->table_w || !m->layer_w) {
+        bk_seterr(err, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < d->n_tables; i++) {
+        md_table *t = &d->tables[i];
+        /* A table no layer reads is not worth device memory. */
+        int used = 0;
+        for (int l = 0; l < d->n_layers && !used; l++)
+            used = (d->layers[l].op == MD_EMBEDDING_BAG ||
+                    d->layers[l].op == MD_HISTORY_EMBEDDING) &&
+                   d->layers[l].table == i;
+        if (!used) continue;
+        if (!(m->table_w[i] = upload_weight(m, &t->w, err))) goto fail_where;
+    }
+    for (int l = 0; l < d->n_layers; l++)
+        for (int j = 0; j < d->layers[l].n_w; j++)
+            if (!(m->layer_w[l][j] = upload_weight(m, &d->layers[l].w[j], err))) goto fail_where;
+
+    ikbo_model_info *in = &m->info;
+    in->dir = d->dir;
+    in->user_dense = d->user_dense;
+    in->cand_dense = d->cand_dense;
+    in->user_sparse = (const char *const *)d->user_sparse;
+    in->n_user_sparse = d->n_user_sparse;
+    in->cand_sparse = (const char *const *)d->cand_sparse;
+    in->n_cand_sparse = d->n_cand_sparse;
+    in->has_history = d->has_history;
+    in->hist_max_len = d->hist_max_len;
+    in->hist_actions = d->hist_actions;
+    in->tasks = (const char *const *)d->tasks;
+    in->n_tasks = d->n_tasks;
+    in->score_weights = d->score_weights;
+    in->mode = m->mode;
+    in->device = m->device;
+    return m;
+
+fail_where: {
+    char msg[sizeof(err->msg)];
+    snprintf(msg, sizeof(msg), "%s", err->msg);
+    bk_seterr(err, "%s: loading weights on %s: %s", dir, device, msg);
+}
+fail:
+    model_release(m);
+    return NULL;
+}
+
+const ikbo_model_info *ikbo_model_get_info(const ikbo_model *m) { return &m->info; }
+
+void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out) { m->be->get_stats(m->be, out); }
+
+/* ------------------------------------------------------------- context */
+
+ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
+{
+    ikbo_ctx *c = calloc(1, sizeof(*c));
+    if (!c || !(c->vals = calloc((size_t)m->def->n_layers, sizeof(value)))) {
+        free(c);
+        bk_seterr(err, "out of memory");
+        return NULL;
+    }
+    c->m = m;
+    if (!(c->s = m->be->stream_new(m->be, err))) {
+        free(c->vals);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void ikbo_ctx_free(ikbo_ctx *c)
+{
+    if (!c) return;
+    bk_backend *be = c->m->be;
+    for (int t = 0; t < BK_TAG_COUNT; t++)
+        if (c->ar[t].base) be->free(be, c->ar[t].base, c->ar[t].cap, (enum bk_tag)t);
+    be->stream_free(c->s);
+    free(c->vals);
+    free(c->h_off);
+    free(c->h_ids);
+    free(c->h_i32);
+    free(c->h_logits);
+    free(c);
+}
+
+void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
+{
+    memcpy(bytes, c->last, sizeof(c->last));
+}
+
+/* Takes bytes from the tag's arena (or, in the dry pass, only counts them).
+ * Never fails in the real pass: the arenas were grown to the dry total. */
+static void *take(ikbo_ctx *c, enum bk_tag tag, size_t bytes)
+{
+    size_t n = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    if (c->dry) {
+        c->need[tag] += n;
+        return NULL;
+    }
+    arena *a = &c->ar[tag];
+    void *p = (char *)a->base + a->used;
+    a->used += n;
+    return p;
+}
+
+static int grow_arenas(ikbo_ctx *c, ikbo_err *err)
+{
+    bk_backend *be = c->m->be;
+    for (int t = 0; t < BK_TAG_COUNT; t++) {
+        arena *a = &c->ar[t];
+        a->used = 0;
+        if (c->need[t] <= a->cap) continue;
+        if (a->base) be->free(be, a->base, a->cap, (enum bk_tag)t);
+        a->base = NULL;
+        a->cap = 0;
+        /* Grow with headroom so slowly rising batch sizes don't reallocate. */
+        size_t cap = c->need[t] + c->need[t] / 4;
+        if (!(a->base = be->alloc(be, cap, (enum bk_tag)t, err))) return -1;
+        a->cap = cap;
+    }
+    return 0;
+}
+
+#define GROW(ptr, cap, n)                                                     \
+    do {                                                                      \
+        if ((size_t)(n) > (cap)) {                                            \
+            void *np_ = realloc((ptr), (size_t)(n) * sizeof(*(ptr)));         \
+            if (!np_) {                                                       \
+                bk_seterr(err, "out of host memory");                         \
+                return -1;                                                    \
+            }                                                                 \
+            (ptr) = np_;                                                      \
+            (cap) = (size_t)(n);                                              \
+        }                                                                     \
+    } while (0)
+
+/* --------------------------------------------------------- validation */
+
+static int check_jagged(const ikbo_jagged *j, int rows, const char *what, ikbo_err *err)
+{
+    if (!j->offsets) {
+        bk_seterr(err, "batch: %s: offsets missing", what);
+        return -1;
+    }
+    if (j->offsets[0] != 0) {
+        bk_seterr(err, "batch: %s: offsets[0] = %lld, expected 0", what, (long long)j->offsets[0]);
+        return -1;
+    }
+    for (int r = 0; r < rows; r++)
+        if (j->offsets[r + 1] < j->offsets[r]) {
+            bk_seterr(err, "batch: %s: offsets decrease at row %d", what, r);
+            return -1;
+        }
+    if (j->offsets[rows] > 0 && !j->ids) {
+        bk_seterr(err, "batch: %s: ids missing", what);
+        return -1;
+    }
+    if (j->offsets[rows] > INT32_MAX) {
+        bk_seterr(err, "batch: %s: %lld ids exceed the engine's limit", what,
+                  (long long)j->offsets[rows]);
+        return -1;
+    }
+    return 0;
+}
+
+static int validate_batch(const ikbo_model *m, const ikbo_batch *b, ikbo_err *err)
+{
+    const model_def *d = m->def;
+    char what[160];
+    if (b->n_users < 1 || b->n_cands < 1) {
+        bk_seterr(err, "batch: needs at least 1 user and 1 candidate (got %d users, %d candidates)",
+                  b->n_users, b->n_cands);
+        return -1;
+    }
+    if (!b->map) {
+        bk_seterr(err, "batch: map missing");
+        return -1;
+    }
+    for (int c = 0; c < b->n_cands; c++) {
+        if (b->map[c] < 0 || b->map[c] >= b->n_users) {
+            bk_seterr(err, "batch: map[%d] = %d but batch has %d users", c, b->map[c], b->n_users);
+            return -1;
+        }
+        if (c > 0 && b->map[c] < b->map[c - 1]) {
+            bk_seterr(err, "batch: map[%d] = %d < map[%d] = %d: candidates must be grouped by user",
+                      c, b->map[c], c - 1, b->map[c - 1]);
+            return -1;
+        }
+    }
+    if ((d->user_dense && !b->user_dense) || (d->cand_dense && !b->cand_dense)) {
+        bk_seterr(err, "batch: %s dense values missing", d->user_dense && !b->user_dense ? "user" : "candidate");
+        return -1;
+    }
+    if ((d->n_user_sparse && !b->user_sparse) || (d->n_cand_sparse && !b->cand_sparse)) {
+        bk_seterr(err, "batch: sparse features missing");
+        return -1;
+    }
+    for (int f = 0; f < d->n_user_sparse; f++) {
+        snprintf(what, sizeof(what), "user sparse '%s'", d->user_sparse[f]);
+        if (check_jagged(&b->user_sparse[f], b->n_users, what, err)) return -1;
+    }
+    for (int f = 0; f < d->n_cand_sparse; f++) {
+        snprintf(what, sizeof(what), "candidate sparse '%s'", d->cand_sparse[f]);
+        if (check_jagged(&b->cand_sparse[f], b->n_cands, what, err)) return -1;
+    }
+    if (d->has_history) {
+        if (check_jagged(&b->hist, b->n_users, "history", err)) return -1;
+        if (b->hist_actions)
+            for (int64_t e = 0; e < b->hist.offsets[b->n_users]; e++)
+                if (b->hist_actions[e] < 0 || b->hist_actions[e] >= d->hist_actions) {
+                    bk_seterr(err, "batch: history action %d at event %lld is outside [0, %d)",
+                              b->hist_actions[e], (long long)e, d->hist_actions);
+                    return -1;
+                }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- forward */
+
+#define TRY(x)                                                                \
+    do {                                                                      \
+        if (!c->dry && (x) != 0) return -1;                                   \
+    } while (0)
+
+/* Uploads a jagged id list; returns backend ids and offsets. */
+static int put_jagged(ikbo_ctx *c, const ikbo_jagged *j, int rows, const int64_t **ids,
+                      const int64_t **off, ikbo_err *err)
+{
+    bk_backend *be = c->m->be;
+    size_t nid = (size_t)j->offsets[rows];
+    int64_t *di = take(c, BK_TAG_INDEX, nid * sizeof(int64_t));
+    int64_t *dof = take(c, BK_TAG_INDEX, (size_t)(rows + 1) * sizeof(int64_t));
+    *ids = di;
+    *off = dof;
+    if (c->dry) return 0;
+    if (nid && be->upload(c->s, di, j->ids, nid * sizeof(int64_t), err)) return -1;
+    return be->upload(c->s, dof, j->offsets, (size_t)(rows + 1) * sizeof(int64_t), err);
+}
+
+/* Cuts each user's history to its most recent max_len events (host side,
+ * into ctx staging), uploads ids/actions/offsets. */
+static int put_history(ikbo_ctx *c, const ikbo_batch *b, const int64_t **ids,
+                       const int32_t **acts, const int64_t **off, int64_t *n_events,
+                       ikbo_err *err)
+{
+    const model_def *d = c->m->def;
+    bk_backend *be = c->m->be;
+    int U = b->n_users;
+    int64_t total = 0;
+    for (int u = 0; u < U; u++) {
+        int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
+        total += len < d->hist_max_len ? len : d->hist_max_len;
+    }
+    *n_events = total;
+    int64_t *dids = take(c, BK_TAG_INDEX, (size_t)total * sizeof(int64_t));
+    int32_t *dacts = b->hist_actions ? take(c, BK_TAG_INDEX, (size_t)total * sizeof(int32_t)) : NULL;
+    int64_t *doff = take(c, BK_TAG_INDEX, (size_t)(U + 1) * sizeof(int64_t));
+    *ids = dids;
+    *acts = dacts;
+    *off = doff;
+    if (c->dry) return 0;
+    GROW(c->h_off, c->h_off_cap, U + 1);
+    GROW(c->h_ids, c->h_ids_cap, total + 1);
+    if (b->hist_actions) GROW(c->h_i32, c->h_i32_cap, total + 1);
+    int64_t k = 0;
+    c->h_off[0] = 0;
+    for (int u = 0; u < U; u++) {
+        int64_t beg = b->hist.offsets[u], end = b->hist.offsets[u + 1];
+        if (end - beg > d->hist_max_len) beg = end - d->hist_max_len;
+        for (int64_t e = beg; e < end; e++, k++) {
+            c->h_ids[k] = b->hist.ids[e];
+            if (b->hist_actions) c->h_i32[k] = b->hist_actions[e];
+        }
+        c->h_off[u + 1] = k;
+    }
+    if (total && be->upload(c->s, dids, c->h_ids, (size_t)total * sizeof(int64_t), err)) return -1;
+    if (total && dacts && be->upload(c->s, dacts, c->h_i32, (size_t)total * sizeof(int32_t), err))
+        return -1;
+    return be->upload(c->s, doff, c->h_off, (size_t)(U + 1) * sizeof(int64_t), err);
+}
+
+static enum bk_tag dom_tag(enum md_domain d) { return d == MD_USER ? BK_TAG_USER : BK_TAG_CAND; }
+
+static size_t act_bytes(const ikbo_ctx *c, size_t rows, size_t width)
+{
+    return rows * width * c->m->be->act_size;
+}
+
+/* Everything a batch's forward pass shares. */
+typedef struct fwd {
+    const ikbo_batch *b;
+    const int32_t *map;      /* backend map [C]                    */
+    const int32_t *identity; /* backend 0..C-1 (broadcast mode)    */
+    const void *user_dense, *cand_dense;
+    const int64_t *h_ids, *h_off;
+    const int32_t *h_acts;
+    int64_t n_events;
+    const int64_t *bc_off; /* broadcast history offsets [C+1]     */
+    int64_t bc_events;
+} fwd;
+
+static value input_value(ikbo_ctx *c, const fwd *f, md_ref r)
+{
+    value v = {0};
+    switch (r.src) {
+    case MD_SRC_LAYER: return c->vals[r.index];
+    case MD_SRC_USER_DENSE: v.p = (void *)f->user_dense; v.rows = f->b->n_users; break;
+    case MD_SRC_CAND_DENSE: v.p = (void *)f->cand_dense; v.rows = f->b->n_cands; break;
+    default: break;
+    }
+    return v;
+}
+
+static enum md_domain ref_domain(const model_def *d, md_ref r)
+{
+    switch (r.src) {
+    case MD_SRC_LAYER: return d->layers[r.index].domain;
+    case MD_SRC_CAND_DENSE:
+    case MD_SRC_CAND_SPARSE: return MD_CAND;
+    default: return MD_USER;
+    }
+}
+
+static int ref_width(const model_def *d, md_ref r)
+{
+    switch (r.src) {
+    case MD_SRC_LAYER: return md_layer_width(&d->layers[r.index]);
+    case MD_SRC_USER_DENSE: return d->user_dense;
+    case MD_SRC_CAND_DENSE: return d->cand_dense;
+    default: return 0;
+    }
+}
+
+/* Broadcast mode: copies a dense user tensor to C rows. */
+static const void *broadcast_dense(ikbo_ctx *c, const fwd *f, const void *src, int width,
+                                   ikbo_err *err)
+{
+    int C = f->b->n_cands;
+    void *dst = take(c, BK_TAG_BROADCAST, act_bytes(c, (size_t)C, (size_t)width));
+    if (!c->dry && c->m->be->gather(c->s, src, NULL, f->map, C, NULL, width, dst, err)) return NULL;
+    return c->dry ? (const void *)1 : dst;
+}
+
+static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
+{
+    const model_def *d = c->m->def;
+    const md_layer *l = &d->layers[li];
+    bk_backend *be = c->m->be;
+    bk_weight *const *w = c->m->layer_w[li];
+    const ikbo_batch *b = f->b;
+    int U = b->n_users, C = b->n_cands;
+    int rows = l->domain == MD_USER ? U : C;
+    int width = md_layer_width(l);
+    value *out = &c->vals[li];
+    int bc = c->m->mode == IKBO_MODE_BROADCAST;
+
+    out->offsets = NULL;
+    out->rows = rows;
+
+    switch (l->op) {
+    case MD_RESHAPE:
+    case MD_FLATTEN: /* views: same bytes, new shape */
+        *out = input_value(c, f, l->in[0]);
+        return 0;
+
+    case MD_EMBEDDING_BAG: {
+        md_ref r = l->in[0];
+        const ikbo_jagged *j =
+            r.src == MD_SRC_USER_SPARSE ? &b->user_sparse[r.index] : &b->cand_sparse[r.index];
+        const int64_t *ids, *off;
+        if (put_jagged(c, j, rows, &ids, &off, err)) return -1;
+        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
+        TRY(be->embedding_bag(c->s, c->m->table_w[l->table], ids, off, rows, l->pooling, out->p,
+                              width, err));
+        return 0;
+    }
+
+    case MD_HISTORY_EMBEDDING:
+        out->rows = (int)f->n_events;
+        out->offsets = f->h_off;
+        out->p = take(c, BK_TAG_USER, act_bytes(c, (size_t)f->n_events, (size_t)width));
+        TRY(be->history_embedding(c->s, c->m->table_w[l->table], w[0], w[1], f->h_ids,
+                                  f->h_acts, f->h_off, U, out->p, err));
+        return 0;
+
+    case MD_MEAN_POOL: {
+        value in = input_value(c, f, l->in[0]);
+        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
+        TRY(be->mean_pool(c->s, in.p, in.offsets, rows, width, out->p, err));
+        return 0;
+    }
+
+    case MD_LINEAR: {
+        value in = input_value(c, f, l->in[0]);
+        int w_in = ref_width(d, l->in[0]);
+        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
+        TRY(be->linear(c->s, in.p, w_in, rows, w[0], w[1], l->act, out->p, width, err));
+        return 0;
+    }
+
+    case MD_STACK: {
+        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
+        size_t col = 0;
+        for (int i = 0; i < l->n_in; i++) {
+            value in = input_value(c, f, l->in[i]);
+            int wi = ref_width(d, l->in[i]);
+            if (!c->dry &&
+                be->copy_rows(c->s, in.p, wi, rows, wi,
+                              (char *)out->p + col * be->act_size, width, err))
+                return -1;
+            col += (size_t)wi;
+        }
+        return 0;
+    }
+
+    case MD_ADD: {
+        md_ref ra = l->in[0], rb = l->in[1];
+        /* Put the candidate operand first so the user one is read via map. */
+        if (ref_domain(d, ra) == MD_USER && ref_domain(d, rb) == MD_CAND) {
+            md_ref t = ra;
+            ra = rb;
+            rb = t;
+        }
+        value a = input_value(c, f, ra), vb = input_value(c, f, rb);
+        const void *bp = vb.p;
+        const int32_t *map = NULL;
+        if (l->domain == MD_CAND && ref_domain(d, rb) == MD_USER) {
+            if (bc) {
+                if (!(bp = broadcast_dense(c, f, vb.p, width, err))) return -1;
+            } else {
+                map = f->map;
+            }
+        }
+        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
+        TRY(be->add(c->s, a.p, bp, map, rows, width, out->p, err));
+        return 0;
+    }
+
+    case MD_LCE: {
+        md_ref ru = l->in[0], rc = l->in[1];
+        value eu = input_value(c, f, ru), ec = input_value(c, f, rc);
+        int D = l->dim, M = l->tokens;
+        int ku = ref_width(d, ru) / D, kc = ref_width(d, rc) / D;
+        const void *eup = eu.p;
+        const int32_t *map = f->map;
+        int nu = U;
+        if (bc) {
+            if (!(eup = broadcast_dense(c, f, eu.p, ku * D, err))) return -1;
+            map = f->identity;
+            nu = C;
+        }
+        out->p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)width));
+        TRY(be->lce(c->s, eup, nu, ec.p, C, map, w[0], w[1], ku, kc, M, D, out->p, err));
+        return 0;
+    }
+
+    case MD_TARGET_ATTENTION: {
+        value q = input_value(c, f, l->in[0]), h = input_value(c, f, l->in[1]);
+        int D = l->dim, tq = l->tokens, H = l->heads, dh = l->head_dim, hd = H * dh;
+        const void *hp = h.p;
+        const int64_t *hoff = h.offsets;
+        const int32_t *map = f->map;
+        int nu = U;
+        int64_t ev = f->n_events;
+        enum bk_tag kv_tag = BK_TAG_USER;
+        if (bc) {
+            /* The baseline: every candidate gets its own copy of the history,
+             * and K/V are projected per candidate. */
+            void *g = take(c, BK_TAG_BROADCAST, act_bytes(c, (size_t)f->bc_events, (size_t)D));
+            if (!c->dry &&
+                be->gather(c->s, h.p, h.offsets, f->map, C, f->bc_off, D, g, err))
+                return -1;
+            hp = g;
+            hoff = f->bc_off;
+            map = f->identity;
+            nu = C;
+            ev = f->bc_events;
+            kv_tag = BK_TAG_BROADCAST;
+        }
+        void *Q = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C * tq, (size_t)hd));
+        void *K = take(c, kv_tag, act_bytes(c, (size_t)ev, (size_t)hd));
+        void *V = take(c, kv_tag, act_bytes(c, (size_t)ev, (size_t)hd));
+        void *O = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C * tq, (size_t)hd));
+        out->p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)width));
+        TRY(be->linear(c->s, q.p, D, C * tq, w[0], NULL, BK_ACT_NONE, Q, hd, err));
+        TRY(be->linear(c->s, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, K, hd, err));
+        TRY(be->linear(c->s, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, V, hd, err));
+        TRY(be->attention(c->s, Q, K, V, hoff, nu, map, C, tq, H, dh, O, err));
+        TRY(be->linear(c->s, O, hd, C * tq, w[3], NULL, BK_ACT_NONE, out->p, D, err));
+        return 0;
+    }
+    }
+    bk_seterr(err, "layer '%s': unsupported op", l->name);
+    return -1;
+}
+
+/* One pass over the model; in the dry pass only sizes are summed. */
+static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
+{
+    const model_def *d = c->m->def;
+    bk_backend *be = c->m->be;
+    int U = b->n_users, C = b->n_cands;
+    fwd f = {.b = b};
+
+    int32_t *map = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
+    TRY(be->upload(c->s, map, b->map, (size_t)C * sizeof(int32_t), err));
+    f.map = map;
+    if (d->user_dense) {
+        void *p = take(c, BK_TAG_USER, act_bytes(c, (size_t)U, (size_t)d->user_dense));
+        TRY(be->upload_f32(c->s, p, b->user_dense, (size_t)U * d->user_dense, err));
+        f.user_dense = p;
+    }
+    if (d->cand_dense) {
+        void *p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)d->cand_dense));
+        TRY(be->upload_f32(c->s, p, b->cand_dense, (size_t)C * d->cand_dense, err));
+        f.cand_dense = p;
+    }
+    if (d->has_history && put_history(c, b, &f.h_ids, &f.h_acts, &f.h_off, &f.n_events, err))
+        return -1;
+
+    if (c->m->mode == IKBO_MODE_BROADCAST) {
+        int32_t *id = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
+        int64_t *bo = take(c, BK_TAG_INDEX, (size_t)(C + 1) * sizeof(int64_t));
+        /* Per-candidate history offsets, from the kept lengths (h_off). */
+        int64_t ev = 0;
+        if (d->has_history) {
+            for (int i = 0; i < C; i++) {
+                int u = b->map[i];
+                int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
+                ev += len < d->hist_max_len ? len : d->hist_max_len;
+            }
+        }
+        if (ev > INT32_MAX) {
+            bk_seterr(err, "batch: broadcast mode would copy %lld history events, over the engine's limit",
+                      (long long)ev);
+            return -1;
+        }
+        f.bc_events = ev;
+        f.identity = id;
+        f.bc_off = bo;
+        if (!c->dry) {
+            GROW(c->h_i32, c->h_i32_cap, C);
+            for (int i = 0; i < C; i++) c->h_i32[i] = i;
+            if (be->upload(c->s, id, c->h_i32, (size_t)C * sizeof(int32_t), err)) return -1;
+            int64_t *tmp = malloc((size_t)(C + 1) * sizeof(int64_t));
+            if (!tmp) {
+                bk_seterr(err, "out of host memory");
+                return -1;
+            }
+            tmp[0] = 0;
+            for (int i = 0; i < C; i++) {
+                int64_t len = 0;
+                if (d->has_history) {
+                    int u = b->map[i];
+                    len = b->hist.offsets[u + 1] - b->hist.offsets[u];
+                    if (len > d->hist_max_len) len = d->hist_max_len;
+                }
+                tmp[i + 1] = tmp[i] + len;
+            }
+            int rc = be->upload(c->s, bo, tmp, (size_t)(C + 1) * sizeof(int64_t), err);
+            free(tmp);
+            if (rc) return -1;
+        }
+    }
+
+    for (int li = 0; li < d->n_layers; li++)
+        if (run_layer(c, &f, li, err)) return -1;
+    return 0;
+}
+
+int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scores, ikbo_err *err)
+{
+    ikbo_model *m = c->m;
+    const model_def *d = m->def;
+    if (validate_batch(m, b, err)) return -1;
+    for (int li = 0; li < d->n_layers; li++)
+        if ((int64_t)b->n_cands * d->layers[li].tokens > INT32_MAX) {
+            bk_seterr(err, "batch: %d candidates exceed the engine's limit", b->n_cands);
+            return -1;
+        }
+
+    memset(c->need, 0, sizeof(c->need));
+    c->dry = 1;
+    int dry_rc = forward(c, b, err);
+    c->dry = 0;
+    if (dry_rc) return -1;
+    if (grow_arenas(c, err)) return -1;
+    if (forward(c, b, err)) return -1;
+    memcpy(c->last, c->need, sizeof(c->need));
+
+    int C = b->n_cands, T = d->n_tasks;
+    GROW(c->h_logits, c->h_logits_cap, (size_t)C * T);
+    const value *lv = &c->vals[d->logits_layer];
+    if (m->be->download_f32(c->s, c->h_logits, lv->p, (size_t)C * T, err)) return -1;
+    if (m->be->sync(c->s, err)) return -1;
+    for (int i = 0; i < C; i++) {
+        double s = 0;
+        for (int t = 0; t < T; t++) {
+            float p = 1.0f / (1.0f + expf(-c->h_logits[(size_t)i * T + t]));
+            if (task_scores) task_scores[(size_t)i * T + t] = p;
+            s += (double)d->score_weights[t] * p;
+        }
+        if (scores) scores[i] = (float)s;
+    }
+    return 0;
+}
