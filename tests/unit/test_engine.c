@@ -1,0 +1,415 @@
+/* test_engine.c - the forward pass end to end on the CPU backend.
+ *
+ * Why this exists: the golden test compares scores with PyTorch; this one
+ * checks the engine's own promises that no reference can see: IKBO mode never
+ * materializes a user tensor at candidate batch size (byte accounting by
+ * tag), broadcast mode does and agrees bitwise, scoring is deterministic
+ * whatever else is in the batch, and bad batches are refused with messages.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine/ikbo.h"
+
+/* ---- a small model with every op, written to a temp dir ---- */
+
+static const char *MODEL_JSON =
+    "{\"format\": \"ikbo-model/1\","
+    " \"inputs\": {\"user\": {\"dense\": 6, \"sparse\": [\"country\"],"
+    "                        \"history\": {\"max_len\": 5, \"actions\": 3}},"
+    "             \"candidate\": {\"dense\": 3, \"sparse\": [\"item\"]}},"
+    " \"tables\": {\"item\": {\"rows\": 50, \"dim\": 8}, \"country\": {\"rows\": 7, \"dim\": 8}},"
+    " \"layers\": ["
+    "  {\"name\": \"u_country\", \"op\": \"embedding_bag\", \"input\": \"user.sparse.country\","
+    "   \"table\": \"country\", \"pooling\": \"mean\"},"
+    "  {\"name\": \"u_d1\", \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 16, \"activation\": \"relu\"},"
+    "  {\"name\": \"u_d\", \"op\": \"reshape\", \"input\": \"u_d1\", \"tokens\": 2},"
+    "  {\"name\": \"hist\", \"op\": \"history_embedding\", \"input\": \"user.history\", \"table\": \"item\"},"
+    "  {\"name\": \"hist_mean\", \"op\": \"mean_pool\", \"input\": \"hist\"},"
+    "  {\"name\": \"e_user\", \"op\": \"stack\", \"inputs\": [\"u_country\", \"u_d\", \"hist_mean\"]},"
+    "  {\"name\": \"c_item\", \"op\": \"embedding_bag\", \"input\": \"candidate.sparse.item\","
+    "   \"table\": \"item\", \"pooling\": \"sum\"},"
+    "  {\"name\": \"c_d1\", \"op\": \"linear\", \"input\": \"candidate.dense\", \"out\": 8, \"activation\": \"sigmoid\"},"
+    "  {\"name\": \"x_cand\", \"op\": \"stack\", \"inputs\": [\"c_item\", \"c_d1\"]},"
+    "  {\"name\": \"ta\", \"op\": \"target_attention\", \"query\": \"x_cand\", \"history\": \"hist\","
+    "   \"heads\": 2, \"head_dim\": 4},"
+    "  {\"name\": \"e_cand\", \"op\": \"stack\", \"inputs\": [\"x_cand\", \"ta\"]},"
+    "  {\"name\": \"lce\", \"op\": \"lce\", \"user\": \"e_user\", \"candidate\": \"e_cand\", \"out_tokens\": 3},"
+    "  {\"name\": \"flat\", \"op\": \"flatten\", \"input\": \"lce\"},"
+    "  {\"name\": \"top1\", \"op\": \"linear\", \"input\": \"flat\", \"out\": 8, \"activation\": \"relu\"},"
+    "  {\"name\": \"u_vec\", \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 8},"
+    "  {\"name\": \"mix\", \"op\": \"add\", \"inputs\": [\"u_vec\", \"top1\"]},"
+    "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\", \"out\": 2}"
+    " ],"
+    " \"output\": {\"logits\": \"logits\", \"tasks\": [\"click\", \"like\"], \"score_weights\": [1.0, 0.5]}}";
+
+typedef struct tensor_spec {
+    const char *name;
+    int rows, cols; /* rows 0 = 1-D [cols] */
+} tensor_spec;
+
+static const tensor_spec TENSORS[] = {
+    {"tables.item", 50, 8},   {"tables.country", 7, 8}, {"u_d1.weight", 16, 6},
+    {"u_d1.bias", 0, 16},     {"hist.action", 3, 8},    {"hist.position", 5, 8},
+    {"c_d1.weight", 8, 3},    {"c_d1.bias", 0, 8},      {"ta.wq", 8, 8},
+    {"ta.wk", 8, 8},          {"ta.wv", 8, 8},          {"ta.wo", 8, 8},
+    {"lce.w_user", 3, 4},     {"lce.w_cand", 3, 4},     {"top1.weight", 8, 24},
+    {"top1.bias", 0, 8},      {"u_vec.weight", 8, 6},   {"u_vec.bias", 0, 8},
+    {"logits.weight", 2, 8},  {"logits.bias", 0, 2},
+};
+#define N_TENSORS (sizeof(TENSORS) / sizeof(TENSORS[0]))
+
+static uint64_t rng_state;
+static double frand(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(rng_state >> 11) / (double)(1ULL << 53) * 2.0 - 1.0;
+}
+
+static char model_dir[256];
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void write_model(void)
+{
+    snprintf(model_dir, sizeof(model_dir), "/tmp/ikbo_test_engine_%d", (int)getpid());
+    mkdir(model_dir, 0755);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/model.json", model_dir);
+    write_file(path, MODEL_JSON, strlen(MODEL_JSON));
+
+    char header[8192];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "{");
+    for (size_t i = 0; i < N_TENSORS; i++) {
+        const tensor_spec *t = &TENSORS[i];
+        size_t n = (size_t)(t->rows ? t->rows : 1) * (size_t)t->cols;
+        char shape[64];
+        if (t->rows) snprintf(shape, sizeof(shape), "[%d, %d]", t->rows, t->cols);
+        else snprintf(shape, sizeof(shape), "[%d]", t->cols);
+        hl += (size_t)snprintf(header + hl, sizeof(header) - hl,
+                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, \"data_offsets\": [%zu, %zu]}",
+                               i ? ", " : "", t->name, shape, off, off + n * 4);
+        off += n * 4;
+    }
+    hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "}");
+    size_t total = 8 + hl + off;
+    uint8_t *buf = malloc(total);
+    assert_non_null(buf);
+    uint64_t h64 = hl;
+    memcpy(buf, &h64, 8); /* little-endian host */
+    memcpy(buf + 8, header, hl);
+    float *data = (float *)(buf + 8 + hl);
+    rng_state = 42;
+    for (size_t i = 0; i < off / 4; i++) {
+        float v = (float)(frand() * 0.5);
+        memcpy(&data[i], &v, 4); /* header length may leave data unaligned */
+    }
+    snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
+    write_file(path, buf, total);
+    free(buf);
+}
+
+static void remove_model(void)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/model.json", model_dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
+    unlink(path);
+    rmdir(model_dir);
+}
+
+/* ---- random batches ---- */
+
+typedef struct hbatch {
+    ikbo_batch b;
+    float *ud, *cd;
+    int64_t *us_ids, *us_off, *cs_ids, *cs_off, *h_ids, *h_off;
+    int32_t *h_act, *map;
+    ikbo_jagged us, cs;
+} hbatch;
+
+/* counts[u] candidates for user u; history lengths vary, some exceed max_len. */
+static void make_batch(hbatch *h, int U, const int *counts)
+{
+    memset(h, 0, sizeof(*h));
+    int C = 0;
+    for (int u = 0; u < U; u++) C += counts[u];
+    h->ud = malloc(sizeof(float) * (size_t)U * 6);
+    h->cd = malloc(sizeof(float) * (size_t)C * 3);
+    for (int i = 0; i < U * 6; i++) h->ud[i] = (float)frand();
+    for (int i = 0; i < C * 3; i++) h->cd[i] = (float)frand();
+    h->us_off = malloc(sizeof(int64_t) * (size_t)(U + 1));
+    h->us_ids = malloc(sizeof(int64_t) * (size_t)U * 3 + 8);
+    h->h_off = malloc(sizeof(int64_t) * (size_t)(U + 1));
+    h->h_ids = malloc(sizeof(int64_t) * (size_t)U * 9 + 8);
+    h->h_act = malloc(sizeof(int32_t) * (size_t)U * 9 + 8);
+    h->us_off[0] = h->h_off[0] = 0;
+    for (int u = 0; u < U; u++) {
+        int nb = u % 3; /* 0, 1 or 2 ids: empty bags too */
+        for (int k = 0; k < nb; k++) h->us_ids[h->us_off[u] + k] = (int64_t)(frand() * 1e12);
+        h->us_off[u + 1] = h->us_off[u] + nb;
+        int nh = (u * 7) % 10; /* 0..9 events; max_len is 5 */
+        for (int k = 0; k < nh; k++) {
+            h->h_ids[h->h_off[u] + k] = (int64_t)(frand() * 1000);
+            h->h_act[h->h_off[u] + k] = (int32_t)((u + k) % 3);
+        }
+        h->h_off[u + 1] = h->h_off[u] + nh;
+    }
+    h->cs_off = malloc(sizeof(int64_t) * (size_t)(C + 1));
+    h->cs_ids = malloc(sizeof(int64_t) * (size_t)C * 2 + 8);
+    h->map = malloc(sizeof(int32_t) * (size_t)C);
+    h->cs_off[0] = 0;
+    int c = 0;
+    for (int u = 0; u < U; u++)
+        for (int k = 0; k < counts[u]; k++, c++) {
+            h->map[c] = u;
+            int nb = 1 + c % 2;
+            for (int j = 0; j < nb; j++) h->cs_ids[h->cs_off[c] + j] = (int64_t)(frand() * 1e6);
+            h->cs_off[c + 1] = h->cs_off[c] + nb;
+        }
+    h->us = (ikbo_jagged){h->us_ids, h->us_off};
+    h->cs = (ikbo_jagged){h->cs_ids, h->cs_off};
+    h->b = (ikbo_batch){.n_users = U,
+                        .n_cands = C,
+                        .user_dense = h->ud,
+                        .user_sparse = &h->us,
+                        .hist = {h->h_ids, h->h_off},
+                        .hist_actions = h->h_act,
+                        .cand_dense = h->cd,
+                        .cand_sparse = &h->cs,
+                        .map = h->map};
+}
+
+static void free_batch(hbatch *h)
+{
+    free(h->ud); free(h->cd); free(h->us_ids); free(h->us_off); free(h->cs_ids);
+    free(h->cs_off); free(h->h_ids); free(h->h_off); free(h->h_act); free(h->map);
+}
+
+static ikbo_model *load(enum ikbo_mode mode)
+{
+    ikbo_err err = {{0}};
+    ikbo_load_opts o = {.device = "cpu", .mode = mode};
+    ikbo_model *m = ikbo_model_load(model_dir, &o, &err);
+    if (!m) fail_msg("load failed: %s", err.msg);
+    return m;
+}
+
+static float *score(ikbo_ctx *ctx, const ikbo_batch *b, size_t last[BK_TAG_COUNT])
+{
+    ikbo_err err = {{0}};
+    float *s = malloc(sizeof(float) * (size_t)b->n_cands * 3);
+    for (int i = 0; i < b->n_cands * 3; i++) s[i] = NAN; /* poison */
+    if (ikbo_score(ctx, b, s, s + (size_t)b->n_cands * 2, &err)) fail_msg("score failed: %s", err.msg);
+    for (int i = 0; i < b->n_cands * 3; i++) assert_true(isfinite(s[i]));
+    if (last) ikbo_ctx_last_bytes(ctx, last);
+    return s;
+}
+
+/* Candidate-domain bytes the plan needs at C rows: every candidate tensor's
+ * width, plus attention's Q and O. A user tensor at C would add to this. */
+static size_t expected_cand_bytes(int C)
+{
+    size_t widths[] = {3, 8, 8, 16, 16 /* ta out */, 32, 24, 8, 8, 2};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
+        n += (C * widths[i] * 4 + 255) / 256 * 256;
+    n += 2 * ((C * 2 * 8 * 4 + 255) / 256 * 256); /* Q and O: C*Tq rows of H*dh */
+    return n;
+}
+
+static void test_ikbo_never_broadcasts(void **state)
+{
+    (void)state;
+    ikbo_model *m = load(IKBO_MODE_IKBO);
+    ikbo_err err = {{0}};
+    ikbo_ctx *ctx = ikbo_ctx_new(m, &err);
+    assert_non_null(ctx);
+    int few[] = {300, 400};
+    int many[] = {100, 100, 100, 100, 100, 100, 100};
+    hbatch a, b;
+    make_batch(&a, 2, few);
+    make_batch(&b, 7, many);
+    size_t la[BK_TAG_COUNT], lb[BK_TAG_COUNT];
+    free(score(ctx, &a.b, la));
+    free(score(ctx, &b.b, lb));
+    assert_int_equal(la[BK_TAG_BROADCAST], 0);
+    assert_int_equal(lb[BK_TAG_BROADCAST], 0);
+    /* Same C, different U: candidate bytes don't move, and equal the plan. */
+    assert_int_equal(la[BK_TAG_CAND], expected_cand_bytes(700));
+    assert_int_equal(lb[BK_TAG_CAND], expected_cand_bytes(700));
+    assert_true(lb[BK_TAG_USER] > la[BK_TAG_USER]);
+    ikbo_stats st;
+    ikbo_get_stats(m, &st);
+    assert_int_equal(st.bytes_peak[BK_TAG_BROADCAST], 0);
+    free_batch(&a);
+    free_batch(&b);
+    ikbo_ctx_free(ctx);
+    ikbo_model_free(m);
+}
+
+static void test_broadcast_matches_ikbo(void **state)
+{
+    (void)state;
+    ikbo_model *mi = load(IKBO_MODE_IKBO), *mb = load(IKBO_MODE_BROADCAST);
+    ikbo_err err = {{0}};
+    ikbo_ctx *ci = ikbo_ctx_new(mi, &err), *cb = ikbo_ctx_new(mb, &err);
+    int counts[] = {1, 1000, 3, 0, 17};
+    hbatch h;
+    make_batch(&h, 5, counts);
+    size_t lb[BK_TAG_COUNT];
+    float *si = score(ci, &h.b, NULL), *sb = score(cb, &h.b, lb);
+    assert_true(lb[BK_TAG_BROADCAST] > 0);
+    assert_memory_equal(si, sb, sizeof(float) * (size_t)h.b.n_cands * 3);
+    free(si);
+    free(sb);
+    free_batch(&h);
+    ikbo_ctx_free(ci);
+    ikbo_ctx_free(cb);
+    ikbo_model_free(mi);
+    ikbo_model_free(mb);
+}
+
+/* A user's scores do not depend on the other users in the batch. */
+static void test_deterministic_across_batches(void **state)
+{
+    (void)state;
+    ikbo_model *m = load(IKBO_MODE_IKBO);
+    ikbo_err err = {{0}};
+    ikbo_ctx *ctx = ikbo_ctx_new(m, &err);
+    int counts[] = {5, 9, 1, 33};
+    hbatch all;
+    make_batch(&all, 4, counts);
+    float *s_all = score(ctx, &all.b, NULL);
+    int C = all.b.n_cands;
+    /* Re-score user 3 alone by slicing the batch arrays. */
+    int c0 = 5 + 9 + 1;
+    ikbo_batch one = all.b;
+    one.n_users = 1;
+    one.n_cands = 33;
+    float ud[6];
+    memcpy(ud, all.ud + 3 * 6, sizeof(ud));
+    one.user_dense = ud;
+    int64_t us_off[2] = {0, all.us_off[4] - all.us_off[3]};
+    ikbo_jagged us = {all.us_ids + all.us_off[3], us_off};
+    one.user_sparse = &us;
+    int64_t h_off[2] = {0, all.h_off[4] - all.h_off[3]};
+    one.hist = (ikbo_jagged){all.h_ids + all.h_off[3], h_off};
+    one.hist_actions = all.h_act + all.h_off[3];
+    one.cand_dense = all.cd + (size_t)c0 * 3;
+    int64_t cs_off[34];
+    for (int i = 0; i <= 33; i++) cs_off[i] = all.cs_off[c0 + i] - all.cs_off[c0];
+    ikbo_jagged cs = {all.cs_ids + all.cs_off[c0], cs_off};
+    one.cand_sparse = &cs;
+    int32_t map[33] = {0};
+    one.map = map;
+    float *s_one = score(ctx, &one, NULL);
+    for (int i = 0; i < 33; i++) {
+        assert_memory_equal(&s_one[i * 2], &s_all[(c0 + i) * 2], 2 * sizeof(float));
+        assert_memory_equal(&s_one[33 * 2 + i], &s_all[(size_t)C * 2 + c0 + i], sizeof(float));
+    }
+    free(s_all);
+    free(s_one);
+    free_batch(&all);
+    ikbo_ctx_free(ctx);
+    ikbo_model_free(m);
+}
+
+static void expect_refused(ikbo_ctx *ctx, const ikbo_batch *b, const char *needle)
+{
+    ikbo_err err = {{0}};
+    float out[4096];
+    assert_int_equal(ikbo_score(ctx, b, out, NULL, &err), -1);
+    if (!strstr(err.msg, needle)) fail_msg("message '%s' lacks '%s'", err.msg, needle);
+}
+
+static void test_bad_batches(void **state)
+{
+    (void)state;
+    ikbo_model *m = load(IKBO_MODE_IKBO);
+    ikbo_err err = {{0}};
+    ikbo_ctx *ctx = ikbo_ctx_new(m, &err);
+    int counts[] = {2, 2};
+    hbatch h;
+    make_batch(&h, 2, counts);
+    ikbo_batch b = h.b;
+    h.map[1] = 1;
+    h.map[2] = 0;
+    expect_refused(ctx, &b, "grouped by user");
+    h.map[2] = 5;
+    expect_refused(ctx, &b, "map[2] = 5");
+    h.map[1] = 0;
+    h.map[2] = 1;
+    assert_true(h.h_off[2] > 0);
+    int32_t saved = h.h_act[0];
+    h.h_act[0] = 3;
+    expect_refused(ctx, &b, "outside [0, 3)");
+    h.h_act[0] = saved;
+    b.n_cands = 0;
+    expect_refused(ctx, &b, "at least 1");
+    b = h.b;
+    b.cand_dense = NULL;
+    expect_refused(ctx, &b, "candidate dense");
+    /* The context still works after refusals. */
+    b = h.b;
+    free(score(ctx, &b, NULL));
+    free_batch(&h);
+    ikbo_ctx_free(ctx);
+    ikbo_model_free(m);
+}
+
+static void test_load_errors(void **state)
+{
+    (void)state;
+    ikbo_err err = {{0}};
+    ikbo_load_opts o = {.device = "tpu:0"};
+    assert_null(ikbo_model_load(model_dir, &o, &err));
+    assert_non_null(strstr(err.msg, "tpu:0"));
+    o.device = "cpu";
+    assert_null(ikbo_model_load("/nonexistent/model/1", &o, &err));
+    assert_non_null(strstr(err.msg, "/nonexistent/model/1"));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    write_model();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    remove_model();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ikbo_never_broadcasts),
+        cmocka_unit_test(test_broadcast_matches_ikbo),
+        cmocka_unit_test(test_deterministic_across_batches),
+        cmocka_unit_test(test_bad_batches),
+        cmocka_unit_test(test_load_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
