@@ -1,0 +1,66 @@
+/* backend.c - device-independent part of the op table: error text and the
+ * device-string dispatch.
+ *
+ * Why this exists: the engine names its device in config ("cpu", "cuda:N")
+ * and should not know which backends this build contains. A device this
+ * build cannot serve is a load-time error whose text says why, so a
+ * misconfigured server fails loudly instead of silently running on the CPU.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+void bk_seterr(bk_err *err, const char *fmt, ...)
+{
+    if (!err)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* "cuda:N" with N a decimal ordinal in [0, INT_MAX]; -1 if malformed. */
+static int cuda_ordinal(const char *s)
+{
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v > INT_MAX)
+        return -1;
+    return (int)v;
+}
+
+bk_backend *bk_backend_new(const char *device, bk_err *err)
+{
+    if (!device || !*device) {
+        bk_seterr(err, "no device given (expected \"cpu\" or \"cuda:N\")");
+        return NULL;
+    }
+    if (strcmp(device, "cpu") == 0)
+        return bk_cpu_new(err);
+    if (strncmp(device, "cuda:", 5) == 0) {
+        int ordinal = cuda_ordinal(device + 5);
+        if (ordinal < 0) {
+            bk_seterr(err, "device %.64s: bad CUDA device ordinal (expected \"cuda:N\", N >= 0)",
+                      device);
+            return NULL;
+        }
+#ifdef IKBO_CUDA
+        return bk_cuda_new(ordinal, err);
+#else
+        bk_seterr(err, "device %.64s: this build has no CUDA support (built with CUDA=0)",
+                  device);
+        return NULL;
+#endif
+    }
+    bk_seterr(err, "unknown device \"%.64s\" (expected \"cpu\" or \"cuda:N\")", device);
+    return NULL;
+}

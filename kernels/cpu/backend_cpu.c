@@ -1,0 +1,283 @@
+/* backend_cpu.c - the CPU backend's op table: memory with byte accounting,
+ * streams, weights, and the constructor bk_cpu_new.
+ *
+ * Why this exists: it is the fp32 reference device every model can run on
+ * (no GPU needed) and the one the engine's tests use. Buffers are plain host
+ * memory, so upload/download are copies and a stream runs each op to
+ * completion before returning (sync has nothing to wait for). The only
+ * shared mutable state is the per-backend byte accounting, guarded by a
+ * mutex because alloc/free may be called from any thread, and each weight's
+ * lazily built linear panels (see struct bk_weight).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+static cpu_backend *impl_of(bk_backend *be) { return (cpu_backend *)be->impl; }
+
+/* ---- memory ---- */
+
+/* Every buffer is cache-line aligned and at least one line long, so an
+ * alloc of 0 bytes still returns a valid, distinct pointer. */
+static void *aligned_bytes(size_t bytes)
+{
+    if (bytes > SIZE_MAX - CPU_ALIGN)
+        return NULL;
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    if (rounded == 0)
+        rounded = CPU_ALIGN;
+    return aligned_alloc(CPU_ALIGN, rounded);
+}
+
+/* A free of more than is live (a caller passing the wrong size) clamps at
+ * zero rather than wrapping to a huge count. */
+static void account(bk_backend *be, enum bk_tag tag, size_t add, size_t sub)
+{
+    cpu_backend *cb = impl_of(be);
+    pthread_mutex_lock(&cb->lock);
+    size_t *live = &cb->stats.bytes_live[tag];
+    *live += add;
+    *live -= sub < *live ? sub : *live;
+    if (*live > cb->stats.bytes_peak[tag])
+        cb->stats.bytes_peak[tag] = *live;
+    pthread_mutex_unlock(&cb->lock);
+}
+
+static void account_weights(bk_backend *be, size_t add, size_t sub)
+{
+    cpu_backend *cb = impl_of(be);
+    pthread_mutex_lock(&cb->lock);
+    cb->stats.weight_bytes += add;
+    cb->stats.weight_bytes -= sub < cb->stats.weight_bytes ? sub : cb->stats.weight_bytes;
+    pthread_mutex_unlock(&cb->lock);
+}
+
+void *cpu_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err)
+{
+    if ((unsigned)tag >= BK_TAG_COUNT) {
+        bk_seterr(err, "alloc: bad buffer tag %d", (int)tag);
+        return NULL;
+    }
+    void *p = aligned_bytes(bytes);
+    if (!p) {
+        bk_seterr(err, "out of host memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    account(be, tag, bytes, 0);
+    return p;
+}
+
+/* The caller passes the size and tag it allocated with (backend.h), as the
+ * CUDA backend needs too; free(NULL) is a no-op and accounts nothing. */
+void cpu_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag)
+{
+    if (!p)
+        return;
+    free(p);
+    if ((unsigned)tag < BK_TAG_COUNT)
+        account(be, tag, 0, bytes);
+}
+
+static int cpu_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
+{
+    (void)s;
+    if (bytes && (!dst || !src)) {
+        bk_seterr(err, "upload: NULL buffer for %zu bytes", bytes);
+        return -1;
+    }
+    if (bytes)
+        memmove(dst, src, bytes);
+    return 0;
+}
+
+/* Activations are fp32 on the CPU, so conversion is a copy. */
+static int cpu_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
+{
+    if (n > SIZE_MAX / sizeof(float)) {
+        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
+        return -1;
+    }
+    return cpu_upload(s, dst, src, n * sizeof(float), err);
+}
+
+static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
+{
+    if (n > SIZE_MAX / sizeof(float)) {
+        bk_seterr(err, "download_f32: %zu elements overflow size_t", n);
+        return -1;
+    }
+    return cpu_upload(s, dst, src, n * sizeof(float), err);
+}
+
+static void cpu_get_stats(bk_backend *be, bk_stats *out)
+{
+    cpu_backend *cb = impl_of(be);
+    pthread_mutex_lock(&cb->lock);
+    *out = cb->stats;
+    pthread_mutex_unlock(&cb->lock);
+}
+
+/* ---- streams: ops run synchronously, so a stream only names its backend ---- */
+
+static bk_stream *cpu_stream_new(bk_backend *be, bk_err *err)
+{
+    bk_stream *s = malloc(sizeof *s);
+    if (!s) {
+        bk_seterr(err, "out of host memory allocating %zu bytes", sizeof *s);
+        return NULL;
+    }
+    s->be = be;
+    return s;
+}
+
+static void cpu_stream_free(bk_stream *s) { free(s); }
+
+static int cpu_sync(bk_stream *s, bk_err *err)
+{
+    (void)s;
+    (void)err;
+    return 0;
+}
+
+/* ---- weights ---- */
+
+static size_t panel_floats(const bk_weight *w)
+{
+    size_t panels = ((size_t)w->rows + GEMM_NR - 1) / GEMM_NR;
+    return panels * GEMM_NR * (size_t)w->cols;
+}
+
+static bk_weight *cpu_weight_new(bk_backend *be, const float *w, int rows, int cols, bk_err *err)
+{
+    if (rows < 0 || cols < 0) {
+        bk_seterr(err, "weight_new: bad shape [%d, %d]", rows, cols);
+        return NULL;
+    }
+    size_t n = (size_t)rows * (size_t)cols;
+    if (n && !w) {
+        bk_seterr(err, "weight_new: NULL data for a [%d, %d] weight", rows, cols);
+        return NULL;
+    }
+    if (n > SIZE_MAX / sizeof(float) / 2) { /* /2: room for the packed copy */
+        bk_seterr(err, "weight_new: [%d, %d] is too large", rows, cols);
+        return NULL;
+    }
+    bk_weight *h = malloc(sizeof *h);
+    float *data = aligned_bytes(n * sizeof(float));
+    if (!h || !data) {
+        free(h);
+        free(data);
+        bk_seterr(err, "out of host memory allocating %zu bytes", n * sizeof(float));
+        return NULL;
+    }
+    if (n)
+        memcpy(data, w, n * sizeof(float));
+    h->be = be;
+    h->rows = rows;
+    h->cols = cols;
+    h->data = data;
+    atomic_init(&h->packed, NULL);
+    pthread_mutex_init(&h->pack_lock, NULL);
+    account_weights(be, n * sizeof(float), 0);
+    return h;
+}
+
+const float *cpu_weight_packed(const bk_weight *cw, bk_err *err)
+{
+    /* The weight is logically read-only; building its panels once is a cache
+     * the lock and the atomic make invisible to concurrent readers. */
+    bk_weight *w = (bk_weight *)cw;
+    float *p = atomic_load_explicit(&w->packed, memory_order_acquire);
+    if (p)
+        return p;
+    pthread_mutex_lock(&w->pack_lock);
+    p = atomic_load_explicit(&w->packed, memory_order_relaxed);
+    if (!p) {
+        size_t n = panel_floats(w);
+        p = aligned_bytes(n * sizeof(float));
+        if (!p) {
+            pthread_mutex_unlock(&w->pack_lock);
+            bk_seterr(err, "out of host memory allocating %zu bytes", n * sizeof(float));
+            return NULL;
+        }
+        size_t K = (size_t)w->cols, panels = ((size_t)w->rows + GEMM_NR - 1) / GEMM_NR;
+        for (size_t q = 0; q < panels; q++) {
+            float *panel = p + q * K * GEMM_NR;
+            for (size_t k = 0; k < K; k++)
+                for (size_t j = 0; j < GEMM_NR; j++) {
+                    size_t r = q * GEMM_NR + j;
+                    panel[k * GEMM_NR + j] = r < (size_t)w->rows ? w->data[r * K + k] : 0.0f;
+                }
+        }
+        account_weights(w->be, n * sizeof(float), 0);
+        atomic_store_explicit(&w->packed, p, memory_order_release);
+    }
+    pthread_mutex_unlock(&w->pack_lock);
+    return p;
+}
+
+static void cpu_weight_free(bk_backend *be, bk_weight *w)
+{
+    if (!w)
+        return;
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    float *p = atomic_load_explicit(&w->packed, memory_order_acquire);
+    account_weights(be, 0, n * sizeof(float) + (p ? panel_floats(w) * sizeof(float) : 0));
+    free(p);
+    free(w->data);
+    pthread_mutex_destroy(&w->pack_lock);
+    free(w);
+}
+
+/* ---- the table ---- */
+
+static void cpu_destroy(bk_backend *be)
+{
+    if (!be)
+        return;
+    cpu_backend *cb = impl_of(be);
+    pthread_mutex_destroy(&cb->lock);
+    free(cb);
+    free(be);
+}
+
+bk_backend *bk_cpu_new(bk_err *err)
+{
+    bk_backend *be = calloc(1, sizeof *be);
+    cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!be || !cb) {
+        free(be);
+        free(cb);
+        bk_seterr(err, "out of host memory allocating %zu bytes",
+                  sizeof *be + sizeof *cb);
+        return NULL;
+    }
+    pthread_mutex_init(&cb->lock, NULL);
+    be->name = "cpu";
+    be->act_size = sizeof(float);
+    be->impl = cb;
+    be->destroy = cpu_destroy;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->upload = cpu_upload;
+    be->upload_f32 = cpu_upload_f32;
+    be->download_f32 = cpu_download_f32;
+    be->get_stats = cpu_get_stats;
+    be->stream_new = cpu_stream_new;
+    be->stream_free = cpu_stream_free;
+    be->sync = cpu_sync;
+    be->weight_new = cpu_weight_new;
+    be->weight_free = cpu_weight_free;
+    be->embedding_bag = cpu_embedding_bag;
+    be->history_embedding = cpu_history_embedding;
+    be->mean_pool = cpu_mean_pool;
+    be->linear = cpu_linear;
+    be->lce = cpu_lce;
+    be->attention = cpu_attention;
+    be->add = cpu_add;
+    be->copy_rows = cpu_copy_rows;
+    be->gather = cpu_gather;
+    return be;
+}

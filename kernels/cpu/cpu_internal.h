@@ -1,0 +1,101 @@
+/* cpu_internal.h - what the CPU backend's files share and nobody else sees.
+ *
+ * Why this exists: the CPU backend is split by concern (backend_cpu.c: memory,
+ * streams, weights and the op table; ops_cpu.c: the ops; gemm_cpu.c: the
+ * register-tile core every matmul-shaped op goes through). They share the
+ * private structs and a few helpers declared here; the engine only ever sees
+ * kernels/backend.h.
+ *
+ * Determinism contract (a hard requirement, see tests/unit/test_kernels_cpu.c):
+ * every output element is computed by a fixed sequence of fp32 operations that
+ * depends only on that element's own inputs and the tensor widths - never on
+ * the number of rows in the batch, on the row's position in it, or on the
+ * thread that runs it. The server batches requests and must return the same
+ * scores as when each is scored alone. Hence: no BLAS, no threads that split a
+ * reduction, no -ffast-math (checked below), and every reduction over k runs
+ * in increasing k with one fp32 accumulator per output element.
+ */
+#ifndef IKBO_CPU_INTERNAL_H
+#define IKBO_CPU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include "../backend.h"
+
+#ifdef __FAST_MATH__
+#error "kernels/cpu relies on strict IEEE evaluation order; do not build it with -ffast-math"
+#endif
+
+/* Register tile of the matmul core: GEMM_MR rows of A times GEMM_NR columns of B. */
+#define GEMM_MR 4
+#define GEMM_NR 8
+
+/* Alignment of every buffer and weight copy (one cache line). */
+#define CPU_ALIGN 64
+
+typedef struct cpu_backend {
+    pthread_mutex_t lock; /* guards stats: alloc/free run on any thread */
+    bk_stats stats;
+} cpu_backend;
+
+struct bk_stream {
+    bk_backend *be; /* ops allocate their transient scratch through it */
+};
+
+struct bk_weight {
+    bk_backend *be;
+    int rows, cols;
+    float *data; /* fp32 [rows, cols] row-major copy */
+    /* Linear panels, built on first use by linear (tables never need them):
+     * panel p holds W[p*GEMM_NR + j][k] at [p][k][j], zero-padded to
+     * GEMM_NR outputs. The pointer is published with release/acquire so
+     * threads sharing a weight see a complete copy; pack_lock makes the
+     * build happen once. */
+    _Atomic(float *) packed;
+    pthread_mutex_t pack_lock;
+};
+
+/* Accounted allocation (backend_cpu.c). Ops use it for scratch. */
+void *cpu_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err);
+void cpu_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag);
+
+/* The panel-packed copy of a weight for linear; NULL with err on OOM. */
+const float *cpu_weight_packed(const bk_weight *w, bk_err *err);
+
+/* Register-tile core (gemm_cpu.c):
+ *   acc[i][j] += a[i][k] * b[k*ldb + j]   for k = 0 .. kn-1, in that order,
+ * for i < GEMM_MR and j < nr (nr <= GEMM_NR); acc[i][j] for j >= nr is left
+ * alone. a[i] are GEMM_MR row pointers (contiguous in k; a caller with fewer
+ * rows repeats a valid pointer and ignores those rows' results). Each
+ * acc[i][j] is one fp32 accumulator updated by a multiply then an add per k,
+ * so an element's value never depends on i, on the other rows, or on nr. */
+void gemm_cpu_tile(const float *const a[GEMM_MR], const float *b, size_t ldb, int kn, int nr,
+                   float acc[GEMM_MR][GEMM_NR]);
+
+/* The ops (ops_cpu.c), with backend.h's signatures. */
+int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
+                      const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
+                      bk_err *err);
+int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
+                          const bk_weight *position, const int64_t *ids, const int32_t *actions,
+                          const int64_t *offsets, int n, void *out, bk_err *err);
+int cpu_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim, void *out,
+                  bk_err *err);
+int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+               const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
+            const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+            void *z, bk_err *err);
+int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
+                  const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
+                  int dh, void *o, bk_err *err);
+int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
+            void *out, bk_err *err);
+int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst, int ldd,
+                  bk_err *err);
+int cpu_gather(bk_stream *s, const void *src, const int64_t *src_offsets, const int32_t *map,
+               int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err);
+
+#endif

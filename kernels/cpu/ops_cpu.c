@@ -1,0 +1,607 @@
+/* ops_cpu.c - the CPU backend's ops, in fp32, as kernels/backend.h documents
+ * them.
+ *
+ * Why this exists: these are the reference implementations every other
+ * backend and the PyTorch interpreter are checked against, and what a CPU-only
+ * server runs. Priorities, in order: exact semantics, determinism, speed.
+ *
+ * Determinism (hard requirement; see cpu_internal.h): every reduction has a
+ * fixed order that depends only on the widths, never on the batch:
+ *   - sums over bag/history/segment members run in member order;
+ *   - matmul-shaped ops (linear, lce, attention) go through gemm_cpu_tile,
+ *     one fp32 accumulator per output element, k in increasing order. Rows
+ *     are processed GEMM_MR at a time; a short last tile repeats a valid row
+ *     pointer and drops its results, so a row's arithmetic is the same alone
+ *     or at any position of a batch of any size;
+ *   - linear's cache blocking over k stores the partial sum in the output
+ *     and reloads it, which continues the same sequential sum exactly.
+ * No threads: a server runs one stream per execution instance, which is where
+ * CPU parallelism comes from. Splitting an op by rows would keep results
+ * bitwise equal (rows are independent); splitting a reduction would not.
+ *
+ * IKBO: lce computes the user term at nu rows (scratch) and adds it in the
+ * candidate epilogue; attention reads a user's keys/values through map[c]
+ * and processes all query rows of a run of candidates sharing that user
+ * together. Neither copies a user tensor to candidate batch size.
+ *
+ * Scratch (lce's user term, attention's transposed keys) comes from the
+ * accounted allocator under BK_TAG_USER and is freed before the op returns.
+ *
+ * Index arrays are validated as far as the op can see (offsets
+ * non-decreasing from >= 0, map within [0, nu)), so a bad plan is an error
+ * message rather than a wild read.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* Linear's cache blocks: KC x GEMM_NR floats of a weight panel (8 KiB) stay
+ * in L1 while LIN_MC rows x KC of x (64 KiB) stream from L2. */
+#define LIN_MC 64
+#define LIN_KC 256
+
+static inline int min_int(int a, int b) { return a < b ? a : b; }
+
+/* ((id % rows) + rows) % rows without the overflow of the literal form for
+ * ids near INT64_MAX; equal to it for every id. rows > 0. */
+static inline int64_t table_row(int64_t id, int64_t rows)
+{
+    int64_t r = id % rows;
+    return r < 0 ? r + rows : r;
+}
+
+/* offsets[0 .. n] must start >= 0 and never decrease. */
+static int check_offsets(const char *op, const int64_t *offsets, int n, bk_err *err)
+{
+    if (!offsets) {
+        bk_seterr(err, "%s: offsets is NULL", op);
+        return -1;
+    }
+    if (offsets[0] < 0) {
+        bk_seterr(err, "%s: offsets[0] = %lld is negative", op, (long long)offsets[0]);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (offsets[i + 1] < offsets[i]) {
+            bk_seterr(err, "%s: offsets decrease at %d (%lld > %lld)", op, i,
+                      (long long)offsets[i], (long long)offsets[i + 1]);
+            return -1;
+        }
+    return 0;
+}
+
+/* map[0 .. n) must lie in [0, nu); nu < 0 means "upper bound unknown". */
+static int check_map(const char *op, const int32_t *map, int n, int nu, bk_err *err)
+{
+    if (!map) {
+        bk_seterr(err, "%s: map is NULL", op);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (map[i] < 0 || (nu >= 0 && map[i] >= nu)) {
+            bk_seterr(err, "%s: map[%d] = %d is outside [0, %d)", op, i, (int)map[i], nu);
+            return -1;
+        }
+    return 0;
+}
+
+static int bad_dims(const char *op, const char *what, long long v, bk_err *err)
+{
+    bk_seterr(err, "%s: bad %s %lld", op, what, v);
+    return -1;
+}
+
+/* ---- embedding_bag ---- */
+
+int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
+                      const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
+                      bk_err *err)
+{
+    (void)s;
+    const char *op = "embedding_bag";
+    if (n < 0)
+        return bad_dims(op, "bag count", n, err);
+    if (pool != BK_POOL_SUM && pool != BK_POOL_MEAN)
+        return bad_dims(op, "pooling", pool, err);
+    if (n == 0)
+        return 0;
+    if (!table || !out) {
+        bk_seterr(err, "%s: NULL table or output", op);
+        return -1;
+    }
+    const int dim = table->cols;
+    if (ld < dim) {
+        bk_seterr(err, "%s: ld %d < table dim %d", op, ld, dim);
+        return -1;
+    }
+    if (check_offsets(op, offsets, n, err))
+        return -1;
+    if (offsets[n] > offsets[0] && !ids) {
+        bk_seterr(err, "%s: ids is NULL", op);
+        return -1;
+    }
+    if (offsets[n] > offsets[0] && table->rows == 0) {
+        bk_seterr(err, "%s: table has no rows", op);
+        return -1;
+    }
+    float *o = out;
+    for (int b = 0; b < n; b++) {
+        float *ob = o + (size_t)b * (size_t)ld;
+        memset(ob, 0, (size_t)dim * sizeof(float));
+        for (int64_t e = offsets[b]; e < offsets[b + 1]; e++) {
+            const float *row = table->data + (size_t)table_row(ids[e], table->rows) * dim;
+            for (int j = 0; j < dim; j++)
+                ob[j] += row[j];
+        }
+        int64_t count = offsets[b + 1] - offsets[b];
+        if (pool == BK_POOL_MEAN && count > 0)
+            for (int j = 0; j < dim; j++)
+                ob[j] /= (float)count;
+    }
+    return 0;
+}
+
+/* ---- history_embedding ---- */
+
+int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
+                          const bk_weight *position, const int64_t *ids, const int32_t *actions,
+                          const int64_t *offsets, int n, void *out, bk_err *err)
+{
+    (void)s;
+    const char *op = "history_embedding";
+    if (n < 0)
+        return bad_dims(op, "user count", n, err);
+    if (n == 0)
+        return 0;
+    if (!table || !action || !position) {
+        bk_seterr(err, "%s: NULL table, action or position weight", op);
+        return -1;
+    }
+    const int dim = table->cols;
+    if (action->cols != dim || position->cols != dim) {
+        bk_seterr(err, "%s: widths differ (table %d, action %d, position %d)", op, dim,
+                  action->cols, position->cols);
+        return -1;
+    }
+    if (check_offsets(op, offsets, n, err))
+        return -1;
+    if (offsets[n] > offsets[0] && (!ids || !out || table->rows == 0)) {
+        bk_seterr(err, "%s: NULL ids or output, or an empty table", op);
+        return -1;
+    }
+    float *o = out;
+    for (int u = 0; u < n; u++) {
+        if (offsets[u + 1] - offsets[u] > position->rows) {
+            bk_seterr(err, "%s: user %d has %lld events, more than the %d positions", op, u,
+                      (long long)(offsets[u + 1] - offsets[u]), position->rows);
+            return -1;
+        }
+        for (int64_t e = offsets[u]; e < offsets[u + 1]; e++) {
+            int32_t a = actions ? actions[e] : 0;
+            if (a < 0 || a >= action->rows) {
+                bk_seterr(err, "%s: event %lld has action %d outside [0, %d)", op,
+                          (long long)e, (int)a, action->rows);
+                return -1;
+            }
+            const float *t = table->data + (size_t)table_row(ids[e], table->rows) * dim;
+            const float *ar = action->data + (size_t)a * dim;
+            const float *p = position->data + (size_t)(e - offsets[u]) * dim;
+            float *oe = o + (size_t)e * dim;
+            for (int j = 0; j < dim; j++)
+                oe[j] = (t[j] + ar[j]) + p[j];
+        }
+    }
+    return 0;
+}
+
+/* ---- mean_pool ---- */
+
+int cpu_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim, void *out,
+                  bk_err *err)
+{
+    (void)s;
+    const char *op = "mean_pool";
+    if (n < 0 || dim < 0)
+        return bad_dims(op, n < 0 ? "segment count" : "dim", n < 0 ? n : dim, err);
+    if (n == 0)
+        return 0;
+    if (!out || check_offsets(op, offsets, n, err)) {
+        if (!out)
+            bk_seterr(err, "%s: output is NULL", op);
+        return -1;
+    }
+    if (offsets[n] > offsets[0] && !x) {
+        bk_seterr(err, "%s: input is NULL", op);
+        return -1;
+    }
+    const float *xf = x;
+    float *o = out;
+    for (int r = 0; r < n; r++) {
+        float *orow = o + (size_t)r * dim;
+        memset(orow, 0, (size_t)dim * sizeof(float));
+        for (int64_t e = offsets[r]; e < offsets[r + 1]; e++) {
+            const float *xr = xf + (size_t)e * dim;
+            for (int j = 0; j < dim; j++)
+                orow[j] += xr[j];
+        }
+        int64_t count = offsets[r + 1] - offsets[r];
+        if (count > 0)
+            for (int j = 0; j < dim; j++)
+                orow[j] /= (float)count;
+    }
+    return 0;
+}
+
+/* ---- linear ---- */
+
+static inline float activate(float v, enum bk_act act)
+{
+    if (act == BK_ACT_RELU)
+        return v < 0.0f ? 0.0f : v; /* NaN stays NaN, as in PyTorch */
+    if (act == BK_ACT_SIGMOID)
+        return 1.0f / (1.0f + expf(-v));
+    return v;
+}
+
+/* Byte ranges [a, a+an) and [b, b+bn) intersect. */
+static int overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + bn && pb < pa + an;
+}
+
+int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+               const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+{
+    (void)s;
+    const char *op = "linear";
+    if (!w) {
+        bk_seterr(err, "%s: weight is NULL", op);
+        return -1;
+    }
+    const int in = w->cols, out = w->rows;
+    if (rows < 0)
+        return bad_dims(op, "row count", rows, err);
+    if (ldx < in || ldy < out) {
+        bk_seterr(err, "%s: ldx %d / ldy %d smaller than in %d / out %d", op, ldx, ldy, in, out);
+        return -1;
+    }
+    if (bias && (size_t)bias->rows * (size_t)bias->cols != (size_t)out) {
+        bk_seterr(err, "%s: bias has %d x %d elements, expected %d", op, bias->rows, bias->cols,
+                  out);
+        return -1;
+    }
+    if (act != BK_ACT_NONE && act != BK_ACT_RELU && act != BK_ACT_SIGMOID)
+        return bad_dims(op, "activation", act, err);
+    if (rows == 0 || out == 0)
+        return 0;
+    if (!x || !y) {
+        bk_seterr(err, "%s: NULL input or output", op);
+        return -1;
+    }
+    /* y receives partial sums between k blocks, so it must not overlap x. */
+    if (overlap(x, ((size_t)(rows - 1) * ldx + in) * sizeof(float), y,
+                ((size_t)(rows - 1) * ldy + out) * sizeof(float))) {
+        bk_seterr(err, "%s: output overlaps input", op);
+        return -1;
+    }
+    const float *wp = cpu_weight_packed(w, err);
+    if (!wp)
+        return -1;
+    const float *xf = x, *bv = bias ? bias->data : NULL;
+    float *yf = y;
+    const int panels = (out + GEMM_NR - 1) / GEMM_NR;
+
+    for (int r0 = 0; r0 < rows; r0 += LIN_MC) {
+        const int rn = min_int(LIN_MC, rows - r0);
+        for (int k0 = 0;; k0 += LIN_KC) {
+            const int kn = min_int(LIN_KC, in - k0);
+            const int last = k0 + kn >= in;
+            for (int p = 0; p < panels; p++) {
+                const float *bp = wp + ((size_t)p * in + k0) * GEMM_NR;
+                const int o0 = p * GEMM_NR, nr = min_int(GEMM_NR, out - o0);
+                for (int i0 = 0; i0 < rn; i0 += GEMM_MR) {
+                    const int mr = min_int(GEMM_MR, rn - i0);
+                    const float *a[GEMM_MR];
+                    float acc[GEMM_MR][GEMM_NR] = {{0}};
+                    for (int i = 0; i < GEMM_MR; i++)
+                        a[i] = xf + (size_t)(r0 + i0 + min_int(i, mr - 1)) * ldx + k0;
+                    if (k0 > 0)
+                        for (int i = 0; i < mr; i++)
+                            memcpy(acc[i], yf + (size_t)(r0 + i0 + i) * ldy + o0,
+                                   (size_t)nr * sizeof(float));
+                    /* Panels are zero-padded to GEMM_NR, so always the full tile. */
+                    gemm_cpu_tile(a, bp, GEMM_NR, kn, GEMM_NR, acc);
+                    for (int i = 0; i < mr; i++) {
+                        float *yr = yf + (size_t)(r0 + i0 + i) * ldy + o0;
+                        for (int j = 0; j < nr; j++) {
+                            float v = acc[i][j];
+                            if (last) {
+                                if (bv)
+                                    v = v + bv[o0 + j];
+                                v = activate(v, act);
+                            }
+                            yr[j] = v;
+                        }
+                    }
+                }
+            }
+            if (last)
+                break;
+        }
+    }
+    return 0;
+}
+
+/* ---- lce ---- */
+
+/* out[M, D] = A[M, K] @ B[K, D] (+ addend[M, D] when given), every element a
+ * sequential sum over k, then the addend added once. */
+static void small_gemm(const float *A, int M, int K, const float *B, int D, const float *addend,
+                       float *out)
+{
+    for (int m0 = 0; m0 < M; m0 += GEMM_MR) {
+        const int mr = min_int(GEMM_MR, M - m0);
+        const float *a[GEMM_MR];
+        for (int i = 0; i < GEMM_MR; i++)
+            a[i] = A + (size_t)(m0 + min_int(i, mr - 1)) * K;
+        for (int d0 = 0; d0 < D; d0 += GEMM_NR) {
+            const int nr = min_int(GEMM_NR, D - d0);
+            float acc[GEMM_MR][GEMM_NR] = {{0}};
+            gemm_cpu_tile(a, B + d0, (size_t)D, K, nr, acc);
+            for (int i = 0; i < mr; i++) {
+                const size_t at = (size_t)(m0 + i) * D + d0;
+                for (int j = 0; j < nr; j++)
+                    out[at + j] = addend ? acc[i][j] + addend[at + j] : acc[i][j];
+            }
+        }
+    }
+}
+
+int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
+            const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+            void *z, bk_err *err)
+{
+    const char *op = "lce";
+    if (nu < 0 || nc < 0 || ku < 0 || kc < 0 || m < 0 || d < 0) {
+        bk_seterr(err, "%s: bad sizes nu %d nc %d ku %d kc %d m %d d %d", op, nu, nc, ku, kc, m,
+                  d);
+        return -1;
+    }
+    if (!w_user || !w_cand || w_user->rows != m || w_user->cols != ku || w_cand->rows != m ||
+        w_cand->cols != kc) {
+        bk_seterr(err, "%s: weights must be w_user [%d, %d] and w_cand [%d, %d]", op, m, ku, m,
+                  kc);
+        return -1;
+    }
+    if (nc == 0 || m == 0 || d == 0)
+        return 0;
+    if (!eu || !ec || !z) {
+        bk_seterr(err, "%s: NULL user, candidate or output tensor", op);
+        return -1;
+    }
+    if (check_map(op, map, nc, nu, err))
+        return -1;
+
+    /* The user term, once per user: scratch at nu rows, never at nc. */
+    const size_t md = (size_t)m * d;
+    const size_t ybytes = (size_t)nu * md * sizeof(float);
+    float *Y = cpu_alloc(s->be, ybytes, BK_TAG_USER, err);
+    if (!Y)
+        return -1;
+    const float *euf = eu, *ecf = ec;
+    for (int u = 0; u < nu; u++)
+        small_gemm(w_user->data, m, ku, euf + (size_t)u * ku * d, d, NULL, Y + (size_t)u * md);
+
+    /* The candidate term with the user term added in the epilogue. */
+    float *zf = z;
+    for (int c = 0; c < nc; c++)
+        small_gemm(w_cand->data, m, kc, ecf + (size_t)c * kc * d, d, Y + (size_t)map[c] * md,
+                   zf + (size_t)c * md);
+    cpu_free(s->be, Y, ybytes, BK_TAG_USER);
+    return 0;
+}
+
+/* ---- attention ---- */
+
+int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
+                  const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
+                  int dh, void *o, bk_err *err)
+{
+    const char *op = "attention";
+    if (nu < 0 || nc < 0 || tq < 0 || heads <= 0 || dh <= 0) {
+        bk_seterr(err, "%s: bad sizes nu %d nc %d tq %d heads %d dh %d", op, nu, nc, tq, heads,
+                  dh);
+        return -1;
+    }
+    if (nc == 0 || tq == 0)
+        return 0;
+    if (!q || !o) {
+        bk_seterr(err, "%s: NULL query or output", op);
+        return -1;
+    }
+    if (check_map(op, map, nc, nu, err) || check_offsets(op, offsets, nu, err))
+        return -1;
+    int64_t lmax = 0;
+    for (int u = 0; u < nu; u++)
+        if (offsets[u + 1] - offsets[u] > lmax)
+            lmax = offsets[u + 1] - offsets[u];
+    if (lmax > INT32_MAX / GEMM_MR) {
+        bk_seterr(err, "%s: a user has %lld events, too many", op, (long long)lmax);
+        return -1;
+    }
+    if (lmax > 0 && (!k || !v)) {
+        bk_seterr(err, "%s: NULL keys or values", op);
+        return -1;
+    }
+
+    /* Scratch: one head's keys transposed to [dh, L] (so scores vectorize
+     * over events), GEMM_MR rows of scores/probabilities. */
+    const size_t hd = (size_t)heads * dh;
+    const size_t sbytes = ((size_t)dh + GEMM_MR) * (size_t)(lmax ? lmax : 1) * sizeof(float);
+    float *kt = cpu_alloc(s->be, sbytes, BK_TAG_USER, err);
+    if (!kt)
+        return -1;
+    float *sc = kt + (size_t)dh * (size_t)(lmax ? lmax : 1);
+
+    const float scale = 1.0f / sqrtf((float)dh);
+    const float *qf = q, *kf = k, *vf = v;
+    float *of = o;
+    for (int c0 = 0, c1; c0 < nc; c0 = c1) {
+        /* A run of candidates of one user shares its keys (map is grouped by
+         * user, so runs are long; any map works). */
+        const int u = map[c0];
+        for (c1 = c0 + 1; c1 < nc && map[c1] == u; c1++)
+            ;
+        const size_t row0 = (size_t)c0 * tq;
+        const int nrows = (c1 - c0) * tq;
+        const int L = (int)(offsets[u + 1] - offsets[u]);
+        if (L == 0) {
+            memset(of + row0 * hd, 0, (size_t)nrows * hd * sizeof(float));
+            continue;
+        }
+        const float *ku = kf + (size_t)offsets[u] * hd, *vu = vf + (size_t)offsets[u] * hd;
+        for (int h = 0; h < heads; h++) {
+            const size_t hoff = (size_t)h * dh;
+            for (int j = 0; j < L; j++)
+                for (int e = 0; e < dh; e++)
+                    kt[(size_t)e * L + j] = ku[(size_t)j * hd + hoff + e];
+            for (int i0 = 0; i0 < nrows; i0 += GEMM_MR) {
+                const int mr = min_int(GEMM_MR, nrows - i0);
+                const float *a[GEMM_MR];
+                float sum[GEMM_MR];
+                for (int i = 0; i < GEMM_MR; i++)
+                    a[i] = qf + (row0 + (size_t)(i0 + min_int(i, mr - 1))) * hd + hoff;
+                /* Scores: one sequential dot product over dh per event. */
+                for (int j0 = 0; j0 < L; j0 += GEMM_NR) {
+                    const int nr = min_int(GEMM_NR, L - j0);
+                    float acc[GEMM_MR][GEMM_NR] = {{0}};
+                    gemm_cpu_tile(a, kt + j0, (size_t)L, dh, nr, acc);
+                    for (int i = 0; i < mr; i++)
+                        for (int j = 0; j < nr; j++)
+                            sc[(size_t)i * L + j0 + j] = acc[i][j] * scale;
+                }
+                /* Stable softmax numerators; the division comes after P V. */
+                for (int i = 0; i < mr; i++) {
+                    float *si = sc + (size_t)i * L;
+                    float mx = si[0];
+                    for (int j = 1; j < L; j++)
+                        mx = si[j] > mx ? si[j] : mx;
+                    float t = 0.0f;
+                    for (int j = 0; j < L; j++) {
+                        si[j] = expf(si[j] - mx);
+                        t += si[j];
+                    }
+                    sum[i] = t;
+                }
+                for (int i = 0; i < GEMM_MR; i++)
+                    a[i] = sc + (size_t)min_int(i, mr - 1) * L;
+                for (int d0 = 0; d0 < dh; d0 += GEMM_NR) {
+                    const int nr = min_int(GEMM_NR, dh - d0);
+                    float acc[GEMM_MR][GEMM_NR] = {{0}};
+                    gemm_cpu_tile(a, vu + hoff + d0, hd, L, nr, acc);
+                    for (int i = 0; i < mr; i++) {
+                        float *orow = of + (row0 + (size_t)(i0 + i)) * hd + hoff + d0;
+                        for (int j = 0; j < nr; j++)
+                            orow[j] = acc[i][j] / sum[i];
+                    }
+                }
+            }
+        }
+    }
+    cpu_free(s->be, kt, sbytes, BK_TAG_USER);
+    return 0;
+}
+
+/* ---- add, copy_rows, gather ---- */
+
+int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
+            void *out, bk_err *err)
+{
+    (void)s;
+    const char *op = "add";
+    if (n < 0 || width < 0)
+        return bad_dims(op, n < 0 ? "row count" : "width", n < 0 ? n : width, err);
+    if (n == 0 || width == 0)
+        return 0;
+    if (!a || !b || !out) {
+        bk_seterr(err, "%s: NULL operand or output", op);
+        return -1;
+    }
+    if (map && check_map(op, map, n, -1, err))
+        return -1;
+    const float *af = a, *bf = b;
+    float *of = out;
+    for (int r = 0; r < n; r++) {
+        const float *ar = af + (size_t)r * width;
+        const float *br = bf + (size_t)(map ? map[r] : r) * width;
+        float *orow = of + (size_t)r * width;
+        for (int j = 0; j < width; j++)
+            orow[j] = ar[j] + br[j];
+    }
+    return 0;
+}
+
+int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst, int ldd,
+                  bk_err *err)
+{
+    (void)s;
+    const char *op = "copy_rows";
+    if (n < 0 || width < 0 || lds < width || ldd < width) {
+        bk_seterr(err, "%s: bad sizes n %d width %d lds %d ldd %d", op, n, width, lds, ldd);
+        return -1;
+    }
+    if (n == 0 || width == 0)
+        return 0;
+    if (!src || !dst) {
+        bk_seterr(err, "%s: NULL source or destination", op);
+        return -1;
+    }
+    const float *sf = src;
+    float *df = dst;
+    for (int r = 0; r < n; r++)
+        memmove(df + (size_t)r * ldd, sf + (size_t)r * lds, (size_t)width * sizeof(float));
+    return 0;
+}
+
+int cpu_gather(bk_stream *s, const void *src, const int64_t *src_offsets, const int32_t *map,
+               int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err)
+{
+    (void)s;
+    const char *op = "gather";
+    if (nc < 0 || width < 0)
+        return bad_dims(op, nc < 0 ? "row count" : "width", nc < 0 ? nc : width, err);
+    if (nc == 0 || width == 0)
+        return 0;
+    if (!src || !dst) {
+        bk_seterr(err, "%s: NULL source or destination", op);
+        return -1;
+    }
+    if (check_map(op, map, nc, -1, err))
+        return -1;
+    const float *sf = src;
+    float *df = dst;
+    const size_t w = (size_t)width;
+    if (!src_offsets) {
+        for (int c = 0; c < nc; c++)
+            memcpy(df + (size_t)c * w, sf + (size_t)map[c] * w, w * sizeof(float));
+        return 0;
+    }
+    if (!dst_offsets) {
+        bk_seterr(err, "%s: jagged gather needs dst_offsets", op);
+        return -1;
+    }
+    for (int c = 0; c < nc; c++) {
+        const int64_t b = src_offsets[map[c]], e = src_offsets[map[c] + 1];
+        if (b < 0 || e < b || dst_offsets[c] < 0) {
+            bk_seterr(err, "%s: bad offsets for candidate %d (user %d)", op, c, (int)map[c]);
+            return -1;
+        }
+        if (e > b)
+            memcpy(df + (size_t)dst_offsets[c] * w, sf + (size_t)b * w,
+                   (size_t)(e - b) * w * sizeof(float));
+    }
+    return 0;
+}
