@@ -141,13 +141,13 @@ static const char *jtype(const json_t *v)
     return "?";
 }
 
-/* "got string", "got 1.5", "got -3" (values shown only for numbers). */
+/* "got string", "got number 1.5", "got integer -3" (values shown only for numbers). */
 static void jgot(const json_t *v, char *buf, size_t n)
 {
     if (json_is_integer(v))
-        snprintf(buf, n, "got %" JSON_INTEGER_FORMAT, json_integer_value(v));
+        snprintf(buf, n, "got integer %" JSON_INTEGER_FORMAT, json_integer_value(v));
     else if (json_is_real(v))
-        snprintf(buf, n, "got %.17g", json_real_value(v));
+        snprintf(buf, n, "got number %.17g", json_real_value(v));
     else
         snprintf(buf, n, "got %s", jtype(v));
 }
@@ -274,7 +274,7 @@ static int j_float(const json_t *v, const jpath *p, float *out, rq_status *st)
         return jerr_type(st, p, "float (number)", v);
     }
     if (isfinite(d) && fabs(d) > FLT_MAX)
-        return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: %.17g is out of float range", p->s,
+        return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: %.9g is out of float range", p->s,
                              d);
     *out = (float)d;
     return 0;
