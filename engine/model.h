@@ -149,6 +149,12 @@ int model_def_load(const char *dir, model_def **out, bk_err *err);
 int model_def_parse(const char *dir, const char *json, size_t json_len, const uint8_t *st,
                     size_t st_len, model_def **out, bk_err *err);
 
+/* Plans model.json alone (no weights file): everything is filled and checked
+ * except weight data - each md_weight has its name and shape, data NULL.
+ * For tests and tools (e.g. listing the tensors an exporter must write). */
+int model_def_plan(const char *dir, const char *json, size_t json_len, model_def **out,
+                   bk_err *err);
+
 void model_def_free(model_def *m);
 
 #endif

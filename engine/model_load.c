@@ -1,0 +1,1501 @@
+/* model_load.c - load, validate and plan an ikbo-model/1 directory (model.h).
+ *
+ * Why this exists: model.json and weights.safetensors come from exporters and
+ * people; the executor must be able to trust every index, shape and weight it
+ * walks. This file enforces shared/MODEL_FORMAT.md strictly - unknown keys,
+ * wrong types, forward references, domain mixing outside the IKBO ops, shape
+ * mismatches, missing/extra/non-finite weights are all refused with one line
+ * naming the file, the layer or tensor, and the problem - and infers every
+ * layer's domain and shape in file order.
+ *
+ * Order of work: model.json is parsed and planned completely (the expected
+ * weights get their names and shapes), then the safetensors header is
+ * validated and matched against the expectations, and only then is tensor
+ * data read and converted to fp32.
+ */
+#define _POSIX_C_SOURCE 200809L /* pread, strdup, O_CLOEXEC */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "json_schema.h"
+#include "model.h"
+#include "safetensors.h"
+
+#define FORMAT_ID "ikbo-model/1"
+#define MODEL_JSON_MAX ((size_t)16 << 20)
+/* Every count and every row width (tokens * dim) fits an int. */
+#define MD_MAX_DIM ((long long)INT_MAX)
+
+#define QBUF (JS_QUOTE_MAX * 4 + 8)
+
+/* A name -> index entry, for sorted lookup (hostile files can hold millions of
+ * names; nothing here is quadratic). */
+typedef struct nent {
+    const char *s;
+    int i;
+} nent;
+
+typedef struct shp {
+    enum md_domain dom;
+    enum md_kind kind;
+    int tokens; /* 1 unless MD_TOKENS */
+    int dim;
+} shp;
+
+typedef struct ld {
+    js_ctx jc;   /* file = jfile */
+    char *jfile; /* "<dir>/model.json", sanitized for messages */
+    char *wfile; /* "<dir>/weights.safetensors" */
+    bk_err *err;
+    model_def *m;
+    nent *lidx, *tidx, *uidx, *cidx; /* layers, tables, user/cand sparse, sorted */
+} ld;
+
+enum ref_kind { REF_VALUE, REF_SPARSE, REF_HISTORY };
+enum { ACC_VALUE = 1, ACC_SPARSE = 2, ACC_HISTORY = 4 };
+
+static const char *const op_names[] = {
+    [MD_EMBEDDING_BAG] = "embedding_bag", [MD_HISTORY_EMBEDDING] = "history_embedding",
+    [MD_MEAN_POOL] = "mean_pool",         [MD_LINEAR] = "linear",
+    [MD_RESHAPE] = "reshape",             [MD_STACK] = "stack",
+    [MD_FLATTEN] = "flatten",             [MD_TARGET_ATTENTION] = "target_attention",
+    [MD_LCE] = "lce",                     [MD_ADD] = "add",
+};
+#define N_OPS ((int)(sizeof op_names / sizeof op_names[0]))
+
+/* ------------------------------------------------------------ helpers */
+
+static char *xstrdup(ld *L, const char *s)
+{
+    char *p = strdup(s);
+    if (!p)
+        js_fail(&L->jc, "out of memory");
+    return p;
+}
+
+static int nent_cmp(const void *a, const void *b)
+{
+    const nent *x = a, *y = b;
+    int c = strcmp(x->s, y->s);
+    return c ? c : (x->i > y->i) - (x->i < y->i);
+}
+
+static int nent_key_cmp(const void *key, const void *b)
+{
+    return strcmp((const char *)key, ((const nent *)b)->s);
+}
+
+/* Sorts e[0..n); returns -1 if all names are unique, else sets first and dup to
+ * the earliest (by dup) pair of equal names. */
+static int nent_sort_dups(nent *e, int n, int *first, int *dup)
+{
+    int found = 0;
+    if (n > 1)
+        qsort(e, (size_t)n, sizeof *e, nent_cmp);
+    for (int k = 0; k + 1 < n; k++)
+        if (strcmp(e[k].s, e[k + 1].s) == 0 && (!found || e[k + 1].i < *dup)) {
+            *first = e[k].i;
+            *dup = e[k + 1].i;
+            found = 1;
+        }
+    return found ? 0 : -1;
+}
+
+static int nent_find(const nent *e, int n, const char *s)
+{
+    if (!e || n <= 0)
+        return -1;
+    const nent *r = bsearch(s, e, (size_t)n, sizeof *e, nent_key_cmp);
+    return r ? r->i : -1;
+}
+
+static const char *shape_str(char *buf, size_t n, shp s)
+{
+    const char *d = s.dom == MD_USER ? "user" : "candidate";
+    if (s.kind == MD_VEC)
+        snprintf(buf, n, "%s vec [%d]", d, s.dim);
+    else if (s.kind == MD_TOKENS)
+        snprintf(buf, n, "%s tokens [%d, %d]", d, s.tokens, s.dim);
+    else
+        snprintf(buf, n, "%s jagged [L, %d]", d, s.dim);
+    return buf;
+}
+
+static shp layer_shape(const md_layer *l)
+{
+    shp s = {l->domain, l->kind, l->tokens, l->dim};
+    return s;
+}
+
+/* Array of unique non-empty strings -> strdup'd copies. */
+static int parse_name_list(ld *L, const json_t *arr, const char *path, const char *pre,
+                           char ***out, int *n_out, nent **idx_out)
+{
+    size_t n = json_array_size(arr);
+    char q[QBUF];
+    if (n > (size_t)MD_MAX_DIM) {
+        js_fail(&L->jc, "%s'%s' has too many entries", pre, path);
+        return -1;
+    }
+    char **v = calloc(n ? n : 1, sizeof *v);
+    nent *e = calloc(n ? n : 1, sizeof *e);
+    *out = v;
+    *n_out = 0;
+    if (!v || !e) {
+        free(e);
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_array_get(arr, i);
+        if (!json_is_string(s)) {
+            js_fail(&L->jc, "%s'%s[%zu]' must be a string, got %s", pre, path, i,
+                    js_type_name(s));
+            goto fail;
+        }
+        if (json_string_length(s) == 0 || strlen(json_string_value(s)) != json_string_length(s)) {
+            js_fail(&L->jc, "%s'%s[%zu]' must be a non-empty name", pre, path, i);
+            goto fail;
+        }
+        if (!(v[i] = xstrdup(L, json_string_value(s))))
+            goto fail;
+        (*n_out)++;
+        e[i].s = v[i];
+        e[i].i = (int)i;
+    }
+    int a, b;
+    if (nent_sort_dups(e, (int)n, &a, &b) == 0) {
+        js_fail(&L->jc, "%s'%s[%d]': duplicate name '%s' (also %s[%d])", pre, path, b,
+                js_quote(q, v[b]), path, a);
+        goto fail;
+    }
+    if (idx_out)
+        *idx_out = e;
+    else
+        free(e);
+    return 0;
+fail:
+    free(e);
+    return -1;
+}
+
+/* -------------------------------------------------------------- inputs */
+
+static int parse_side(ld *L, const json_t *obj, int user)
+{
+    static const char *const ukeys[] = {"dense", "sparse", "history", NULL};
+    static const char *const ckeys[] = {"dense", "sparse", NULL};
+    static const char *const hkeys[] = {"max_len", "actions", NULL};
+    model_def *m = L->m;
+    const char *path = user ? "inputs.user" : "inputs.candidate";
+    long long dense, v;
+    json_t *sparse, *hist;
+
+    if (js_check_keys(&L->jc, obj, path, "", user ? ukeys : ckeys) ||
+        js_get_int(&L->jc, obj, path, "", "dense", 0, 0, 0, MD_MAX_DIM, &dense) ||
+        js_get_arr(&L->jc, obj, path, "", "sparse", 0, &sparse))
+        return -1;
+    if (user)
+        m->user_dense = (int)dense;
+    else
+        m->cand_dense = (int)dense;
+    if (sparse) {
+        char p[64];
+        snprintf(p, sizeof p, "%s.sparse", path);
+        if (user ? parse_name_list(L, sparse, p, "", &m->user_sparse, &m->n_user_sparse, &L->uidx)
+                 : parse_name_list(L, sparse, p, "", &m->cand_sparse, &m->n_cand_sparse, &L->cidx))
+            return -1;
+    }
+    if (!user)
+        return 0;
+    if (js_get_obj(&L->jc, obj, path, "", "history", 0, &hist))
+        return -1;
+    if (hist) {
+        const char *hp = "inputs.user.history";
+        if (js_check_keys(&L->jc, hist, hp, "", hkeys) ||
+            js_get_int(&L->jc, hist, hp, "", "max_len", 1, 0, 1, MD_MAX_DIM, &v))
+            return -1;
+        m->hist_max_len = (int)v;
+        if (js_get_int(&L->jc, hist, hp, "", "actions", 0, 1, 1, MD_MAX_DIM, &v))
+            return -1;
+        m->hist_actions = (int)v;
+        m->has_history = 1;
+    }
+    return 0;
+}
+
+static int parse_inputs(ld *L, const json_t *inputs)
+{
+    static const char *const keys[] = {"user", "candidate", NULL};
+    json_t *u, *c;
+    if (js_check_keys(&L->jc, inputs, "inputs", "", keys) ||
+        js_get_obj(&L->jc, inputs, "inputs", "", "user", 0, &u) ||
+        js_get_obj(&L->jc, inputs, "inputs", "", "candidate", 0, &c))
+        return -1;
+    if (u && parse_side(L, u, 1))
+        return -1;
+    if (c && parse_side(L, c, 0))
+        return -1;
+    return 0;
+}
+
+/* -------------------------------------------------------------- tables */
+
+static int parse_tables(ld *L, const json_t *tables)
+{
+    static const char *const keys[] = {"rows", "dim", NULL};
+    model_def *m = L->m;
+    size_t n = json_object_size(tables);
+    const char *key;
+    json_t *t;
+    char q[QBUF], path[QBUF + 16];
+
+    if (n > (size_t)MD_MAX_DIM) {
+        js_fail(&L->jc, "'tables' has too many entries");
+        return -1;
+    }
+    m->tables = calloc(n ? n : 1, sizeof *m->tables);
+    L->tidx = calloc(n ? n : 1, sizeof *L->tidx);
+    if (!m->tables || !L->tidx) {
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    json_object_foreach((json_t *)tables, key, t) {
+        md_table *tb = &m->tables[m->n_tables];
+        long long rows, dim;
+        js_path(path, sizeof path, "tables", key);
+        if (key[0] == 0) {
+            js_fail(&L->jc, "'tables' has an empty table name");
+            return -1;
+        }
+        if (!json_is_object(t)) {
+            js_fail(&L->jc, "'%s' must be an object, got %s", path, js_type_name(t));
+            return -1;
+        }
+        if (js_check_keys(&L->jc, t, path, "", keys) ||
+            js_get_int(&L->jc, t, path, "", "rows", 1, 0, 1, MD_MAX_DIM, &rows) ||
+            js_get_int(&L->jc, t, path, "", "dim", 1, 0, 1, MD_MAX_DIM, &dim))
+            return -1;
+        if (!(tb->name = xstrdup(L, key)))
+            return -1;
+        m->n_tables++;
+        tb->rows = (int)rows;
+        tb->dim = (int)dim;
+        size_t ln = strlen(key) + sizeof "tables.";
+        if (!(tb->w.name = malloc(ln))) {
+            js_fail(&L->jc, "out of memory");
+            return -1;
+        }
+        snprintf(tb->w.name, ln, "tables.%s", key);
+        tb->w.rows = tb->rows;
+        tb->w.cols = tb->dim;
+        L->tidx[m->n_tables - 1].s = tb->name;
+        L->tidx[m->n_tables - 1].i = m->n_tables - 1;
+    }
+    int a, b;
+    if (nent_sort_dups(L->tidx, m->n_tables, &a, &b) == 0) { /* jansson rejects this first */
+        js_fail(&L->jc, "duplicate table '%s'", js_quote(q, m->tables[b].name));
+        return -1;
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------------- layers */
+
+static int add_weight(ld *L, md_layer *l, const char *param, long long rows, long long cols)
+{
+    md_weight *w = &l->w[l->n_w];
+    size_t n = strlen(l->name) + strlen(param) + 2;
+    if (!(w->name = malloc(n))) {
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    snprintf(w->name, n, "%s.%s", l->name, param);
+    w->rows = (int)rows;
+    w->cols = (int)cols;
+    l->n_w++;
+    return 0;
+}
+
+/* Resolves one input reference of layer i. `what` names the role for
+ * messages ("input", "query", "inputs[2]"). */
+static int resolve(ld *L, int i, const char *pre, const char *what, const char *r, int accept,
+                   md_ref *ref, shp *s, enum ref_kind *kind_out)
+{
+    model_def *m = L->m;
+    const md_layer *l = &m->layers[i];
+    const char *opn = op_names[l->op];
+    char q[QBUF], q2[QBUF];
+    enum ref_kind kind = REF_VALUE;
+    int user = 0;
+    const char *rest = NULL;
+
+    js_quote(q, r);
+    memset(s, 0, sizeof *s);
+    s->tokens = 1;
+    if (strncmp(r, "user.", 5) == 0) {
+        user = 1;
+        rest = r + 5;
+    } else if (strncmp(r, "candidate.", 10) == 0) {
+        rest = r + 10;
+    }
+
+    if (rest) {
+        s->dom = user ? MD_USER : MD_CAND;
+        if (strcmp(rest, "dense") == 0) {
+            kind = REF_VALUE;
+        } else if (user && strcmp(rest, "history") == 0) {
+            kind = REF_HISTORY;
+        } else if (strncmp(rest, "sparse.", 7) == 0) {
+            kind = REF_SPARSE;
+        } else {
+            js_fail(&L->jc,
+                    "%s%s '%s' is not a model input (those are user.dense, user.sparse.<f>, "
+                    "user.history, candidate.dense, candidate.sparse.<f>) nor a layer",
+                    pre, what, q);
+            return -1;
+        }
+    } else if (strchr(r, '.')) {
+        js_fail(&L->jc, "%sunknown %s '%s': no layer of that name (layer names have no '.'), "
+                        "and not a user.* or candidate.* input",
+                pre, what, q);
+        return -1;
+    }
+
+    if (kind == REF_SPARSE && !(accept & ACC_SPARSE)) {
+        if (accept & ACC_HISTORY)
+            js_fail(&L->jc, "%shistory_embedding input must be 'user.history', got '%s'", pre, q);
+        else
+            js_fail(&L->jc, "%s%s '%s' is a sparse feature; only embedding_bag reads sparse "
+                            "features (op '%s')",
+                    pre, what, q, opn);
+        return -1;
+    }
+    if (kind == REF_HISTORY && !(accept & ACC_HISTORY)) {
+        if (accept & ACC_SPARSE)
+            js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
+                            "candidate.sparse.<f>), got '%s'",
+                    pre, q);
+        else
+            js_fail(&L->jc, "%s%s 'user.history' is the raw history; only history_embedding "
+                            "reads it (op '%s')",
+                    pre, what, opn);
+        return -1;
+    }
+    if (kind == REF_VALUE && !(accept & ACC_VALUE)) {
+        if (accept & ACC_SPARSE)
+            js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
+                            "candidate.sparse.<f>), got '%s'",
+                    pre, q);
+        else
+            js_fail(&L->jc, "%shistory_embedding input must be 'user.history', got '%s'", pre, q);
+        return -1;
+    }
+
+    if (!rest) { /* a layer */
+        int j = nent_find(L->lidx, m->n_layers, r);
+        if (j < 0) {
+            js_fail(&L->jc, "%sunknown %s '%s': no layer or model input of that name", pre, what,
+                    q);
+            return -1;
+        }
+        if (j == i) {
+            js_fail(&L->jc, "%s%s '%s' is the layer itself", pre, what, q);
+            return -1;
+        }
+        if (j > i) {
+            js_fail(&L->jc,
+                    "%s%s '%s' is defined later (layers[%d]); a layer may only read layers "
+                    "above it",
+                    pre, what, q, j);
+            return -1;
+        }
+        ref->src = MD_SRC_LAYER;
+        ref->index = j;
+        *s = layer_shape(&m->layers[j]);
+    } else if (kind == REF_VALUE) { /* dense */
+        int d = user ? m->user_dense : m->cand_dense;
+        if (d <= 0) {
+            js_fail(&L->jc, "%s%s '%s': the model declares no inputs.%s.dense", pre, what, q,
+                    user ? "user" : "candidate");
+            return -1;
+        }
+        ref->src = user ? MD_SRC_USER_DENSE : MD_SRC_CAND_DENSE;
+        ref->index = 0;
+        s->kind = MD_VEC;
+        s->dim = d;
+    } else if (kind == REF_SPARSE) {
+        const char *f = rest + 7;
+        int k = user ? nent_find(L->uidx, m->n_user_sparse, f)
+                     : nent_find(L->cidx, m->n_cand_sparse, f);
+        if (k < 0) {
+            js_fail(&L->jc, "%s%s '%s': no sparse feature '%s' in inputs.%s.sparse", pre, what, q,
+                    js_quote(q2, f), user ? "user" : "candidate");
+            return -1;
+        }
+        ref->src = user ? MD_SRC_USER_SPARSE : MD_SRC_CAND_SPARSE;
+        ref->index = k;
+    } else { /* history */
+        if (!m->has_history) {
+            js_fail(&L->jc, "%s%s 'user.history': the model declares no inputs.user.history", pre,
+                    what);
+            return -1;
+        }
+        ref->src = MD_SRC_USER_HISTORY;
+        ref->index = 0;
+    }
+    if (kind_out)
+        *kind_out = kind;
+    return 0;
+}
+
+static int get_table(ld *L, const json_t *o, const char *path, const char *pre, int *out)
+{
+    const char *t;
+    char q[QBUF];
+    if (js_get_str(&L->jc, o, path, pre, "table", 1, &t))
+        return -1;
+    int k = nent_find(L->tidx, L->m->n_tables, t);
+    if (k < 0) {
+        js_fail(&L->jc, "%sunknown table '%s' (not declared in 'tables')", pre, js_quote(q, t));
+        return -1;
+    }
+    *out = k;
+    return 0;
+}
+
+static int enum_error(ld *L, const char *path, const char *pre, const char *key, const char *got,
+                      const char *allowed)
+{
+    char p[400], q[QBUF];
+    js_fail(&L->jc, "%s'%s' must be %s, got '%s'", pre, js_path(p, sizeof p, path, key), allowed,
+            js_quote(q, got));
+    return -1;
+}
+
+/* Collects the string refs of an "inputs" array (or add's a/b). */
+static int get_ref_list(ld *L, const json_t *arr, const char *path, const char *pre,
+                        const char ***out, int *n)
+{
+    size_t k = json_array_size(arr);
+    *out = NULL;
+    *n = 0;
+    if (k == 0) {
+        js_fail(&L->jc, "%s'%s.inputs' must be a non-empty array", pre, path);
+        return -1;
+    }
+    if (k > (size_t)MD_MAX_DIM) {
+        js_fail(&L->jc, "%s'%s.inputs' has too many entries", pre, path);
+        return -1;
+    }
+    const char **v = calloc(k, sizeof *v);
+    if (!v) {
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    for (size_t j = 0; j < k; j++) {
+        json_t *e = json_array_get(arr, j);
+        if (!json_is_string(e)) {
+            js_fail(&L->jc, "%s'%s.inputs[%zu]' must be a string, got %s", pre, path, j,
+                    js_type_name(e));
+            free(v);
+            return -1;
+        }
+        v[j] = json_string_value(e);
+    }
+    *out = v;
+    *n = (int)k;
+    return 0;
+}
+
+/* Keys per op, "name" and "op" included. */
+static const char *const *op_keys(enum md_op op)
+{
+    static const char *const eb[] = {"name", "op", "input", "table", "pooling", NULL};
+    static const char *const he[] = {"name", "op", "input", "table", NULL};
+    static const char *const one[] = {"name", "op", "input", NULL};
+    static const char *const lin[] = {"name", "op", "input", "out", "activation", NULL};
+    static const char *const rs[] = {"name", "op", "input", "tokens", NULL};
+    static const char *const st[] = {"name", "op", "inputs", NULL};
+    static const char *const ta[] = {"name", "op", "query", "history", "heads", "head_dim", NULL};
+    static const char *const lce[] = {"name", "op", "user", "candidate", "out_tokens", NULL};
+    /* add: "inputs": [a, b] (the brief), or "a"/"b" (the op table's wording). */
+    static const char *const add[] = {"name", "op", "inputs", "a", "b", NULL};
+    switch (op) {
+    case MD_EMBEDDING_BAG:
+        return eb;
+    case MD_HISTORY_EMBEDDING:
+        return he;
+    case MD_MEAN_POOL:
+    case MD_FLATTEN:
+        return one;
+    case MD_LINEAR:
+        return lin;
+    case MD_RESHAPE:
+        return rs;
+    case MD_STACK:
+        return st;
+    case MD_TARGET_ATTENTION:
+        return ta;
+    case MD_LCE:
+        return lce;
+    case MD_ADD:
+        return add;
+    }
+    return one;
+}
+
+static int set_inputs(ld *L, md_layer *l, int n)
+{
+    l->in = calloc((size_t)n, sizeof *l->in);
+    if (!l->in) {
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    l->n_in = n;
+    return 0;
+}
+
+static int plan_layer(ld *L, int i, const json_t *o)
+{
+    model_def *m = L->m;
+    md_layer *l = &m->layers[i];
+    char path[32], pre[QBUF + 16], q[QBUF], q2[QBUF], s1[96], s2[96];
+    const char *opn, *r;
+    long long v;
+    shp s, sb;
+    int rc = -1;
+    const char **refs = NULL;
+    int n_refs = 0;
+
+    snprintf(path, sizeof path, "layers[%d]", i);
+    snprintf(pre, sizeof pre, "layer '%s': ", js_quote(q, l->name));
+
+    if (js_get_str(&L->jc, o, path, pre, "op", 1, &opn))
+        return -1;
+    int op = -1;
+    for (int k = 0; k < N_OPS; k++)
+        if (strcmp(opn, op_names[k]) == 0)
+            op = k;
+    if (op < 0) {
+        js_fail(&L->jc,
+                "%sunknown op '%s' (ops: embedding_bag, history_embedding, mean_pool, linear, "
+                "reshape, stack, flatten, target_attention, lce, add)",
+                pre, js_quote(q2, opn));
+        return -1;
+    }
+    l->op = (enum md_op)op;
+    if (js_check_keys(&L->jc, o, path, pre, op_keys(l->op)))
+        return -1;
+
+    switch (l->op) {
+    case MD_EMBEDDING_BAG: {
+        const char *pool;
+        if (js_get_str(&L->jc, o, path, pre, "input", 1, &r) || set_inputs(L, l, 1) ||
+            resolve(L, i, pre, "input", r, ACC_SPARSE, &l->in[0], &s, NULL) ||
+            get_table(L, o, path, pre, &l->table) ||
+            js_get_str(&L->jc, o, path, pre, "pooling", 1, &pool))
+            return -1;
+        if (strcmp(pool, "sum") == 0)
+            l->pooling = BK_POOL_SUM;
+        else if (strcmp(pool, "mean") == 0)
+            l->pooling = BK_POOL_MEAN;
+        else
+            return enum_error(L, path, pre, "pooling", pool, "\"sum\" or \"mean\"");
+        l->domain = s.dom;
+        l->kind = MD_VEC;
+        l->tokens = 1;
+        l->dim = m->tables[l->table].dim;
+        return 0;
+    }
+
+    case MD_HISTORY_EMBEDDING:
+        if (js_get_str(&L->jc, o, path, pre, "input", 1, &r) || set_inputs(L, l, 1) ||
+            resolve(L, i, pre, "input", r, ACC_HISTORY, &l->in[0], &s, NULL) ||
+            get_table(L, o, path, pre, &l->table))
+            return -1;
+        l->domain = MD_USER;
+        l->kind = MD_JAGGED;
+        l->tokens = 1;
+        l->dim = m->tables[l->table].dim;
+        if (add_weight(L, l, "action", m->hist_actions, l->dim) ||
+            add_weight(L, l, "position", m->hist_max_len, l->dim))
+            return -1;
+        return 0;
+
+    case MD_MEAN_POOL:
+    case MD_LINEAR:
+    case MD_RESHAPE:
+    case MD_FLATTEN:
+        if (js_get_str(&L->jc, o, path, pre, "input", 1, &r) || set_inputs(L, l, 1) ||
+            resolve(L, i, pre, "input", r, ACC_VALUE, &l->in[0], &s, NULL))
+            return -1;
+        l->domain = s.dom;
+        js_quote(q2, r);
+        shape_str(s1, sizeof s1, s);
+        if (l->op == MD_MEAN_POOL) {
+            if (s.kind != MD_JAGGED) {
+                js_fail(&L->jc,
+                        "%smean_pool input '%s' is %s; it must be a jagged history "
+                        "(history_embedding output)",
+                        pre, q2, s1);
+                return -1;
+            }
+            l->kind = MD_VEC;
+            l->tokens = 1;
+            l->dim = s.dim;
+            return 0;
+        }
+        if (l->op == MD_FLATTEN) {
+            if (s.kind != MD_TOKENS) {
+                js_fail(&L->jc, "%sflatten input '%s' is %s; flatten takes tokens [K, D]%s", pre,
+                        q2, s1,
+                        s.kind == MD_VEC ? " (it is already a vector)"
+                                         : " (mean_pool a jagged history)");
+                return -1;
+            }
+            l->kind = MD_VEC;
+            l->tokens = 1;
+            l->dim = s.tokens * s.dim; /* a width, checked <= INT_MAX when made */
+            return 0;
+        }
+        if (s.kind != MD_VEC) {
+            js_fail(&L->jc, "%s%s input '%s' is %s; %s takes a vector [F]%s", pre,
+                    op_names[l->op], q2, s1, op_names[l->op],
+                    s.kind == MD_TOKENS ? " (flatten it first)" : " (mean_pool it first)");
+            return -1;
+        }
+        if (l->op == MD_LINEAR) {
+            const char *act;
+            if (js_get_int(&L->jc, o, path, pre, "out", 1, 0, 1, MD_MAX_DIM, &v) ||
+                js_get_str(&L->jc, o, path, pre, "activation", 0, &act))
+                return -1;
+            if (!act || strcmp(act, "none") == 0)
+                l->act = BK_ACT_NONE;
+            else if (strcmp(act, "relu") == 0)
+                l->act = BK_ACT_RELU;
+            else if (strcmp(act, "sigmoid") == 0)
+                l->act = BK_ACT_SIGMOID;
+            else
+                return enum_error(L, path, pre, "activation", act,
+                                  "\"none\", \"relu\" or \"sigmoid\"");
+            l->kind = MD_VEC;
+            l->tokens = 1;
+            l->dim = (int)v;
+            if (add_weight(L, l, "weight", v, s.dim) || add_weight(L, l, "bias", 1, v))
+                return -1;
+            return 0;
+        }
+        /* reshape */
+        if (js_get_int(&L->jc, o, path, pre, "tokens", 1, 0, 1, MD_MAX_DIM, &v))
+            return -1;
+        if (s.dim % v != 0) {
+            js_fail(&L->jc, "%sreshape of '%s' (%s) into %lld tokens: %d is not divisible by %lld",
+                    pre, q2, s1, v, s.dim, v);
+            return -1;
+        }
+        l->kind = MD_TOKENS;
+        l->tokens = (int)v;
+        l->dim = s.dim / (int)v;
+        return 0;
+
+    case MD_STACK:
+    case MD_ADD: {
+        json_t *arr = json_object_get(o, "inputs");
+        json_t *ja = json_object_get(o, "a"), *jb = json_object_get(o, "b");
+        if (l->op == MD_ADD && (ja || jb)) {
+            const char *a, *b;
+            if (arr) {
+                js_fail(&L->jc, "%sadd takes either 'inputs': [a, b] or 'a' and 'b', not both",
+                        pre);
+                return -1;
+            }
+            if (js_get_str(&L->jc, o, path, pre, "a", 1, &a) ||
+                js_get_str(&L->jc, o, path, pre, "b", 1, &b))
+                return -1;
+            if (!(refs = calloc(2, sizeof *refs))) {
+                js_fail(&L->jc, "out of memory");
+                return -1;
+            }
+            refs[0] = a;
+            refs[1] = b;
+            n_refs = 2;
+        } else {
+            json_t *a2;
+            if (js_get_arr(&L->jc, o, path, pre, "inputs", 1, &a2) ||
+                get_ref_list(L, a2, path, pre, &refs, &n_refs))
+                return -1;
+            if (l->op == MD_ADD && n_refs != 2) {
+                js_fail(&L->jc, "%s'%s.inputs' must list exactly two inputs [a, b], got %d", pre,
+                        path, n_refs);
+                goto out;
+            }
+        }
+        if (set_inputs(L, l, n_refs))
+            goto out;
+        int any_user = 0, any_cand = 0, D = 0;
+        long long K = 0;
+        shp first = {0};
+        for (int k = 0; k < n_refs; k++) {
+            char what[32];
+            snprintf(what, sizeof what, "inputs[%d]", k);
+            if (resolve(L, i, pre, what, refs[k], ACC_VALUE, &l->in[k], &s, NULL))
+                goto out;
+            if (s.dom == MD_USER)
+                any_user = 1;
+            else
+                any_cand = 1;
+            if (any_user && any_cand && l->op != MD_ADD) {
+                js_fail(&L->jc,
+                        "%sop '%s' cannot mix user and candidate inputs; only lce, "
+                        "target_attention and add read user rows through the map",
+                        pre, op_names[l->op]);
+                goto out;
+            }
+            js_quote(q2, refs[k]);
+            if (s.kind == MD_JAGGED) {
+                js_fail(&L->jc, "%s%s input '%s' is %s; %s takes vectors or tokens (mean_pool "
+                                "a jagged history first)",
+                        pre, op_names[l->op], q2, shape_str(s1, sizeof s1, s), op_names[l->op]);
+                goto out;
+            }
+            if (k == 0) {
+                first = s;
+                D = s.dim;
+            } else if (l->op == MD_ADD) {
+                if (s.kind != first.kind || s.tokens != first.tokens || s.dim != first.dim) {
+                    js_fail(&L->jc, "%sadd operands must have equal shapes: '%s' is %s, '%s' is %s",
+                            pre, js_quote(q, refs[0]), shape_str(s1, sizeof s1, first), q2,
+                            shape_str(s2, sizeof s2, s));
+                    goto out;
+                }
+            } else if (s.dim != D) {
+                js_fail(&L->jc,
+                        "%sstack inputs need one width D: '%s' has D=%d, '%s' has D=%d", pre,
+                        js_quote(q, refs[0]), D, q2, s.dim);
+                goto out;
+            }
+            K += s.tokens;
+            if (K * D > MD_MAX_DIM) { /* K, D < 2^31: no overflow */
+                js_fail(&L->jc, "%sstack output [%lld, %d] is too wide", pre, K, D);
+                goto out;
+            }
+        }
+        l->domain = any_cand ? MD_CAND : MD_USER;
+        if (l->op == MD_ADD) {
+            l->kind = first.kind;
+            l->tokens = first.tokens;
+            l->dim = first.dim;
+        } else {
+            l->kind = MD_TOKENS;
+            l->tokens = (int)K;
+            l->dim = D;
+        }
+        rc = 0;
+    out:
+        free(refs);
+        return rc;
+    }
+
+    case MD_TARGET_ATTENTION: {
+        const char *qr, *hr;
+        long long H, dh;
+        if (js_get_str(&L->jc, o, path, pre, "query", 1, &qr) ||
+            js_get_str(&L->jc, o, path, pre, "history", 1, &hr) ||
+            js_get_int(&L->jc, o, path, pre, "heads", 1, 0, 1, MD_MAX_DIM, &H) ||
+            js_get_int(&L->jc, o, path, pre, "head_dim", 1, 0, 1, MD_MAX_DIM, &dh) ||
+            set_inputs(L, l, 2) ||
+            resolve(L, i, pre, "query", qr, ACC_VALUE, &l->in[0], &s, NULL) ||
+            resolve(L, i, pre, "history", hr, ACC_VALUE, &l->in[1], &sb, NULL))
+            return -1;
+        if (s.dom != MD_CAND || s.kind == MD_JAGGED) {
+            js_fail(&L->jc,
+                    "%starget_attention query '%s' is %s; it must be candidate-domain vec [D] "
+                    "or tokens [Tq, D]",
+                    pre, js_quote(q2, qr), shape_str(s1, sizeof s1, s));
+            return -1;
+        }
+        if (sb.dom != MD_USER || sb.kind != MD_JAGGED) {
+            js_fail(&L->jc,
+                    "%starget_attention history '%s' is %s; it must be a user-domain jagged "
+                    "history (history_embedding output)",
+                    pre, js_quote(q2, hr), shape_str(s1, sizeof s1, sb));
+            return -1;
+        }
+        if (sb.dim != s.dim) {
+            js_fail(&L->jc, "%starget_attention history '%s' has D=%d, query '%s' has D=%d", pre,
+                    js_quote(q2, hr), sb.dim, js_quote(q, qr), s.dim);
+            return -1;
+        }
+        if (H * dh > MD_MAX_DIM) {
+            js_fail(&L->jc, "%sheads * head_dim = %lld is too large", pre, H * dh);
+            return -1;
+        }
+        l->domain = MD_CAND;
+        l->kind = MD_TOKENS;
+        l->tokens = s.tokens;
+        l->dim = s.dim;
+        l->heads = (int)H;
+        l->head_dim = (int)dh;
+        if (add_weight(L, l, "wq", H * dh, s.dim) || add_weight(L, l, "wk", H * dh, s.dim) ||
+            add_weight(L, l, "wv", H * dh, s.dim) || add_weight(L, l, "wo", s.dim, H * dh))
+            return -1;
+        return 0;
+    }
+
+    case MD_LCE: {
+        const char *ur, *cr;
+        long long M;
+        if (js_get_str(&L->jc, o, path, pre, "user", 1, &ur) ||
+            js_get_str(&L->jc, o, path, pre, "candidate", 1, &cr) ||
+            js_get_int(&L->jc, o, path, pre, "out_tokens", 1, 0, 1, MD_MAX_DIM, &M) ||
+            set_inputs(L, l, 2) ||
+            resolve(L, i, pre, "user operand", ur, ACC_VALUE, &l->in[0], &s, NULL) ||
+            resolve(L, i, pre, "candidate operand", cr, ACC_VALUE, &l->in[1], &sb, NULL))
+            return -1;
+        if (s.dom != MD_USER || s.kind == MD_JAGGED) {
+            js_fail(&L->jc,
+                    "%slce user operand '%s' is %s; it must be user-domain vec [D] or tokens "
+                    "[Ku, D]",
+                    pre, js_quote(q2, ur), shape_str(s1, sizeof s1, s));
+            return -1;
+        }
+        if (sb.dom != MD_CAND || sb.kind == MD_JAGGED) {
+            js_fail(&L->jc,
+                    "%slce candidate operand '%s' is %s; it must be candidate-domain vec [D] or "
+                    "tokens [Kc, D]",
+                    pre, js_quote(q2, cr), shape_str(s1, sizeof s1, sb));
+            return -1;
+        }
+        if (s.dim != sb.dim) {
+            js_fail(&L->jc, "%slce user operand '%s' has D=%d, candidate operand '%s' has D=%d",
+                    pre, js_quote(q2, ur), s.dim, js_quote(q, cr), sb.dim);
+            return -1;
+        }
+        if (M * s.dim > MD_MAX_DIM) {
+            js_fail(&L->jc, "%slce output [%lld, %d] is too wide", pre, M, s.dim);
+            return -1;
+        }
+        l->domain = MD_CAND;
+        l->kind = MD_TOKENS;
+        l->tokens = (int)M;
+        l->dim = s.dim;
+        if (add_weight(L, l, "w_user", M, s.tokens) || add_weight(L, l, "w_cand", M, sb.tokens))
+            return -1;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static int parse_layers(ld *L, const json_t *arr)
+{
+    model_def *m = L->m;
+    size_t n = json_array_size(arr);
+    char q[QBUF], path[32];
+
+    if (n == 0) {
+        js_fail(&L->jc, "'layers' must be a non-empty array");
+        return -1;
+    }
+    if (n > (size_t)MD_MAX_DIM / 2) {
+        js_fail(&L->jc, "'layers' has too many entries");
+        return -1;
+    }
+    m->layers = calloc(n, sizeof *m->layers);
+    L->lidx = calloc(n, sizeof *L->lidx);
+    if (!m->layers || !L->lidx) {
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    m->n_layers = (int)n;
+    for (size_t i = 0; i < n; i++)
+        m->layers[i].table = -1;
+
+    /* Pass 1: names, so that a forward reference can be told from a typo. */
+    for (size_t i = 0; i < n; i++) {
+        json_t *o = json_array_get(arr, i);
+        const char *name;
+        snprintf(path, sizeof path, "layers[%zu]", i);
+        if (!json_is_object(o)) {
+            js_fail(&L->jc, "'%s' must be an object, got %s", path, js_type_name(o));
+            return -1;
+        }
+        if (js_get_str(&L->jc, o, path, "", "name", 1, &name))
+            return -1;
+        js_quote(q, name);
+        if (name[0] == 0 || strchr(name, '.')) {
+            js_fail(&L->jc, "'%s.name' must be a non-empty name without '.', got '%s'", path, q);
+            return -1;
+        }
+        if (strcmp(name, "tables") == 0) {
+            /* "tables.<x>" tensors are the embedding tables. */
+            js_fail(&L->jc, "'%s.name': the layer name 'tables' is reserved", path);
+            return -1;
+        }
+        if (!(m->layers[i].name = xstrdup(L, name)))
+            return -1;
+        L->lidx[i].s = m->layers[i].name;
+        L->lidx[i].i = (int)i;
+    }
+    int a, b;
+    if (nent_sort_dups(L->lidx, (int)n, &a, &b) == 0) {
+        js_fail(&L->jc, "layer '%s': duplicate layer name (layers[%d] and layers[%d])",
+                js_quote(q, m->layers[b].name), a, b);
+        return -1;
+    }
+    /* Pass 2: ops, in file order. */
+    for (size_t i = 0; i < n; i++)
+        if (plan_layer(L, (int)i, json_array_get(arr, i)))
+            return -1;
+    return 0;
+}
+
+/* -------------------------------------------------------------- output */
+
+static int parse_output(ld *L, const json_t *o)
+{
+    static const char *const keys[] = {"logits", "tasks", "score_weights", NULL};
+    model_def *m = L->m;
+    const char *logits;
+    json_t *tasks, *sw;
+    char q[QBUF], s1[96];
+
+    if (js_check_keys(&L->jc, o, "output", "", keys) ||
+        js_get_str(&L->jc, o, "output", "", "logits", 1, &logits) ||
+        js_get_arr(&L->jc, o, "output", "", "tasks", 1, &tasks) ||
+        js_get_arr(&L->jc, o, "output", "", "score_weights", 0, &sw))
+        return -1;
+    if (json_array_size(tasks) == 0) {
+        js_fail(&L->jc, "'output.tasks' must be a non-empty array");
+        return -1;
+    }
+    if (parse_name_list(L, tasks, "output.tasks", "", &m->tasks, &m->n_tasks, NULL))
+        return -1;
+
+    int j = nent_find(L->lidx, m->n_layers, logits);
+    js_quote(q, logits);
+    if (j < 0) {
+        js_fail(&L->jc, "'output.logits': no layer named '%s'", q);
+        return -1;
+    }
+    const md_layer *l = &m->layers[j];
+    if (l->domain != MD_CAND || l->kind != MD_VEC) {
+        js_fail(&L->jc, "'output.logits': layer '%s' is %s; it must be a candidate-domain vec [%d]%s",
+                q, shape_str(s1, sizeof s1, layer_shape(l)), m->n_tasks,
+                l->kind == MD_TOKENS ? " (flatten it)" : "");
+        return -1;
+    }
+    if (l->dim != m->n_tasks) {
+        js_fail(&L->jc, "'output.logits': layer '%s' has width %d, but output.tasks lists %d tasks",
+                q, l->dim, m->n_tasks);
+        return -1;
+    }
+    m->logits_layer = j;
+
+    m->score_weights = calloc((size_t)m->n_tasks, sizeof *m->score_weights);
+    if (!m->score_weights) {
+        js_fail(&L->jc, "out of memory");
+        return -1;
+    }
+    for (int t = 0; t < m->n_tasks; t++)
+        m->score_weights[t] = 1.0f;
+    if (sw) {
+        if (json_array_size(sw) != (size_t)m->n_tasks) {
+            js_fail(&L->jc, "'output.score_weights' has %zu entries, output.tasks has %d",
+                    json_array_size(sw), m->n_tasks);
+            return -1;
+        }
+        for (int t = 0; t < m->n_tasks; t++) {
+            json_t *x = json_array_get(sw, (size_t)t);
+            if (!json_is_number(x)) {
+                js_fail(&L->jc, "'output.score_weights[%d]' must be a number, got %s", t,
+                        js_type_name(x));
+                return -1;
+            }
+            double d = json_number_value(x);
+            if (!isfinite(d) || fabs(d) > FLT_MAX) {
+                js_fail(&L->jc, "'output.score_weights[%d]' is out of float range", t);
+                return -1;
+            }
+            m->score_weights[t] = (float)d;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- serving */
+
+static int valid_device(const char *d)
+{
+    if (strcmp(d, "cpu") == 0)
+        return 1;
+    if (strncmp(d, "cuda:", 5) != 0)
+        return 0;
+    const char *p = d + 5;
+    size_t n = strlen(p);
+    if (n == 0 || n > 9 || (p[0] == '0' && n > 1))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+    return 1;
+}
+
+static int parse_serving(ld *L, const json_t *o)
+{
+    static const char *const keys[] = {"max_batch_candidates", "max_batch_users",
+                                       "max_queue_delay_us", "instances", "mode", "device",
+                                       NULL};
+    md_serving *s = &L->m->serving;
+    long long v;
+    const char *str;
+    if (js_check_keys(&L->jc, o, "serving", "", keys))
+        return -1;
+    if (js_get_int(&L->jc, o, "serving", "", "max_batch_candidates", 0, -1, 0, INT_MAX, &v))
+        return -1;
+    s->max_batch_candidates = v;
+    if (js_get_int(&L->jc, o, "serving", "", "max_batch_users", 0, -1, 0, INT_MAX, &v))
+        return -1;
+    s->max_batch_users = v;
+    if (js_get_int(&L->jc, o, "serving", "", "max_queue_delay_us", 0, -1, 0, INT_MAX, &v))
+        return -1;
+    s->max_queue_delay_us = v;
+    if (js_get_int(&L->jc, o, "serving", "", "instances", 0, -1, 1, INT_MAX, &v))
+        return -1;
+    s->instances = v;
+    if (js_get_str(&L->jc, o, "serving", "", "mode", 0, &str))
+        return -1;
+    if (str) {
+        if (strcmp(str, "ikbo") != 0 && strcmp(str, "broadcast") != 0)
+            return enum_error(L, "serving", "", "mode", str, "\"ikbo\" or \"broadcast\"");
+        snprintf(s->mode, sizeof s->mode, "%s", str);
+    }
+    if (js_get_str(&L->jc, o, "serving", "", "device", 0, &str))
+        return -1;
+    if (str) {
+        if (!valid_device(str))
+            return enum_error(L, "serving", "", "device", str, "\"cpu\" or \"cuda:N\"");
+        snprintf(s->device, sizeof s->device, "%s", str);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ document */
+
+static int parse_document(ld *L, const char *json, size_t len)
+{
+    static const char *const keys[] = {"format", "name",   "description", "inputs",
+                                       "tables", "layers", "output",      "serving", NULL};
+    model_def *m = L->m;
+    json_t *root, *inputs, *tables, *layers, *output, *serving;
+    const char *fmt, *s;
+    char q[QBUF];
+    int rc = -1;
+
+    if (len > MODEL_JSON_MAX) {
+        js_fail(&L->jc, "file is %zu bytes, over the %zu-byte limit", len, MODEL_JSON_MAX);
+        return -1;
+    }
+    if (json && memchr(json, 0, len)) {
+        js_fail(&L->jc, "invalid JSON: the file contains a NUL byte");
+        return -1;
+    }
+    if (!(root = js_load_object(&L->jc, "", json, len)))
+        return -1;
+    if (js_get_str(&L->jc, root, "", "", "format", 1, &fmt))
+        goto out;
+    if (strcmp(fmt, FORMAT_ID) != 0) {
+        js_fail(&L->jc, "'format' must be \"" FORMAT_ID "\", got '%s'", js_quote(q, fmt));
+        goto out;
+    }
+    if (js_check_keys(&L->jc, root, "", "", keys))
+        goto out;
+    if (js_get_str(&L->jc, root, "", "", "name", 0, &s) || (s && !(m->name = xstrdup(L, s))))
+        goto out;
+    if (js_get_str(&L->jc, root, "", "", "description", 0, &s) ||
+        (s && !(m->description = xstrdup(L, s))))
+        goto out;
+    if (js_get_obj(&L->jc, root, "", "", "inputs", 1, &inputs) ||
+        js_get_obj(&L->jc, root, "", "", "tables", 1, &tables) ||
+        js_get_arr(&L->jc, root, "", "", "layers", 1, &layers) ||
+        js_get_obj(&L->jc, root, "", "", "output", 1, &output) ||
+        js_get_obj(&L->jc, root, "", "", "serving", 0, &serving))
+        goto out;
+    if (parse_inputs(L, inputs) || parse_tables(L, tables) || parse_layers(L, layers) ||
+        parse_output(L, output) || (serving && parse_serving(L, serving)))
+        goto out;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------- weights */
+
+typedef struct expect {
+    md_weight *w;
+    int one_d;         /* file shape is [cols] (a bias) */
+    const char *owner; /* "layer" or "table" */
+    const char *oname;
+} expect;
+
+static const char *dims_str(char *buf, size_t n, const uint64_t *d, int nd)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf, n, "[");
+    for (int k = 0; k < nd && o < n; k++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%llu", k ? ", " : "", (unsigned long long)d[k]);
+    if (o < n)
+        snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+static const char *expect_dims(char *buf, size_t n, const expect *e)
+{
+    uint64_t d[2] = {(uint64_t)e->w->rows, (uint64_t)e->w->cols};
+    return e->one_d ? dims_str(buf, n, d + 1, 1) : dims_str(buf, n, d, 2);
+}
+
+static int attach_weights(ld *L, st_file *f)
+{
+    model_def *m = L->m;
+    js_ctx wc = {L->wfile, L->err};
+    char q[QBUF], q2[QBUF], d1[128], d2[128];
+    size_t ne = (size_t)m->n_tables;
+    int rc = -1;
+    for (int i = 0; i < m->n_layers; i++)
+        ne += (size_t)m->layers[i].n_w;
+    expect *ex = calloc(ne ? ne : 1, sizeof *ex);
+    unsigned char *used = calloc(f->n ? f->n : 1, 1);
+    long *tix = calloc(ne ? ne : 1, sizeof *tix);
+    if (!ex || !used || !tix) {
+        js_fail(&wc, "out of memory");
+        goto out;
+    }
+    size_t k = 0;
+    for (int i = 0; i < m->n_tables; i++)
+        ex[k++] = (expect){&m->tables[i].w, 0, "table", m->tables[i].name};
+    for (int i = 0; i < m->n_layers; i++)
+        for (int j = 0; j < m->layers[i].n_w; j++)
+            ex[k++] = (expect){&m->layers[i].w[j], m->layers[i].op == MD_LINEAR && j == 1,
+                               "layer", m->layers[i].name};
+
+    /* Names and shapes first: cheap, and the most common export mistakes. */
+    for (k = 0; k < ne; k++) {
+        const expect *e = &ex[k];
+        long t = st_find(f, e->w->name);
+        js_quote(q, e->w->name);
+        js_quote(q2, e->oname);
+        if (t < 0) {
+            js_fail(&wc, "missing tensor '%s' (%s '%s', expected shape %s)", q, e->owner, q2,
+                    expect_dims(d2, sizeof d2, e));
+            goto out;
+        }
+        const st_tensor *st = &f->tensors[t];
+        int ok = e->one_d ? (st->ndim == 1 && st->shape[0] == (uint64_t)e->w->cols)
+                          : (st->ndim == 2 && st->shape[0] == (uint64_t)e->w->rows &&
+                             st->shape[1] == (uint64_t)e->w->cols);
+        if (!ok) {
+            js_fail(&wc, "tensor '%s': shape %s, expected %s (%s '%s')", q,
+                    dims_str(d1, sizeof d1, st->shape, st->ndim), expect_dims(d2, sizeof d2, e),
+                    e->owner, q2);
+            goto out;
+        }
+        used[t] = 1;
+        tix[k] = t;
+    }
+    for (size_t t = 0; t < f->n; t++)
+        if (!used[t]) {
+            js_fail(&wc, "unexpected tensor '%s': no layer or table of model.json uses it",
+                    js_quote(q, f->tensors[t].name));
+            goto out;
+        }
+
+    for (k = 0; k < ne; k++) {
+        const expect *e = &ex[k];
+        const st_tensor *st = &f->tensors[tix[k]];
+        size_t n = (size_t)st->numel;
+        e->w->data = malloc(n ? n * sizeof(float) : 1);
+        if (!e->w->data) {
+            js_fail(&wc, "out of memory for tensor '%s' (%zu floats)", js_quote(q, e->w->name), n);
+            goto out;
+        }
+        if (st_read_f32(f, st, e->w->data, L->err))
+            goto out;
+        long bad = st_first_nonfinite(e->w->data, n);
+        if (bad >= 0) {
+            float x = e->w->data[bad];
+            js_fail(&wc, "tensor '%s': element %ld is %s (%s '%s'); weights must be finite",
+                    js_quote(q, e->w->name), bad,
+                    isnan(x) ? "NaN" : (x > 0 ? "+Inf" : "-Inf"), e->owner,
+                    js_quote(q2, e->oname));
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    free(ex);
+    free(used);
+    free(tix);
+    return rc;
+}
+
+/* -------------------------------------------------------------- driver */
+
+static char *join(const char *dir, const char *file)
+{
+    size_t n = strlen(dir), k = strlen(file);
+    char *p = malloc(n + k + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, n);
+    if (n && dir[n - 1] != '/')
+        p[n++] = '/';
+    memcpy(p + n, file, k + 1);
+    return p;
+}
+
+static void ld_free(ld *L)
+{
+    free(L->jfile);
+    free(L->wfile);
+    free(L->lidx);
+    free(L->tidx);
+    free(L->uidx);
+    free(L->cidx);
+}
+
+static int ld_init(ld *L, const char *dir, bk_err *err)
+{
+    char shown[1100];
+    memset(L, 0, sizeof *L);
+    L->err = err;
+    /* Messages show the directory sanitized (it may hold any byte). */
+    js_quote_n(shown, sizeof shown, dir, 256);
+    L->jfile = join(shown, "model.json");
+    L->wfile = join(shown, "weights.safetensors");
+    L->jc.file = L->jfile;
+    L->jc.err = err;
+    L->m = calloc(1, sizeof *L->m);
+    if (!L->jfile || !L->wfile || !L->m || !(L->m->dir = strdup(dir))) {
+        bk_seterr(err, "%s: out of memory", dir);
+        return -1;
+    }
+    md_serving *s = &L->m->serving;
+    s->max_batch_candidates = s->max_batch_users = s->max_queue_delay_us = s->instances = -1;
+    return 0;
+}
+
+static int finish(ld *L, int rc, model_def **out)
+{
+    if (rc == 0)
+        *out = L->m;
+    else
+        model_def_free(L->m);
+    ld_free(L);
+    return rc;
+}
+
+int model_def_plan(const char *dir, const char *json, size_t json_len, model_def **out,
+                   bk_err *err)
+{
+    ld L;
+    bk_err dummy;
+    if (!err)
+        err = &dummy;
+    if (!dir)
+        dir = "";
+    if (!out) {
+        bk_seterr(err, "%s: model_def_plan: out is NULL", dir);
+        return -1;
+    }
+    if (ld_init(&L, dir, err))
+        return finish(&L, -1, out);
+    return finish(&L, parse_document(&L, json, json_len), out);
+}
+
+int model_def_parse(const char *dir, const char *json, size_t json_len, const uint8_t *st,
+                    size_t st_len, model_def **out, bk_err *err)
+{
+    ld L;
+    bk_err dummy;
+    st_file f;
+    int rc;
+    if (!err)
+        err = &dummy;
+    if (!dir)
+        dir = "";
+    if (!out) {
+        bk_seterr(err, "%s: model_def_parse: out is NULL", dir);
+        return -1;
+    }
+    if (ld_init(&L, dir, err))
+        return finish(&L, -1, out);
+    if (parse_document(&L, json, json_len))
+        return finish(&L, -1, out);
+    if (st_open_mem(&f, L.wfile, st, st_len, err))
+        return finish(&L, -1, out);
+    rc = attach_weights(&L, &f);
+    st_close(&f);
+    return finish(&L, rc, out);
+}
+
+/* Reads a regular file of at most max bytes. */
+static int read_file(const char *path, const char *shown, size_t max, char **out, size_t *len,
+                     bk_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    char *buf = NULL;
+    size_t n = 0;
+    if (fd < 0) {
+        bk_seterr(err, "%s: cannot open: %s", shown, strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &sb) != 0) {
+        bk_seterr(err, "%s: cannot stat: %s", shown, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        bk_seterr(err, "%s: not a regular file", shown);
+        goto fail;
+    }
+    if ((uint64_t)sb.st_size > max) {
+        bk_seterr(err, "%s: file is %lld bytes, over the %zu-byte limit", shown,
+                  (long long)sb.st_size, max);
+        goto fail;
+    }
+    size_t cap = (size_t)sb.st_size + 1; /* +1 notices a file that grew */
+    if (!(buf = malloc(cap))) {
+        bk_seterr(err, "%s: out of memory", shown);
+        goto fail;
+    }
+    for (;;) {
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            bk_seterr(err, "%s: read failed: %s", shown, strerror(errno));
+            goto fail;
+        }
+        if (k == 0)
+            break;
+        n += (size_t)k;
+        if (n == cap) {
+            bk_seterr(err, "%s: file changed while reading", shown);
+            goto fail;
+        }
+    }
+    close(fd);
+    *out = buf;
+    *len = n;
+    return 0;
+fail:
+    free(buf);
+    close(fd);
+    return -1;
+}
+
+int model_def_load(const char *dir, model_def **out, bk_err *err)
+{
+    ld L;
+    bk_err dummy;
+    char *json = NULL, *jpath = NULL, *wpath = NULL;
+    size_t jlen = 0;
+    int fd = -1, rc = -1;
+    st_file f;
+    struct stat sb;
+
+    if (!err)
+        err = &dummy;
+    if (!dir || !out) {
+        bk_seterr(err, "model_def_load: %s is NULL", dir ? "out" : "dir");
+        return -1;
+    }
+    if (ld_init(&L, dir, err))
+        return finish(&L, -1, out);
+    jpath = join(dir, "model.json");
+    wpath = join(dir, "weights.safetensors");
+    if (!jpath || !wpath) {
+        bk_seterr(err, "%s: out of memory", L.jfile);
+        goto done;
+    }
+    if (read_file(jpath, L.jfile, MODEL_JSON_MAX, &json, &jlen, err) ||
+        parse_document(&L, json, jlen))
+        goto done;
+    free(json);
+    json = NULL;
+
+    fd = open(wpath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        bk_seterr(err, "%s: cannot open: %s", L.wfile, strerror(errno));
+        goto done;
+    }
+    if (fstat(fd, &sb) != 0) {
+        bk_seterr(err, "%s: cannot stat: %s", L.wfile, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        bk_seterr(err, "%s: not a regular file", L.wfile);
+        goto done;
+    }
+    if (st_open_fd(&f, L.wfile, fd, (uint64_t)sb.st_size, err))
+        goto done;
+    rc = attach_weights(&L, &f);
+    st_close(&f);
+done:
+    if (fd >= 0)
+        close(fd);
+    free(json);
+    free(jpath);
+    free(wpath);
+    return finish(&L, rc, out);
+}
+
+void model_def_free(model_def *m)
+{
+    if (!m)
+        return;
+    free(m->dir);
+    free(m->name);
+    free(m->description);
+    for (int i = 0; i < m->n_user_sparse; i++)
+        free(m->user_sparse[i]);
+    free(m->user_sparse);
+    for (int i = 0; i < m->n_cand_sparse; i++)
+        free(m->cand_sparse[i]);
+    free(m->cand_sparse);
+    if (m->tables)
+        for (int i = 0; i < m->n_tables; i++) {
+            free(m->tables[i].name);
+            free(m->tables[i].w.name);
+            free(m->tables[i].w.data);
+        }
+    free(m->tables);
+    if (m->layers)
+        for (int i = 0; i < m->n_layers; i++) {
+            md_layer *l = &m->layers[i];
+            free(l->name);
+            free(l->in);
+            for (int j = 0; j < MD_MAX_WEIGHTS; j++) {
+                free(l->w[j].name);
+                free(l->w[j].data);
+            }
+        }
+    free(m->layers);
+    for (int i = 0; i < m->n_tasks; i++)
+        free(m->tasks[i]);
+    free(m->tasks);
+    free(m->score_weights);
+    free(m);
+}
