@@ -1,0 +1,403 @@
+/* test_config.c - server configuration (server/config.c): defaults, the
+ * shipped config/server.json, every key's type/value errors, unknown keys,
+ * env and flag precedence, --help/--version. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "server/config.h"
+
+static void apply_err(const char *json, const char *substr)
+{
+    config c;
+    ikbo_err err = {{0}};
+    assert_int_equal(config_defaults(&c, &err), 0);
+    int rc = config_apply_json(&c, json, strlen(json), &err);
+    if (rc == 0)
+        fail_msg("accepted %s (wanted error '%s')", json, substr);
+    if (!strstr(err.msg, substr))
+        fail_msg("message '%s' lacks '%s'", err.msg, substr);
+    config_free(&c);
+}
+
+static void apply_ok(config *c, const char *json)
+{
+    ikbo_err err = {{0}};
+    assert_int_equal(config_defaults(c, &err), 0);
+    if (config_apply_json(c, json, strlen(json), &err))
+        fail_msg("rejected %s: %s", json, err.msg);
+}
+
+/* Writes text to a temp file; returns its malloc'd path. */
+static char *tmpfile_with(const char *text)
+{
+    char *path = strdup("/tmp/ikbo_test_config_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+static void test_defaults(void **s)
+{
+    (void)s;
+    config c;
+    ikbo_err err;
+    assert_int_equal(config_defaults(&c, &err), 0);
+    assert_string_equal(c.grpc_listen, "127.0.0.1:50051");
+    assert_string_equal(c.http_listen, "127.0.0.1:8080");
+    assert_string_equal(c.model_repository, "models");
+    assert_null(c.models);
+    assert_int_equal(c.n_models, 0);
+    assert_string_equal(c.device, "cpu");
+    assert_int_equal(c.mode, IKBO_MODE_IKBO);
+    assert_int_equal(c.threads, 2);
+    assert_int_equal(c.limits.max_users, RQ_DEFAULT_MAX_USERS);
+    assert_int_equal(c.limits.max_candidates, RQ_DEFAULT_MAX_CANDIDATES);
+    assert_int_equal(c.limits.max_ids_per_bag, RQ_DEFAULT_MAX_IDS_PER_BAG);
+    assert_int_equal(c.limits.max_history, RQ_DEFAULT_MAX_HISTORY);
+    assert_int_equal(c.limits.max_sparse_features, RQ_DEFAULT_MAX_SPARSE_FEATURES);
+    assert_int_equal(c.limits.max_message_bytes, 4 << 20);
+    assert_int_equal(c.log_level, CONFIG_LOG_INFO);
+    assert_int_equal(c.log_format, CONFIG_LOG_PLAIN);
+    assert_int_equal(c.drain_timeout_ms, 10000);
+    assert_null(c.tls_cert_file);
+    assert_null(c.tls_key_file);
+    assert_null(c.tls_client_ca_file);
+    assert_null(c.config_file);
+    config_free(&c);
+    config_free(&c); /* safe twice */
+}
+
+static void test_good_config(void **s)
+{
+    (void)s;
+    config c;
+    apply_ok(&c, "{\"grpc_listen\":\"0.0.0.0:6000\",\"http_listen\":\"[::1]:0\","
+                 "\"model_repository\":\"/srv/models\",\"models\":[\"demo\",\"bench\"],"
+                 "\"device\":\"cuda:1\",\"mode\":\"broadcast\",\"threads\":8,"
+                 "\"limits\":{\"max_users\":10,\"max_candidates\":20,\"max_ids_per_bag\":30,"
+                 "\"max_history\":40,\"max_sparse_features\":5,\"max_message_bytes\":1000},"
+                 "\"log\":{\"level\":\"debug\",\"format\":\"json\"},\"drain_timeout_ms\":0,"
+                 "\"tls\":{\"cert_file\":\"c.pem\",\"key_file\":\"k.pem\",\"client_ca_file\":\"ca.pem\"}}");
+    assert_string_equal(c.grpc_listen, "0.0.0.0:6000");
+    assert_string_equal(c.http_listen, "[::1]:0");
+    assert_string_equal(c.model_repository, "/srv/models");
+    assert_int_equal(c.n_models, 2);
+    assert_string_equal(c.models[1], "bench");
+    assert_string_equal(c.device, "cuda:1");
+    assert_int_equal(c.mode, IKBO_MODE_BROADCAST);
+    assert_int_equal(c.threads, 8);
+    assert_int_equal(c.limits.max_users, 10);
+    assert_int_equal(c.limits.max_candidates, 20);
+    assert_int_equal(c.limits.max_ids_per_bag, 30);
+    assert_int_equal(c.limits.max_history, 40);
+    assert_int_equal(c.limits.max_sparse_features, 5);
+    assert_int_equal(c.limits.max_message_bytes, 1000);
+    assert_int_equal(c.log_level, CONFIG_LOG_DEBUG);
+    assert_int_equal(c.log_format, CONFIG_LOG_JSON);
+    assert_int_equal(c.drain_timeout_ms, 0);
+    assert_string_equal(c.tls_cert_file, "c.pem");
+    assert_string_equal(c.tls_key_file, "k.pem");
+    assert_string_equal(c.tls_client_ca_file, "ca.pem");
+    char *j = config_to_json(&c);
+    assert_non_null(j);
+    assert_non_null(strstr(j, "\"mode\":\"broadcast\""));
+    assert_non_null(strstr(j, "\"max_history\":40"));
+    assert_non_null(strstr(j, "\"client_ca_file\":\"ca.pem\""));
+    free(j);
+    config_free(&c);
+
+    /* partial limits keep the other defaults; tls without CA; null = absent */
+    apply_ok(&c, "{\"limits\":{\"max_users\":7},\"tls\":{\"cert_file\":\"c\",\"key_file\":\"k\","
+                 "\"client_ca_file\":null},\"models\":null,\"grpc_listen\":\"unix:/tmp/s.sock\"}");
+    assert_int_equal(c.limits.max_users, 7);
+    assert_int_equal(c.limits.max_candidates, RQ_DEFAULT_MAX_CANDIDATES);
+    assert_null(c.tls_client_ca_file);
+    assert_null(c.models);
+    assert_string_equal(c.grpc_listen, "unix:/tmp/s.sock");
+    config_free(&c);
+    apply_ok(&c, "{\"tls\":null}");
+    assert_null(c.tls_cert_file);
+    j = config_to_json(&c);
+    assert_non_null(strstr(j, "\"tls\":null"));
+    free(j);
+    config_free(&c);
+}
+
+static void test_shipped_config(void **s)
+{
+    (void)s;
+    /* Unit tests run from the repository root (make unit). */
+    FILE *f = fopen("config/server.json", "r");
+    if (!f)
+        skip();
+    fclose(f);
+    config c;
+    ikbo_err err;
+    assert_int_equal(config_defaults(&c, &err), 0);
+    if (config_apply_file(&c, "config/server.json", &err))
+        fail_msg("%s", err.msg);
+    assert_string_equal(c.model_repository, "models");
+    assert_string_equal(c.device, "cpu");
+    assert_int_equal(c.mode, IKBO_MODE_IKBO);
+    assert_string_equal(c.config_file, "config/server.json");
+    config_free(&c);
+}
+
+static void test_bad_values(void **s)
+{
+    (void)s;
+    apply_err("{\"threads\":\"two\"}", "threads: expected integer 1..1024, got \"two\"");
+    apply_err("{\"threads\":0}", "threads: expected integer 1..1024, got 0");
+    apply_err("{\"threads\":1.5}", "threads: expected integer 1..1024, got 1.5");
+    apply_err("{\"threads\":5000}", "threads: expected integer 1..1024");
+    apply_err("{\"drain_timeout_ms\":-1}", "drain_timeout_ms: expected integer 0..3600000, got -1");
+    apply_err("{\"grpc_listen\":5}", "grpc_listen: expected string, got 5");
+    apply_err("{\"grpc_listen\":\"localhost\"}", "grpc_listen: expected host:port or unix:PATH, got \"localhost\"");
+    apply_err("{\"grpc_listen\":\":50051\"}", "grpc_listen: expected host:port");
+    apply_err("{\"http_listen\":\"h:99999\"}", "http_listen: expected host:port, got \"h:99999\"");
+    apply_err("{\"http_listen\":\"h:80x\"}", "http_listen: expected host:port");
+    apply_err("{\"http_listen\":\"unix:/x\"}", "http_listen: expected host:port, got \"unix:/x\"");
+    apply_err("{\"model_repository\":\"\"}", "model_repository: expected a directory, got \"\"");
+    apply_err("{\"model_repository\":[]}", "model_repository: expected string, got array");
+    apply_err("{\"device\":\"gpu\"}", "device: expected \"cpu\" or \"cuda:N\", got \"gpu\"");
+    apply_err("{\"device\":\"cuda:\"}", "device: expected \"cpu\" or \"cuda:N\"");
+    apply_err("{\"device\":\"cuda:x\"}", "device: expected \"cpu\" or \"cuda:N\"");
+    apply_err("{\"mode\":\"fast\"}", "mode: expected \"ikbo\" or \"broadcast\", got \"fast\"");
+    apply_err("{\"mode\":true}", "mode: expected string, got true");
+    apply_err("{\"models\":\"demo\"}", "models: expected a non-empty array of model names (omit for all), got \"demo\"");
+    apply_err("{\"models\":[]}", "models: expected a non-empty array of model names (omit for all), got []");
+    apply_err("{\"models\":[\"a\",3]}", "models[1]: expected string, got 3");
+    apply_err("{\"models\":[\"a/b\"]}", "models[0]: expected a model name");
+    apply_err("{\"models\":[\"..\"]}", "models[0]: expected a model name");
+    apply_err("{\"models\":[\"a\",\"a\"]}", "models[1]: duplicate model \"a\"");
+    apply_err("{\"limits\":[]}", "limits: expected object, got array");
+    apply_err("{\"limits\":{\"max_users\":0}}", "limits.max_users: expected integer 1..1000000, got 0");
+    apply_err("{\"limits\":{\"max_candidates\":\"9\"}}", "limits.max_candidates: expected integer");
+    apply_err("{\"limits\":{\"max_message_bytes\":2147483648}}", "limits.max_message_bytes: expected integer 1..1073741824");
+    apply_err("{\"log\":{\"level\":\"verbose\"}}", "log.level: expected \"debug\", \"info\", \"warn\" or \"error\", got \"verbose\"");
+    apply_err("{\"log\":{\"format\":\"xml\"}}", "log.format: expected \"plain\" or \"json\", got \"xml\"");
+    apply_err("{\"log\":{\"level\":1}}", "log.level: expected string, got 1");
+    apply_err("{\"log\":\"info\"}", "log: expected object, got \"info\"");
+    apply_err("{\"tls\":{\"cert_file\":\"c\"}}", "tls: cert_file and key_file are both required");
+    apply_err("{\"tls\":{\"key_file\":\"k\"}}", "tls: cert_file and key_file are both required");
+    apply_err("{\"tls\":{\"cert_file\":\"\",\"key_file\":\"k\"}}", "tls.cert_file: expected a file path");
+    apply_err("{\"tls\":{\"cert_file\":1,\"key_file\":\"k\"}}", "tls.cert_file: expected string, got 1");
+    apply_err("{\"tls\":true}", "tls: expected object, got true");
+    apply_err("{\"threads\":2,\"threads\":3}", "invalid JSON");
+    apply_err("[1]", "expected a JSON object at the top level, got array");
+    apply_err("{", "invalid JSON at line 1");
+}
+
+static void test_unknown_keys(void **s)
+{
+    (void)s;
+    apply_err("{\"grpc_port\":1}", "grpc_port: unknown key (known: grpc_listen,");
+    apply_err("{\"limits\":{\"max_userz\":1}}", "limits.max_userz: unknown key");
+    apply_err("{\"log\":{\"lvl\":\"info\"}}", "log.lvl: unknown key (known: level, format)");
+    apply_err("{\"tls\":{\"cert\":\"c\"}}", "tls.cert: unknown key");
+}
+
+static void test_file_errors(void **s)
+{
+    (void)s;
+    config c;
+    ikbo_err err;
+    assert_int_equal(config_defaults(&c, &err), 0);
+    assert_int_equal(config_apply_file(&c, "/nonexistent/ikbo.json", &err), -1);
+    assert_non_null(strstr(err.msg, "/nonexistent/ikbo.json: No such file"));
+    char *p = tmpfile_with("{\"threads\": \"x\"}");
+    assert_int_equal(config_apply_file(&c, p, &err), -1);
+    char want[300];
+    snprintf(want, sizeof want, "%s: threads: expected integer", p);
+    assert_non_null(strstr(err.msg, want));
+    unlink(p);
+    free(p);
+    config_free(&c);
+}
+
+static void test_env(void **s)
+{
+    (void)s;
+    config c;
+    ikbo_err err;
+    assert_int_equal(config_defaults(&c, &err), 0);
+    const char *env[] = {"PATH=/bin",
+                         "IKBO_GRPC_LISTEN=0.0.0.0:1",
+                         "IKBO_HTTP_LISTEN=0.0.0.0:2",
+                         "IKBO_MODEL_REPOSITORY=/m",
+                         "IKBO_DEVICE=cuda:0",
+                         "IKBO_MODE=broadcast",
+                         "IKBO_LOG_LEVEL=warn",
+                         "IKBO_MODEX=ikbo",
+                         NULL};
+    assert_int_equal(config_apply_env(&c, env, &err), 0);
+    assert_string_equal(c.grpc_listen, "0.0.0.0:1");
+    assert_string_equal(c.http_listen, "0.0.0.0:2");
+    assert_string_equal(c.model_repository, "/m");
+    assert_string_equal(c.device, "cuda:0");
+    assert_int_equal(c.mode, IKBO_MODE_BROADCAST);
+    assert_int_equal(c.log_level, CONFIG_LOG_WARN);
+    const char *bad[] = {"IKBO_MODE=fast", NULL};
+    assert_int_equal(config_apply_env(&c, bad, &err), -1);
+    assert_string_equal(err.msg, "IKBO_MODE: expected \"ikbo\" or \"broadcast\", got \"fast\"");
+    const char *bad2[] = {"IKBO_DEVICE=tpu", NULL};
+    assert_int_equal(config_apply_env(&c, bad2, &err), -1);
+    assert_non_null(strstr(err.msg, "IKBO_DEVICE: expected"));
+    assert_int_equal(config_apply_env(&c, NULL, &err), 0);
+    config_free(&c);
+}
+
+static void test_precedence(void **s)
+{
+    (void)s;
+    char *p = tmpfile_with("{\"grpc_listen\":\"file:1\",\"http_listen\":\"file:2\",\"device\":\"cuda:3\","
+                           "\"mode\":\"broadcast\",\"threads\":4,\"log\":{\"level\":\"error\",\"format\":\"json\"}}");
+    const char *env[] = {"IKBO_HTTP_LISTEN=env:2", "IKBO_DEVICE=cuda:5", "IKBO_LOG_LEVEL=debug", NULL};
+    char *argv[] = {"ikbo-serve", "--config", p, "--device", "cpu", "--threads=6", "--log-level", "warn",
+                    "--threads", "7", NULL};
+    config c;
+    ikbo_err err = {{0}};
+    enum config_action act;
+    if (config_resolve(&c, 10, argv, env, &act, &err))
+        fail_msg("%s", err.msg);
+    assert_int_equal(act, CONFIG_RUN);
+    assert_string_equal(c.grpc_listen, "file:1");  /* file over default */
+    assert_string_equal(c.http_listen, "env:2");   /* env over file */
+    assert_string_equal(c.device, "cpu");          /* flag over env over file */
+    assert_int_equal(c.mode, IKBO_MODE_BROADCAST); /* file */
+    assert_int_equal(c.threads, 7);                /* last flag wins */
+    assert_int_equal(c.log_level, CONFIG_LOG_WARN);
+    assert_int_equal(c.log_format, CONFIG_LOG_JSON);
+    assert_string_equal(c.model_repository, "models"); /* default */
+    assert_string_equal(c.config_file, p);
+    config_free(&c);
+
+    /* every flag */
+    char *argv2[] = {"ikbo-serve", "--grpc", "a:1", "--http=b:2", "--models", "/r", "--device=cuda:0",
+                     "--mode", "broadcast", "--log-format", "json", NULL};
+    assert_int_equal(config_resolve(&c, 11, argv2, NULL, &act, &err), 0);
+    assert_string_equal(c.grpc_listen, "a:1");
+    assert_string_equal(c.http_listen, "b:2");
+    assert_string_equal(c.model_repository, "/r");
+    assert_string_equal(c.device, "cuda:0");
+    assert_int_equal(c.mode, IKBO_MODE_BROADCAST);
+    assert_int_equal(c.log_format, CONFIG_LOG_JSON);
+    assert_null(c.config_file);
+    config_free(&c);
+    unlink(p);
+    free(p);
+}
+
+static void resolve_err(int argc, char **argv, const char *const *env, const char *substr)
+{
+    config c;
+    ikbo_err err = {{0}};
+    enum config_action act;
+    if (config_resolve(&c, argc, argv, env, &act, &err) == 0)
+        fail_msg("accepted (wanted '%s')", substr);
+    if (!strstr(err.msg, substr))
+        fail_msg("message '%s' lacks '%s'", err.msg, substr);
+    config_free(&c);
+}
+
+static void test_flag_errors(void **s)
+{
+    (void)s;
+    char *a1[] = {"x", "--bogus", NULL};
+    resolve_err(2, a1, NULL, "unknown flag --bogus (see --help)");
+    char *a2[] = {"x", "--threads", NULL};
+    resolve_err(2, a2, NULL, "--threads: missing value N");
+    char *a3[] = {"x", "--threads", "0", NULL};
+    resolve_err(3, a3, NULL, "--threads: expected integer 1..1024, got \"0\"");
+    char *a4[] = {"x", "--threads=9x", NULL};
+    resolve_err(2, a4, NULL, "--threads: expected integer 1..1024, got \"9x\"");
+    char *a5[] = {"x", "--mode", "fast", NULL};
+    resolve_err(3, a5, NULL, "--mode: expected \"ikbo\" or \"broadcast\", got \"fast\"");
+    char *a6[] = {"x", "stray", NULL};
+    resolve_err(2, a6, NULL, "unexpected argument \"stray\"");
+    char *a7[] = {"x", "--config", "/nonexistent.json", NULL};
+    resolve_err(3, a7, NULL, "/nonexistent.json: No such file");
+    char *a8[] = {"x", "--help=1", NULL};
+    resolve_err(2, a8, NULL, "--help takes no value");
+    char *a9[] = {"x", "--grpc", "nope", NULL};
+    resolve_err(3, a9, NULL, "--grpc: expected host:port");
+    char *a10[] = {"x", "--log-level", "loud", NULL};
+    resolve_err(3, a10, NULL, "--log-level: expected");
+    char *a11[] = {"x", "--device", "cuda:1234", NULL};
+    resolve_err(3, a11, NULL, "--device: expected \"cpu\" or \"cuda:N\"");
+    const char *env[] = {"IKBO_LOG_LEVEL=loud", NULL};
+    char *a12[] = {"x", NULL};
+    resolve_err(1, a12, env, "IKBO_LOG_LEVEL: expected");
+    char *a13[] = {"x", "--models", "", NULL};
+    resolve_err(3, a13, NULL, "--models: expected a directory");
+}
+
+static void test_help_version(void **s)
+{
+    (void)s;
+    config c;
+    ikbo_err err;
+    enum config_action act;
+    char *a1[] = {"ikbo-serve", "--threads", "3", "--help", NULL};
+    assert_int_equal(config_resolve(&c, 4, a1, NULL, &act, &err), 0);
+    assert_int_equal(act, CONFIG_HELP);
+    config_free(&c);
+    char *a2[] = {"ikbo-serve", "-h", NULL};
+    assert_int_equal(config_resolve(&c, 2, a2, NULL, &act, &err), 0);
+    assert_int_equal(act, CONFIG_HELP);
+    config_free(&c);
+    char *a3[] = {"ikbo-serve", "--version", NULL};
+    assert_int_equal(config_resolve(&c, 2, a3, NULL, &act, &err), 0);
+    assert_int_equal(act, CONFIG_VERSION);
+    config_free(&c);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    config_write_help(f, "/usr/bin/ikbo-serve");
+    fclose(f);
+    assert_non_null(strstr(buf, "usage: ikbo-serve [flags]"));
+    const char *flags[] = {"--config FILE", "--grpc ADDR", "--http ADDR", "--models DIR",
+                           "--device DEV", "--mode MODE", "--threads N", "--log-level L",
+                           "--log-format F", "--help", "--version"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        const char *at = strstr(buf, flags[i]);
+        if (!at)
+            fail_msg("help lacks %s:\n%s", flags[i], buf);
+        /* one line each */
+        const char *nl = strchr(at, '\n');
+        assert_non_null(nl);
+        assert_true(strstr(nl + 1, flags[i]) == NULL || i >= 9);
+    }
+    free(buf);
+    assert_string_equal(config_log_level_name(CONFIG_LOG_WARN), "warn");
+    assert_string_equal(config_log_format_name(CONFIG_LOG_JSON), "json");
+    assert_string_equal(config_mode_name(IKBO_MODE_BROADCAST), "broadcast");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_good_config),
+        cmocka_unit_test(test_shipped_config),
+        cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_unknown_keys),
+        cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_env),
+        cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_flag_errors),
+        cmocka_unit_test(test_help_version),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
