@@ -625,9 +625,14 @@ char *rq_error_json(const rq_status *st)
     json_t *o = json_pack("{s:{s:s,s:s}}", "error", "code", rq_code_name(st->code), "message",
                           st->msg);
     if (!o) {
-        /* Only when msg is not valid UTF-8 (a name echoed from a request). */
-        o = json_pack("{s:{s:s,s:s}}", "error", "code", rq_code_name(st->code), "message",
-                      "(message not valid UTF-8)");
+        /* Only when msg is not valid UTF-8 (a name echoed from a wire
+         * request: protobuf-c does not check UTF-8): keep it, ASCII only. */
+        char ascii[sizeof st->msg];
+        size_t i = 0;
+        for (; st->msg[i] && i < sizeof ascii - 1; i++)
+            ascii[i] = (unsigned char)st->msg[i] < 0x80 ? st->msg[i] : '?';
+        ascii[i] = 0;
+        o = json_pack("{s:{s:s,s:s}}", "error", "code", rq_code_name(st->code), "message", ascii);
         if (!o)
             return NULL;
     }

@@ -143,6 +143,12 @@ static void test_error_json(void **s)
                         st.msg);
     json_decref(o);
     free(j);
+    /* invalid UTF-8 (possible from a wire request) still gives a body */
+    rq_status_set(&st, RQ_INVALID_ARGUMENT, "name = \"a\xff\xfe\"");
+    j = rq_error_json(&st);
+    assert_non_null(j);
+    assert_non_null(strstr(j, "name = \\\"a??\\\""));
+    free(j);
 }
 
 /* ---------------- JSON mapping ---------------- */
