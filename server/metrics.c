@@ -345,6 +345,11 @@ void metrics_format_double(double v, char *buf, size_t size)
         snprintf(buf, size, v > 0 ? "+Inf" : "-Inf");
         return;
     }
+    /* Integers print as integers ("10", not "1e+01"): le labels read better. */
+    if (v == (double)(long long)v && v > -1e15 && v < 1e15) {
+        snprintf(buf, size, "%lld", (long long)v);
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(buf, size, "%.*g", prec, v);
         if (strtod(buf, NULL) == v) return;

@@ -1,0 +1,533 @@
+/* grpc_server.c - the gRPC front end on gRPC core's C API (see grpc_server.h).
+ *
+ * Every completion-queue tag is a `call` record. It is created when a call
+ * is requested (phase REQUESTED), becomes the tag of the one send batch once
+ * the call is handled (phase SENDING), and is freed when that batch
+ * completes. A worker re-requests the method before it answers a call, so
+ * the server always has requests posted while it runs, and never requests a
+ * call after shutdown has completed (shutdown waits for the answered call).
+ */
+#include "grpc_server.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "health.h"
+#include "ikbo/v1/ranker.pb-c.h"
+#include "log.h"
+
+enum method { M_RANK = 0, M_MODEL_INFO = 1, M_HEALTH_CHECK = 2, M_UNKNOWN = 3, M_COUNT = 4 };
+
+static const char *const method_path[M_COUNT] = {
+    "/ikbo.v1.Ranker/Rank",
+    "/ikbo.v1.Ranker/ModelInfo",
+    "/grpc.health.v1.Health/Check",
+    "unknown",
+};
+
+/* Requests kept posted per method per worker: enough that calls arriving
+ * while every worker is busy are matched (and so drained on shutdown)
+ * instead of waiting unmatched inside gRPC core. */
+#define REQUESTS_PER_METHOD 4
+
+enum phase { REQUESTED = 0, SENDING = 1 };
+
+typedef struct worker worker;
+
+typedef struct call {
+    worker *w;
+    enum method method;
+    enum phase phase;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_call_details details; /* M_UNKNOWN only */
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload;
+    grpc_byte_buffer *response;
+    grpc_slice status_details;
+    int have_status_details;
+    int cancelled;
+} call;
+
+struct worker {
+    grpcsrv *srv;
+    int index;
+    grpc_completion_queue *cq;
+    pthread_t thread;
+    int started;
+};
+
+struct grpcsrv {
+    grpc_server *server;
+    void *registered[M_UNKNOWN];
+    grpc_completion_queue *shutdown_cq;
+    worker *workers;
+    int n_workers;
+    int port;
+    int shutdown_started;
+    int shutdown_done;
+    const rank_env *rank;
+    registry *reg;
+    metrics_server *metrics;
+    const atomic_int *draining;
+};
+
+/* ---- requests ----------------------------------------------------------- */
+
+static int request_call(worker *w, enum method m)
+{
+    grpcsrv *s = w->srv;
+    call *c = calloc(1, sizeof *c);
+    if (!c) return -1;
+    c->w = w;
+    c->method = m;
+    c->phase = REQUESTED;
+    grpc_metadata_array_init(&c->md);
+    grpc_call_error e;
+    if (m == M_UNKNOWN) {
+        grpc_call_details_init(&c->details);
+        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, w->cq, w->cq, c);
+    } else {
+        e = grpc_server_request_registered_call(s->server, s->registered[m], &c->call,
+                                                &c->deadline, &c->md, &c->payload, w->cq,
+                                                w->cq, c);
+    }
+    if (e != GRPC_CALL_OK) {
+        if (m == M_UNKNOWN) grpc_call_details_destroy(&c->details);
+        grpc_metadata_array_destroy(&c->md);
+        free(c);
+        log_msg(LOG_LEVEL_ERROR, "grpc", "request_call(%s) failed: %d", method_path[m], (int)e);
+        return -1;
+    }
+    return 0;
+}
+
+static void call_free(call *c)
+{
+    if (c->payload) grpc_byte_buffer_destroy(c->payload);
+    if (c->response) grpc_byte_buffer_destroy(c->response);
+    if (c->have_status_details) grpc_slice_unref(c->status_details);
+    if (c->method == M_UNKNOWN) grpc_call_details_destroy(&c->details);
+    grpc_metadata_array_destroy(&c->md);
+    if (c->call) grpc_call_unref(c->call);
+    free(c);
+}
+
+/* ---- answering ---------------------------------------------------------- */
+
+/* Sends initial metadata, the response (when code is OK and resp is given)
+ * and the status in one batch; the batch's completion frees the call. */
+static void finish(call *c, int code, const char *msg, const ProtobufCMessage *resp)
+{
+    grpcsrv *s = c->w->srv;
+    if (code == RQ_OK && resp) {
+        size_t n = protobuf_c_message_get_packed_size(resp);
+        grpc_slice slice = grpc_slice_malloc(n);
+        protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(slice));
+        c->response = grpc_raw_byte_buffer_create(&slice, 1);
+        grpc_slice_unref(slice);
+    }
+    c->status_details = grpc_slice_from_copied_string(code == RQ_OK ? "" : msg);
+    c->have_status_details = 1;
+
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = 0;
+    n++;
+    if (c->response) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = c->response;
+        n++;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[n].data.send_status_from_server.status = (grpc_status_code)code;
+    ops[n].data.send_status_from_server.status_details = &c->status_details;
+    n++;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+    n++;
+
+    const char *const labels[] = {method_path[c->method], rq_code_name(code)};
+    metrics_add_l(s->metrics->grpc_requests_total, labels, 1);
+
+    c->phase = SENDING;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    if (e != GRPC_CALL_OK) {
+        log_msg(LOG_LEVEL_ERROR, "grpc", "start_batch(%s) failed: %d", method_path[c->method],
+                (int)e);
+        call_free(c);
+    }
+}
+
+/* Reads the whole request message and unpacks it; NULL with *st set. */
+static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, rq_status *st)
+{
+    if (!c->payload)
+        return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: no request message", d->name), NULL;
+    grpc_byte_buffer_reader rd;
+    if (!grpc_byte_buffer_reader_init(&rd, c->payload))
+        return rq_status_set(st, RQ_INTERNAL, "cannot read the request message"), NULL;
+    grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(all),
+                                                    GRPC_SLICE_START_PTR(all));
+    grpc_slice_unref(all);
+    if (!m)
+        rq_status_set(st, RQ_INVALID_ARGUMENT, "request is not a valid %s message", d->name);
+    return m;
+}
+
+/* The call's deadline on CLOCK_MONOTONIC in ns (rank.h's clock); 0 = none. */
+static int64_t deadline_ns(const call *c)
+{
+    gpr_timespec d = c->deadline;
+    if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0) return 0;
+    gpr_timespec left = gpr_time_sub(d, gpr_now(d.clock_type));
+    int64_t now = rank_now_ns();
+    if (left.tv_sec < 0) return now; /* already passed */
+    if (left.tv_sec > 10L * 365 * 86400) return 0;
+    return now + (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
+}
+
+static void handle_rank(call *c)
+{
+    grpcsrv *s = c->w->srv;
+    rq_status st;
+    rq_status_ok(&st);
+    if (atomic_load(s->draining)) {
+        metrics_server *mx = s->metrics;
+        const char *const mc[] = {"", "UNAVAILABLE"};
+        metrics_add_l(mx->requests_total, mc, 1);
+        finish(c, RQ_UNAVAILABLE, "server is shutting down", NULL);
+        return;
+    }
+    Ikbo__V1__RankRequest *req =
+        (Ikbo__V1__RankRequest *)unpack(c, &ikbo__v1__rank_request__descriptor, &st);
+    if (!req) {
+        const char *const mc[] = {"", rq_code_name(st.code)};
+        metrics_add_l(s->metrics->requests_total, mc, 1);
+        finish(c, st.code, st.msg, NULL);
+        return;
+    }
+    Ikbo__V1__RankResponse *resp =
+        rank_handle(s->rank, c->w->index, req, deadline_ns(c), "grpc", &st);
+    finish(c, resp ? RQ_OK : st.code, st.msg, resp ? &resp->base : NULL);
+    rq_response_free(resp);
+    rq_request_free(req);
+}
+
+static void handle_model_info(call *c)
+{
+    grpcsrv *s = c->w->srv;
+    rq_status st;
+    rq_status_ok(&st);
+    if (atomic_load(s->draining)) {
+        finish(c, RQ_UNAVAILABLE, "server is shutting down", NULL);
+        return;
+    }
+    Ikbo__V1__ModelInfoRequest *req = (Ikbo__V1__ModelInfoRequest *)unpack(
+        c, &ikbo__v1__model_info_request__descriptor, &st);
+    if (!req) {
+        finish(c, st.code, st.msg, NULL);
+        return;
+    }
+    Ikbo__V1__ModelInfoResponse *resp = registry_describe(s->reg, req->model, &st);
+    finish(c, resp ? RQ_OK : st.code, st.msg, resp ? &resp->base : NULL);
+    registry_describe_free(resp);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+static void handle_health(call *c)
+{
+    grpcsrv *s = c->w->srv;
+    rq_status st;
+    rq_status_ok(&st);
+    Grpc__Health__V1__HealthCheckRequest *req = (Grpc__Health__V1__HealthCheckRequest *)unpack(
+        c, &grpc__health__v1__health_check_request__descriptor, &st);
+    if (!req) {
+        finish(c, st.code, st.msg, NULL);
+        return;
+    }
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    if (health_check(s->reg, atomic_load(s->draining), req, &resp, &st) == 0)
+        finish(c, RQ_OK, "", &resp.base);
+    else
+        finish(c, st.code, st.msg, NULL);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+}
+
+static void handle_unknown(call *c)
+{
+    char *m = grpc_slice_to_c_string(c->details.method);
+    char msg[600];
+    snprintf(msg, sizeof msg, "unknown method %.500s", m ? m : "?");
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_DEBUG, "grpc_unimplemented");
+    log_str(&ln, "method", m);
+    log_end(&ln);
+    gpr_free(m);
+    finish(c, RQ_UNIMPLEMENTED, msg, NULL);
+}
+
+/* ---- workers ------------------------------------------------------------ */
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        call *c = ev.tag;
+        if (c->phase == SENDING) {
+            call_free(c);
+            continue;
+        }
+        if (!ev.success) { /* the server is shutting down: no call came */
+            call_free(c);
+            continue;
+        }
+        /* Keep a request posted for this method before answering (see top). */
+        request_call(w, c->method);
+        switch (c->method) {
+        case M_RANK: handle_rank(c); break;
+        case M_MODEL_INFO: handle_model_info(c); break;
+        case M_HEALTH_CHECK: handle_health(c); break;
+        default: handle_unknown(c); break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static char *read_file(const char *path, ikbo_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        bk_seterr(err, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 8192, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (len + 1 >= cap) {
+            char *grown = realloc(buf, cap * 2);
+            if (!grown) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = grown;
+            cap *= 2;
+        }
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        bk_seterr(err, "%s: %s", path, bad ? "read error" : "out of memory");
+        return NULL;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+static grpc_server_credentials *make_creds(const grpcsrv_opts *o, ikbo_err *err)
+{
+    if (!o->tls_cert_file && !o->tls_key_file) return grpc_insecure_server_credentials_create();
+    if (!o->tls_cert_file || !o->tls_key_file) {
+        bk_seterr(err, "tls: cert_file and key_file are both required");
+        return NULL;
+    }
+    char *cert = read_file(o->tls_cert_file, err);
+    char *key = cert ? read_file(o->tls_key_file, err) : NULL;
+    char *ca = NULL;
+    if (key && o->tls_client_ca_file) ca = read_file(o->tls_client_ca_file, err);
+    grpc_server_credentials *creds = NULL;
+    if (cert && key && (ca || !o->tls_client_ca_file)) {
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+        creds = grpc_ssl_server_credentials_create_ex(
+            ca, &pair, 1,
+            ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+        if (!creds) bk_seterr(err, "tls: cannot create server credentials");
+    }
+    free(cert);
+    free(key);
+    free(ca);
+    return creds;
+}
+
+grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
+{
+    grpcsrv *s = calloc(1, sizeof *s);
+    if (!s) {
+        bk_seterr(err, "grpc: out of memory");
+        return NULL;
+    }
+    s->rank = o->rank;
+    s->reg = o->reg;
+    s->metrics = o->metrics;
+    s->draining = o->draining;
+    s->n_workers = o->threads > 0 ? o->threads : 1;
+
+    grpc_arg args[2];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer =
+        o->max_message_bytes > 0 && o->max_message_bytes < (uint32_t)INT32_MAX
+            ? (int)o->max_message_bytes
+            : INT32_MAX;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = -1;
+    grpc_channel_args ch_args = {.num_args = 2, .args = args};
+    s->server = grpc_server_create(&ch_args, NULL);
+    if (!s->server) {
+        bk_seterr(err, "grpc: cannot create the server");
+        free(s);
+        return NULL;
+    }
+    for (int m = 0; m < M_UNKNOWN; m++) {
+        s->registered[m] = grpc_server_register_method(s->server, method_path[m], NULL,
+                                                       GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (!s->registered[m]) {
+            bk_seterr(err, "grpc: cannot register %s", method_path[m]);
+            goto fail_unstarted;
+        }
+    }
+    s->workers = calloc((size_t)s->n_workers, sizeof *s->workers);
+    if (!s->workers) {
+        bk_seterr(err, "grpc: out of memory");
+        goto fail_unstarted;
+    }
+    for (int i = 0; i < s->n_workers; i++) {
+        s->workers[i].srv = s;
+        s->workers[i].index = i;
+        s->workers[i].cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->server, s->workers[i].cq, NULL);
+    }
+    s->shutdown_cq = grpc_completion_queue_create_for_next(NULL);
+
+    grpc_server_credentials *creds = make_creds(o, err);
+    if (!creds) goto fail_unstarted;
+    s->port = grpc_server_add_http2_port(s->server, o->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        bk_seterr(err, "grpc: cannot listen on %s (address in use or invalid)", o->listen);
+        goto fail_unstarted;
+    }
+    grpc_server_start(s->server);
+
+    for (int i = 0; i < s->n_workers; i++)
+        for (int m = 0; m < M_COUNT; m++)
+            for (int k = 0; k < REQUESTS_PER_METHOD; k++)
+                if (request_call(&s->workers[i], (enum method)m) != 0) {
+                    bk_seterr(err, "grpc: cannot request calls");
+                    goto fail_started;
+                }
+    for (int i = 0; i < s->n_workers; i++) {
+        if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0) {
+            bk_seterr(err, "grpc: cannot start worker thread %d", i);
+            goto fail_started;
+        }
+        s->workers[i].started = 1;
+    }
+    return s;
+
+fail_started:
+    grpcsrv_free(s);
+    return NULL;
+fail_unstarted:
+    /* A server never started can be destroyed right away. */
+    grpc_server_destroy(s->server);
+    s->server = NULL;
+    for (int i = 0; s->workers && i < s->n_workers; i++) {
+        if (!s->workers[i].cq) continue;
+        grpc_completion_queue_shutdown(s->workers[i].cq);
+        while (grpc_completion_queue_next(s->workers[i].cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                          NULL)
+                   .type != GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(s->workers[i].cq);
+    }
+    if (s->shutdown_cq) grpc_completion_queue_destroy(s->shutdown_cq);
+    free(s->workers);
+    free(s);
+    return NULL;
+}
+
+int grpcsrv_port(const grpcsrv *s) { return s->port; }
+
+static int64_t mono_ms(void) { return rank_now_ns() / 1000000; }
+
+int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
+{
+    if (s->shutdown_started) return 0;
+    s->shutdown_started = 1;
+    int64_t t0 = mono_ms();
+    static int shutdown_tag;
+    grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, &shutdown_tag);
+    gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                      gpr_time_from_millis(drain_timeout_ms, GPR_TIMESPAN));
+    grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, until, NULL);
+    int result = (int)(mono_ms() - t0);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+        log_msg(LOG_LEVEL_WARN, "drain_timeout",
+                "calls still running after %d ms: cancelling them", drain_timeout_ms);
+        grpc_server_cancel_all_calls(s->server);
+        grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        result = -1;
+    }
+    s->shutdown_done = 1;
+    return result;
+}
+
+void grpcsrv_free(grpcsrv *s)
+{
+    if (!s) return;
+    if (!s->shutdown_done) grpcsrv_shutdown(s, 0);
+    grpc_server_destroy(s->server);
+    for (int i = 0; i < s->n_workers; i++) grpc_completion_queue_shutdown(s->workers[i].cq);
+    for (int i = 0; i < s->n_workers; i++) {
+        worker *w = &s->workers[i];
+        if (w->started) {
+            pthread_join(w->thread, NULL);
+        } else {
+            /* Never ran: drain its queue here (failed requests). */
+            grpc_event ev;
+            do {
+                ev = grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+                if (ev.type == GRPC_OP_COMPLETE) call_free(ev.tag);
+            } while (ev.type != GRPC_QUEUE_SHUTDOWN);
+        }
+        grpc_completion_queue_destroy(w->cq);
+    }
+    grpc_completion_queue_shutdown(s->shutdown_cq);
+    while (grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+               .type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(s->shutdown_cq);
+    free(s->workers);
+    free(s);
+}

@@ -1,0 +1,66 @@
+/* grpc_server.h - the gRPC front end on gRPC core's C API.
+ *
+ * Why this exists: ikbo.v1.Ranker (Rank, ModelInfo) and grpc.health.v1
+ * Health/Check are served without the C++ library: one grpc_server, N worker
+ * threads, each with its own completion queue on which it requests calls for
+ * every registered method (with the request message read up front) plus a
+ * generic request that answers unknown methods UNIMPLEMENTED. A worker
+ * handles a call start to finish on its thread (rank.h does the Rank work
+ * with the worker's context slot) and sends message + status in one batch.
+ *
+ * Functions use the prefix grpcsrv_: grpc_server_* is gRPC core's namespace.
+ *
+ * Limits: a request over max_message_bytes is refused by gRPC core with
+ * RESOURCE_EXHAUSTED before it reaches a worker.
+ * Draining: once *draining is set, Rank and ModelInfo calls that reach a
+ * worker are answered UNAVAILABLE; Health/Check keeps answering
+ * (NOT_SERVING). grpcsrv_shutdown stops accepting, lets in-flight calls
+ * finish for up to drain_timeout_ms, then cancels the rest.
+ *
+ * Ownership: grpcsrv_start copies what it needs from opts except the
+ * pointers (rank env, registry, metrics, draining flag), which must outlive
+ * the server. Thread-safety: start, shutdown and free are called from one
+ * controlling thread; the workers are internal. gRPC core must be
+ * initialized (grpc_init) for the server's whole life.
+ */
+#ifndef IKBO_SERVER_GRPC_SERVER_H
+#define IKBO_SERVER_GRPC_SERVER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../engine/ikbo.h"
+#include "metrics.h"
+#include "rank.h"
+#include "registry.h"
+
+typedef struct grpcsrv grpcsrv;
+
+typedef struct grpcsrv_opts {
+    const char *listen; /* "host:port"; port 0 picks a free port */
+    int threads;        /* worker threads; worker i scores with slot i */
+    uint32_t max_message_bytes;
+    /* TLS: both NULL = plaintext; cert+key = TLS; + client CA = mutual TLS. */
+    const char *tls_cert_file, *tls_key_file, *tls_client_ca_file;
+    const rank_env *rank;
+    registry *reg;
+    metrics_server *metrics;
+    const atomic_int *draining;
+} grpcsrv_opts;
+
+/* Binds, starts the server and its workers. NULL with *err when the port
+ * cannot be bound or a TLS file cannot be read. */
+grpcsrv *grpcsrv_start(const grpcsrv_opts *opts, ikbo_err *err);
+
+/* The bound port (useful with port 0). */
+int grpcsrv_port(const grpcsrv *s);
+
+/* Stops accepting and waits for in-flight calls, at most drain_timeout_ms;
+ * then cancels what is left. Returns the number of milliseconds the drain
+ * took, or -1 when calls had to be cancelled. Call once. */
+int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms);
+
+/* Stops the workers and frees everything (shuts down first if needed). */
+void grpcsrv_free(grpcsrv *s);
+
+#endif

@@ -1,0 +1,423 @@
+/* http.c - HTTP endpoints on libevent's evhttp (see http.h). */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <event2/util.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "request.h"
+
+struct http_server {
+    struct event_base *base;
+    struct evhttp *http;
+    pthread_t thread;
+    int started;
+    int port;
+    http_opts o;
+};
+
+/* ---- replies ------------------------------------------------------------ */
+
+static void reply(http_server *h, struct evhttp_request *req, const char *route, int status,
+                  const char *content_type, const char *body, size_t len)
+{
+    struct evkeyvalq *out = evhttp_request_get_output_headers(req);
+    evhttp_add_header(out, "Content-Type", content_type);
+    struct evbuffer *b = evbuffer_new();
+    if (b && body) evbuffer_add(b, body, len);
+    const char *reason = status == 200   ? "OK"
+                         : status == 400 ? "Bad Request"
+                         : status == 404 ? "Not Found"
+                         : status == 405 ? "Method Not Allowed"
+                         : status == 429 ? "Too Many Requests"
+                         : status == 501 ? "Not Implemented"
+                         : status == 503 ? "Service Unavailable"
+                         : status == 504 ? "Gateway Timeout"
+                         : status == 499 ? "Client Closed Request"
+                                         : "Internal Server Error";
+    evhttp_send_reply(req, status, reason, b);
+    if (b) evbuffer_free(b);
+    char code[16];
+    snprintf(code, sizeof code, "%d", status);
+    const char *const labels[] = {route, code};
+    metrics_add_l(h->o.metrics->http_requests_total, labels, 1);
+}
+
+static void reply_text(http_server *h, struct evhttp_request *req, const char *route,
+                       int status, const char *text)
+{
+    reply(h, req, route, status, "text/plain; charset=utf-8", text, strlen(text));
+}
+
+static void reply_json(http_server *h, struct evhttp_request *req, const char *route,
+                       int status, char *json /* freed here */)
+{
+    if (!json) {
+        static const char oom[] = "{\"error\":{\"code\":\"INTERNAL\",\"message\":\"out of memory\"}}";
+        reply(h, req, route, 500, "application/json", oom, sizeof oom - 1);
+        return;
+    }
+    reply(h, req, route, status, "application/json", json, strlen(json));
+    free(json);
+}
+
+static void reply_error(http_server *h, struct evhttp_request *req, const char *route,
+                        int http_status, int code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void reply_error(http_server *h, struct evhttp_request *req, const char *route,
+                        int http_status, int code, const char *fmt, ...)
+{
+    rq_status st;
+    st.code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st.msg, sizeof st.msg, fmt, ap);
+    va_end(ap);
+    reply_json(h, req, route, http_status, rq_error_json(&st));
+}
+
+/* ---- /v1/models --------------------------------------------------------- */
+
+static json_t *strv(const char *const *s, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_string(s[i]));
+    return a;
+}
+
+/* A float as the shortest decimal that reads back as the same float (0.285,
+ * not 0.28499999642372131). */
+static json_t *json_float(float f)
+{
+    char buf[32];
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+        if (strtof(buf, NULL) == f) break;
+    }
+    return json_real(strtod(buf, NULL));
+}
+
+static json_t *model_json(const registry_entry_view *e, const char *def_mode,
+                          const char *def_device)
+{
+    json_t *m = json_object();
+    if (!m) return NULL;
+    json_object_set_new(m, "name", json_string(e->name));
+    const ikbo_model_info *mi = NULL;
+    for (int j = 0; j < e->n_versions && !mi; j++) mi = e->versions[j].info;
+    if (mi) {
+        json_t *user = json_pack("{s:i,s:o}", "dense", mi->user_dense, "sparse",
+                                 strv(mi->user_sparse, mi->n_user_sparse));
+        if (user && mi->has_history)
+            json_object_set_new(user, "history",
+                                json_pack("{s:i,s:i}", "max_len", mi->hist_max_len, "actions",
+                                          mi->hist_actions));
+        json_t *cand = json_pack("{s:i,s:o}", "dense", mi->cand_dense, "sparse",
+                                 strv(mi->cand_sparse, mi->n_cand_sparse));
+        json_object_set_new(m, "inputs", json_pack("{s:o,s:o}", "user", user, "candidate", cand));
+        json_object_set_new(m, "tasks", strv(mi->tasks, mi->n_tasks));
+        json_t *w = json_array();
+        for (int t = 0; w && t < mi->n_tasks; t++)
+            json_array_append_new(w, json_float(mi->score_weights[t]));
+        json_object_set_new(m, "score_weights", w);
+        json_object_set_new(m, "mode",
+                            json_string(mi->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo"));
+        json_object_set_new(m, "device", json_string(mi->device ? mi->device : def_device));
+    } else {
+        json_object_set_new(m, "mode", json_string(def_mode));
+        json_object_set_new(m, "device", json_string(def_device));
+    }
+    json_t *vs = json_array();
+    for (int j = 0; vs && j < e->n_versions; j++) {
+        const registry_version_view *v = &e->versions[j];
+        json_array_append_new(vs, json_pack("{s:I,s:s,s:s,s:f}", "version", (json_int_t)v->version,
+                                            "state", registry_state_name(v->state), "message",
+                                            v->message, "load_seconds", v->load_seconds));
+    }
+    json_object_set_new(m, "versions", vs);
+    return m;
+}
+
+typedef struct models_ctx {
+    json_t *models;
+    const char *only; /* NULL = all */
+    const char *def_mode, *def_device;
+} models_ctx;
+
+static void visit_model(const registry_entry_view *e, void *p)
+{
+    models_ctx *c = p;
+    if (c->only && strcmp(c->only, e->name) != 0) return;
+    json_array_append_new(c->models, model_json(e, c->def_mode, c->def_device));
+}
+
+static char *models_json(http_server *h, const char *only, int *found)
+{
+    models_ctx c = {.models = json_array(),
+                    .only = only,
+                    .def_mode = registry_mode(h->o.reg) == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo",
+                    .def_device = registry_device(h->o.reg)};
+    if (!c.models) return NULL;
+    registry_foreach(h->o.reg, visit_model, &c);
+    *found = (int)json_array_size(c.models);
+    json_t *root;
+    if (only)
+        root = *found ? json_incref(json_array_get(c.models, 0)) : json_object();
+    else
+        root = json_pack("{s:O}", "models", c.models);
+    json_decref(c.models);
+    if (!root) return NULL;
+    char *s = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    json_decref(root);
+    return s;
+}
+
+/* ---- handlers ----------------------------------------------------------- */
+
+static void handle_rank(http_server *h, struct evhttp_request *req, const char *route,
+                        const char *name)
+{
+    if (atomic_load(h->o.draining)) {
+        const char *const mc[] = {"", "UNAVAILABLE"};
+        metrics_add_l(h->o.metrics->requests_total, mc, 1);
+        reply_error(h, req, route, 503, RQ_UNAVAILABLE, "server is shutting down");
+        return;
+    }
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+    rq_status st;
+    rq_status_ok(&st);
+    Ikbo__V1__RankRequest *rr = rq_request_from_json(body, len, &st);
+    if (rr && rr->model && rr->model[0] && strcmp(rr->model, name) != 0) {
+        char body_name[100], path_name[100];
+        snprintf(body_name, sizeof body_name, "%.80s", rr->model);
+        snprintf(path_name, sizeof path_name, "%.80s", name);
+        rq_status_set(&st, RQ_INVALID_ARGUMENT,
+                      "model: the body names '%s' but the path names '%s'", body_name,
+                      path_name);
+        rq_request_free(rr);
+        rr = NULL;
+    }
+    if (rr && (!rr->model || !rr->model[0])) {
+        char *dup = strdup(name);
+        if (!dup) {
+            rq_status_set(&st, RQ_INTERNAL, "out of memory");
+            rq_request_free(rr);
+            rr = NULL;
+        } else {
+            if (rr->model && rr->model != protobuf_c_empty_string) free(rr->model);
+            rr->model = dup;
+        }
+    }
+    if (!rr) {
+        const char *const mc[] = {"", rq_code_name(st.code)};
+        metrics_add_l(h->o.metrics->requests_total, mc, 1);
+        reply_json(h, req, route, rq_code_http(st.code), rq_error_json(&st));
+        return;
+    }
+    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, h->o.slot, rr, 0, "http", &st);
+    if (resp)
+        reply_json(h, req, route, 200, rq_response_to_json(resp));
+    else
+        reply_json(h, req, route, rq_code_http(st.code), rq_error_json(&st));
+    rq_response_free(resp);
+    rq_request_free(rr);
+}
+
+static void handle(struct evhttp_request *req, void *arg)
+{
+    http_server *h = arg;
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *raw = uri ? evhttp_uri_get_path(uri) : NULL;
+    char *path = evhttp_uridecode(raw && *raw ? raw : "/", 0, NULL);
+    if (!path) {
+        reply_error(h, req, "other", 500, RQ_INTERNAL, "out of memory");
+        return;
+    }
+    int get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD;
+    int post = cmd == EVHTTP_REQ_POST;
+    static const char prefix[] = "/v1/models/";
+    size_t plen = strlen(prefix);
+    const char *route = "other";
+
+    if (strcmp(path, "/metrics") == 0) {
+        route = "/metrics";
+        if (!get) goto not_allowed;
+        size_t len = 0;
+        char *text = metrics_render(h->o.metrics->reg, &len);
+        if (!text) {
+            reply_error(h, req, route, 500, RQ_INTERNAL, "out of memory");
+        } else {
+            reply(h, req, route, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+            free(text);
+        }
+    } else if (strcmp(path, "/healthz") == 0) {
+        route = "/healthz";
+        if (!get) goto not_allowed;
+        reply_text(h, req, route, 200, "ok\n");
+    } else if (strcmp(path, "/readyz") == 0) {
+        route = "/readyz";
+        if (!get) goto not_allowed;
+        char why[600];
+        if (atomic_load(h->o.draining)) {
+            reply_text(h, req, route, 503, "not ready: draining (shutting down)\n");
+        } else if (registry_all_ready(h->o.reg, why, sizeof why - 16)) {
+            reply_text(h, req, route, 200, "ready\n");
+        } else {
+            char text[640];
+            snprintf(text, sizeof text, "not ready: %s\n", why);
+            reply_text(h, req, route, 503, text);
+        }
+    } else if (strcmp(path, "/v1/models") == 0 || strcmp(path, "/v1/models/") == 0) {
+        route = "/v1/models";
+        if (!get) goto not_allowed;
+        int found;
+        reply_json(h, req, route, 200, models_json(h, NULL, &found));
+    } else if (strncmp(path, prefix, plen) == 0 && path[plen]) {
+        const char *name = path + plen;
+        size_t nlen = strlen(name);
+        static const char rank_suffix[] = ":rank";
+        size_t slen = sizeof rank_suffix - 1;
+        if (nlen > slen && strcmp(name + nlen - slen, rank_suffix) == 0) {
+            route = "/v1/models/{name}:rank";
+            if (!post) goto not_allowed;
+            path[plen + nlen - slen] = '\0';
+            handle_rank(h, req, route, name);
+        } else if (!strchr(name, '/') && !strchr(name, ':')) {
+            route = "/v1/models/{name}";
+            if (!get) goto not_allowed;
+            int found = 0;
+            char *json = models_json(h, name, &found);
+            if (json && !found) {
+                free(json);
+                reply_error(h, req, route, 404, RQ_NOT_FOUND, "model '%.100s' not found", name);
+            } else {
+                reply_json(h, req, route, 200, json);
+            }
+        } else {
+            reply_error(h, req, route, 404, RQ_NOT_FOUND, "no route for %.200s", path);
+        }
+    } else {
+        reply_error(h, req, route, 404, RQ_NOT_FOUND, "no route for %.200s", path);
+    }
+    free(path);
+    return;
+
+not_allowed:
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
+                      strcmp(route, "/v1/models/{name}:rank") == 0 ? "POST" : "GET, HEAD");
+    reply_error(h, req, route, 405, RQ_UNIMPLEMENTED, "method not allowed on %.200s", path);
+    free(path);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void *http_main(void *arg)
+{
+    http_server *h = arg;
+    event_base_dispatch(h->base);
+    return NULL;
+}
+
+/* "host:port" / "[v6]:port" -> host, port. */
+static int split_listen(const char *listen, char *host, size_t hn, int *port)
+{
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen) return -1;
+    size_t n = (size_t)(colon - listen);
+    const char *h0 = listen;
+    if (listen[0] == '[' && colon[-1] == ']') {
+        h0 = listen + 1;
+        n -= 2;
+    }
+    if (n + 1 > hn) return -1;
+    memcpy(host, h0, n);
+    host[n] = '\0';
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (*end || end == colon + 1 || p < 0 || p > 65535) return -1;
+    *port = (int)p;
+    return 0;
+}
+
+http_server *http_start(const http_opts *o, ikbo_err *err)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, (void (*)(void))evthread_use_pthreads);
+
+    char host[256];
+    int port;
+    if (split_listen(o->listen, host, sizeof host, &port)) {
+        bk_seterr(err, "http: bad listen address '%.200s' (want host:port)", o->listen);
+        return NULL;
+    }
+    http_server *h = calloc(1, sizeof *h);
+    if (!h) {
+        bk_seterr(err, "http: out of memory");
+        return NULL;
+    }
+    h->o = *o;
+    h->base = event_base_new();
+    h->http = h->base ? evhttp_new(h->base) : NULL;
+    if (!h->http) {
+        bk_seterr(err, "http: cannot create the event loop");
+        goto fail;
+    }
+    evhttp_set_max_body_size(h->http, o->max_body_bytes ? o->max_body_bytes : (1u << 22));
+    evhttp_set_timeout(h->http, 60);
+    evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                            EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                            EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_gencb(h->http, handle, h);
+    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(h->http, host, (uint16_t)port);
+    if (!bs) {
+        bk_seterr(err, "http: cannot listen on %.200s (address in use or invalid)", o->listen);
+        goto fail;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    h->port = port;
+    if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0)
+        h->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                           : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (pthread_create(&h->thread, NULL, http_main, h) != 0) {
+        bk_seterr(err, "http: cannot start the thread");
+        goto fail;
+    }
+    h->started = 1;
+    return h;
+fail:
+    if (h->http) evhttp_free(h->http);
+    if (h->base) event_base_free(h->base);
+    free(h);
+    return NULL;
+}
+
+int http_port(const http_server *h) { return h->port; }
+
+void http_stop(http_server *h)
+{
+    if (!h) return;
+    if (h->started) {
+        event_base_loopbreak(h->base);
+        pthread_join(h->thread, NULL);
+    }
+    evhttp_free(h->http);
+    event_base_free(h->base);
+    free(h);
+}

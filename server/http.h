@@ -1,0 +1,56 @@
+/* http.h - the HTTP side door (libevent evhttp on its own thread).
+ *
+ * Why this exists: Prometheus scrapes, Kubernetes probes and humans with curl
+ * speak HTTP, not gRPC. Routes:
+ *   GET  /metrics                 Prometheus text exposition 0.0.4
+ *   GET  /healthz                 200 "ok" while the process runs
+ *   GET  /readyz                  200 "ready" when every configured model has a
+ *                                 READY version and the server is not
+ *                                 draining; else 503 with the reason
+ *   GET  /v1/models               models, versions, states, inputs, tasks (JSON)
+ *   GET  /v1/models/{name}        one model (404 JSON when unknown)
+ *   POST /v1/models/{name}:rank   a RankRequest in proto3 JSON -> RankResponse
+ *                                 JSON; errors as request.h's JSON error body
+ *                                 with rq_code_http's status (400, 404, 429,
+ *                                 503, 504, 500). The body's "model" may be
+ *                                 empty or must equal {name}.
+ *   anything else                 404 JSON (405 JSON for a known path with the
+ *                                 wrong method)
+ * A body over max_body_bytes is refused by evhttp itself (413).
+ * Scoring runs on the HTTP thread with its own context slot (registry.h), so
+ * a long :rank delays other HTTP requests; the gRPC port is the fast path.
+ *
+ * Ownership: the pointers in opts must outlive the server. Thread-safety:
+ * http_start/http_stop from one controlling thread; handlers run on the HTTP
+ * thread only.
+ */
+#ifndef IKBO_SERVER_HTTP_H
+#define IKBO_SERVER_HTTP_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../engine/ikbo.h"
+#include "metrics.h"
+#include "rank.h"
+#include "registry.h"
+
+typedef struct http_server http_server;
+
+typedef struct http_opts {
+    const char *listen; /* "host:port" (IPv6 as "[::1]:8080"); port 0 = any free */
+    uint32_t max_body_bytes;
+    int slot; /* context slot for :rank */
+    const rank_env *rank;
+    registry *reg;
+    metrics_server *metrics;
+    const atomic_int *draining;
+} http_opts;
+
+/* Binds and starts the HTTP thread. NULL with *err when it cannot bind. */
+http_server *http_start(const http_opts *opts, ikbo_err *err);
+int http_port(const http_server *h);
+/* Stops the loop (after any request being handled), joins and frees. */
+void http_stop(http_server *h);
+
+#endif

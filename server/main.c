@@ -1,0 +1,257 @@
+/* main.c - the ikbo-serve daemon: wires config, log, metrics, the model
+ * registry, the gRPC server and the HTTP server together, and owns the
+ * process lifecycle.
+ *
+ * Lifecycle: resolve the config (errors: one line, exit 2; --help/--version
+ * print and exit 0), block the signals in every thread, bind both ports and
+ * log where they listen, then load the models on a loader thread (so probes
+ * see LOADING instead of a closed port). The main thread waits in sigwait:
+ * SIGHUP logs "reload requested" (reserved for model reload); SIGTERM/SIGINT
+ * drain: health goes NOT_SERVING, /readyz 503, gRPC stops accepting and new
+ * calls get UNAVAILABLE, in-flight calls finish (up to drain_timeout_ms, then
+ * they are cancelled), and the process exits 0.
+ *
+ * The only globals are the draining flag and the loader's stop flag (the
+ * signal plumbing); everything else is passed down explicitly.
+ */
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../engine/ikbo.h"
+#include "config.h"
+#include "grpc_server.h"
+#include "http.h"
+#include "log.h"
+#include "metrics.h"
+#include "rank.h"
+#include "registry.h"
+
+extern char **environ;
+
+static atomic_int g_draining;
+static volatile int g_stop_loading;
+
+typedef struct loader_arg {
+    registry *reg;
+} loader_arg;
+
+static void *loader_main(void *p)
+{
+    loader_arg *a = p;
+    int ready = registry_load_all(a->reg, &g_stop_loading);
+    char why[600];
+    if (registry_all_ready(a->reg, why, sizeof why))
+        log_msg(LOG_LEVEL_INFO, "ready", "%d model(s) ready", ready);
+    else
+        log_msg(LOG_LEVEL_WARN, "not_ready", "%s", why);
+    return NULL;
+}
+
+/* ikbo_model_loaded{model,version,state} from the registry at scrape time. */
+typedef struct loaded_ctx {
+    metrics_family *f;
+} loaded_ctx;
+
+static void visit_loaded(const registry_entry_view *e, void *p)
+{
+    loaded_ctx *c = p;
+    for (int j = 0; j < e->n_versions; j++) {
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)e->versions[j].version);
+        const char *const labels[] = {e->name, v, registry_state_name(e->versions[j].state)};
+        metrics_set_l(c->f, labels, 1);
+    }
+}
+
+static void collect_loaded(metrics_family *f, void *reg)
+{
+    loaded_ctx c = {f};
+    metrics_family_clear(f);
+    registry_foreach(reg, visit_loaded, &c);
+}
+
+/* "host:0" -> "host:<bound port>" for the log. */
+static void bound_address(const char *listen, int port, char *out, size_t n)
+{
+    const char *colon = strrchr(listen, ':');
+    int host_len = colon ? (int)(colon - listen) : (int)strlen(listen);
+    snprintf(out, n, "%.*s:%d", host_len, listen, port);
+}
+
+int main(int argc, char **argv)
+{
+    config cfg;
+    enum config_action action;
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    if (config_resolve(&cfg, argc, argv, (const char *const *)environ, &action, &err) != 0) {
+        fprintf(stderr, "ikbo-serve: %s\n", err.msg);
+        config_free(&cfg);
+        return 2;
+    }
+    if (action == CONFIG_HELP) {
+        config_write_help(stdout, "ikbo-serve");
+        config_free(&cfg);
+        return 0;
+    }
+    if (action == CONFIG_VERSION) {
+        printf("ikbo-serve %s\n", ikbo_version());
+        config_free(&cfg);
+        return 0;
+    }
+    log_setup((enum log_level)cfg.log_level, cfg.log_format == CONFIG_LOG_JSON, NULL);
+
+    /* Signals are taken synchronously by sigwait below; every thread made
+     * from here on (ours, gRPC's, libevent's) inherits the blocked mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    metrics_server mx;
+    registry *reg = NULL;
+    grpcsrv *gs = NULL;
+    http_server *hs = NULL;
+    int grpc_inited = 0, loader_started = 0;
+    pthread_t loader;
+    loader_arg la;
+
+    if (metrics_server_init(&mx, ikbo_version()) != 0) {
+        fprintf(stderr, "ikbo-serve: out of memory\n");
+        config_free(&cfg);
+        return 1;
+    }
+    {
+        char *cj = config_to_json(&cfg);
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_INFO, "start");
+        log_str(&ln, "version", ikbo_version());
+        log_int(&ln, "pid", (int64_t)getpid());
+        log_str(&ln, "config", cj);
+        log_end(&ln);
+        free(cj);
+    }
+
+    registry_opts ro = {
+        .repository = cfg.model_repository,
+        .models = (const char *const *)cfg.models,
+        .n_models = cfg.n_models,
+        .device = cfg.device,
+        .mode = cfg.mode,
+        .n_slots = cfg.threads + 1, /* gRPC workers, then the HTTP thread */
+    };
+    reg = registry_new(&ro, &err);
+    if (!reg) {
+        fprintf(stderr, "ikbo-serve: %s\n", err.msg);
+        rc = 2;
+        goto out;
+    }
+    metrics_family_set_collect(mx.model_loaded, collect_loaded, reg);
+
+    grpc_init();
+    grpc_inited = 1;
+    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx};
+    grpcsrv_opts go = {
+        .listen = cfg.grpc_listen,
+        .threads = cfg.threads,
+        .max_message_bytes = cfg.limits.max_message_bytes,
+        .tls_cert_file = cfg.tls_cert_file,
+        .tls_key_file = cfg.tls_key_file,
+        .tls_client_ca_file = cfg.tls_client_ca_file,
+        .rank = &env,
+        .reg = reg,
+        .metrics = &mx,
+        .draining = &g_draining,
+    };
+    gs = grpcsrv_start(&go, &err);
+    if (!gs) {
+        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
+        goto out;
+    }
+    http_opts ho = {
+        .listen = cfg.http_listen,
+        .max_body_bytes = cfg.limits.max_message_bytes,
+        .slot = cfg.threads,
+        .rank = &env,
+        .reg = reg,
+        .metrics = &mx,
+        .draining = &g_draining,
+    };
+    hs = http_start(&ho, &err);
+    if (!hs) {
+        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
+        goto out;
+    }
+    {
+        char ga[300], ha[300];
+        bound_address(cfg.grpc_listen, grpcsrv_port(gs), ga, sizeof ga);
+        bound_address(cfg.http_listen, http_port(hs), ha, sizeof ha);
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_INFO, "listening");
+        log_str(&ln, "grpc", ga);
+        log_str(&ln, "http", ha);
+        log_str(&ln, "tls", cfg.tls_cert_file ? (cfg.tls_client_ca_file ? "mutual" : "on") : "off");
+        log_int(&ln, "threads", cfg.threads);
+        log_str(&ln, "models", cfg.model_repository);
+        log_end(&ln);
+    }
+
+    la.reg = reg;
+    if (pthread_create(&loader, NULL, loader_main, &la) != 0) {
+        log_msg(LOG_LEVEL_ERROR, "startup_failed", "cannot start the model loader thread");
+        goto out;
+    }
+    loader_started = 1;
+
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&sigs, &sig) != 0) continue;
+        if (sig == SIGHUP) {
+            log_msg(LOG_LEVEL_INFO, "reload_requested",
+                    "SIGHUP: reload requested (model reload is not implemented yet)");
+            continue;
+        }
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_INFO, "draining");
+        log_str(&ln, "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        log_int(&ln, "drain_timeout_ms", cfg.drain_timeout_ms);
+        log_end(&ln);
+        break;
+    }
+    atomic_store(&g_draining, 1);
+    g_stop_loading = 1;
+    int ms = grpcsrv_shutdown(gs, cfg.drain_timeout_ms);
+    rc = 0;
+    {
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_INFO, "drained");
+        if (ms >= 0)
+            log_int(&ln, "ms", ms);
+        else
+            log_str(&ln, "cancelled", "true");
+        log_end(&ln);
+    }
+
+out:
+    atomic_store(&g_draining, 1);
+    g_stop_loading = 1;
+    http_stop(hs);
+    if (loader_started) pthread_join(loader, NULL);
+    grpcsrv_free(gs);
+    if (grpc_inited) grpc_shutdown_blocking();
+    registry_free(reg);
+    metrics_server_free(&mx);
+    if (rc == 0) log_msg(LOG_LEVEL_INFO, "stopped", "exit 0");
+    config_free(&cfg);
+    return rc;
+}
