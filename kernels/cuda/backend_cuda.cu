@@ -1,0 +1,872 @@
+/* backend_cuda.cu - the CUDA backend's op table: device memory with per-tag
+ * byte accounting, streams (CUDA stream + cuBLASLt handle + workspace),
+ * weights, dtype conversion, the plain ops, linear through cuBLASLt, and the
+ * constructor bk_cuda_new.
+ *
+ * Why this exists: it lets `--device cuda:N` serve any model the CPU backend
+ * serves. The IKBO ops live beside it (lce.cu, attention.cu); everything
+ * here is either memory plumbing or a simple memory-bound kernel that does
+ * one pass over its data.
+ *
+ * Byte accounting: buffers from alloc carry the caller's tag. Stream-private
+ * scratch is accounted too: the LCE user term (U rows) as BK_TAG_USER, the
+ * attention tile table and the fp32 conversion staging as BK_TAG_INDEX. The
+ * cuBLASLt workspace (fixed size, one per stream) is not tagged.
+ *
+ * Errors: every CUDA and cuBLAS status is checked and becomes a bk_err that
+ * names the step. A kernel fault is reported by the next call that waits on
+ * the stream (download_f32, sync); after such a fault the CUDA context is
+ * unusable and every later call on it fails with that message.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+#define WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace per stream (Hopper advice) */
+#define MIN_ALLOC 256
+
+/* ------------------------------------------------------------ errors */
+
+int cu_check(cudaError_t e, bk_err *err, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
+    bk_seterr(err, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return -1;
+}
+
+int cu_check_launch(bk_err *err, const char *what) { return cu_check(cudaGetLastError(), err, what); }
+
+static const char *blas_status_name(cublasStatus_t st)
+{
+    switch (st) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "cuBLAS error";
+    }
+}
+
+static int blas_check(cublasStatus_t st, bk_err *err, const char *what)
+{
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    bk_seterr(err, "cublasLt: %s: %s (%d)", what, blas_status_name(st), (int)st);
+    return -1;
+}
+
+#define BLAS_TRY(call, what)                                                  \
+    do {                                                                      \
+        if (blas_check((call), err, (what))) goto fail;                       \
+    } while (0)
+
+/* Server threads call ops from wherever they run; bind the backend's device. */
+static int enter(bk_backend *be, bk_err *err)
+{
+    return cu_check(cudaSetDevice(cu_impl(be)->ordinal), err, "cudaSetDevice");
+}
+
+/* ------------------------------------------------------------ memory */
+
+static void account(bk_backend *be, enum bk_tag tag, size_t add, size_t sub)
+{
+    cuda_backend *cb = cu_impl(be);
+    pthread_mutex_lock(&cb->lock);
+    size_t *live = &cb->stats.bytes_live[tag];
+    *live += add;
+    *live -= sub < *live ? sub : *live;
+    if (*live > cb->stats.bytes_peak[tag])
+        cb->stats.bytes_peak[tag] = *live;
+    pthread_mutex_unlock(&cb->lock);
+}
+
+static void account_weights(bk_backend *be, size_t add, size_t sub)
+{
+    cuda_backend *cb = cu_impl(be);
+    pthread_mutex_lock(&cb->lock);
+    cb->stats.weight_bytes += add;
+    cb->stats.weight_bytes -= sub < cb->stats.weight_bytes ? sub : cb->stats.weight_bytes;
+    pthread_mutex_unlock(&cb->lock);
+}
+
+/* cudaMalloc with the message a load error needs: device, bytes, free memory. */
+static void *dev_malloc(bk_backend *be, size_t bytes, bk_err *err)
+{
+    void *p = NULL;
+    size_t n = bytes < MIN_ALLOC ? MIN_ALLOC : bytes;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        (void)cudaGetLastError();
+        bk_seterr(err, "out of device memory on cuda:%d allocating %zu bytes (%zu of %zu free): %s",
+                  cu_impl(be)->ordinal, bytes, fr, tot, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void *cuda_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err)
+{
+    if ((unsigned)tag >= BK_TAG_COUNT) {
+        bk_seterr(err, "alloc: bad buffer tag %d", (int)tag);
+        return NULL;
+    }
+    if (enter(be, err))
+        return NULL;
+    void *p = dev_malloc(be, bytes, err);
+    if (p)
+        account(be, tag, bytes, 0);
+    return p;
+}
+
+static void cuda_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag)
+{
+    if (!p)
+        return;
+    cudaSetDevice(cu_impl(be)->ordinal);
+    cudaFree(p);
+    (void)cudaGetLastError();
+    if ((unsigned)tag < BK_TAG_COUNT)
+        account(be, tag, 0, bytes);
+}
+
+int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
+{
+    if (bytes <= sc->cap)
+        return 0;
+    if (sc->p) {
+        /* The stream may still read the old block: wait before freeing it. */
+        CU_TRY(cudaStreamSynchronize(s->st), "waiting to grow scratch");
+        cuda_free(s->be, sc->p, sc->cap, sc->tag);
+        sc->p = NULL;
+        sc->cap = 0;
+    }
+    size_t cap = bytes + bytes / 4;
+    if (!(sc->p = cuda_alloc(s->be, cap, sc->tag, err)))
+        return -1;
+    sc->cap = cap;
+    return 0;
+}
+
+static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
+{
+    if (!bytes)
+        return 0;
+    if (!dst || !src) {
+        bk_seterr(err, "upload: NULL buffer for %zu bytes", bytes);
+        return -1;
+    }
+    if (enter(s->be, err))
+        return -1;
+    /* From pageable memory the call returns once src has been read, so the
+     * caller may reuse its host buffer at once. */
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->st), "upload");
+    return 0;
+}
+
+template <typename T>
+__global__ void k_from_f32(const float *__restrict__ src, T *__restrict__ dst, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = cu_fromf<T>(src[i]);
+}
+
+template <typename T>
+__global__ void k_to_f32(const T *__restrict__ src, float *__restrict__ dst, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = cu_tof<T>(src[i]);
+}
+
+static unsigned grid_for(size_t n, unsigned block)
+{
+    size_t g = (n + block - 1) / block;
+    if (g > 65536u * 16)
+        g = 65536u * 16;
+    return g ? (unsigned)g : 1;
+}
+
+static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
+{
+    if (!n)
+        return 0;
+    if (n > SIZE_MAX / sizeof(float)) {
+        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
+        return -1;
+    }
+    if (cu_dt(s) == CU_F32)
+        return cuda_upload(s, dst, src, n * sizeof(float), err);
+    if (!dst || !src) {
+        bk_seterr(err, "upload_f32: NULL buffer for %zu elements", n);
+        return -1;
+    }
+    if (enter(s->be, err) || cu_scratch_get(s, &s->stage, n * sizeof(float), err))
+        return -1;
+    CU_TRY(cudaMemcpyAsync(s->stage.p, src, n * sizeof(float), cudaMemcpyHostToDevice, s->st),
+           "upload_f32");
+    CU_DISPATCH(cu_dt(s), (k_from_f32<T><<<grid_for(n, 256), 256, 0, s->st>>>(
+                              (const float *)s->stage.p, (T *)dst, n)));
+    return cu_check_launch(err, "upload_f32 conversion");
+}
+
+static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
+{
+    if (!n)
+        return cu_check(cudaStreamSynchronize(s->st), err, "download_f32: stream");
+    if (n > SIZE_MAX / sizeof(float)) {
+        bk_seterr(err, "download_f32: %zu elements overflow size_t", n);
+        return -1;
+    }
+    if (!dst || !src) {
+        bk_seterr(err, "download_f32: NULL buffer for %zu elements", n);
+        return -1;
+    }
+    if (enter(s->be, err))
+        return -1;
+    const void *from = src;
+    if (cu_dt(s) != CU_F32) {
+        if (cu_scratch_get(s, &s->stage, n * sizeof(float), err))
+            return -1;
+        CU_DISPATCH(cu_dt(s), (k_to_f32<T><<<grid_for(n, 256), 256, 0, s->st>>>(
+                                  (const T *)src, (float *)s->stage.p, n)));
+        if (cu_check_launch(err, "download_f32 conversion"))
+            return -1;
+        from = s->stage.p;
+    }
+    CU_TRY(cudaMemcpyAsync(dst, from, n * sizeof(float), cudaMemcpyDeviceToHost, s->st),
+           "download_f32");
+    CU_TRY(cudaStreamSynchronize(s->st), "download_f32: stream (an earlier op on it failed)");
+    return 0;
+}
+
+static void cuda_get_stats(bk_backend *be, bk_stats *out)
+{
+    cuda_backend *cb = cu_impl(be);
+    pthread_mutex_lock(&cb->lock);
+    *out = cb->stats;
+    pthread_mutex_unlock(&cb->lock);
+}
+
+/* ------------------------------------------------------------ streams */
+
+static void cuda_stream_free(bk_stream *s)
+{
+    if (!s)
+        return;
+    cudaSetDevice(cu_impl(s->be)->ordinal);
+    if (s->st)
+        cudaStreamSynchronize(s->st);
+    cu_scratch *sc[] = {&s->stage, &s->lce_y, &s->att_tile};
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
+        cuda_free(s->be, sc[i]->p, sc[i]->cap, sc[i]->tag);
+    if (s->ws)
+        cudaFree(s->ws);
+    if (s->lt)
+        cublasLtDestroy(s->lt);
+    if (s->st)
+        cudaStreamDestroy(s->st);
+    (void)cudaGetLastError();
+    free(s);
+}
+
+static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
+{
+    if (enter(be, err))
+        return NULL;
+    bk_stream *s = (bk_stream *)calloc(1, sizeof *s);
+    if (!s) {
+        bk_seterr(err, "out of host memory allocating %zu bytes", sizeof *s);
+        return NULL;
+    }
+    s->be = be;
+    s->stage.tag = BK_TAG_INDEX;
+    s->lce_y.tag = BK_TAG_USER;
+    s->att_tile.tag = BK_TAG_INDEX;
+    cublasStatus_t bs;
+    if (cu_check(cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking), err, "stream create"))
+        goto fail;
+    if ((bs = cublasLtCreate(&s->lt)) != CUBLAS_STATUS_SUCCESS) {
+        s->lt = NULL;
+        blas_check(bs, err, "handle create");
+        goto fail;
+    }
+    if (!(s->ws = dev_malloc(be, WS_BYTES, err)))
+        goto fail;
+    s->ws_size = WS_BYTES;
+    return s;
+fail:
+    cuda_stream_free(s);
+    return NULL;
+}
+
+static int cuda_sync(bk_stream *s, bk_err *err)
+{
+    if (enter(s->be, err))
+        return -1;
+    return cu_check(cudaStreamSynchronize(s->st), err, "stream (an earlier op on it failed)");
+}
+
+/* ------------------------------------------------------------ weights */
+
+template <typename T>
+static void pack_weight(const float *w, int rows, int cols, int ld, void *out)
+{
+    T *o = (T *)out;
+    for (size_t r = 0; r < (size_t)rows; r++)
+        for (size_t c = 0; c < (size_t)ld; c++)
+            o[r * ld + c] = cu_fromf<T>(c < (size_t)cols ? w[r * cols + c] : 0.0f);
+}
+
+static bk_weight *cuda_weight_new(bk_backend *be, const float *w, int rows, int cols, bk_err *err)
+{
+    if (rows < 0 || cols < 0) {
+        bk_seterr(err, "weight_new: bad shape [%d, %d]", rows, cols);
+        return NULL;
+    }
+    if ((size_t)rows * (size_t)cols != 0 && !w) {
+        bk_seterr(err, "weight_new: NULL data for a [%d, %d] weight", rows, cols);
+        return NULL;
+    }
+    if (enter(be, err))
+        return NULL;
+    /* K padded to a multiple of 8 with zeros: every row starts 16-byte
+     * aligned, so matmul kernels load weights with 16-byte copies. */
+    int ld = (int)(((long)cols + 7) / 8 * 8);
+    enum cu_dtype dt = cu_impl(be)->dtype;
+    size_t es = dt == CU_F32 ? 4 : 2;
+    size_t bytes = (size_t)rows * (size_t)ld * es;
+    bk_weight *h = (bk_weight *)calloc(1, sizeof *h);
+    void *host = malloc(bytes ? bytes : 1);
+    if (!h || !host) {
+        free(h);
+        free(host);
+        bk_seterr(err, "out of host memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    CU_DISPATCH(dt, pack_weight<T>(w, rows, cols, ld, host));
+    h->rows = rows;
+    h->cols = cols;
+    h->ld = ld;
+    h->bytes = bytes;
+    if (!(h->data = dev_malloc(be, bytes, err))) {
+        free(host);
+        free(h);
+        return NULL;
+    }
+    cudaError_t e = bytes ? cudaMemcpy(h->data, host, bytes, cudaMemcpyHostToDevice) : cudaSuccess;
+    free(host);
+    if (cu_check(e, err, "weight upload")) {
+        cudaFree(h->data);
+        free(h);
+        return NULL;
+    }
+    account_weights(be, bytes, 0);
+    return h;
+}
+
+static void cuda_weight_free(bk_backend *be, bk_weight *w)
+{
+    if (!w)
+        return;
+    cudaSetDevice(cu_impl(be)->ordinal);
+    cudaFree(w->data);
+    (void)cudaGetLastError();
+    account_weights(be, 0, w->bytes);
+    free(w);
+}
+
+/* ------------------------------------------------------------ plain ops */
+
+__device__ __forceinline__ int64_t wrap_row(int64_t id, int rows)
+{
+    int64_t r = id % rows;
+    return r < 0 ? r + rows : r;
+}
+
+/* One block per bag; threads across the embedding width; ids in order. */
+template <typename T>
+__global__ void k_embedding_bag(const T *__restrict__ table, int rows, int tld, int dim,
+                                const int64_t *__restrict__ ids, const int64_t *__restrict__ off,
+                                int mean, T *__restrict__ out, int ld)
+{
+    int b = blockIdx.x;
+    int64_t s = off[b], e = off[b + 1];
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t i = s; i < e; i++)
+            acc += cu_tof<T>(table[wrap_row(ids[i], rows) * tld + j]);
+        if (mean && e > s)
+            acc /= (float)(e - s);
+        out[(size_t)b * ld + j] = cu_fromf<T>(acc);
+    }
+}
+
+static int block_for(int width)
+{
+    int b = (width + 31) / 32 * 32;
+    return b < 32 ? 32 : b > 256 ? 256 : b;
+}
+
+static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
+                              const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
+                              bk_err *err)
+{
+    if (n <= 0 || table->cols == 0)
+        return 0;
+    if (table->rows <= 0) {
+        bk_seterr(err, "embedding_bag: table has no rows");
+        return -1;
+    }
+    if (enter(s->be, err))
+        return -1;
+    CU_DISPATCH(cu_dt(s), (k_embedding_bag<T><<<n, block_for(table->cols), 0, s->st>>>(
+                              (const T *)table->data, table->rows, table->ld, table->cols, ids,
+                              offsets, pool == BK_POOL_MEAN, (T *)out, ld)));
+    return cu_check_launch(err, "embedding_bag");
+}
+
+/* One block per user; threads across (event, column) pairs of that user. */
+template <typename T>
+__global__ void k_history_embedding(const T *__restrict__ table, int rows, int tld,
+                                    const T *__restrict__ action, int ald,
+                                    const T *__restrict__ position, int pld,
+                                    const int64_t *__restrict__ ids,
+                                    const int32_t *__restrict__ actions,
+                                    const int64_t *__restrict__ off, int dim, T *__restrict__ out)
+{
+    int u = blockIdx.x;
+    int64_t s = off[u], e = off[u + 1];
+    int64_t total = (e - s) * dim;
+    for (int64_t t = threadIdx.x; t < total; t += blockDim.x) {
+        int64_t p = t / dim;
+        int j = (int)(t - p * dim);
+        int64_t ev = s + p;
+        int a = actions ? actions[ev] : 0;
+        float v = cu_tof<T>(table[wrap_row(ids[ev], rows) * tld + j]);
+        v += cu_tof<T>(action[(int64_t)a * ald + j]);
+        v += cu_tof<T>(position[p * pld + j]);
+        out[ev * dim + j] = cu_fromf<T>(v);
+    }
+}
+
+static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
+                                  const bk_weight *position, const int64_t *ids,
+                                  const int32_t *actions, const int64_t *offsets, int n,
+                                  void *out, bk_err *err)
+{
+    if (n <= 0 || table->cols == 0)
+        return 0;
+    if (table->rows <= 0 || action->cols != table->cols || position->cols != table->cols) {
+        bk_seterr(err, "history_embedding: table/action/position widths %d/%d/%d disagree",
+                  table->cols, action->cols, position->cols);
+        return -1;
+    }
+    if (enter(s->be, err))
+        return -1;
+    CU_DISPATCH(cu_dt(s), (k_history_embedding<T><<<n, 256, 0, s->st>>>(
+                              (const T *)table->data, table->rows, table->ld,
+                              (const T *)action->data, action->ld, (const T *)position->data,
+                              position->ld, ids, actions, offsets, table->cols, (T *)out)));
+    return cu_check_launch(err, "history_embedding");
+}
+
+template <typename T>
+__global__ void k_mean_pool(const T *__restrict__ x, const int64_t *__restrict__ off, int dim,
+                            T *__restrict__ out)
+{
+    int r = blockIdx.x;
+    int64_t s = off[r], e = off[r + 1];
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t i = s; i < e; i++)
+            acc += cu_tof<T>(x[i * dim + j]);
+        if (e > s)
+            acc /= (float)(e - s);
+        out[(size_t)r * dim + j] = cu_fromf<T>(acc);
+    }
+}
+
+static int cuda_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
+                          void *out, bk_err *err)
+{
+    if (n <= 0 || dim <= 0)
+        return 0;
+    if (enter(s->be, err))
+        return -1;
+    CU_DISPATCH(cu_dt(s), (k_mean_pool<T><<<n, block_for(dim), 0, s->st>>>(
+                              (const T *)x, offsets, dim, (T *)out)));
+    return cu_check_launch(err, "mean_pool");
+}
+
+template <typename T>
+__global__ void k_add(const T *a, const T *__restrict__ b, const int32_t *__restrict__ map,
+                      size_t n, int width, T *out)
+{
+    size_t total = n * (size_t)width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / width, j = i - r * width;
+        size_t rb = map ? (size_t)map[r] : r;
+        out[i] = cu_fromf<T>(cu_tof<T>(a[i]) + cu_tof<T>(b[rb * width + j]));
+    }
+}
+
+static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n,
+                    int width, void *out, bk_err *err)
+{
+    if (n <= 0 || width <= 0)
+        return 0;
+    if (enter(s->be, err))
+        return -1;
+    size_t total = (size_t)n * width;
+    CU_DISPATCH(cu_dt(s), (k_add<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+                              (const T *)a, (const T *)b, map, (size_t)n, width, (T *)out)));
+    return cu_check_launch(err, "add");
+}
+
+static int cuda_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst,
+                          int ldd, bk_err *err)
+{
+    if (n <= 0 || width <= 0)
+        return 0;
+    if (enter(s->be, err))
+        return -1;
+    size_t es = s->be->act_size;
+    CU_TRY(cudaMemcpy2DAsync(dst, (size_t)ldd * es, src, (size_t)lds * es, (size_t)width * es,
+                             (size_t)n, cudaMemcpyDeviceToDevice, s->st),
+           "copy_rows");
+    return 0;
+}
+
+template <typename T>
+__global__ void k_gather_dense(const T *__restrict__ src, const int32_t *__restrict__ map,
+                               size_t nc, int width, T *__restrict__ dst)
+{
+    size_t total = nc * (size_t)width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / width, j = i - r * width;
+        dst[i] = src[(size_t)map[r] * width + j];
+    }
+}
+
+/* One block per candidate copies its user's contiguous run of rows, 16 bytes
+ * at a time where both ends allow it. */
+__global__ void k_gather_jagged(const char *__restrict__ src, const int64_t *__restrict__ soff,
+                                const int32_t *__restrict__ map, const int64_t *__restrict__ doff,
+                                size_t row_bytes, char *__restrict__ dst)
+{
+    int c = blockIdx.x;
+    int u = map[c];
+    int64_t s0 = soff[u], len = soff[u + 1] - s0;
+    const char *from = src + (size_t)s0 * row_bytes;
+    char *to = dst + (size_t)doff[c] * row_bytes;
+    size_t bytes = (size_t)len * row_bytes;
+    if ((((uintptr_t)from | (uintptr_t)to | bytes) & 15) == 0) {
+        const uint4 *f4 = (const uint4 *)from;
+        uint4 *t4 = (uint4 *)to;
+        for (size_t i = threadIdx.x; i < bytes / 16; i += blockDim.x)
+            t4[i] = f4[i];
+    } else if ((((uintptr_t)from | (uintptr_t)to | bytes) & 1) == 0) {
+        const uint16_t *f2 = (const uint16_t *)from;
+        uint16_t *t2 = (uint16_t *)to;
+        for (size_t i = threadIdx.x; i < bytes / 2; i += blockDim.x)
+            t2[i] = f2[i];
+    } else {
+        for (size_t i = threadIdx.x; i < bytes; i += blockDim.x)
+            to[i] = from[i];
+    }
+}
+
+static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets,
+                       const int32_t *map, int nc, const int64_t *dst_offsets, int width,
+                       void *dst, bk_err *err)
+{
+    if (nc <= 0 || width <= 0)
+        return 0;
+    if (enter(s->be, err))
+        return -1;
+    if (!src_offsets) {
+        size_t total = (size_t)nc * width;
+        CU_DISPATCH(cu_dt(s), (k_gather_dense<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+                                  (const T *)src, map, (size_t)nc, width, (T *)dst)));
+    } else {
+        if (!dst_offsets) {
+            bk_seterr(err, "gather: jagged source needs dst_offsets");
+            return -1;
+        }
+        k_gather_jagged<<<nc, 256, 0, s->st>>>((const char *)src, src_offsets, map, dst_offsets,
+                                               (size_t)width * s->be->act_size, (char *)dst);
+    }
+    return cu_check_launch(err, "gather");
+}
+
+/* ------------------------------------------------------------ linear */
+
+template <typename T>
+__global__ void k_sigmoid_rows(T *y, int ldy, size_t rows, int width)
+{
+    size_t total = rows * (size_t)width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / width, j = i - r * width;
+        T *p = y + r * ldy + j;
+        *p = cu_fromf<T>(1.0f / (1.0f + expf(-cu_tof<T>(*p))));
+    }
+}
+
+/* in == 0: y = act(bias), or zeros. */
+template <typename T>
+__global__ void k_bias_rows(T *y, int ldy, size_t rows, int width, const T *bias, int relu)
+{
+    size_t total = rows * (size_t)width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / width, j = i - r * width;
+        float v = bias ? cu_tof<T>(bias[j]) : 0.0f;
+        y[r * ldy + j] = cu_fromf<T>(relu && v < 0.0f ? 0.0f : v);
+    }
+}
+
+/* Largest power of two (<= 256) dividing both the address and the row pitch:
+ * what cuBLASLt may assume about every row of the operand. */
+static int align_of(const void *p, int ld, size_t es)
+{
+    uintptr_t v = (uintptr_t)p | (uintptr_t)((size_t)ld * es) | 256;
+    return (int)(v & (~v + 1));
+}
+
+static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                       const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+{
+    int out = w->rows, in = w->cols;
+    if (rows <= 0 || out <= 0)
+        return 0;
+    if (act != BK_ACT_NONE && act != BK_ACT_RELU && act != BK_ACT_SIGMOID) {
+        bk_seterr(err, "linear: unknown activation %d", (int)act);
+        return -1;
+    }
+    if (bias && bias->rows * bias->cols != out) {
+        bk_seterr(err, "linear: bias has %d values for %d outputs", bias->rows * bias->cols, out);
+        return -1;
+    }
+    if (ldx < in || ldy < out) {
+        bk_seterr(err, "linear: row strides %d/%d below widths %d/%d", ldx, ldy, in, out);
+        return -1;
+    }
+    if (enter(s->be, err))
+        return -1;
+    enum cu_dtype dt = cu_dt(s);
+    size_t es = s->be->act_size;
+    if (in == 0) {
+        size_t total = (size_t)rows * out;
+        CU_DISPATCH(dt, (k_bias_rows<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+                            (T *)y, ldy, (size_t)rows, out, bias ? (const T *)bias->data : NULL,
+                            act == BK_ACT_RELU)));
+        if (cu_check_launch(err, "linear bias"))
+            return -1;
+    } else {
+        cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        /* Column-major view: y^T [out, rows] = W (col-major [in, out])^T x^T. */
+        cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                            : CUBLASLT_EPILOGUE_BIAS)
+                                      : (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU
+                                                            : CUBLASLT_EPILOGUE_DEFAULT);
+        int aa = align_of(w->data, w->ld, es), ab = align_of(x, ldx, es), ad = align_of(y, ldy, es);
+        cublasLtMatmulDesc_t op = NULL;
+        cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+        cublasLtMatmulPreference_t pref = NULL;
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        float alpha = 1.0f, beta = 0.0f;
+        int rc = -1;
+        cu_algo_entry *hit = NULL;
+        BLAS_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+        BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+                 "transa");
+        BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+                 "transb");
+        BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                 "epilogue");
+        if (bias) {
+            const void *bp = bias->data;
+            BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                                    sizeof bp),
+                     "bias");
+        }
+        BLAS_TRY(cublasLtMatrixLayoutCreate(&la, ty, in, out, w->ld), "layout W");
+        BLAS_TRY(cublasLtMatrixLayoutCreate(&lb, ty, in, rows, ldx), "layout x");
+        BLAS_TRY(cublasLtMatrixLayoutCreate(&ld, ty, out, rows, ldy), "layout y");
+        for (int i = 0; i < CU_ALGO_CACHE; i++) {
+            cu_algo_entry *e = &s->algos[i];
+            if (e->valid && e->m == out && e->n == rows && e->k == in && e->lda == w->ld &&
+                e->ldb == ldx && e->ldd == ldy && e->epi == (int)epi && e->align_a == aa &&
+                e->align_b == ab && e->align_d == ad && e->dtype == (int)dt) {
+                hit = e;
+                break;
+            }
+        }
+        if (!hit) {
+            cublasLtMatmulHeuristicResult_t res;
+            int found = 0;
+            uint32_t a32 = (uint32_t)aa, b32 = (uint32_t)ab, d32 = (uint32_t)ad;
+            BLAS_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
+            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s->ws_size,
+                         sizeof s->ws_size),
+                     "workspace preference");
+            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof a32),
+                     "alignment A");
+            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32),
+                     "alignment B");
+            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32),
+                     "alignment C");
+            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32),
+                     "alignment D");
+            BLAS_TRY(cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, ld, ld, pref, 1, &res,
+                                                    &found),
+                     "heuristic");
+            if (found < 1) {
+                bk_seterr(err, "cublasLt: no algorithm for linear [%d x %d] x [%d x %d]^T", rows,
+                          in, out, in);
+                goto fail;
+            }
+            hit = &s->algos[s->algo_next];
+            s->algo_next = (s->algo_next + 1) % CU_ALGO_CACHE;
+            *hit = (cu_algo_entry){1, out, rows, in, w->ld, ldx, ldy, (int)epi, aa, ab, ad,
+                                   (int)dt, res.algo};
+        }
+        BLAS_TRY(cublasLtMatmul(s->lt, op, &alpha, w->data, la, x, lb, &beta, y, ld, y, ld,
+                                &hit->algo, s->ws, s->ws_size, s->st),
+                 "matmul");
+        rc = 0;
+    fail:
+        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        if (la) cublasLtMatrixLayoutDestroy(la);
+        if (lb) cublasLtMatrixLayoutDestroy(lb);
+        if (ld) cublasLtMatrixLayoutDestroy(ld);
+        if (op) cublasLtMatmulDescDestroy(op);
+        if (rc)
+            return -1;
+    }
+    if (act == BK_ACT_SIGMOID) {
+        size_t total = (size_t)rows * out;
+        CU_DISPATCH(dt, (k_sigmoid_rows<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+                            (T *)y, ldy, (size_t)rows, out)));
+        return cu_check_launch(err, "linear sigmoid");
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ the table */
+
+static void cuda_destroy(bk_backend *be)
+{
+    if (!be)
+        return;
+    cuda_backend *cb = cu_impl(be);
+    pthread_mutex_destroy(&cb->lock);
+    free(cb);
+    free(be);
+}
+
+static int env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
+{
+    enum cu_dtype dt = CU_BF16;
+    const char *ev = getenv("IKBO_CUDA_DTYPE");
+    if (ev && *ev) {
+        if (!strcmp(ev, "fp32") || !strcmp(ev, "f32"))
+            dt = CU_F32;
+        else if (!strcmp(ev, "bf16"))
+            dt = CU_BF16;
+        else if (!strcmp(ev, "fp16") || !strcmp(ev, "f16"))
+            dt = CU_F16;
+        else {
+            bk_seterr(err, "IKBO_CUDA_DTYPE=%.32s: expected fp32, bf16 or fp16", ev);
+            return NULL;
+        }
+    }
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        bk_seterr(err, "device cuda:%d: no usable CUDA device (%s)", ordinal, cudaGetErrorString(e));
+        return NULL;
+    }
+    if (ordinal < 0 || ordinal >= count) {
+        bk_seterr(err, "device cuda:%d: this machine has %d CUDA device(s)", ordinal, count);
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    if (cu_check(cudaSetDevice(ordinal), err, "cudaSetDevice") ||
+        cu_check(cudaGetDeviceProperties(&prop, ordinal), err, "device properties"))
+        return NULL;
+    if (prop.major < 9) {
+        bk_seterr(err, "device cuda:%d (%s) has compute capability %d.%d; this build targets 9.0",
+                  ordinal, prop.name, prop.major, prop.minor);
+        return NULL;
+    }
+    bk_backend *be = (bk_backend *)calloc(1, sizeof *be);
+    cuda_backend *cb = (cuda_backend *)calloc(1, sizeof *cb);
+    if (!be || !cb) {
+        free(be);
+        free(cb);
+        bk_seterr(err, "out of host memory allocating %zu bytes", sizeof *be + sizeof *cb);
+        return NULL;
+    }
+    pthread_mutex_init(&cb->lock, NULL);
+    cb->ordinal = ordinal;
+    cb->dtype = dt;
+    cb->sm_count = prop.multiProcessorCount;
+    cb->smem_optin = prop.sharedMemPerBlockOptin;
+    cb->lce_variant = env_int("IKBO_CUDA_LCE", 0);
+    cb->att_variant = env_int("IKBO_CUDA_ATTN", 0);
+    be->name = "cuda";
+    be->act_size = dt == CU_F32 ? 4 : 2;
+    be->impl = cb;
+    be->destroy = cuda_destroy;
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->upload = cuda_upload;
+    be->upload_f32 = cuda_upload_f32;
+    be->download_f32 = cuda_download_f32;
+    be->get_stats = cuda_get_stats;
+    be->stream_new = cuda_stream_new;
+    be->stream_free = cuda_stream_free;
+    be->sync = cuda_sync;
+    be->weight_new = cuda_weight_new;
+    be->weight_free = cuda_weight_free;
+    be->embedding_bag = cuda_embedding_bag;
+    be->history_embedding = cuda_history_embedding;
+    be->mean_pool = cuda_mean_pool;
+    be->linear = cuda_linear;
+    be->lce = cuda_lce;
+    be->attention = cuda_attention;
+    be->add = cuda_add;
+    be->copy_rows = cuda_copy_rows;
+    be->gather = cuda_gather;
+    return be;
+}

@@ -1,0 +1,130 @@
+/* cuda_internal.h - what the CUDA backend's files share and nobody else sees.
+ *
+ * Why this exists: the CUDA backend is split by concern (backend_cuda.cu:
+ * memory, streams, weights, conversions, the plain ops and linear through
+ * cuBLASLt; lce.cu: the IKBO linear compression; attention.cu: the IKBO
+ * target attention). They share the private structs, the dtype dispatch and
+ * the error helpers declared here; the engine only ever sees kernels/backend.h.
+ *
+ * Activation dtype: chosen once per backend from IKBO_CUDA_DTYPE (bf16 by
+ * default, fp16, or fp32 for tight checks against the CPU backend). Every
+ * activation buffer and every weight is stored in it; every reduction
+ * accumulates in fp32.
+ */
+#ifndef IKBO_CUDA_INTERNAL_H
+#define IKBO_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "kernels/backend.h"
+}
+
+enum cu_dtype { CU_F32 = 0, CU_BF16 = 1, CU_F16 = 2 };
+
+typedef struct cuda_backend {
+    int ordinal;
+    enum cu_dtype dtype;
+    int sm_count;
+    size_t smem_optin; /* max dynamic shared memory per block */
+    /* Kernel choice, from IKBO_CUDA_LCE / IKBO_CUDA_ATTN at creation (tests
+     * and benchmarks compare variants): 0 automatic, 1 the SIMT kernel
+     * everywhere, 2 the tensor-core kernel wherever it applies. */
+    int lce_variant, att_variant;
+    pthread_mutex_t lock; /* guards stats */
+    bk_stats stats;
+} cuda_backend;
+
+/* A grow-only device buffer private to a stream (op scratch). Growing waits
+ * for the stream first, so no queued kernel still reads the old block. */
+typedef struct cu_scratch {
+    void *p;
+    size_t cap;
+    enum bk_tag tag;
+} cu_scratch;
+
+/* Cached cuBLASLt algorithm for one linear shape (see backend_cuda.cu). */
+typedef struct cu_algo_entry {
+    int valid;
+    int m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, dtype;
+    cublasLtMatmulAlgo_t algo;
+} cu_algo_entry;
+
+#define CU_ALGO_CACHE 64
+
+struct bk_stream {
+    bk_backend *be;
+    cudaStream_t st;
+    cublasLtHandle_t lt;
+    void *ws; /* cuBLASLt workspace */
+    size_t ws_size;
+    cu_scratch stage;    /* fp32 staging for upload_f32 / download_f32 */
+    cu_scratch lce_y;    /* LCE user term, fp32 [nu, M, D] (user rows)  */
+    cu_scratch att_tile; /* attention tile table                         */
+    cu_algo_entry algos[CU_ALGO_CACHE];
+    int algo_next;
+};
+
+struct bk_weight {
+    int rows, cols;
+    int ld;      /* row stride in elements: cols rounded up to a multiple of 8 */
+    void *data;  /* activation dtype [rows, ld], zero columns past cols */
+    size_t bytes;
+};
+
+static inline cuda_backend *cu_impl(bk_backend *be) { return (cuda_backend *)be->impl; }
+static inline enum cu_dtype cu_dt(bk_stream *s) { return cu_impl(s->be)->dtype; }
+
+/* Error helpers: every CUDA status becomes a bk_err message naming the step. */
+int cu_check(cudaError_t e, bk_err *err, const char *what);
+int cu_check_launch(bk_err *err, const char *what);
+int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err);
+
+#define CU_TRY(call, what)                                                    \
+    do {                                                                      \
+        if (cu_check((call), err, (what))) return -1;                         \
+    } while (0)
+
+/* Element conversions. */
+template <typename T> __host__ __device__ inline float cu_tof(T x);
+template <> __host__ __device__ inline float cu_tof<float>(float x) { return x; }
+template <> __host__ __device__ inline float cu_tof<__nv_bfloat16>(__nv_bfloat16 x)
+{
+    return __bfloat162float(x);
+}
+template <> __host__ __device__ inline float cu_tof<__half>(__half x) { return __half2float(x); }
+
+template <typename T> __host__ __device__ inline T cu_fromf(float x);
+template <> __host__ __device__ inline float cu_fromf<float>(float x) { return x; }
+template <> __host__ __device__ inline __nv_bfloat16 cu_fromf<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+template <> __host__ __device__ inline __half cu_fromf<__half>(float x) { return __float2half_rn(x); }
+
+/* Runs BODY with T bound to the activation type of dtype DT. */
+#define CU_DISPATCH(DT, BODY)                                                 \
+    do {                                                                      \
+        switch (DT) {                                                         \
+        case CU_F32: { typedef float T; BODY; } break;                        \
+        case CU_BF16: { typedef __nv_bfloat16 T; BODY; } break;               \
+        case CU_F16: { typedef __half T; BODY; } break;                       \
+        }                                                                     \
+    } while (0)
+
+/* The IKBO ops (lce.cu, attention.cu), with backend.h's signatures. */
+int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
+             const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+             void *z, bk_err *err);
+int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
+                   const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
+                   int dh, void *o, bk_err *err);
+
+#endif

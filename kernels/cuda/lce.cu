@@ -1,0 +1,339 @@
+/* lce.cu - IKBO linear compression embedding on the GPU.
+ *
+ *   Z[c] = W_user @ Eu[map[c]] + W_cand @ Ec[c]
+ *   Eu [U, Ku, D], Ec [C, Kc, D], W_user [M, Ku], W_cand [M, Kc], Z [C, M, D]
+ *
+ * Why this exists: the broadcast formulation copies every user's [Ku, D]
+ * block to each of its candidates and runs one GEMM over K = Ku + Kc. The
+ * user term only depends on the user, so it is computed once per user
+ * (Y [U, M, D], fp32, stream scratch at U rows), and the candidate GEMM adds
+ * Y[map[c]] in its epilogue, in registers: no [C, Ku, D] copy and no
+ * [C, M, D] user-term buffer ever exist. Both GEMMs are the same batched
+ * kernel (one W for the whole batch, one E block per batch item).
+ *
+ * Kernels: a tensor-core kernel (bf16/fp16, mma.sync m16n8k16, fp32
+ * accumulate, 4-stage cp.async pipeline, padded shared-memory rows so that
+ * ldmatrix is conflict-free) for D % 8 == 0 with 16-byte aligned operands;
+ * a SIMT kernel for everything else (fp32 mode, odd D).
+ *
+ * Numerics: user and candidate partial sums are each accumulated in fp32 and
+ * added in fp32 before the one rounding to the activation dtype.
+ */
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/mma_util.cuh"
+
+/* ---------------------------------------------------------- tensor cores */
+
+/* Block tile BM x BN of Z[b] (M rows x D columns), warps WARPS_M x WARPS_N,
+ * each warp MI m16-tiles x NI n8-tiles. */
+template <int WARPS_M_, int WARPS_N_, int MI_, int NI_, int MINB_> struct lce_cfg {
+    static constexpr int WARPS_M = WARPS_M_, WARPS_N = WARPS_N_, MI = MI_, NI = NI_;
+    static constexpr int MINB = MINB_; /* blocks per SM the register budget aims at */
+    static constexpr int BM = WARPS_M * MI * 16;
+    static constexpr int BN = WARPS_N * NI * 8;
+    static constexpr int BK = 32;
+    static constexpr int STAGES = 4;
+    static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    static constexpr int LDA = BK + 8; /* padded rows: 80 B, ldmatrix conflict-free */
+    static constexpr int LDB = BN + 8; /* (BN + 8) * 2 B = 16 mod 128 */
+    static constexpr int A_ELEMS = BM * LDA;
+    static constexpr int B_ELEMS = BK * LDB;
+    static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE_ELEMS * 2;
+    static_assert(NI % 2 == 0, "B fragments are loaded two n8-tiles at a time");
+};
+
+/* Z[b] = W @ E[b] (+ Y[map[b]]): W [M, ldw] (zero columns past K), E[b] at
+ * e + b*K*D, rows of D elements; Z[b] at z + b*M*D; Y fp32 [*, M, D]. */
+template <typename T, typename OutT, bool ADD, class CFG>
+__global__ void __launch_bounds__(CFG::THREADS, CFG::MINB)
+k_lce_tc(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int K, int M, int D,
+         const float *__restrict__ y, const int32_t *__restrict__ map, OutT *__restrict__ z)
+{
+    constexpr int BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES;
+    constexpr int LDA = CFG::LDA, LDB = CFG::LDB, NT = CFG::THREADS;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T *smem = (T *)smem_raw;
+
+    const int mt = (M + BM - 1) / BM, ntl = (D + BN - 1) / BN;
+    long bid = blockIdx.x;
+    const int tm = (int)(bid % mt);
+    bid /= mt;
+    const int tn = (int)(bid % ntl);
+    const int b = (int)(bid / ntl);
+    if (b >= nb)
+        return;
+    const int m0 = tm * BM, n0 = tn * BN;
+    const T *eb = e + (size_t)b * K * D;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / CFG::WARPS_N, wn = warp % CFG::WARPS_N;
+
+    auto load_stage = [&](int stage, int kt) {
+        T *As = smem + stage * CFG::STAGE_ELEMS;
+        T *Bs = As + CFG::A_ELEMS;
+        const int k0 = kt * BK;
+        /* A: BM rows x BK/8 chunks of W. */
+        for (int i = tid; i < BM * (BK / 8); i += NT) {
+            int r = i / (BK / 8), c = i % (BK / 8);
+            int gm = m0 + r, gk = k0 + c * 8;
+            bool ok = gm < M && gk < ldw;
+            const T *src = ok ? w + (size_t)gm * ldw + gk : w;
+            cp_async16(As + r * LDA + c * 8, src, ok);
+        }
+        /* B: BK rows x BN/8 chunks of E[b]. */
+        for (int i = tid; i < BK * (BN / 8); i += NT) {
+            int r = i / (BN / 8), c = i % (BN / 8);
+            int gk = k0 + r, gn = n0 + c * 8;
+            bool ok = gk < K && gn < D;
+            const T *src = ok ? eb + (size_t)gk * D + gn : e;
+            cp_async16(Bs + r * LDB + c * 8, src, ok);
+        }
+    };
+
+    constexpr int CMI = CFG::MI, CNI = CFG::NI;
+    float acc[CMI][CNI][4];
+#pragma unroll
+    for (int i = 0; i < CMI; i++)
+#pragma unroll
+        for (int j = 0; j < CNI; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                acc[i][j][q] = 0.0f;
+
+    const int ktiles = (K + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles)
+            load_stage(s, s);
+        cp_async_commit();
+    }
+
+    for (int kt = 0; kt < ktiles; kt++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        {
+            int nk = kt + STAGES - 1;
+            if (nk < ktiles)
+                load_stage(nk % STAGES, nk);
+            cp_async_commit();
+        }
+        const T *As = smem + (kt % STAGES) * CFG::STAGE_ELEMS;
+        const T *Bs = As + CFG::A_ELEMS;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint32_t af[CMI][4], bf[CNI][2];
+#pragma unroll
+            for (int i = 0; i < CMI; i++) {
+                int r = wm * CMI * 16 + i * 16 + (lane & 15);
+                int c = kk + (lane >> 4) * 8;
+                ldmatrix_x4(af[i], As + r * LDA + c);
+            }
+#pragma unroll
+            for (int j = 0; j < CNI; j += 2) {
+                int r = kk + ((lane >> 3) & 1) * 8 + (lane & 7);
+                int c = wn * CNI * 8 + j * 8 + (lane >> 4) * 8;
+                uint32_t t4[4];
+                ldmatrix_x4_trans(t4, Bs + r * LDB + c);
+                bf[j][0] = t4[0];
+                bf[j][1] = t4[1];
+                bf[j + 1][0] = t4[2];
+                bf[j + 1][1] = t4[3];
+            }
+#pragma unroll
+            for (int i = 0; i < CMI; i++)
+#pragma unroll
+                for (int j = 0; j < CNI; j++)
+                    mma16816<T>(acc[i][j], af[i], bf[j]);
+        }
+    }
+    cp_async_wait<0>();
+
+    /* Epilogue: add the user term through the map, round once, store pairs. */
+    const int g = lane >> 2, t = lane & 3;
+    const float *yb = ADD ? y + (size_t)map[b] * M * D : nullptr;
+    OutT *zb = z + (size_t)b * M * D;
+#pragma unroll
+    for (int i = 0; i < CMI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int gm = m0 + wm * CMI * 16 + i * 16 + g + h * 8;
+            if (gm >= M)
+                continue;
+#pragma unroll
+            for (int j = 0; j < CNI; j++) {
+                int gn = n0 + wn * CNI * 8 + j * 8 + 2 * t;
+                if (gn >= D)
+                    continue;
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                size_t off = (size_t)gm * D + gn;
+                if (ADD) {
+                    float2 u = *(const float2 *)(yb + off);
+                    v0 += u.x;
+                    v1 += u.y;
+                }
+                if constexpr (sizeof(OutT) == 4) {
+                    *(float2 *)((float *)zb + off) = make_float2(v0, v1);
+                } else {
+                    *(uint32_t *)(zb + off) = pack2<T>(v0, v1);
+                }
+            }
+        }
+}
+
+/* 112 x 256: M = 433 needs 4 row tiles (3% padding), D = 256 one column tile. */
+typedef lce_cfg<1, 8, 7, 4, 1> cfg_l;
+/* 128 x 128. */
+typedef lce_cfg<2, 4, 4, 4, 1> cfg_m;
+/* 64 x 128, for narrow D. */
+typedef lce_cfg<2, 4, 2, 4, 2> cfg_s;
+
+/* ---------------------------------------------------------------- SIMT */
+
+/* Any dtype, any shape: 64 x 64 tile of Z[b], 16-deep K slices in shared
+ * memory, 4 x 4 outputs per thread, fp32 accumulate. */
+template <typename T, typename OutT, bool ADD>
+__global__ void __launch_bounds__(256)
+k_lce_simt(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int K, int M, int D,
+           const float *__restrict__ y, const int32_t *__restrict__ map, OutT *__restrict__ z)
+{
+    __shared__ float As[16][64 + 1]; /* [k][m] */
+    __shared__ float Bs[16][64 + 1]; /* [k][d] */
+    const int mt = (M + 63) / 64, ntl = (D + 63) / 64;
+    long bid = blockIdx.x;
+    const int tm = (int)(bid % mt);
+    bid /= mt;
+    const int tn = (int)(bid % ntl);
+    const int b = (int)(bid / ntl);
+    if (b >= nb)
+        return;
+    const int m0 = tm * 64, n0 = tn * 64, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const T *eb = e + (size_t)b * K * D;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        for (int i = tid; i < 16 * 64; i += 256) {
+            int mm = i >> 4, kk = i & 15;
+            int gm = m0 + mm, gk = k0 + kk;
+            As[kk][mm] = gm < M && gk < K ? cu_tof<T>(w[(size_t)gm * ldw + gk]) : 0.0f;
+            int dd = i & 63, kb = i >> 6;
+            int gn = n0 + dd, gk2 = k0 + kb;
+            Bs[kb][dd] = gk2 < K && gn < D ? cu_tof<T>(eb[(size_t)gk2 * D + gn]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++) {
+            float a[4], bv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = As[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) bv[j] = Bs[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    const float *yb = ADD ? y + (size_t)map[b] * M * D : nullptr;
+    OutT *zb = z + (size_t)b * M * D;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int gm = m0 + ty + 16 * i, gn = n0 + tx + 16 * j;
+            if (gm < M && gn < D) {
+                size_t off = (size_t)gm * D + gn;
+                float v = acc[i][j] + (ADD ? yb[off] : 0.0f);
+                zb[off] = cu_fromf<OutT>(v);
+            }
+        }
+}
+
+/* ---------------------------------------------------------------- host */
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+template <typename T, typename OutT, bool ADD, class CFG>
+static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
+                     const float *y, const int32_t *map, OutT *z, bk_err *err)
+{
+    auto kern = k_lce_tc<T, OutT, ADD, CFG>;
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM),
+           "lce: shared memory limit");
+    long blocks = (long)((M + CFG::BM - 1) / CFG::BM) * ((D + CFG::BN - 1) / CFG::BN) * nb;
+    kern<<<(unsigned)blocks, CFG::THREADS, CFG::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, y, map, z);
+    return cu_check_launch(err, "lce (tensor cores)");
+}
+
+/* One batched GEMM: Z[b] = W @ E[b] (+ Y[map[b]]), on the kernel the variant
+ * and the operands allow. */
+template <typename T, typename OutT, bool ADD>
+static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K, int M, int D,
+                    const float *y, const int32_t *map, OutT *z, bk_err *err)
+{
+    const T *w = (const T *)wt->data;
+    int variant = cu_impl(s->be)->lce_variant;
+    long blocks_max = (long)((M + 63) / 64) * ((D + 63) / 64) * nb;
+    if (blocks_max >= (1L << 31)) {
+        bk_seterr(err, "lce: %d x %d x %d is too large for one launch", nb, M, D);
+        return -1;
+    }
+    bool tc = sizeof(T) == 2 && variant != 1 && D % 8 == 0 && aligned16(e) && aligned16(w) &&
+              ((uintptr_t)z & 7) == 0;
+    if constexpr (sizeof(T) == 2) {
+        if (tc) {
+            if (variant == 4)
+                return launch_tc<T, OutT, ADD, cfg_m>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
+            if (variant == 5 || (variant != 3 && D <= 128))
+                return launch_tc<T, OutT, ADD, cfg_s>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
+            return launch_tc<T, OutT, ADD, cfg_l>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
+        }
+    }
+    k_lce_simt<T, OutT, ADD><<<(unsigned)blocks_max, 256, 0, s->st>>>(w, wt->ld, e, nb, K, M, D, y,
+                                                                      map, z);
+    return cu_check_launch(err, "lce (SIMT)");
+}
+
+template <typename T>
+static int lce_t(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
+                 const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+                 void *z, bk_err *err)
+{
+    if (ku > 0) {
+        /* The user term once per user, fp32, at U rows. */
+        size_t bytes = (size_t)nu * m * d * sizeof(float);
+        if (cu_scratch_get(s, &s->lce_y, bytes, err))
+            return -1;
+        float *y = (float *)s->lce_y.p;
+        if (lce_gemm<T, float, false>(s, w_user, (const T *)eu, nu, ku, m, d, nullptr, nullptr, y,
+                                      err))
+            return -1;
+        return lce_gemm<T, T, true>(s, w_cand, (const T *)ec, nc, kc, m, d, y, map, (T *)z, err);
+    }
+    return lce_gemm<T, T, false>(s, w_cand, (const T *)ec, nc, kc, m, d, nullptr, nullptr, (T *)z,
+                                 err);
+}
+
+int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
+             const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+             void *z, bk_err *err)
+{
+    if (nc <= 0 || m <= 0 || d <= 0)
+        return 0;
+    if (ku < 0 || kc < 0 || w_user->rows != m || w_user->cols != ku || w_cand->rows != m ||
+        w_cand->cols != kc) {
+        bk_seterr(err, "lce: weights [%d, %d] and [%d, %d] do not match M %d, Ku %d, Kc %d",
+                  w_user->rows, w_user->cols, w_cand->rows, w_cand->cols, m, ku, kc);
+        return -1;
+    }
+    if (ku > 0 && nu <= 0) {
+        bk_seterr(err, "lce: %d candidates but no users", nc);
+        return -1;
+    }
+    if (cu_check(cudaSetDevice(cu_impl(s->be)->ordinal), err, "cudaSetDevice"))
+        return -1;
+    int rc = 0;
+    CU_DISPATCH(cu_dt(s), rc = lce_t<T>(s, eu, nu, ec, nc, map, w_user, w_cand, ku, kc, m, d, z,
+                                        err));
+    return rc;
+}

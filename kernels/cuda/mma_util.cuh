@@ -1,0 +1,94 @@
+/* mma_util.cuh - the warp-level tensor-core and async-copy primitives the
+ * IKBO kernels (lce.cu, attention.cu) are written in.
+ *
+ * Why this exists: both kernels stage tiles with cp.async (16-byte copies
+ * that bypass registers, zero-filling what lies outside the tensor), load
+ * fragments with ldmatrix and multiply with mma.sync m16n8k16 (bf16 or fp16
+ * in, fp32 accumulate). One copy of the inline PTX, used by both.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4):
+ *   A (16x16, row): a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
+ *   B (16x8, col):  b0 (k 2t..2t+1, n g) b1 (k 2t+8.., n g)
+ *   C (16x8):       c0,c1 (g, 2t..2t+1)  c2,c3 (g+8, 2t..2t+1)
+ */
+#ifndef IKBO_MMA_UTIL_CUH
+#define IKBO_MMA_UTIL_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte global->shared copy; src_bytes 0 writes zeros and reads nothing. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
+{
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)),
+                 "l"(gmem), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(smem)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(smem)));
+}
+
+/* d += a * b for one m16n8k16 tile; T selects bf16 or fp16 inputs. */
+template <typename T> __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4],
+                                                               const uint32_t b[2]);
+
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float d[4], const uint32_t a[4],
+                                                        const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <>
+__device__ __forceinline__ void mma16816<__half>(float d[4], const uint32_t a[4],
+                                                 const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Two fp32 values packed as one 32-bit pair of T (low half = x). */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
+
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *(uint32_t *)&v;
+}
+
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
+{
+    __half2 v = __floats2half2_rn(x, y);
+    return *(uint32_t *)&v;
+}
+
+#endif
