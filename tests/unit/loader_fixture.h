@@ -1,0 +1,515 @@
+/* loader_fixture.h - in-memory model fixtures for the loader tests and fuzzer.
+ *
+ * Why this exists: test_loader.c, test_planner.c and tests/fuzz/fuzz_loader.c
+ * all need safetensors blobs built from named arrays, the MODEL_FORMAT.md
+ * example model, and a check that a loaded model_def is internally consistent
+ * (what the executor relies on). Header-only (static functions) so each test
+ * binary stays one .c file; it depends on nothing but libc and model.h.
+ * Allocation failures abort: this is test code.
+ */
+#ifndef IKBO_LOADER_FIXTURE_H
+#define IKBO_LOADER_FIXTURE_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/model.h"
+
+/* ------------------------------------------------------------ blobs */
+
+typedef struct fx_st {
+    char *hdr; /* JSON header being built, without the closing brace */
+    size_t hlen, hcap;
+    uint8_t *data;
+    size_t dlen, dcap;
+} fx_st;
+
+static void *fx_xrealloc(void *p, size_t n)
+{
+    p = realloc(p, n ? n : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+static void fx_hdr_cat(fx_st *b, const char *s)
+{
+    size_t n = strlen(s);
+    if (b->hlen + n + 1 > b->hcap) {
+        b->hcap = (b->hlen + n + 1) * 2;
+        b->hdr = fx_xrealloc(b->hdr, b->hcap);
+    }
+    memcpy(b->hdr + b->hlen, s, n + 1);
+    b->hlen += n;
+}
+
+static fx_st *fx_new(void)
+{
+    fx_st *b = calloc(1, sizeof *b);
+    if (!b)
+        abort();
+    fx_hdr_cat(b, "{");
+    return b;
+}
+
+/* Appends raw tensor bytes with a header entry; shape is JSON text ("[2, 3]"). */
+static void fx_add_raw(fx_st *b, const char *name, const char *dtype, const char *shape,
+                       const void *bytes, size_t nbytes)
+{
+    char e[512];
+    if (b->dlen + nbytes > b->dcap) {
+        b->dcap = (b->dlen + nbytes) * 2;
+        b->data = fx_xrealloc(b->data, b->dcap);
+    }
+    if (nbytes)
+        memcpy(b->data + b->dlen, bytes, nbytes);
+    snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[%zu,%zu]}",
+             b->hlen > 1 ? "," : "", name, dtype, shape, b->dlen, b->dlen + nbytes);
+    fx_hdr_cat(b, e);
+    b->dlen += nbytes;
+}
+
+/* fp32 -> binary16, round to nearest even (normal, subnormal, inf, nan). */
+static uint16_t fx_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t exp = (x >> 23) & 0xffu, mant = x & 0x7fffffu;
+    if (exp == 0xff)
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10)
+            return sign;
+        mant |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static uint16_t fx_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* Appends n floats encoded as dtype "F32", "F16" or "BF16" (little-endian). */
+static void fx_add_f32(fx_st *b, const char *name, const char *dtype, const char *shape,
+                       const float *v, size_t n)
+{
+    size_t es = strcmp(dtype, "F32") == 0 ? 4 : 2;
+    uint8_t *raw = malloc(n * es + 1);
+    if (!raw)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        if (es == 4)
+            memcpy(&u, &v[i], 4);
+        else
+            u = strcmp(dtype, "F16") == 0 ? fx_f32_to_f16(v[i]) : fx_f32_to_bf16(v[i]);
+        for (size_t k = 0; k < es; k++)
+            raw[i * es + k] = (uint8_t)(u >> (8 * k));
+    }
+    fx_add_raw(b, name, dtype, shape, raw, n * es);
+    free(raw);
+}
+
+/* Deterministic weight value: small multiples of 1/64, exact in F16/BF16. */
+static float fx_val(const char *name, size_t i)
+{
+    uint32_t h = 2166136261u;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    h = (h ^ (uint32_t)i) * 2654435761u;
+    return (float)((int)((h >> 8) % 65) - 32) / 64.0f;
+}
+
+/* A [rows, cols] tensor (cols < 0: a 1-D [rows] tensor) of fx_val values. */
+static void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows, long cols)
+{
+    char shape[64];
+    size_t n = (size_t)rows * (size_t)(cols < 0 ? 1 : cols);
+    float *v = malloc(n * sizeof(float) + 1);
+    if (!v)
+        abort();
+    for (size_t i = 0; i < n; i++)
+        v[i] = fx_val(name, i);
+    if (cols < 0)
+        snprintf(shape, sizeof shape, "[%ld]", rows);
+    else
+        snprintf(shape, sizeof shape, "[%ld, %ld]", rows, cols);
+    fx_add_f32(b, name, dtype, shape, v, n);
+    free(v);
+}
+
+/* Blob = 8-byte LE header size + header text + data; frees b. */
+static uint8_t *fx_blob_raw(const char *hdr, const void *data, size_t dlen, size_t *len)
+{
+    size_t hl = strlen(hdr);
+    uint8_t *p = malloc(8 + hl + dlen + 1);
+    if (!p)
+        abort();
+    for (int k = 0; k < 8; k++)
+        p[k] = (uint8_t)((uint64_t)hl >> (8 * k));
+    memcpy(p + 8, hdr, hl);
+    if (dlen)
+        memcpy(p + 8 + hl, data, dlen);
+    *len = 8 + hl + dlen;
+    return p;
+}
+
+static uint8_t *fx_finish(fx_st *b, size_t *len)
+{
+    fx_hdr_cat(b, "}");
+    uint8_t *p = fx_blob_raw(b->hdr, b->data, b->dlen, len);
+    free(b->hdr);
+    free(b->data);
+    free(b);
+    return p;
+}
+
+/* Weights for every tensor a plan expects (tables first, then layers). */
+static uint8_t *fx_weights_for(const model_def *m, const char *dtype, size_t *len)
+{
+    fx_st *b = fx_new();
+    for (int i = 0; i < m->n_tables; i++)
+        fx_add_fill(b, m->tables[i].w.name, dtype, m->tables[i].rows, m->tables[i].dim);
+    for (int i = 0; i < m->n_layers; i++)
+        for (int j = 0; j < m->layers[i].n_w; j++) {
+            const md_weight *w = &m->layers[i].w[j];
+            int one_d = m->layers[i].op == MD_LINEAR && j == 1;
+            fx_add_fill(b, w->name, dtype, one_d ? w->cols : w->rows, one_d ? -1 : w->cols);
+        }
+    return fx_finish(b, len);
+}
+
+/* ---------------------------------------------------- the example model */
+
+/* MODEL_FORMAT.md's example, verbatim. */
+static const char FX_EXAMPLE_JSON[] =
+    "{\n"
+    "  \"format\": \"ikbo-model/1\",\n"
+    "  \"inputs\": {\n"
+    "    \"user\":      {\"dense\": 8, \"sparse\": [\"country\", \"lang\"],\n"
+    "                  \"history\": {\"max_len\": 64, \"actions\": 4}},\n"
+    "    \"candidate\": {\"dense\": 4, \"sparse\": [\"item\", \"author\"]}\n"
+    "  },\n"
+    "  \"tables\": {\n"
+    "    \"item\":    {\"rows\": 5000, \"dim\": 32},\n"
+    "    \"author\":  {\"rows\": 500,  \"dim\": 32},\n"
+    "    \"country\": {\"rows\": 64,   \"dim\": 32},\n"
+    "    \"lang\":    {\"rows\": 16,   \"dim\": 32}\n"
+    "  },\n"
+    "  \"layers\": [\n"
+    "    {\"name\": \"u_country\", \"op\": \"embedding_bag\", \"input\": \"user.sparse.country\", "
+    "\"table\": \"country\", \"pooling\": \"sum\"},\n"
+    "    {\"name\": \"u_lang\",    \"op\": \"embedding_bag\", \"input\": \"user.sparse.lang\",    "
+    "\"table\": \"lang\",    \"pooling\": \"mean\"},\n"
+    "    {\"name\": \"u_dense1\",  \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 64, "
+    "\"activation\": \"relu\"},\n"
+    "    {\"name\": \"u_dense2\",  \"op\": \"linear\", \"input\": \"u_dense1\",   \"out\": 64, "
+    "\"activation\": \"none\"},\n"
+    "    {\"name\": \"u_dense\",   \"op\": \"reshape\", \"input\": \"u_dense2\", \"tokens\": 2},\n"
+    "    {\"name\": \"hist\",      \"op\": \"history_embedding\", \"input\": \"user.history\", "
+    "\"table\": \"item\"},\n"
+    "    {\"name\": \"hist_mean\", \"op\": \"mean_pool\", \"input\": \"hist\"},\n"
+    "    {\"name\": \"e_user\",    \"op\": \"stack\", \"inputs\": [\"u_country\", \"u_lang\", "
+    "\"u_dense\", \"hist_mean\"]},\n"
+    "    {\"name\": \"c_item\",    \"op\": \"embedding_bag\", \"input\": \"candidate.sparse.item\",   "
+    "\"table\": \"item\",   \"pooling\": \"sum\"},\n"
+    "    {\"name\": \"c_author\",  \"op\": \"embedding_bag\", \"input\": "
+    "\"candidate.sparse.author\", \"table\": \"author\", \"pooling\": \"sum\"},\n"
+    "    {\"name\": \"c_dense1\",  \"op\": \"linear\", \"input\": \"candidate.dense\", \"out\": 64, "
+    "\"activation\": \"relu\"},\n"
+    "    {\"name\": \"c_dense\",   \"op\": \"reshape\", \"input\": \"c_dense1\", \"tokens\": 2},\n"
+    "    {\"name\": \"x_cand\",    \"op\": \"stack\", \"inputs\": [\"c_item\", \"c_author\", "
+    "\"c_dense\"]},\n"
+    "    {\"name\": \"ta\",        \"op\": \"target_attention\", \"query\": \"x_cand\", "
+    "\"history\": \"hist\", \"heads\": 2, \"head_dim\": 16},\n"
+    "    {\"name\": \"e_cand\",    \"op\": \"stack\", \"inputs\": [\"x_cand\", \"ta\"]},\n"
+    "    {\"name\": \"lce\",       \"op\": \"lce\", \"user\": \"e_user\", \"candidate\": "
+    "\"e_cand\", \"out_tokens\": 6},\n"
+    "    {\"name\": \"flat\",      \"op\": \"flatten\", \"input\": \"lce\"},\n"
+    "    {\"name\": \"top1\",      \"op\": \"linear\", \"input\": \"flat\", \"out\": 64, "
+    "\"activation\": \"relu\"},\n"
+    "    {\"name\": \"logits\",    \"op\": \"linear\", \"input\": \"top1\", \"out\": 2, "
+    "\"activation\": \"none\"}\n"
+    "  ],\n"
+    "  \"output\": {\"logits\": \"logits\", \"tasks\": [\"click\", \"like\"], \"score_weights\": "
+    "[1.0, 0.5]}\n"
+    "}\n";
+
+/* The example's tensors, shapes worked out by hand from MODEL_FORMAT.md
+ * (cols < 0: 1-D). */
+typedef struct fx_spec {
+    const char *name;
+    long rows, cols;
+} fx_spec;
+
+static const fx_spec FX_EXAMPLE_SPECS[] = {
+    {"tables.item", 5000, 32},  {"tables.author", 500, 32},  {"tables.country", 64, 32},
+    {"tables.lang", 16, 32},    {"u_dense1.weight", 64, 8},  {"u_dense1.bias", 64, -1},
+    {"u_dense2.weight", 64, 64}, {"u_dense2.bias", 64, -1},  {"hist.action", 4, 32},
+    {"hist.position", 64, 32},  {"c_dense1.weight", 64, 4},  {"c_dense1.bias", 64, -1},
+    {"ta.wq", 32, 32},          {"ta.wk", 32, 32},           {"ta.wv", 32, 32},
+    {"ta.wo", 32, 32},          {"lce.w_user", 6, 5},        {"lce.w_cand", 6, 8},
+    {"top1.weight", 64, 192},   {"top1.bias", 64, -1},       {"logits.weight", 2, 64},
+    {"logits.bias", 2, -1},
+};
+#define FX_N_EXAMPLE_SPECS ((int)(sizeof FX_EXAMPLE_SPECS / sizeof FX_EXAMPLE_SPECS[0]))
+
+/* Example weights with optional damage: `skip` is left out, `reshape` gets
+ * shape [rows, cols] instead (cols < 0: 1-D), `extra` is added. */
+typedef struct fx_opts {
+    const char *dtype; /* default "F32" */
+    const char *skip;
+    const char *reshape;
+    long rows, cols;
+    const char *extra;
+    const char *poison; /* this tensor's element 3 becomes poison_val */
+    float poison_val;
+} fx_opts;
+
+static uint8_t *fx_example_weights(const fx_opts *o, size_t *len)
+{
+    fx_opts def = {0};
+    if (!o)
+        o = &def;
+    fx_st *b = fx_new();
+    for (int i = 0; i < FX_N_EXAMPLE_SPECS; i++) {
+        const fx_spec *s = &FX_EXAMPLE_SPECS[i];
+        if (o->skip && strcmp(o->skip, s->name) == 0)
+            continue;
+        long r = s->rows, c = s->cols;
+        if (o->reshape && strcmp(o->reshape, s->name) == 0) {
+            r = o->rows;
+            c = o->cols;
+        }
+        if (o->poison && strcmp(o->poison, s->name) == 0) {
+            char shape[64];
+            size_t n = (size_t)r * (size_t)(c < 0 ? 1 : c);
+            float *v = malloc(n * sizeof(float) + 1);
+            if (!v)
+                abort();
+            for (size_t k = 0; k < n; k++)
+                v[k] = k == 3 ? o->poison_val : fx_val(s->name, k);
+            if (c < 0)
+                snprintf(shape, sizeof shape, "[%ld]", r);
+            else
+                snprintf(shape, sizeof shape, "[%ld, %ld]", r, c);
+            fx_add_f32(b, s->name, o->dtype ? o->dtype : "F32", shape, v, n);
+            free(v);
+            continue;
+        }
+        fx_add_fill(b, s->name, o->dtype ? o->dtype : "F32", r, c);
+    }
+    if (o->extra)
+        fx_add_fill(b, o->extra, o->dtype ? o->dtype : "F32", 2, 2);
+    return fx_finish(b, len);
+}
+
+/* Returns a malloc'd copy of src with the single occurrence of `find`
+ * replaced; NULL if find does not occur exactly once. */
+static char *fx_replace(const char *src, const char *find, const char *repl)
+{
+    const char *p = strstr(src, find);
+    if (!p || strstr(p + 1, find))
+        return NULL;
+    size_t a = (size_t)(p - src), fl = strlen(find), rl = strlen(repl), tl = strlen(p + fl);
+    char *out = malloc(a + rl + tl + 1);
+    if (!out)
+        abort();
+    memcpy(out, src, a);
+    memcpy(out + a, repl, rl);
+    memcpy(out + a + rl, p + fl, tl + 1);
+    return out;
+}
+
+/* ----------------------------------------------------- consistency check */
+
+/* Shape of a layer input as the planner must have seen it. */
+static int fx_ref_shape(const model_def *m, md_ref r, int self, enum md_domain *dom,
+                        enum md_kind *kind, int *tokens, int *dim)
+{
+    switch (r.src) {
+    case MD_SRC_LAYER:
+        if (r.index < 0 || r.index >= self)
+            return -1;
+        *dom = m->layers[r.index].domain;
+        *kind = m->layers[r.index].kind;
+        *tokens = m->layers[r.index].tokens;
+        *dim = m->layers[r.index].dim;
+        return 0;
+    case MD_SRC_USER_DENSE:
+    case MD_SRC_CAND_DENSE:
+        *dom = r.src == MD_SRC_USER_DENSE ? MD_USER : MD_CAND;
+        *dim = r.src == MD_SRC_USER_DENSE ? m->user_dense : m->cand_dense;
+        *kind = MD_VEC;
+        *tokens = 1;
+        return *dim > 0 && r.index == 0 ? 0 : -1;
+    default:
+        return -1;
+    }
+}
+
+#define FX_REQ(c, what)                                                                       \
+    do {                                                                                      \
+        if (!(c)) {                                                                           \
+            snprintf(why, whyn, "layer %d (%s): %s", i, l ? l->name : "-", what);             \
+            return -1;                                                                        \
+        }                                                                                     \
+    } while (0)
+
+static int fx_wok(const md_weight *w, int rows, int cols, int need_data)
+{
+    return w->name && w->rows == rows && w->cols == cols && (!need_data || w->data);
+}
+
+/* Everything the executor relies on; 0 if consistent, else -1 and why. */
+static int fx_check_model(const model_def *m, int need_data, char *why, size_t whyn)
+{
+    int i = -1;
+    const md_layer *l = NULL;
+    FX_REQ(m && m->dir && m->n_layers >= 1 && m->layers, "model header");
+    FX_REQ(m->user_dense >= 0 && m->cand_dense >= 0, "dense");
+    FX_REQ(!m->has_history || (m->hist_max_len >= 1 && m->hist_actions >= 1), "history");
+    for (int t = 0; t < m->n_tables; t++)
+        FX_REQ(m->tables[t].name && m->tables[t].rows >= 1 && m->tables[t].dim >= 1 &&
+                   fx_wok(&m->tables[t].w, m->tables[t].rows, m->tables[t].dim, need_data),
+               "table");
+    for (i = 0; i < m->n_layers; i++) {
+        l = &m->layers[i];
+        enum md_domain d[64];
+        enum md_kind k[64];
+        int tk[64], dm[64];
+        FX_REQ(l->name && l->n_in >= 1 && l->in && l->n_w >= 0 && l->n_w <= MD_MAX_WEIGHTS,
+               "basics");
+        FX_REQ(l->dim >= 1 && l->tokens >= 1 && (l->kind == MD_TOKENS || l->tokens == 1),
+               "shape");
+        FX_REQ((long long)l->tokens * l->dim <= INT_MAX, "width");
+        for (int w = 0; w < l->n_w; w++)
+            FX_REQ(l->w[w].name && l->w[w].rows >= 1 && l->w[w].cols >= 1 &&
+                       (!need_data || l->w[w].data),
+                   "weight");
+        if (l->op == MD_EMBEDDING_BAG || l->op == MD_HISTORY_EMBEDDING) {
+            FX_REQ(l->n_in == 1 && l->table >= 0 && l->table < m->n_tables, "table ref");
+            FX_REQ(l->dim == m->tables[l->table].dim && l->kind == (l->op == MD_EMBEDDING_BAG
+                                                                        ? MD_VEC
+                                                                        : MD_JAGGED),
+                   "table shape");
+            if (l->op == MD_EMBEDDING_BAG) {
+                md_ref r = l->in[0];
+                FX_REQ((r.src == MD_SRC_USER_SPARSE && r.index >= 0 &&
+                        r.index < m->n_user_sparse && l->domain == MD_USER) ||
+                           (r.src == MD_SRC_CAND_SPARSE && r.index >= 0 &&
+                            r.index < m->n_cand_sparse && l->domain == MD_CAND),
+                       "sparse ref");
+                FX_REQ(l->n_w == 0, "n_w");
+            } else {
+                FX_REQ(m->has_history && l->in[0].src == MD_SRC_USER_HISTORY &&
+                           l->domain == MD_USER && l->n_w == 2 &&
+                           fx_wok(&l->w[0], m->hist_actions, l->dim, need_data) &&
+                           fx_wok(&l->w[1], m->hist_max_len, l->dim, need_data),
+                       "history");
+            }
+            continue;
+        }
+        FX_REQ(l->n_in <= 64, "too many inputs for the checker");
+        int any_c = 0, any_u = 0;
+        for (int j = 0; j < l->n_in; j++) {
+            FX_REQ(fx_ref_shape(m, l->in[j], i, &d[j], &k[j], &tk[j], &dm[j]) == 0, "input ref");
+            if (d[j] == MD_CAND)
+                any_c = 1;
+            else
+                any_u = 1;
+        }
+        FX_REQ(l->domain == (any_c ? MD_CAND : MD_USER), "domain rule");
+        FX_REQ(!(any_c && any_u) || l->op == MD_LCE || l->op == MD_TARGET_ATTENTION ||
+                   l->op == MD_ADD,
+               "mixing");
+        switch (l->op) {
+        case MD_MEAN_POOL:
+            FX_REQ(k[0] == MD_JAGGED && l->kind == MD_VEC && l->dim == dm[0], "mean_pool");
+            break;
+        case MD_LINEAR:
+            FX_REQ(k[0] == MD_VEC && l->kind == MD_VEC && l->n_w == 2 &&
+                       fx_wok(&l->w[0], l->dim, dm[0], need_data) &&
+                       fx_wok(&l->w[1], 1, l->dim, need_data),
+                   "linear");
+            break;
+        case MD_RESHAPE:
+            FX_REQ(k[0] == MD_VEC && l->kind == MD_TOKENS && l->tokens * l->dim == dm[0],
+                   "reshape");
+            break;
+        case MD_FLATTEN:
+            FX_REQ(k[0] == MD_TOKENS && l->kind == MD_VEC && l->dim == tk[0] * dm[0], "flatten");
+            break;
+        case MD_STACK: {
+            long long K = 0;
+            for (int j = 0; j < l->n_in; j++) {
+                FX_REQ(k[j] != MD_JAGGED && dm[j] == l->dim && d[j] == l->domain, "stack input");
+                K += tk[j];
+            }
+            FX_REQ(l->kind == MD_TOKENS && K == l->tokens, "stack");
+            break;
+        }
+        case MD_ADD:
+            FX_REQ(l->n_in == 2 && k[0] == k[1] && tk[0] == tk[1] && dm[0] == dm[1] &&
+                       k[0] != MD_JAGGED && l->kind == k[0] && l->tokens == tk[0] &&
+                       l->dim == dm[0],
+                   "add");
+            break;
+        case MD_TARGET_ATTENTION: {
+            int hd = l->heads * l->head_dim;
+            FX_REQ(l->n_in == 2 && d[0] == MD_CAND && k[0] != MD_JAGGED && d[1] == MD_USER &&
+                       k[1] == MD_JAGGED && dm[0] == dm[1] && l->kind == MD_TOKENS &&
+                       l->tokens == tk[0] && l->dim == dm[0] && l->heads >= 1 &&
+                       l->head_dim >= 1 && l->n_w == 4,
+                   "attention");
+            FX_REQ(fx_wok(&l->w[0], hd, l->dim, need_data) &&
+                       fx_wok(&l->w[1], hd, l->dim, need_data) &&
+                       fx_wok(&l->w[2], hd, l->dim, need_data) &&
+                       fx_wok(&l->w[3], l->dim, hd, need_data),
+                   "attention weights");
+            break;
+        }
+        case MD_LCE:
+            FX_REQ(l->n_in == 2 && d[0] == MD_USER && d[1] == MD_CAND && k[0] != MD_JAGGED &&
+                       k[1] != MD_JAGGED && dm[0] == dm[1] && l->kind == MD_TOKENS &&
+                       l->dim == dm[0] && l->n_w == 2 &&
+                       fx_wok(&l->w[0], l->tokens, tk[0], need_data) &&
+                       fx_wok(&l->w[1], l->tokens, tk[1], need_data),
+                   "lce");
+            break;
+        default:
+            FX_REQ(0, "op");
+        }
+    }
+    i = -1;
+    l = NULL;
+    FX_REQ(m->logits_layer >= 0 && m->logits_layer < m->n_layers, "logits index");
+    const md_layer *lg = &m->layers[m->logits_layer];
+    FX_REQ(lg->domain == MD_CAND && lg->kind == MD_VEC && lg->dim == m->n_tasks &&
+               m->n_tasks >= 1 && m->tasks && m->score_weights,
+           "logits");
+    return 0;
+}
+
+#endif
