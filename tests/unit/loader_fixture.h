@@ -18,6 +18,8 @@
 
 #include "engine/model.h"
 
+#define FX_FN static __attribute__((unused))
+
 /* ------------------------------------------------------------ blobs */
 
 typedef struct fx_st {
@@ -27,7 +29,7 @@ typedef struct fx_st {
     size_t dlen, dcap;
 } fx_st;
 
-static void *fx_xrealloc(void *p, size_t n)
+FX_FN void *fx_xrealloc(void *p, size_t n)
 {
     p = realloc(p, n ? n : 1);
     if (!p)
@@ -35,7 +37,7 @@ static void *fx_xrealloc(void *p, size_t n)
     return p;
 }
 
-static void fx_hdr_cat(fx_st *b, const char *s)
+FX_FN void fx_hdr_cat(fx_st *b, const char *s)
 {
     size_t n = strlen(s);
     if (b->hlen + n + 1 > b->hcap) {
@@ -46,7 +48,7 @@ static void fx_hdr_cat(fx_st *b, const char *s)
     b->hlen += n;
 }
 
-static fx_st *fx_new(void)
+FX_FN fx_st *fx_new(void)
 {
     fx_st *b = calloc(1, sizeof *b);
     if (!b)
@@ -56,7 +58,7 @@ static fx_st *fx_new(void)
 }
 
 /* Appends raw tensor bytes with a header entry; shape is JSON text ("[2, 3]"). */
-static void fx_add_raw(fx_st *b, const char *name, const char *dtype, const char *shape,
+FX_FN void fx_add_raw(fx_st *b, const char *name, const char *dtype, const char *shape,
                        const void *bytes, size_t nbytes)
 {
     char e[512];
@@ -73,7 +75,7 @@ static void fx_add_raw(fx_st *b, const char *name, const char *dtype, const char
 }
 
 /* fp32 -> binary16, round to nearest even (normal, subnormal, inf, nan). */
-static uint16_t fx_f32_to_f16(float f)
+FX_FN uint16_t fx_f32_to_f16(float f)
 {
     uint32_t x;
     memcpy(&x, &f, 4);
@@ -100,7 +102,7 @@ static uint16_t fx_f32_to_f16(float f)
     return (uint16_t)(sign | h);
 }
 
-static uint16_t fx_f32_to_bf16(float f)
+FX_FN uint16_t fx_f32_to_bf16(float f)
 {
     uint32_t x;
     memcpy(&x, &f, 4);
@@ -111,7 +113,7 @@ static uint16_t fx_f32_to_bf16(float f)
 }
 
 /* Appends n floats encoded as dtype "F32", "F16" or "BF16" (little-endian). */
-static void fx_add_f32(fx_st *b, const char *name, const char *dtype, const char *shape,
+FX_FN void fx_add_f32(fx_st *b, const char *name, const char *dtype, const char *shape,
                        const float *v, size_t n)
 {
     size_t es = strcmp(dtype, "F32") == 0 ? 4 : 2;
@@ -132,7 +134,7 @@ static void fx_add_f32(fx_st *b, const char *name, const char *dtype, const char
 }
 
 /* Deterministic weight value: small multiples of 1/64, exact in F16/BF16. */
-static float fx_val(const char *name, size_t i)
+FX_FN float fx_val(const char *name, size_t i)
 {
     uint32_t h = 2166136261u;
     for (const char *p = name; *p; p++)
@@ -142,7 +144,7 @@ static float fx_val(const char *name, size_t i)
 }
 
 /* A [rows, cols] tensor (cols < 0: a 1-D [rows] tensor) of fx_val values. */
-static void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows, long cols)
+FX_FN void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows, long cols)
 {
     char shape[64];
     size_t n = (size_t)rows * (size_t)(cols < 0 ? 1 : cols);
@@ -160,7 +162,7 @@ static void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows
 }
 
 /* Blob = 8-byte LE header size + header text + data; frees b. */
-static uint8_t *fx_blob_raw(const char *hdr, const void *data, size_t dlen, size_t *len)
+FX_FN uint8_t *fx_blob_raw(const char *hdr, const void *data, size_t dlen, size_t *len)
 {
     size_t hl = strlen(hdr);
     uint8_t *p = malloc(8 + hl + dlen + 1);
@@ -175,7 +177,7 @@ static uint8_t *fx_blob_raw(const char *hdr, const void *data, size_t dlen, size
     return p;
 }
 
-static uint8_t *fx_finish(fx_st *b, size_t *len)
+FX_FN uint8_t *fx_finish(fx_st *b, size_t *len)
 {
     fx_hdr_cat(b, "}");
     uint8_t *p = fx_blob_raw(b->hdr, b->data, b->dlen, len);
@@ -186,7 +188,7 @@ static uint8_t *fx_finish(fx_st *b, size_t *len)
 }
 
 /* Weights for every tensor a plan expects (tables first, then layers). */
-static uint8_t *fx_weights_for(const model_def *m, const char *dtype, size_t *len)
+FX_FN uint8_t *fx_weights_for(const model_def *m, const char *dtype, size_t *len)
 {
     fx_st *b = fx_new();
     for (int i = 0; i < m->n_tables; i++)
@@ -287,7 +289,7 @@ typedef struct fx_opts {
     float poison_val;
 } fx_opts;
 
-static uint8_t *fx_example_weights(const fx_opts *o, size_t *len)
+FX_FN uint8_t *fx_example_weights(const fx_opts *o, size_t *len)
 {
     fx_opts def = {0};
     if (!o)
@@ -327,7 +329,7 @@ static uint8_t *fx_example_weights(const fx_opts *o, size_t *len)
 
 /* Returns a malloc'd copy of src with the single occurrence of `find`
  * replaced; NULL if find does not occur exactly once. */
-static char *fx_replace(const char *src, const char *find, const char *repl)
+FX_FN char *fx_replace(const char *src, const char *find, const char *repl)
 {
     const char *p = strstr(src, find);
     if (!p || strstr(p + 1, find))
@@ -345,7 +347,7 @@ static char *fx_replace(const char *src, const char *find, const char *repl)
 /* ----------------------------------------------------- consistency check */
 
 /* Shape of a layer input as the planner must have seen it. */
-static int fx_ref_shape(const model_def *m, md_ref r, int self, enum md_domain *dom,
+FX_FN int fx_ref_shape(const model_def *m, md_ref r, int self, enum md_domain *dom,
                         enum md_kind *kind, int *tokens, int *dim)
 {
     switch (r.src) {
@@ -377,13 +379,13 @@ static int fx_ref_shape(const model_def *m, md_ref r, int self, enum md_domain *
         }                                                                                     \
     } while (0)
 
-static int fx_wok(const md_weight *w, int rows, int cols, int need_data)
+FX_FN int fx_wok(const md_weight *w, int rows, int cols, int need_data)
 {
     return w->name && w->rows == rows && w->cols == cols && (!need_data || w->data);
 }
 
 /* Everything the executor relies on; 0 if consistent, else -1 and why. */
-static int fx_check_model(const model_def *m, int need_data, char *why, size_t whyn)
+FX_FN int fx_check_model(const model_def *m, int need_data, char *why, size_t whyn)
 {
     int i = -1;
     const md_layer *l = NULL;
