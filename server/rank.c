@@ -85,14 +85,16 @@ Ikbo__V1__RankResponse *rank_handle(const rank_env *env, int slot,
     int64_t version = 0;
     int n_users = -1;
 
-    if (deadline_ns && t0 >= deadline_ns) {
-        rq_status_set(st, RQ_DEADLINE_EXCEEDED, "deadline exceeded before the request started");
-        goto done;
-    }
     m = registry_acquire(env->reg, req->model, req->model_version, st);
     if (!m) goto done;
     model_label = registry_model_name(m);
     version = registry_model_version(m);
+    if (deadline_ns && t0 >= deadline_ns) {
+        rq_status_set(st, RQ_DEADLINE_EXCEEDED,
+                      "deadline exceeded before the request started (%zu candidates not scored)",
+                      req->n_candidates);
+        goto done;
+    }
     const ikbo_model_info *mi = registry_model_info(m);
     if (rq_validate(req, mi, env->limits, st) != 0) goto done;
     plan = rq_plan_build(req, mi, st);
