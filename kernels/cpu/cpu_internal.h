@@ -19,7 +19,6 @@
 #define IKBO_CPU_INTERNAL_H
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 
 #include "../backend.h"
@@ -50,10 +49,9 @@ struct bk_weight {
     float *data; /* fp32 [rows, cols] row-major copy */
     /* Linear panels, built on first use by linear (tables never need them):
      * panel p holds W[p*GEMM_NR + j][k] at [p][k][j], zero-padded to
-     * GEMM_NR outputs. The pointer is published with release/acquire so
-     * threads sharing a weight see a complete copy; pack_lock makes the
-     * build happen once. */
-    _Atomic(float *) packed;
+     * GEMM_NR outputs. Threads share weights, so packed is only read or
+     * written under pack_lock. */
+    float *packed;
     pthread_mutex_t pack_lock;
 };
 

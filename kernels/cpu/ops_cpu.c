@@ -44,8 +44,10 @@
 
 static inline int min_int(int a, int b) { return a < b ? a : b; }
 
-/* ((id % rows) + rows) % rows without the overflow of the literal form for
- * ids near INT64_MAX; equal to it for every id. rows > 0. */
+/* ((id % rows) + rows) % rows, the format's rule, with one division: C's %
+ * truncates toward zero, so id % rows lies in (-rows, rows) and one
+ * conditional add makes it non-negative. No overflow for any int64 id
+ * (INT64_MIN included) because 0 < rows <= INT_MAX. */
 static inline int64_t table_row(int64_t id, int64_t rows)
 {
     int64_t r = id % rows;

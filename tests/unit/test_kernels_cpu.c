@@ -63,6 +63,8 @@ typedef struct T {
     char ctx[200]; /* current case, printed with every failure */
     buf bufs[MAXBUF];
     int nbufs;
+    bk_weight *weights[MAXBUF];
+    int nweights;
 } T;
 
 #define OK(t, call)                                                                       \
@@ -165,19 +167,37 @@ static float *download(T *t, const void *dev, size_t n)
     return h;
 }
 
+/* End of a case: free its buffers and weights (also run by teardown, so a
+ * failed case does not report leaks on top of its failure). */
 static void free_bufs(T *t)
 {
     for (int i = t->nbufs - 1; i >= 0; i--)
         t->be->free(t->be, t->bufs[i].p, t->bufs[i].bytes, t->bufs[i].tag);
     t->nbufs = 0;
+    for (int i = t->nweights - 1; i >= 0; i--)
+        t->be->weight_free(t->be, t->weights[i]);
+    t->nweights = 0;
 }
 
 static bk_weight *wnew(T *t, const float *w, int rows, int cols)
 {
+    assert_true(t->nweights < MAXBUF);
     bk_weight *h = t->be->weight_new(t->be, w, rows, cols, &t->err);
     if (!h)
         fail_msg("weight_new [%d, %d]: %s", rows, cols, t->err.msg);
+    t->weights[t->nweights++] = h;
     return h;
+}
+
+/* Free one weight now (the weight accounting test). */
+static void wdrop(T *t, bk_weight *h)
+{
+    for (int i = 0; i < t->nweights; i++)
+        if (t->weights[i] == h) {
+            t->weights[i] = t->weights[--t->nweights];
+            break;
+        }
+    t->be->weight_free(t->be, h);
 }
 
 static int is_poison(float f)
@@ -539,9 +559,9 @@ static void test_weights_and_transfers(void **state)
     assert_true(y[0] == 6.0f && y[1] == 15.0f);
 
     bk_weight *z = wnew(t, NULL, 0, 0); /* empty weights are legal */
-    t->be->weight_free(t->be, z);
-    t->be->weight_free(t->be, h);
-    t->be->weight_free(t->be, NULL);
+    wdrop(t, z);
+    wdrop(t, h);
+    t->be->weight_free(t->be, NULL); /* a no-op */
     t->be->get_stats(t->be, &st);
     assert_int_equal(st.weight_bytes, 0);
     assert_null(t->be->weight_new(t->be, w, -1, 3, &t->err));
@@ -585,7 +605,6 @@ static void test_embedding_bag_random(void **state)
                 for (int j = 0; j < dim; j++)
                     assert_true(got[(size_t)b * ld + j] == 0.0f);
         free(got), free(ref), free(allow), free(tab), free(ids), free(off);
-        t->be->weight_free(t->be, wt);
         free_bufs(t);
     }
 }
@@ -624,7 +643,6 @@ static void test_embedding_bag_extreme_ids(void **state)
                              got[i * dim + j], r);
         }
         free(got), free(tab);
-        t->be->weight_free(t->be, wt);
         free_bufs(t);
     }
 }
@@ -679,9 +697,6 @@ static void test_history_embedding_random(void **state)
             assert_true(is_poison(got[ne * dim + j]));
         free(got), free(ref), free(allow), free(tab), free(act), free(pos), free(ids),
             free(acts), free(off);
-        t->be->weight_free(t->be, wt);
-        t->be->weight_free(t->be, wa);
-        t->be->weight_free(t->be, wp);
         free_bufs(t);
     }
 }
@@ -703,9 +718,6 @@ static void test_history_embedding_errors(void **state)
     assert_int_equal(t->be->history_embedding(t->s, wt, wa, wp, dids, NULL, dlong, 1, dout,
                                               &t->err), -1);
     assert_non_null(strstr(t->err.msg, "positions"));
-    t->be->weight_free(t->be, wt);
-    t->be->weight_free(t->be, wa);
-    t->be->weight_free(t->be, wp);
     free_bufs(t);
 }
 
@@ -764,8 +776,6 @@ static void run_linear_case(T *t, lin_case lc)
     ref_linear(x, lc.ldx, lc.rows, w, lc.out, lc.in, lc.has_bias ? b : NULL, lc.act, ref, allow);
     check_rows(t, "linear", got, lc.ldy, ref, allow, (size_t)lc.rows, lc.out);
     free(got), free(ref), free(allow), free(x), free(w), free(b);
-    t->be->weight_free(t->be, ww);
-    t->be->weight_free(t->be, wb);
     free_bufs(t);
 }
 
@@ -817,8 +827,6 @@ static void test_linear_errors(void **state)
     float *got = download(t, dy, 64);
     assert_true(is_poison(got[0]));
     free(got);
-    t->be->weight_free(t->be, ww);
-    t->be->weight_free(t->be, wb);
     free_bufs(t);
 }
 
@@ -873,7 +881,6 @@ static void test_linear_shared_weight_threads(void **state)
     ref_linear(x, in, rows, w, out, in, NULL, BK_ACT_NONE, ref, allow);
     check_rows(t, "linear_threads", got, out, ref, allow, (size_t)rows, out);
     free(got), free(ref), free(allow), free(x), free(w);
-    t->be->weight_free(t->be, ww);
     free_bufs(t);
 }
 
@@ -915,8 +922,6 @@ static void run_lce_case(T *t, lce_case lc)
     ref_lce(eu, ec, lc.nc, map, wu, wc, lc.ku, lc.kc, lc.m, lc.d, ref, allow);
     check_rows(t, "lce", got, lc.m * lc.d, ref, allow, (size_t)lc.nc, lc.m * lc.d);
     free(got), free(ref), free(allow), free(map), free(eu), free(ec), free(wu), free(wc);
-    t->be->weight_free(t->be, hwu);
-    t->be->weight_free(t->be, hwc);
     free_bufs(t);
 }
 
@@ -991,8 +996,6 @@ static void test_lce_map_equals_broadcast(void **state)
         if (memcmp(z1, z2, nz * sizeof(float)) != 0)
             fail_msg("lce through map != lce of gathered input [%s]", t->ctx);
         free(z1), free(z2), free(map), free(ident), free(eu), free(ec), free(wu), free(wc);
-        t->be->weight_free(t->be, hwu);
-        t->be->weight_free(t->be, hwc);
         free_bufs(t);
     }
 }
@@ -1163,10 +1166,6 @@ static void test_target_attention_composed(void **state)
         check_rows(t, "target_attention", got, D, ref, allow, nq, D);
         free(got), free(Q), free(K), free(V), free(O), free(ref), free(allow), free(x),
             free(hist), free(wq), free(wk), free(wv), free(wo), free(off), free(map);
-        t->be->weight_free(t->be, hq);
-        t->be->weight_free(t->be, hk);
-        t->be->weight_free(t->be, hv);
-        t->be->weight_free(t->be, ho);
         free_bufs(t);
     }
 }
@@ -1193,8 +1192,6 @@ static void test_determinism_linear(void **state)
         if (memcmp(yb + (size_t)pos * out, y1, (size_t)out * sizeof(float)) != 0)
             fail_msg("linear row %d of %d differs from the row alone [%s]", pos, batch, t->ctx);
         free(xb), free(w), free(b), free(yb), free(y1);
-        t->be->weight_free(t->be, hw);
-        t->be->weight_free(t->be, hb);
         free_bufs(t);
     }
 }
@@ -1224,8 +1221,6 @@ static void test_determinism_lce(void **state)
         if (memcmp(z + (size_t)pos * md, z1, md * sizeof(float)) != 0)
             fail_msg("lce candidate %d of %d differs from the candidate alone [%s]", pos, nc, t->ctx);
         free(z), free(z1), free(map), free(eu), free(ec), free(wu), free(wc);
-        t->be->weight_free(t->be, hwu);
-        t->be->weight_free(t->be, hwc);
         free_bufs(t);
     }
 }
@@ -1377,7 +1372,6 @@ static void test_index_validation(void **state)
     assert_int_equal(t->be->embedding_bag(t->s, hw, doff, doff, 2, BK_POOL_SUM, buf, 2, &t->err), -1);
     assert_int_equal(t->be->embedding_bag(t->s, hw, doff, doff, 1, BK_POOL_SUM, buf, 1, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "ld 1"));
-    t->be->weight_free(t->be, hw);
     free_bufs(t);
 }
 
