@@ -55,7 +55,7 @@ LIBIKBO := $(BUILD)/libikbo.a
 .PHONY: all run test deps deps-build unit golden integration fuzz clean help
 .DEFAULT_GOAL := all
 
-all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader
+all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader
 
 help:
 	@echo "make            build build/ikbo-serve, build/ikbo-score and the tests (CUDA=0: CPU only)"
@@ -117,6 +117,11 @@ $(BUILD)/ikbo-serve: $(BUILD)/obj/server/main.o $(SERVER_OBJS) $(GEN_OBJS) $(LIB
 
 $(BUILD)/ikbo-score: $(BUILD)/obj/tools/ikbo_score.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
 	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+
+# Load generator: a gRPC client only (no engine, no server objects).
+LOADGEN_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/loadgen/*.c))
+$(BUILD)/ikbo-loadgen: $(LOADGEN_OBJS) $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
+	$(CC) $(CFLAGS) -o $@ $^ -lgrpc -lgpr -lprotobuf-c -ljansson $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
 	@mkdir -p $(dir $@)
