@@ -1,0 +1,510 @@
+/* bench_kernels.cu - the IKBO kernels against their ceilings and baselines.
+ *
+ * Why this exists: issue 5 asks for numbers measured in one run on the H200:
+ * the device's own ceilings first (device-to-device copy bandwidth, cuBLAS
+ * 8192^3 fp16/bf16 GEMM rate on random data), then
+ * - LCE at C = 1024, M = 433, D = 256, Ku = 1178, Kc = 866, candidate/user
+ *   ratios 70, 2, 10, 1000: the broadcast baseline (materialize [C, Ku+Kc, D]
+ *   then one batched GEMM), decomposed cuBLAS (user GEMM at U, candidate GEMM
+ *   at C, then a separate broadcast add), and ours (the backend's lce op);
+ *   each as ms and as a multiple of the floor
+ *     floor = max(FLOPs / GEMM rate, bytes / copy bandwidth)
+ *     FLOPs = 2 C M Kc D + 2 U M Ku D
+ *     bytes = 2 (C Kc D + U Ku D + C M D + M (Kc + Ku))  (K padded to 8)
+ * - attention at C = 2048, ratio 64, H = 2, dh = 128, Tq = 64, L = 512,
+ *   1024, 2048 (and an uneven ratio): the broadcast baseline (gather K/V to
+ *   candidates, then our kernel on the materialized K/V with an identity
+ *   map) and ours; TFLOP/s counting 4 C H Tq L dh and the ratio to the GEMM
+ *   rate of the same dtype.
+ * Every time is the median of repeated runs timed with CUDA events after
+ * warm-up. A short table is printed last.
+ *
+ *   bench_kernels [--quick]
+ */
+#include <algorithm>
+#include <functional>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/cuda_internal.h"
+
+#define CK(x)                                                                 \
+    do {                                                                      \
+        cudaError_t e_ = (x);                                                 \
+        if (e_ != cudaSuccess) {                                              \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,        \
+                    cudaGetErrorString(e_));                                  \
+            exit(2);                                                          \
+        }                                                                     \
+    } while (0)
+#define CB(x)                                                                 \
+    do {                                                                      \
+        cublasStatus_t s_ = (x);                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                    \
+            fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__,        \
+                    __LINE__, #x, (int)s_);                                   \
+            exit(2);                                                          \
+        }                                                                     \
+    } while (0)
+#define BK(x)                                                                 \
+    do {                                                                      \
+        if ((x) != 0) {                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,        \
+                    berr.msg);                                                \
+            exit(2);                                                          \
+        }                                                                     \
+    } while (0)
+
+static bk_err berr;
+static int quick;
+static std::vector<std::string> table;
+
+template <typename T>
+__global__ void k_fill(T *p, size_t n, uint32_t seed, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        x *= 3266489917u;
+        x ^= x >> 16;
+        p[i] = cu_fromf<T>(((float)(x >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+    }
+}
+
+template <typename T> static void fill(T *p, size_t n, uint32_t seed, float scale)
+{
+    k_fill<T><<<4096, 256>>>(p, n, seed, scale);
+    CK(cudaGetLastError());
+}
+
+static double median_ms(cudaStream_t st, const std::function<void()> &f, int warm, int reps)
+{
+    for (int i = 0; i < warm; i++)
+        f();
+    CK(cudaStreamSynchronize(st));
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, st));
+        f();
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+/* ---------------------------------------------------------------- ceilings */
+
+static double g_bw, g_rate_f16, g_rate_bf16; /* bytes/s, FLOP/s */
+
+static void ceilings(cudaStream_t st, cublasHandle_t h)
+{
+    size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    fill<float>((float *)a, bytes / 4, 1, 1.0f);
+    double ms = median_ms(st, [&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, st)); },
+                          3, 20);
+    g_bw = 2.0 * bytes / (ms * 1e-3);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    printf("copy: %.3f ms for 2 x %zu bytes -> %.2f TB/s (read + write)\n", ms, bytes, g_bw / 1e12);
+
+    const int N = 8192;
+    void *A, *B, *C;
+    CK(cudaMalloc(&A, (size_t)N * N * 2));
+    CK(cudaMalloc(&B, (size_t)N * N * 2));
+    CK(cudaMalloc(&C, (size_t)N * N * 2));
+    float one = 1.0f, zero = 0.0f;
+    for (int dt = 0; dt < 2; dt++) {
+        cudaDataType_t ty = dt == 0 ? CUDA_R_16F : CUDA_R_16BF;
+        if (dt == 0) {
+            fill<__half>((__half *)A, (size_t)N * N, 2, 1.0f);
+            fill<__half>((__half *)B, (size_t)N * N, 3, 1.0f);
+        } else {
+            fill<__nv_bfloat16>((__nv_bfloat16 *)A, (size_t)N * N, 2, 1.0f);
+            fill<__nv_bfloat16>((__nv_bfloat16 *)B, (size_t)N * N, 3, 1.0f);
+        }
+        ms = median_ms(st, [&] {
+            CB(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, N, N, &one, A, ty, N, B, ty, N, &zero,
+                            C, ty, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }, 3, 10);
+        double rate = 2.0 * N * N * (double)N / (ms * 1e-3);
+        (dt == 0 ? g_rate_f16 : g_rate_bf16) = rate;
+        printf("gemm %s 8192^3: %.3f ms -> %.1f TFLOP/s\n", dt == 0 ? "fp16" : "bf16", ms, rate / 1e12);
+    }
+    CK(cudaFree(A));
+    CK(cudaFree(B));
+    CK(cudaFree(C));
+    char line[256];
+    snprintf(line, sizeof line, "ceilings: copy %.2f TB/s, GEMM fp16 %.1f TFLOP/s, bf16 %.1f TFLOP/s",
+             g_bw / 1e12, g_rate_f16 / 1e12, g_rate_bf16 / 1e12);
+    table.push_back(line);
+}
+
+/* ------------------------------------------------------------------- LCE */
+
+/* E_full[c] = [Eu[map c]; Ec[c]]: the broadcast baseline's materialization. */
+__global__ void k_materialize(const uint4 *eu, size_t ubytes16, const uint4 *ec, size_t cbytes16,
+                              const int32_t *map, uint4 *out)
+{
+    int c = blockIdx.x;
+    const uint4 *u = eu + (size_t)map[c] * ubytes16;
+    const uint4 *x = ec + (size_t)c * cbytes16;
+    uint4 *o = out + (size_t)c * (ubytes16 + cbytes16);
+    for (size_t i = threadIdx.x; i < ubytes16; i += blockDim.x)
+        o[i] = u[i];
+    for (size_t i = threadIdx.x; i < cbytes16; i += blockDim.x)
+        o[ubytes16 + i] = x[i];
+}
+
+/* z[c] += y[map c] (the decomposed baseline's separate broadcast add). */
+template <typename T>
+__global__ void k_bcast_add(T *z, const T *y, const int32_t *map, int nc, size_t md)
+{
+    size_t total = (size_t)nc * md;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t c = i / md, j = i - c * md;
+        z[i] = cu_fromf<T>(cu_tof<T>(z[i]) + cu_tof<T>(y[(size_t)map[c] * md + j]));
+    }
+}
+
+template <typename T>
+__global__ void k_reldiff(const T *a, const T *b, size_t n, double *acc)
+{
+    double num = 0, den = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        double x = cu_tof<T>(a[i]), y = cu_tof<T>(b[i]);
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    atomicAdd(&acc[0], num);
+    atomicAdd(&acc[1], den);
+}
+
+template <typename T> static double reldiff(const T *a, const T *b, size_t n)
+{
+    double *d, h[2];
+    CK(cudaMalloc(&d, 16));
+    CK(cudaMemset(d, 0, 16));
+    k_reldiff<T><<<1024, 256>>>(a, b, n, d);
+    CK(cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost));
+    CK(cudaFree(d));
+    return sqrt(h[0] / (h[1] > 0 ? h[1] : 1));
+}
+
+static std::vector<int> even_counts(int C, int U)
+{
+    std::vector<int> c(U, C / U);
+    for (int i = 0; i < C % U; i++)
+        c[i]++;
+    return c;
+}
+
+static bk_backend *make_backend(const char *dtype, const char *lce, const char *att)
+{
+    setenv("IKBO_CUDA_DTYPE", dtype, 1);
+    setenv("IKBO_CUDA_LCE", lce, 1);
+    setenv("IKBO_CUDA_ATTN", att, 1);
+    bk_backend *be = bk_backend_new("cuda:0", &berr);
+    if (!be) {
+        fprintf(stderr, "cuda:0: %s\n", berr.msg);
+        exit(2);
+    }
+    return be;
+}
+
+template <typename T>
+static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t h, cudaStream_t st)
+{
+    const int C = 1024, M = 433, D = 256, Ku = 1178, Kc = 866;
+    const int Kup = 1184, Kcp = 872, Kf = Ku + Kc, Kfp = 2048;
+    int U = std::max(1, (int)lround((double)C / ratio));
+    cudaDataType_t ty = std::is_same<T, __half>::value ? CUDA_R_16F : CUDA_R_16BF;
+    std::vector<int> counts = even_counts(C, U);
+    std::vector<int32_t> map;
+    for (int u = 0; u < U; u++)
+        for (int i = 0; i < counts[u]; i++)
+            map.push_back(u);
+
+    T *eu, *ec, *wu, *wc, *wf, *y, *z, *zref, *efull;
+    int32_t *dmap;
+    CK(cudaMalloc(&eu, (size_t)U * Ku * D * sizeof(T)));
+    CK(cudaMalloc(&ec, (size_t)C * Kc * D * sizeof(T)));
+    CK(cudaMalloc(&wu, (size_t)M * Kup * sizeof(T)));
+    CK(cudaMalloc(&wc, (size_t)M * Kcp * sizeof(T)));
+    CK(cudaMalloc(&wf, (size_t)M * Kfp * sizeof(T)));
+    CK(cudaMalloc(&y, (size_t)U * M * D * sizeof(T)));
+    CK(cudaMalloc(&z, (size_t)C * M * D * sizeof(T)));
+    CK(cudaMalloc(&zref, (size_t)C * M * D * sizeof(T)));
+    CK(cudaMalloc(&efull, (size_t)C * Kf * D * sizeof(T)));
+    CK(cudaMalloc(&dmap, C * sizeof(int32_t)));
+    CK(cudaMemcpy(dmap, map.data(), C * sizeof(int32_t), cudaMemcpyHostToDevice));
+    fill<T>(eu, (size_t)U * Ku * D, 11, 1.0f);
+    fill<T>(ec, (size_t)C * Kc * D, 12, 1.0f);
+    /* Weights: the same values for every variant (host fp32, rounded by the
+     * backend; cuBLAS gets the backend's padded copies). */
+    std::vector<float> hwu((size_t)M * Ku), hwc((size_t)M * Kc);
+    uint64_t s = 77;
+    for (auto &v : hwu) { s = s * 6364136223846793005ull + 1; v = ((s >> 40) / 16777216.0f * 2 - 1) * 0.02f; }
+    for (auto &v : hwc) { s = s * 6364136223846793005ull + 1; v = ((s >> 40) / 16777216.0f * 2 - 1) * 0.02f; }
+
+    double flops = 2.0 * C * M * Kc * D + 2.0 * U * M * (double)Ku * D;
+    double bytes = 2.0 * ((double)C * Kcp * D + (double)U * Kup * D + (double)C * M * D + (double)M * (Kcp + Kup));
+    double floor_ms = std::max(flops / rate, bytes / g_bw) * 1e3;
+    float one = 1.0f, zero = 0.0f;
+    int warm = 3, reps = quick ? 5 : 20;
+
+    /* ours (each tile-shape variant; backend weights give cuBLAS its W too) */
+    const char *vars[] = {"0", "5", "4", "1"};
+    const char *vname[] = {"auto", "64x128", "128x128", "simt"};
+    double ours_ms[4] = {0};
+    double ours_err[4] = {0};
+    bk_backend *be0 = NULL;
+    bk_weight *w0u = NULL, *w0c = NULL;
+    bk_stream *s0 = NULL;
+    for (int v = 0; v < (quick ? 1 : 4); v++) {
+        bk_backend *be = make_backend(dtname, vars[v], "0");
+        bk_stream *bs = be->stream_new(be, &berr);
+        BK(!bs);
+        bk_weight *bwu = be->weight_new(be, hwu.data(), M, Ku, &berr);
+        BK(!bwu);
+        bk_weight *bwc = be->weight_new(be, hwc.data(), M, Kc, &berr);
+        BK(!bwc);
+        if (v == 3 && ratio != 70) { /* SIMT only at the default ratio */
+            be->weight_free(be, bwu);
+            be->weight_free(be, bwc);
+            be->stream_free(bs);
+            be->destroy(be);
+            continue;
+        }
+        ours_ms[v] = median_ms(bs->st, [&] {
+            BK(be->lce(bs, eu, U, ec, C, dmap, bwu, bwc, Ku, Kc, M, D, v == 0 ? z : zref, &berr));
+        }, warm, v == 3 ? 2 : reps);
+        CK(cudaStreamSynchronize(bs->st));
+        if (v == 0) {
+            be0 = be;
+            s0 = bs;
+            w0u = bwu;
+            w0c = bwc;
+            CK(cudaMemcpy2D(wu, Kup * sizeof(T), bwu->data, bwu->ld * sizeof(T), Kup * sizeof(T), M,
+                            cudaMemcpyDeviceToDevice));
+            CK(cudaMemcpy2D(wc, Kcp * sizeof(T), bwc->data, bwc->ld * sizeof(T), Kcp * sizeof(T), M,
+                            cudaMemcpyDeviceToDevice));
+            /* W_full = [W_user | W_cand] for the broadcast baseline. */
+            CK(cudaMemset(wf, 0, (size_t)M * Kfp * sizeof(T)));
+            CK(cudaMemcpy2D(wf, Kfp * sizeof(T), bwu->data, bwu->ld * sizeof(T), Ku * sizeof(T), M,
+                            cudaMemcpyDeviceToDevice));
+            CK(cudaMemcpy2D(wf + Ku, Kfp * sizeof(T), bwc->data, bwc->ld * sizeof(T), Kc * sizeof(T),
+                            M, cudaMemcpyDeviceToDevice));
+        } else {
+            ours_err[v] = reldiff<T>(zref, z, (size_t)C * M * D);
+            be->weight_free(be, bwu);
+            be->weight_free(be, bwc);
+            be->stream_free(bs);
+            be->destroy(be);
+        }
+    }
+    (void)s0;
+
+    /* decomposed cuBLAS: Y = W_u Eu at U, Z = W_c Ec at C, then Z += Y[map]. */
+    CB(cublasSetStream(h, st));
+    auto decomposed = [&] {
+        CB(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, D, M, Ku, &one, eu, ty, D,
+                                      (long long)Ku * D, wu, ty, Kup, 0, &zero, y, ty, D,
+                                      (long long)M * D, U, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        CB(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, D, M, Kc, &one, ec, ty, D,
+                                      (long long)Kc * D, wc, ty, Kcp, 0, &zero, zref, ty, D,
+                                      (long long)M * D, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        k_bcast_add<T><<<132 * 16, 256, 0, st>>>(zref, y, dmap, C, (size_t)M * D);
+    };
+    double dec_ms = median_ms(st, decomposed, warm, reps);
+    CK(cudaStreamSynchronize(st));
+    double dec_err = reldiff<T>(z, zref, (size_t)C * M * D);
+
+    /* broadcast: materialize [C, Ku + Kc, D], one batched GEMM over K = 2044. */
+    auto broadcast = [&] {
+        k_materialize<<<C, 256, 0, st>>>((const uint4 *)eu, (size_t)Ku * D * sizeof(T) / 16,
+                                         (const uint4 *)ec, (size_t)Kc * D * sizeof(T) / 16, dmap,
+                                         (uint4 *)efull);
+        CB(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, D, M, Kf, &one, efull, ty, D,
+                                      (long long)Kf * D, wf, ty, Kfp, 0, &zero, zref, ty, D,
+                                      (long long)M * D, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    double bc_ms = median_ms(st, broadcast, warm, reps);
+    CK(cudaStreamSynchronize(st));
+    double bc_err = reldiff<T>(z, zref, (size_t)C * M * D);
+
+    printf("lce %s ratio %d (U %d): floor %.3f ms (compute %.3f, memory %.3f) | broadcast %.3f ms "
+           "(%.2fx) | decomposed cuBLAS %.3f ms (%.2fx) | ours %.3f ms (%.2fx, %.0f TFLOP/s)\n",
+           dtname, ratio, U, floor_ms, flops / rate * 1e3, bytes / g_bw * 1e3, bc_ms,
+           bc_ms / floor_ms, dec_ms, dec_ms / floor_ms, ours_ms[0], ours_ms[0] / floor_ms,
+           flops / (ours_ms[0] * 1e-3) / 1e12);
+    printf("    ours vs decomposed rel diff %.2e, vs broadcast %.2e\n", dec_err, bc_err);
+    for (int v = 1; v < 4; v++)
+        if (ours_ms[v] > 0)
+            printf("    ours[%s] %.3f ms (%.2fx floor), rel diff to auto %.2e\n", vname[v],
+                   ours_ms[v], ours_ms[v] / floor_ms, ours_err[v]);
+    char line[256];
+    snprintf(line, sizeof line, "LCE %-4s ratio %4d  floor %.3f ms | bcast %.3f (%.2fx) | decomp %.3f (%.2fx) | ours %.3f (%.2fx)",
+             dtname, ratio, floor_ms, bc_ms, bc_ms / floor_ms, dec_ms, dec_ms / floor_ms,
+             ours_ms[0], ours_ms[0] / floor_ms);
+    table.push_back(line);
+
+    be0->weight_free(be0, w0u);
+    be0->weight_free(be0, w0c);
+    be0->stream_free(s0);
+    be0->destroy(be0);
+    T *ps[] = {eu, ec, wu, wc, wf, y, z, zref, efull};
+    for (T *p : ps)
+        CK(cudaFree(p));
+    CK(cudaFree(dmap));
+}
+
+/* ------------------------------------------------------------- attention */
+
+template <typename T>
+static void bench_attention(const char *dtname, double rate, int L, int uneven)
+{
+    const int C = 2048, H = 2, dh = 128, Tq = 64, hd = H * dh;
+    int U = 32;
+    std::vector<int> counts;
+    if (uneven) {
+        /* Odd, uneven runs (1 .. 200 candidates) summing to C. */
+        int left = C;
+        uint32_t s = 5;
+        while (left > 0) {
+            s = s * 1103515245u + 12345u;
+            int c = 1 + (int)((s >> 8) % 200);
+            if (c > left)
+                c = left;
+            counts.push_back(c);
+            left -= c;
+        }
+        U = (int)counts.size();
+    } else {
+        counts = even_counts(C, U);
+    }
+    std::vector<int32_t> map, ident(C);
+    for (int u = 0; u < U; u++)
+        for (int i = 0; i < counts[u]; i++)
+            map.push_back(u);
+    for (int c = 0; c < C; c++)
+        ident[c] = c;
+    std::vector<int64_t> off(U + 1), boff(C + 1);
+    for (int u = 0; u <= U; u++)
+        off[u] = (int64_t)u * L;
+    for (int c = 0; c <= C; c++)
+        boff[c] = (int64_t)c * L;
+
+    bk_backend *be = make_backend(dtname, "0", "0");
+    bk_stream *s = be->stream_new(be, &berr);
+    BK(!s);
+    T *q, *k, *v, *o, *o2, *kb, *vb;
+    int32_t *dmap, *did;
+    int64_t *doff, *dboff;
+    CK(cudaMalloc(&q, (size_t)C * Tq * hd * sizeof(T)));
+    CK(cudaMalloc(&o, (size_t)C * Tq * hd * sizeof(T)));
+    CK(cudaMalloc(&o2, (size_t)C * Tq * hd * sizeof(T)));
+    CK(cudaMalloc(&k, (size_t)U * L * hd * sizeof(T)));
+    CK(cudaMalloc(&v, (size_t)U * L * hd * sizeof(T)));
+    CK(cudaMalloc(&kb, (size_t)C * L * hd * sizeof(T)));
+    CK(cudaMalloc(&vb, (size_t)C * L * hd * sizeof(T)));
+    CK(cudaMalloc(&dmap, C * 4));
+    CK(cudaMalloc(&did, C * 4));
+    CK(cudaMalloc(&doff, (U + 1) * 8));
+    CK(cudaMalloc(&dboff, (C + 1) * 8));
+    CK(cudaMemcpy(dmap, map.data(), C * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(did, ident.data(), C * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(doff, off.data(), (U + 1) * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dboff, boff.data(), (C + 1) * 8, cudaMemcpyHostToDevice));
+    fill<T>(q, (size_t)C * Tq * hd, 21, 1.5f);
+    fill<T>(k, (size_t)U * L * hd, 22, 1.5f);
+    fill<T>(v, (size_t)U * L * hd, 23, 1.0f);
+    CK(cudaDeviceSynchronize());
+    int warm = 3, reps = quick ? 5 : 20;
+    double flops = 4.0 * C * H * Tq * (double)L * dh;
+
+    double ours = median_ms(s->st, [&] {
+        BK(be->attention(s, q, k, v, doff, U, dmap, C, Tq, H, dh, o, &berr));
+    }, warm, reps);
+    double gath = median_ms(s->st, [&] {
+        BK(be->gather(s, k, doff, dmap, C, dboff, hd, kb, &berr));
+        BK(be->gather(s, v, doff, dmap, C, dboff, hd, vb, &berr));
+    }, warm, reps);
+    double bker = median_ms(s->st, [&] {
+        BK(be->attention(s, q, kb, vb, dboff, C, did, C, Tq, H, dh, o2, &berr));
+    }, warm, reps);
+    CK(cudaStreamSynchronize(s->st));
+    double diff = reldiff<T>(o2, o, (size_t)C * Tq * hd);
+    double bc = gath + bker;
+    printf("attention %s L %d %s (U %d): ours %.3f ms %.0f TFLOP/s (%.2fx GEMM) | broadcast %.3f ms "
+           "(gather %.3f + kernel %.3f) %.0f TFLOP/s, kernel alone %.0f TFLOP/s | rel diff %.2e\n",
+           dtname, L, uneven ? "uneven" : "ratio 64", U, ours, flops / (ours * 1e-3) / 1e12,
+           flops / (ours * 1e-3) / rate, bc, gath, bker, flops / (bc * 1e-3) / 1e12,
+           flops / (bker * 1e-3) / 1e12, diff);
+    char line[256];
+    snprintf(line, sizeof line, "ATT %-4s L %4d %-8s ours %.3f ms %4.0f TF/s (%.2fx GEMM) | bcast %.3f ms %4.0f TF/s",
+             dtname, L, uneven ? "uneven" : "ratio64", ours, flops / (ours * 1e-3) / 1e12,
+             flops / (ours * 1e-3) / rate, bc, flops / (bc * 1e-3) / 1e12);
+    table.push_back(line);
+    T *ps[] = {q, k, v, o, o2, kb, vb};
+    for (T *p : ps)
+        CK(cudaFree(p));
+    CK(cudaFree(dmap));
+    CK(cudaFree(did));
+    CK(cudaFree(doff));
+    CK(cudaFree(dboff));
+    be->stream_free(s);
+    be->destroy(be);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, %.0f MB L2, cc %d.%d\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize / 1048576.0, prop.major, prop.minor);
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cublasHandle_t h;
+    CB(cublasCreate(&h));
+    CB(cublasSetStream(h, st));
+    ceilings(st, h);
+    int ratios[] = {70, 2, 10, 1000};
+    for (int r = 0; r < 4; r++)
+        bench_lce<__nv_bfloat16>("bf16", g_rate_bf16, ratios[r], h, st);
+    bench_lce<__half>("fp16", g_rate_f16, 70, h, st);
+    int Ls[] = {512, 1024, 2048};
+    for (int i = 0; i < 3; i++)
+        bench_attention<__half>("fp16", g_rate_f16, Ls[i], 0);
+    bench_attention<__half>("fp16", g_rate_f16, 1024, 1);
+    bench_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024, 0);
+    cublasDestroy(h);
+    printf("\n==== summary (%s) ====\n", prop.name);
+    for (auto &l : table)
+        printf("%s\n", l.c_str());
+    return 0;
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# run.sh - one device call: GPU checks, sanitizer, whole-model checks, then
+# the kernel benchmark; full logs under $OUT, a short table printed last.
+#
+# Why this exists: device time is scarce, so everything that needs the GPU
+# runs from one script over binaries built here (tests/gpu/build.sh) and
+# carried in build/gpu/. Stages (default: all):
+#   ops      tests/gpu/test_cuda_ops, fp32 + bf16 + fp16   -> $OUT/ops.log
+#   sanitize compute-sanitizer memcheck + racecheck (quick) -> $OUT/sanitizer.log
+#   model    tests/gpu/test_cuda_model, fp32 + bf16         -> $OUT/model.log
+#   bench    bench/kernels/bench_kernels.cu                 -> $OUT/bench.log
+# Usage (device): bench/kernels/run.sh [ops] [sanitize] [model] [bench]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/ikbo-gpu-out}
+mkdir -p "$OUT"
+B=build/gpu
+stages=${*:-ops sanitize model bench}
+summary=()
+{ date -u; git log -1 --format='commit %H' 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; } > "$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+
+stage() { # name log cmd...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name: $*" >> "$OUT/$log"
+  "$@" >> "$OUT/$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-26s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$log" | cut -c1-110)")")
+}
+
+models=$(ls -d $B/models/*/1 2>/dev/null)
+for s in $stages; do
+  case $s in
+  ops)
+    stage ops-fp32 ops.log $B/test_cuda_ops --dtype fp32
+    stage ops-bf16 ops.log $B/test_cuda_ops --dtype bf16
+    stage ops-fp16 ops.log $B/test_cuda_ops --dtype fp16 ;;
+  sanitize)
+    stage memcheck sanitizer.log timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda_ops --quick --dtype bf16
+    stage racecheck sanitizer.log timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda_ops --quick --dtype fp16 ;;
+  model)
+    stage model-fp32 model.log env IKBO_CUDA_DTYPE=fp32 $B/test_cuda_model $models
+    stage model-bf16 model.log env IKBO_CUDA_DTYPE=bf16 $B/test_cuda_model $models ;;
+  bench)
+    stage bench bench.log $B/bench_kernels ;;
+  esac
+done
+grep -h "^FAIL" "$OUT"/ops.log "$OUT"/model.log 2>/dev/null | head -n 25
+grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" "$OUT"/sanitizer.log 2>/dev/null | sort | uniq -c | head -n 12
+[ -f "$OUT/bench.log" ] && sed -n '/==== summary/,$p' "$OUT/bench.log"
+echo "==== stages"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# build.sh - builds the GPU checks and the kernel benchmark into build/gpu/.
+#
+# Why this exists: the GPU machine cannot build (no project dependencies);
+# these binaries are built here, carried there (`carry: ["build/gpu"]`) and
+# run by bench/kernels/run.sh. CI (no GPU) may run this too: it only
+# compiles. Also writes the random test models (tools/reference) once.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+B=build/gpu
+mkdir -p $B
+make -s build/libikbo.a
+CUDA_LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudart"
+CFLAGS="-O2 -g -std=gnu11 -Wall -Wextra -Werror -I. -DIKBO_CUDA"
+gcc $CFLAGS -o $B/test_cuda_ops tests/gpu/test_cuda_ops.c build/libikbo.a $CUDA_LIBS -lm -lpthread -lstdc++
+gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c build/libikbo.a \
+    -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+"$NVCC" -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
+    -o $B/bench_kernels bench/kernels/bench_kernels.cu build/libikbo.a \
+    -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
+# Random models of several shapes (SIMT and tensor-core paths, adds, no history).
+PY=${PY:-/usr/bin/python3}
+mk() { [ -f "$B/models/$1/1/model.json" ] || $PY tools/reference/random_model.py --out "$B/models/$1/1" "${@:2}" >/dev/null; }
+mk r0 --seed 1
+mk r1 --seed 2 --dim 64 --heads 2 --head-dim 32 --out-tokens 32 --user-dense-tokens 3 --cand-dense-tokens 4 --max-len 200 --mlp-width 64 --add both
+mk r2 --seed 3 --dim 128 --heads 2 --head-dim 64 --out-tokens 48 --user-dense-tokens 2 --cand-dense-tokens 8 --max-len 300 --mlp-width 128 --add vector --user-sparse 3
+mk r3 --seed 4 --dim 256 --heads 2 --head-dim 128 --out-tokens 40 --user-dense-tokens 2 --cand-dense-tokens 4 --max-len 1024 --mlp-width 64 --rows 10-500
+mk r4 --seed 5 --no-history --add tokens --dim 24 --out-tokens 7 --cand-dense-tokens 3
+if [ -f models/demo/1/model.json ]; then mkdir -p $B/models/demo && rm -rf $B/models/demo/1 && cp -r models/demo/1 $B/models/demo/1; fi
+du -sh $B

@@ -1,0 +1,283 @@
+/* test_cuda_model.c - whole models on "cuda:0" against "cpu".
+ *
+ * Why this exists: the op tests check kernels one at a time; this checks the
+ * engine's whole plan on the GPU (every op, the workspace arenas, dtype
+ * conversion at the edges) for real model directories. For each model given
+ * it loads the model on the CPU backend and on cuda:0 in IKBO mode and in
+ * broadcast mode, scores random batches of several shapes (1 user and 1
+ * candidate; uneven ratios with odd counts; ratio 70; one user with 1000
+ * candidates) and compares against the CPU's IKBO scores:
+ *   relative error of task scores ||gpu - cpu|| / ||cpu||  <= tol
+ *   top-10 agreement (same candidates among the 10 best)     reported
+ * tol: 1e-4 (fp32), 3e-2 (bf16/fp16; the activation dtype is the backend's,
+ * IKBO_CUDA_DTYPE). It also checks that IKBO mode on the GPU allocates no
+ * broadcast bytes.
+ *
+ *   test_cuda_model MODEL_VERSION_DIR...
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/ikbo.h"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+static float frand(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
+
+static void *xcalloc(size_t n, size_t s)
+{
+    void *p = calloc(n ? n : 1, s);
+    if (!p) {
+        fprintf(stderr, "out of host memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* A jagged id list with rows rows, 0..maxlen ids each. */
+static ikbo_jagged rand_jagged(int rows, int maxlen)
+{
+    int64_t *off = xcalloc((size_t)rows + 1, sizeof(int64_t));
+    for (int r = 0; r < rows; r++)
+        off[r + 1] = off[r] + irand(0, maxlen);
+    int64_t *ids = xcalloc((size_t)off[rows] + 1, sizeof(int64_t));
+    for (int64_t i = 0; i < off[rows]; i++)
+        ids[i] = rnd() % 3 ? (int64_t)irand(0, 100000) : (int64_t)rnd();
+    ikbo_jagged j = {ids, off};
+    return j;
+}
+
+typedef struct batch_mem {
+    ikbo_batch b;
+    float *ud, *cd;
+    ikbo_jagged *us, *csp;
+    int32_t *acts, *map;
+    int nus, ncs;
+} batch_mem;
+
+static batch_mem make_batch(const ikbo_model_info *in, int nu, const int *counts)
+{
+    batch_mem m;
+    memset(&m, 0, sizeof m);
+    int nc = 0;
+    for (int u = 0; u < nu; u++)
+        nc += counts[u];
+    m.map = xcalloc((size_t)nc, sizeof(int32_t));
+    for (int u = 0, c = 0; u < nu; u++)
+        for (int i = 0; i < counts[u]; i++)
+            m.map[c++] = u;
+    m.ud = xcalloc((size_t)nu * in->user_dense, sizeof(float));
+    for (int i = 0; i < nu * in->user_dense; i++)
+        m.ud[i] = frand();
+    m.cd = xcalloc((size_t)nc * in->cand_dense, sizeof(float));
+    for (int i = 0; i < nc * in->cand_dense; i++)
+        m.cd[i] = frand();
+    m.nus = in->n_user_sparse;
+    m.ncs = in->n_cand_sparse;
+    m.us = xcalloc((size_t)m.nus, sizeof(ikbo_jagged));
+    for (int f = 0; f < m.nus; f++)
+        m.us[f] = rand_jagged(nu, 6);
+    m.csp = xcalloc((size_t)m.ncs, sizeof(ikbo_jagged));
+    for (int f = 0; f < m.ncs; f++)
+        m.csp[f] = rand_jagged(nc, 4);
+    m.b.n_users = nu;
+    m.b.n_cands = nc;
+    m.b.user_dense = in->user_dense ? m.ud : NULL;
+    m.b.cand_dense = in->cand_dense ? m.cd : NULL;
+    m.b.user_sparse = m.us;
+    m.b.cand_sparse = m.csp;
+    m.b.map = m.map;
+    if (in->has_history) {
+        /* Lengths from empty to past max_len (the engine keeps the newest). */
+        int64_t *off = xcalloc((size_t)nu + 1, sizeof(int64_t));
+        for (int u = 0; u < nu; u++) {
+            int kind = (int)(rnd() % 4);
+            int len = kind == 0 ? 0 : kind == 1 ? in->hist_max_len + irand(0, 7)
+                                               : irand(1, in->hist_max_len);
+            off[u + 1] = off[u] + len;
+        }
+        int64_t *ids = xcalloc((size_t)off[nu] + 1, sizeof(int64_t));
+        m.acts = xcalloc((size_t)off[nu] + 1, sizeof(int32_t));
+        for (int64_t i = 0; i < off[nu]; i++) {
+            ids[i] = (int64_t)irand(0, 1 << 20);
+            m.acts[i] = in->hist_actions > 0 ? irand(0, in->hist_actions - 1) : 0;
+        }
+        m.b.hist.ids = ids;
+        m.b.hist.offsets = off;
+        m.b.hist_actions = in->hist_actions > 0 ? m.acts : NULL;
+    }
+    return m;
+}
+
+static void free_batch(batch_mem *m)
+{
+    for (int f = 0; f < m->nus; f++) {
+        free((void *)m->us[f].ids);
+        free((void *)m->us[f].offsets);
+    }
+    for (int f = 0; f < m->ncs; f++) {
+        free((void *)m->csp[f].ids);
+        free((void *)m->csp[f].offsets);
+    }
+    free(m->us);
+    free(m->csp);
+    free((void *)m->b.hist.ids);
+    free((void *)m->b.hist.offsets);
+    free(m->acts);
+    free(m->map);
+    free(m->ud);
+    free(m->cd);
+}
+
+/* How many of ref's k best candidates are among got's k best. */
+static int topk_overlap(const float *ref, const float *got, int n, int k)
+{
+    if (k > n)
+        k = n;
+    int *ir = xcalloc((size_t)n, sizeof(int)), *ig = xcalloc((size_t)n, sizeof(int));
+    for (int i = 0; i < n; i++)
+        ir[i] = ig[i] = i;
+    /* partial selection sort, k is small */
+    for (int a = 0; a < k; a++)
+        for (int b = a + 1; b < n; b++) {
+            if (ref[ir[b]] > ref[ir[a]]) { int t = ir[a]; ir[a] = ir[b]; ir[b] = t; }
+            if (got[ig[b]] > got[ig[a]]) { int t = ig[a]; ig[a] = ig[b]; ig[b] = t; }
+        }
+    int same = 0;
+    for (int a = 0; a < k; a++)
+        for (int b = 0; b < k; b++)
+            same += ir[a] == ig[b];
+    free(ir);
+    free(ig);
+    return same;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s MODEL_VERSION_DIR...\n", argv[0]);
+        return 2;
+    }
+    const char *dt = getenv("IKBO_CUDA_DTYPE");
+    double tol = dt && !strcmp(dt, "fp32") ? 1e-4 : 3e-2;
+    int failures = 0, checks = 0;
+    for (int a = 1; a < argc; a++) {
+        ikbo_err e = {{0}};
+        ikbo_load_opts oc = {"cpu", IKBO_MODE_IKBO}, og = {"cuda:0", IKBO_MODE_IKBO},
+                       ob = {"cuda:0", IKBO_MODE_BROADCAST};
+        ikbo_model *mc = ikbo_model_load(argv[a], &oc, &e);
+        if (!mc) {
+            printf("FAIL %s: cpu load: %s\n", argv[a], e.msg);
+            failures++;
+            continue;
+        }
+        ikbo_model *mg = ikbo_model_load(argv[a], &og, &e);
+        ikbo_model *mb = mg ? ikbo_model_load(argv[a], &ob, &e) : NULL;
+        if (!mg || !mb) {
+            printf("FAIL %s: cuda load: %s\n", argv[a], e.msg);
+            failures++;
+            ikbo_model_free(mg);
+            ikbo_model_free(mc);
+            continue;
+        }
+        const ikbo_model_info *in = ikbo_model_get_info(mc);
+        ikbo_ctx *cc = ikbo_ctx_new(mc, &e), *cg = ikbo_ctx_new(mg, &e), *cb = ikbo_ctx_new(mb, &e);
+        if (!cc || !cg || !cb) {
+            printf("FAIL %s: context: %s\n", argv[a], e.msg);
+            return 1;
+        }
+        int c1[] = {1}, c3[] = {1, 7, 2}, c70[15], c1000[] = {1000, 1}, codd[] = {3, 1, 5, 9, 1};
+        for (int i = 0; i < 15; i++)
+            c70[i] = 70;
+        struct { int nu; const int *counts; const char *name; } shapes[] = {
+            {1, c1, "1x1"}, {3, c3, "3 users 1/7/2"}, {5, codd, "5 users odd"},
+            {15, c70, "15 users x70"}, {2, c1000, "1000+1"}};
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            batch_mem bm = make_batch(in, shapes[s].nu, shapes[s].counts);
+            int C = bm.b.n_cands, T = in->n_tasks;
+            float *tc = xcalloc((size_t)C * T, sizeof(float)), *tg = xcalloc((size_t)C * T, sizeof(float)),
+                  *tb = xcalloc((size_t)C * T, sizeof(float));
+            float *sc = xcalloc((size_t)C, sizeof(float)), *sg = xcalloc((size_t)C, sizeof(float)),
+                  *sb = xcalloc((size_t)C, sizeof(float));
+            for (int i = 0; i < C * T; i++)
+                tg[i] = tb[i] = NAN;
+            if (ikbo_score(cc, &bm.b, tc, sc, &e)) {
+                printf("FAIL %s [%s]: cpu score: %s\n", argv[a], shapes[s].name, e.msg);
+                failures++;
+                free_batch(&bm);
+                continue;
+            }
+            const char *mode[2] = {"ikbo", "broadcast"};
+            float *tgs[2] = {tg, tb}, *sgs[2] = {sg, sb};
+            ikbo_ctx *ctx[2] = {cg, cb};
+            for (int md = 0; md < 2; md++) {
+                checks++;
+                if (ikbo_score(ctx[md], &bm.b, tgs[md], sgs[md], &e)) {
+                    printf("FAIL %s [%s] %s: cuda score: %s\n", argv[a], shapes[s].name, mode[md],
+                           e.msg);
+                    failures++;
+                    continue;
+                }
+                double num = 0, den = 0;
+                int nan = 0;
+                for (int i = 0; i < C * T; i++) {
+                    if (isnan(tgs[md][i]))
+                        nan++;
+                    double d = (double)tgs[md][i] - tc[i];
+                    num += d * d;
+                    den += (double)tc[i] * tc[i];
+                }
+                double rel = sqrt(num / (den > 0 ? den : 1));
+                int k = C < 10 ? C : 10, agree = topk_overlap(sc, sgs[md], C, k);
+                int bad = nan || !(rel <= tol);
+                if (md == 0) {
+                    size_t lb[BK_TAG_COUNT];
+                    ikbo_ctx_last_bytes(cg, lb);
+                    if (lb[BK_TAG_BROADCAST]) {
+                        printf("FAIL %s: IKBO mode used %zu broadcast bytes\n", argv[a],
+                               lb[BK_TAG_BROADCAST]);
+                        bad = 1;
+                    }
+                }
+                failures += bad;
+                printf("%s %-28s %-16s %-9s C %5d rel %.2e top%d %d/%d%s\n", bad ? "FAIL" : "ok  ",
+                       argv[a], shapes[s].name, mode[md], C, rel, k, agree, k,
+                       nan ? " NaN" : "");
+            }
+            free(tc);
+            free(tg);
+            free(tb);
+            free(sc);
+            free(sg);
+            free(sb);
+            free_batch(&bm);
+        }
+        ikbo_stats st;
+        ikbo_get_stats(mg, &st);
+        checks++;
+        if (st.bytes_peak[BK_TAG_BROADCAST]) {
+            printf("FAIL %s: IKBO-mode backend peaked at %zu broadcast bytes\n", argv[a],
+                   st.bytes_peak[BK_TAG_BROADCAST]);
+            failures++;
+        }
+        ikbo_ctx_free(cc);
+        ikbo_ctx_free(cg);
+        ikbo_ctx_free(cb);
+        ikbo_model_free(mc);
+        ikbo_model_free(mg);
+        ikbo_model_free(mb);
+    }
+    printf("test_cuda_model: %s (%d checks, %d failures)\n", failures ? "FAILED" : "passed",
+           checks, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,689 @@
+/* test_cuda_ops.c - every op of the CUDA backend against the CPU backend.
+ *
+ * Why this exists: kernels/cpu is the fp32 reference every device must
+ * match. For each op and many shapes (1 user, 1 candidate, empty bags and
+ * histories, 1000 candidates of one user, odd widths, unaligned strides) this
+ * draws fresh random inputs, rounds them to the CUDA activation dtype (so
+ * both backends see identical inputs and only the kernels' own error is
+ * measured), poisons the CUDA output with NaN, runs the op on both backends
+ * and compares:
+ *   relative error  ||gpu - cpu||_2 / ||cpu||_2            <= tol
+ *   worst element   max |gpu - cpu| / max |cpu|            <= 8 tol
+ * with tol = 1e-5 (fp32), 2e-2 (bf16), 5e-3 (fp16). A NaN anywhere in the
+ * compared region (an unwritten element) fails.
+ *
+ * Kernel variants are separate backends (IKBO_CUDA_LCE / IKBO_CUDA_ATTN are
+ * read when a backend is made): automatic, SIMT everywhere, and each
+ * tensor-core tile shape.
+ *
+ *   test_cuda_ops [--quick] [--dtype fp32|bf16|fp16]...   (default: all three)
+ * Needs a CUDA device; exits 0 when every check passed.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+static bk_backend *cpu, *gpu;
+static bk_stream *cs, *gs;
+static const char *dtype_name;
+static double tol;
+static int failures, checks, quick;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); } /* [lo, hi] */
+static float frand(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
+
+#define DIE(...)                                                              \
+    do {                                                                      \
+        fprintf(stderr, "FATAL: " __VA_ARGS__);                               \
+        fprintf(stderr, "\n");                                                \
+        exit(2);                                                              \
+    } while (0)
+
+static void ok_or_die(int rc, const char *what, bk_err *e)
+{
+    if (rc)
+        DIE("%s: %s", what, e->msg);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        DIE("host out of memory (%zu bytes)", n);
+    return p;
+}
+
+/* Random floats already representable in the CUDA dtype (round trip). */
+static float *rand_vec(size_t n, float scale)
+{
+    float *h = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] = frand() * scale;
+    if (!n)
+        return h;
+    bk_err e = {{0}};
+    void *d = gpu->alloc(gpu, n * gpu->act_size, BK_TAG_CAND, &e);
+    if (!d)
+        DIE("alloc: %s", e.msg);
+    ok_or_die(gpu->upload_f32(gs, d, h, n, &e), "upload_f32", &e);
+    ok_or_die(gpu->download_f32(gs, h, d, n, &e), "download_f32", &e);
+    gpu->free(gpu, d, n * gpu->act_size, BK_TAG_CAND);
+    return h;
+}
+
+/* A tensor on both backends. */
+typedef struct pair {
+    void *c, *g;
+    size_t n;     /* elements (activations) or bytes (raw) */
+    int raw;
+} pair;
+
+static pair act_pair(const float *h, size_t n)
+{
+    bk_err e = {{0}};
+    pair p = {0};
+    p.n = n;
+    p.c = cpu->alloc(cpu, n * sizeof(float), BK_TAG_CAND, &e);
+    p.g = gpu->alloc(gpu, n * gpu->act_size, BK_TAG_CAND, &e);
+    if (!p.c || !p.g)
+        DIE("alloc: %s", e.msg);
+    if (h && n) {
+        memcpy(p.c, h, n * sizeof(float));
+        ok_or_die(gpu->upload_f32(gs, p.g, h, n, &e), "upload_f32", &e);
+    }
+    return p;
+}
+
+static pair raw_pair(const void *h, size_t bytes)
+{
+    bk_err e = {{0}};
+    pair p = {0};
+    p.n = bytes;
+    p.raw = 1;
+    p.c = cpu->alloc(cpu, bytes, BK_TAG_INDEX, &e);
+    p.g = gpu->alloc(gpu, bytes, BK_TAG_INDEX, &e);
+    if (!p.c || !p.g)
+        DIE("alloc: %s", e.msg);
+    if (bytes) {
+        memcpy(p.c, h, bytes);
+        ok_or_die(gpu->upload(gs, p.g, h, bytes, &e), "upload", &e);
+    }
+    return p;
+}
+
+static void pair_free(pair *p)
+{
+    cpu->free(cpu, p->c, p->raw ? p->n : p->n * sizeof(float), p->raw ? BK_TAG_INDEX : BK_TAG_CAND);
+    gpu->free(gpu, p->g, p->raw ? p->n : p->n * gpu->act_size, p->raw ? BK_TAG_INDEX : BK_TAG_CAND);
+}
+
+/* Output pair: the CPU side zeroed, the GPU side poisoned with NaN (both
+ * sides filled alike where the op leaves elements alone). */
+static pair out_pair(size_t n)
+{
+    float *h = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    pair p = act_pair(h, n);
+    free(h);
+    return p;
+}
+
+typedef struct wpair {
+    bk_weight *c, *g;
+} wpair;
+
+static wpair weight_pair(const float *h, int rows, int cols)
+{
+    bk_err e = {{0}};
+    wpair w;
+    w.c = cpu->weight_new(cpu, h, rows, cols, &e);
+    w.g = gpu->weight_new(gpu, h, rows, cols, &e);
+    if (!w.c || !w.g)
+        DIE("weight_new [%d, %d]: %s", rows, cols, e.msg);
+    return w;
+}
+
+static void wpair_free(wpair *w)
+{
+    cpu->weight_free(cpu, w->c);
+    gpu->weight_free(gpu, w->g);
+}
+
+/* Compares rows x width of out (row stride ld) between the backends. */
+static void compare(const char *what, pair *out, size_t rows, size_t width, size_t ld)
+{
+    bk_err e = {{0}};
+    size_t n = out->n;
+    float *g = xmalloc(n * sizeof(float));
+    ok_or_die(gpu->download_f32(gs, g, out->g, n, &e), "download_f32", &e);
+    const float *c = out->c;
+    double num = 0, den = 0, maxd = 0, maxr = 0;
+    size_t nan_at = (size_t)-1;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < width; j++) {
+            size_t i = r * ld + j;
+            if (isnan(g[i]) || isinf(g[i])) {
+                if (nan_at == (size_t)-1)
+                    nan_at = i;
+                continue;
+            }
+            double d = (double)g[i] - (double)c[i];
+            num += d * d;
+            den += (double)c[i] * c[i];
+            if (fabs(d) > maxd)
+                maxd = fabs(d);
+            if (fabs(c[i]) > maxr)
+                maxr = fabs(c[i]);
+        }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    double worst = maxr > 0 ? maxd / maxr : maxd;
+    int bad = nan_at != (size_t)-1 || rel > tol || worst > 8 * tol;
+    checks++;
+    if (bad) {
+        failures++;
+        printf("FAIL [%s] %s: rel %.3g worst %.3g (tol %.1g)", dtype_name, what, rel, worst, tol);
+        if (nan_at != (size_t)-1)
+            printf(" NaN/Inf at element %zu (row %zu col %zu)", nan_at, nan_at / ld, nan_at % ld);
+        printf("\n");
+    } else if (getenv("IKBO_TEST_VERBOSE")) {
+        printf("ok   [%s] %s: rel %.3g worst %.3g\n", dtype_name, what, rel, worst);
+    }
+    free(g);
+}
+
+/* ------------------------------------------------------------------ ops */
+
+static void test_embedding_bag(int rows, int dim, int n, int maxbag, int pool, int pad)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    float *t = rand_vec((size_t)rows * dim, 1.0f);
+    wpair w = weight_pair(t, rows, dim);
+    int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int b = 0; b < n; b++)
+        off[b + 1] = off[b] + (rnd() % 4 == 0 ? 0 : irand(0, maxbag));
+    int64_t nid = off[n];
+    int64_t *ids = xmalloc((size_t)(nid + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < nid; i++)
+        ids[i] = (int64_t)(rnd() % 3 == 0 ? rnd() : (uint64_t)irand(-3 * rows, 3 * rows));
+    pair pi = raw_pair(ids, (size_t)nid * sizeof(int64_t));
+    pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
+    int ld = dim + pad;
+    pair out = out_pair((size_t)n * ld);
+    ok_or_die(cpu->embedding_bag(cs, w.c, pi.c, po.c, n, (enum bk_pool)pool, out.c, ld, &ec),
+              "cpu embedding_bag", &ec);
+    ok_or_die(gpu->embedding_bag(gs, w.g, pi.g, po.g, n, (enum bk_pool)pool, out.g, ld, &eg),
+              "gpu embedding_bag", &eg);
+    char what[128];
+    snprintf(what, sizeof what, "embedding_bag rows %d dim %d n %d %s ld %d", rows, dim, n,
+             pool ? "mean" : "sum", ld);
+    compare(what, &out, n, dim, ld);
+    pair_free(&pi);
+    pair_free(&po);
+    pair_free(&out);
+    wpair_free(&w);
+    free(t);
+    free(off);
+    free(ids);
+}
+
+static void test_history(int n, int dim, int max_len, int nact, int with_actions)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int rows = irand(1, 500);
+    float *t = rand_vec((size_t)rows * dim, 1.0f);
+    float *a = rand_vec((size_t)nact * dim, 0.5f);
+    float *p = rand_vec((size_t)max_len * dim, 0.5f);
+    wpair wt = weight_pair(t, rows, dim), wa = weight_pair(a, nact, dim),
+          wp = weight_pair(p, max_len, dim);
+    int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int u = 0; u < n; u++)
+        off[u + 1] = off[u] + (rnd() % 5 == 0 ? 0 : irand(0, max_len));
+    int64_t ne = off[n];
+    int64_t *ids = xmalloc((size_t)(ne + 1) * sizeof(int64_t));
+    int32_t *acts = xmalloc((size_t)(ne + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < ne; i++) {
+        ids[i] = (int64_t)rnd();
+        acts[i] = irand(0, nact - 1);
+    }
+    pair pi = raw_pair(ids, (size_t)ne * sizeof(int64_t));
+    pair pa = raw_pair(acts, (size_t)ne * sizeof(int32_t));
+    pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
+    pair out = out_pair((size_t)(ne ? ne : 1) * dim);
+    ok_or_die(cpu->history_embedding(cs, wt.c, wa.c, wp.c, pi.c, with_actions ? pa.c : NULL, po.c,
+                                     n, out.c, &ec),
+              "cpu history_embedding", &ec);
+    ok_or_die(gpu->history_embedding(gs, wt.g, wa.g, wp.g, pi.g, with_actions ? pa.g : NULL, po.g,
+                                     n, out.g, &eg),
+              "gpu history_embedding", &eg);
+    char what[128];
+    snprintf(what, sizeof what, "history_embedding users %d dim %d max_len %d actions %d", n, dim,
+             max_len, with_actions);
+    compare(what, &out, (size_t)ne, dim, dim);
+    pair_free(&pi);
+    pair_free(&pa);
+    pair_free(&po);
+    pair_free(&out);
+    wpair_free(&wt);
+    wpair_free(&wa);
+    wpair_free(&wp);
+    free(t);
+    free(a);
+    free(p);
+    free(off);
+    free(ids);
+    free(acts);
+}
+
+static void test_mean_pool(int n, int dim, int maxlen)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int r = 0; r < n; r++)
+        off[r + 1] = off[r] + (rnd() % 4 == 0 ? 0 : irand(0, maxlen));
+    float *x = rand_vec((size_t)(off[n] ? off[n] : 1) * dim, 1.0f);
+    pair px = act_pair(x, (size_t)(off[n] ? off[n] : 1) * dim);
+    pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
+    pair out = out_pair((size_t)n * dim);
+    ok_or_die(cpu->mean_pool(cs, px.c, po.c, n, dim, out.c, &ec), "cpu mean_pool", &ec);
+    ok_or_die(gpu->mean_pool(gs, px.g, po.g, n, dim, out.g, &eg), "gpu mean_pool", &eg);
+    char what[96];
+    snprintf(what, sizeof what, "mean_pool n %d dim %d", n, dim);
+    compare(what, &out, n, dim, dim);
+    pair_free(&px);
+    pair_free(&po);
+    pair_free(&out);
+    free(x);
+    free(off);
+}
+
+static void test_linear(int rows, int in, int out, int has_bias, int act, int padx, int pady)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int ldx = in + padx, ldy = out + pady;
+    float *w = rand_vec((size_t)out * in, (float)(1.0 / sqrt(in > 0 ? in : 1)));
+    float *b = rand_vec((size_t)out, 0.5f);
+    float *x = rand_vec((size_t)rows * ldx, 1.0f);
+    wpair pw = weight_pair(w, out, in), pb = weight_pair(b, 1, out);
+    pair px = act_pair(x, (size_t)rows * ldx);
+    pair py = out_pair((size_t)rows * ldy);
+    ok_or_die(cpu->linear(cs, px.c, ldx, rows, pw.c, has_bias ? pb.c : NULL, (enum bk_act)act,
+                          py.c, ldy, &ec),
+              "cpu linear", &ec);
+    ok_or_die(gpu->linear(gs, px.g, ldx, rows, pw.g, has_bias ? pb.g : NULL, (enum bk_act)act,
+                          py.g, ldy, &eg),
+              "gpu linear", &eg);
+    char what[128];
+    snprintf(what, sizeof what, "linear rows %d in %d out %d bias %d act %d ldx %d ldy %d", rows,
+             in, out, has_bias, act, ldx, ldy);
+    compare(what, &py, rows, out, ldy);
+    pair_free(&px);
+    pair_free(&py);
+    wpair_free(&pw);
+    wpair_free(&pb);
+    free(w);
+    free(b);
+    free(x);
+}
+
+/* counts[u] candidates for user u (zero allowed); map grouped by user. */
+static int32_t *make_map(int nu, const int *counts, int *nc_out)
+{
+    int nc = 0;
+    for (int u = 0; u < nu; u++)
+        nc += counts[u];
+    int32_t *map = xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
+    int c = 0;
+    for (int u = 0; u < nu; u++)
+        for (int i = 0; i < counts[u]; i++)
+            map[c++] = u;
+    *nc_out = nc;
+    return map;
+}
+
+static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int nc;
+    int32_t *map = make_map(nu, counts, &nc);
+    float *wu = rand_vec((size_t)m * ku, (float)(1.0 / sqrt(ku + kc)));
+    float *wc = rand_vec((size_t)m * kc, (float)(1.0 / sqrt(ku + kc)));
+    float *eu = rand_vec((size_t)nu * ku * d + 1, 1.0f);
+    float *ecv = rand_vec((size_t)nc * kc * d + 1, 1.0f);
+    wpair pwu = weight_pair(wu, m, ku), pwc = weight_pair(wc, m, kc);
+    pair peu = act_pair(eu, (size_t)nu * ku * d + 1), pec = act_pair(ecv, (size_t)nc * kc * d + 1);
+    pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
+    pair pz = out_pair((size_t)nc * m * d);
+    ok_or_die(cpu->lce(cs, peu.c, nu, pec.c, nc, pm.c, pwu.c, pwc.c, ku, kc, m, d, pz.c, &ec),
+              "cpu lce", &ec);
+    ok_or_die(gpu->lce(gs, peu.g, nu, pec.g, nc, pm.g, pwu.g, pwc.g, ku, kc, m, d, pz.g, &eg),
+              "gpu lce", &eg);
+    char what[128];
+    snprintf(what, sizeof what, "lce nu %d nc %d ku %d kc %d m %d d %d", nu, nc, ku, kc, m, d);
+    compare(what, &pz, nc, (size_t)m * d, (size_t)m * d);
+    pair_free(&peu);
+    pair_free(&pec);
+    pair_free(&pm);
+    pair_free(&pz);
+    wpair_free(&pwu);
+    wpair_free(&pwc);
+    free(map);
+    free(wu);
+    free(wc);
+    free(eu);
+    free(ecv);
+}
+
+static void test_attention(int nu, const int *counts, const int *lens, int tq, int heads, int dh)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int nc;
+    int32_t *map = make_map(nu, counts, &nc);
+    int64_t *off = xmalloc((size_t)(nu + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int u = 0; u < nu; u++)
+        off[u + 1] = off[u] + lens[u];
+    size_t hd = (size_t)heads * dh, nq = (size_t)nc * tq * hd, nk = (size_t)(off[nu] ? off[nu] : 1) * hd;
+    /* Scores of O(1): q, k ~ U(-1.5, 1.5) gives q.k/sqrt(dh) of a few units. */
+    float *q = rand_vec(nq, 1.5f), *k = rand_vec(nk, 1.5f), *v = rand_vec(nk, 1.0f);
+    pair pq = act_pair(q, nq), pk = act_pair(k, nk), pv = act_pair(v, nk);
+    pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
+    pair po = raw_pair(off, (size_t)(nu + 1) * sizeof(int64_t));
+    pair out = out_pair(nq);
+    ok_or_die(cpu->attention(cs, pq.c, pk.c, pv.c, po.c, nu, pm.c, nc, tq, heads, dh, out.c, &ec),
+              "cpu attention", &ec);
+    ok_or_die(gpu->attention(gs, pq.g, pk.g, pv.g, po.g, nu, pm.g, nc, tq, heads, dh, out.g, &eg),
+              "gpu attention", &eg);
+    char what[160];
+    int lmax = 0;
+    for (int u = 0; u < nu; u++)
+        lmax = lens[u] > lmax ? lens[u] : lmax;
+    snprintf(what, sizeof what, "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d", nu, nc,
+             tq, heads, dh, lmax, lens[0]);
+    compare(what, &out, (size_t)nc * tq, hd, hd);
+    pair_free(&pq);
+    pair_free(&pk);
+    pair_free(&pv);
+    pair_free(&pm);
+    pair_free(&po);
+    pair_free(&out);
+    free(map);
+    free(off);
+    free(q);
+    free(k);
+    free(v);
+}
+
+static void test_add(int n, int width, int nb, int use_map, int alias)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    float *a = rand_vec((size_t)n * width, 1.0f), *b = rand_vec((size_t)nb * width, 1.0f);
+    int32_t *map = xmalloc((size_t)n * sizeof(int32_t));
+    for (int r = 0; r < n; r++)
+        map[r] = (int32_t)((long)r * nb / n);
+    pair pa = act_pair(a, (size_t)n * width), pb = act_pair(b, (size_t)nb * width);
+    pair pm = raw_pair(map, (size_t)n * sizeof(int32_t));
+    pair out = alias ? pa : out_pair((size_t)n * width);
+    ok_or_die(cpu->add(cs, pa.c, pb.c, use_map ? pm.c : NULL, n, width, out.c, &ec), "cpu add", &ec);
+    ok_or_die(gpu->add(gs, pa.g, pb.g, use_map ? pm.g : NULL, n, width, out.g, &eg), "gpu add", &eg);
+    char what[96];
+    snprintf(what, sizeof what, "add n %d width %d map %d alias %d", n, width, use_map, alias);
+    compare(what, &out, n, width, width);
+    pair_free(&pa);
+    pair_free(&pb);
+    pair_free(&pm);
+    if (!alias)
+        pair_free(&out);
+    free(a);
+    free(b);
+    free(map);
+}
+
+static void test_copy_rows(int n, int width, int lds, int ldd)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    float *src = rand_vec((size_t)n * lds, 1.0f);
+    pair ps = act_pair(src, (size_t)n * lds);
+    pair pd = out_pair((size_t)n * ldd);
+    ok_or_die(cpu->copy_rows(cs, ps.c, lds, n, width, pd.c, ldd, &ec), "cpu copy_rows", &ec);
+    ok_or_die(gpu->copy_rows(gs, ps.g, lds, n, width, pd.g, ldd, &eg), "gpu copy_rows", &eg);
+    char what[96];
+    snprintf(what, sizeof what, "copy_rows n %d width %d lds %d ldd %d", n, width, lds, ldd);
+    compare(what, &pd, n, width, ldd);
+    pair_free(&ps);
+    pair_free(&pd);
+    free(src);
+}
+
+static void test_gather(int nu, const int *counts, const int *lens, int width, int jagged)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int nc;
+    int32_t *map = make_map(nu, counts, &nc);
+    int64_t *so = xmalloc((size_t)(nu + 1) * sizeof(int64_t));
+    int64_t *dof = xmalloc((size_t)(nc + 1) * sizeof(int64_t));
+    so[0] = 0;
+    for (int u = 0; u < nu; u++)
+        so[u + 1] = so[u] + (jagged ? lens[u] : 1);
+    dof[0] = 0;
+    for (int c = 0; c < nc; c++)
+        dof[c + 1] = dof[c] + (so[map[c] + 1] - so[map[c]]);
+    size_t srows = (size_t)so[nu], drows = jagged ? (size_t)dof[nc] : (size_t)nc;
+    float *src = rand_vec((srows ? srows : 1) * width, 1.0f);
+    pair ps = act_pair(src, (srows ? srows : 1) * width);
+    pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
+    pair pso = raw_pair(so, (size_t)(nu + 1) * sizeof(int64_t));
+    pair pdo = raw_pair(dof, (size_t)(nc + 1) * sizeof(int64_t));
+    pair pd = out_pair((drows ? drows : 1) * width);
+    ok_or_die(cpu->gather(cs, ps.c, jagged ? pso.c : NULL, pm.c, nc, jagged ? pdo.c : NULL, width,
+                          pd.c, &ec),
+              "cpu gather", &ec);
+    ok_or_die(gpu->gather(gs, ps.g, jagged ? pso.g : NULL, pm.g, nc, jagged ? pdo.g : NULL, width,
+                          pd.g, &eg),
+              "gpu gather", &eg);
+    char what[96];
+    snprintf(what, sizeof what, "gather nc %d width %d jagged %d", nc, width, jagged);
+    compare(what, &pd, drows, width, width);
+    pair_free(&ps);
+    pair_free(&pm);
+    pair_free(&pso);
+    pair_free(&pdo);
+    pair_free(&pd);
+    free(map);
+    free(so);
+    free(dof);
+    free(src);
+}
+
+/* ------------------------------------------------------------ suites */
+
+static void suite_plain(void)
+{
+    int dims[] = {1, 5, 16, 64, 300};
+    for (int i = 0; i < 5; i++)
+        for (int pool = 0; pool < 2; pool++) {
+            test_embedding_bag(1, dims[i], 1, 3, pool, 0);
+            test_embedding_bag(irand(2, 2000), dims[i], irand(1, 200), 20, pool, i % 2 ? 3 : 0);
+        }
+    int hd[] = {8, 13, 64};
+    for (int i = 0; i < 3; i++) {
+        test_history(1, hd[i], 1, 1, 0);
+        test_history(irand(2, 40), hd[i], irand(1, 300), irand(1, 5), 1);
+        test_history(irand(2, 40), hd[i], irand(1, 300), irand(1, 5), 0);
+    }
+    test_mean_pool(1, 1, 1);
+    test_mean_pool(17, 9, 30);
+    test_mean_pool(irand(1, 100), 64, 500);
+    int ins[] = {1, 7, 16, 300, 0}, outs[] = {1, 5, 64, 257, 3}, rws[] = {1, 3, 64, 1000, 5};
+    for (int i = 0; i < 5; i++)
+        for (int act = 0; act < 3; act++)
+            for (int b = 0; b < 2; b++)
+                test_linear(rws[(i + act) % 5], ins[i], outs[(i + b + act) % 5], b, act,
+                            (i + act) % 2 ? 5 : 0, b ? 3 : 0);
+    test_linear(4096, 512, 1024, 1, 1, 0, 0);
+    test_add(1, 1, 1, 0, 0);
+    test_add(100, 16, 7, 1, 0);
+    test_add(333, 33, 333, 0, 1);
+    test_add(1000, 256, 3, 1, 1);
+    test_copy_rows(1, 1, 1, 1);
+    test_copy_rows(50, 17, 20, 61);
+    test_copy_rows(300, 256, 256, 512);
+    int cnt[] = {3, 0, 1, 5}, lens[] = {4, 2, 0, 7};
+    test_gather(4, cnt, lens, 16, 0);
+    test_gather(4, cnt, lens, 16, 1);
+    test_gather(4, cnt, lens, 7, 1);
+    int c1[] = {1}, l1[] = {0};
+    test_gather(1, c1, l1, 8, 1);
+}
+
+static void suite_lce(void)
+{
+    int c1[] = {1};
+    test_lce(1, c1, 3, 5, 7, 16);
+    test_lce(1, c1, 1, 1, 1, 1);
+    int c3[] = {4, 1, 5};
+    test_lce(3, c3, 9, 0, 10, 24);  /* no candidate tokens */
+    test_lce(3, c3, 0, 11, 10, 24); /* no user tokens */
+    test_lce(3, c3, 6, 7, 13, 5);   /* odd D: SIMT */
+    int c4[] = {2, 0, 3, 1};
+    test_lce(4, c4, 17, 13, 33, 64);
+    test_lce(4, c4, 33, 19, 50, 128);
+    int c1000[] = {1000};
+    test_lce(1, c1000, 10, 12, 16, 64);
+    if (!quick) {
+        int cs3[] = {20, 23, 21};
+        test_lce(3, cs3, 118, 86, 433, 256); /* the seed shape, K cut 10x */
+        int c2[] = {2, 2, 2, 2, 2};
+        test_lce(5, c2, 40, 30, 100, 192);
+    }
+}
+
+static void suite_attention(void)
+{
+    int c1[] = {1}, l1[] = {1};
+    test_attention(1, c1, l1, 1, 1, 32);
+    int l0[] = {0};
+    test_attention(1, c1, l0, 4, 2, 64); /* empty history: zeros */
+    int dhs[] = {8, 32, 40, 64, 96, 128};
+    for (int i = 0; i < 6; i++) {
+        int cnt[] = {1, 3, 0, 2, 5}, lens[] = {63, 64, 10, 65, 0};
+        test_attention(5, cnt, lens, 7, 2, dhs[i]);
+        int cnt2[] = {2, 1}, lens2[] = {200, 1};
+        test_attention(2, cnt2, lens2, 64, 1 + i % 3, dhs[i]);
+    }
+    int c1000[] = {1000}, l1000[] = {37};
+    test_attention(1, c1000, l1000, 1, 2, 64);
+    int cm[] = {1000, 3}, lm[] = {130, 5};
+    test_attention(2, cm, lm, 2, 1, 128);
+    if (!quick) {
+        int cb[] = {3, 4, 1}, lb[] = {1000, 513, 2048};
+        test_attention(3, cb, lb, 64, 2, 128);
+        int ct[] = {33, 31}, lt[] = {300, 777};
+        test_attention(2, ct, lt, 4, 2, 64);
+    }
+}
+
+static void oom_check(void)
+{
+    bk_err e = {{0}};
+    size_t huge = (size_t)1 << 50;
+    void *p = gpu->alloc(gpu, huge, BK_TAG_USER, &e);
+    checks++;
+    if (p || !strstr(e.msg, "out of device memory") || !strstr(e.msg, "1125899906842624")) {
+        failures++;
+        printf("FAIL [%s] OOM message: %s\n", dtype_name, p ? "(allocation succeeded)" : e.msg);
+        if (p)
+            gpu->free(gpu, p, huge, BK_TAG_USER);
+    }
+    /* A failed allocation must leave the device usable. */
+    test_add(10, 10, 10, 0, 0);
+    bk_stats st;
+    gpu->get_stats(gpu, &st);
+    checks++;
+    if (st.bytes_peak[BK_TAG_BROADCAST] != 0) {
+        failures++;
+        printf("FAIL [%s] broadcast bytes %zu in an IKBO-only test\n", dtype_name,
+               st.bytes_peak[BK_TAG_BROADCAST]);
+    }
+}
+
+static int make_backends(const char *dtype, const char *lce_v, const char *att_v)
+{
+    bk_err e = {{0}};
+    setenv("IKBO_CUDA_DTYPE", dtype, 1);
+    setenv("IKBO_CUDA_LCE", lce_v, 1);
+    setenv("IKBO_CUDA_ATTN", att_v, 1);
+    if (!(gpu = bk_backend_new("cuda:0", &e)) || !(gs = gpu->stream_new(gpu, &e)))
+        DIE("cuda:0: %s", e.msg);
+    return 0;
+}
+
+static void free_gpu(void)
+{
+    gpu->stream_free(gs);
+    gpu->destroy(gpu);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dtypes[3] = {"fp32", "bf16", "fp16"};
+    int nd = 0;
+    const char *want[3];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && nd < 3)
+            want[nd++] = argv[++i];
+        else
+            DIE("usage: %s [--quick] [--dtype fp32|bf16|fp16]...", argv[0]);
+    }
+    if (!nd)
+        for (; nd < 3; nd++)
+            want[nd] = dtypes[nd];
+    bk_err e = {{0}};
+    if (!(cpu = bk_cpu_new(&e)) || !(cs = cpu->stream_new(cpu, &e)))
+        DIE("cpu: %s", e.msg);
+    for (int di = 0; di < nd; di++) {
+        dtype_name = want[di];
+        tol = !strcmp(dtype_name, "fp32") ? 1e-5 : !strcmp(dtype_name, "bf16") ? 2e-2 : 5e-3;
+        int f0 = failures, c0 = checks;
+        make_backends(dtype_name, "0", "0");
+        suite_plain();
+        suite_lce();
+        suite_attention();
+        oom_check();
+        free_gpu();
+        /* Every kernel variant on the IKBO ops. */
+        const char *lv[] = {"1", "3", "4", "5"};
+        for (int v = 0; v < 4; v++) {
+            make_backends(dtype_name, lv[v], "0");
+            suite_lce();
+            free_gpu();
+        }
+        make_backends(dtype_name, "0", "1");
+        suite_attention();
+        free_gpu();
+        printf("%s: %d/%d checks passed\n", dtype_name, (checks - c0) - (failures - f0),
+               checks - c0);
+    }
+    cpu->stream_free(cs);
+    cpu->destroy(cpu);
+    printf("test_cuda_ops: %s (%d checks, %d failures)\n", failures ? "FAILED" : "passed", checks,
+           failures);
+    return failures ? 1 : 0;
+}
