@@ -3,9 +3,9 @@
  * Every completion-queue tag is a `call` record. It is created when a call
  * is requested (phase REQUESTED), becomes the tag of the one send batch once
  * the call is handled (phase SENDING), and is freed when that batch
- * completes. A worker re-requests the method before it answers a call, so
- * the server always has requests posted while it runs, and never requests a
- * call after shutdown has completed (shutdown waits for the answered call).
+ * completes. A worker re-requests the method after the work and just before
+ * it starts the send batch, so it never requests a call after shutdown has
+ * completed (shutdown waits for that call to complete).
  */
 #include "grpc_server.h"
 
@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "health.h"
@@ -36,10 +37,15 @@ static const char *const method_path[M_COUNT] = {
     "unknown",
 };
 
-/* Requests kept posted per method per worker: enough that calls arriving
- * while every worker is busy are matched (and so drained on shutdown)
- * instead of waiting unmatched inside gRPC core. */
-#define REQUESTS_PER_METHOD 4
+/* Requests posted per method per worker. gRPC core matches a call to the
+ * completion queue its connection is tied to first, so a worker only posts
+ * while it is idle: a busy worker has nothing posted and calls go to an idle
+ * one (or wait inside core until a worker re-posts). */
+#define REQUESTS_PER_METHOD 1
+
+/* Drain: how long no call must arrive before shutdown proper (see
+ * grpcsrv_shutdown). */
+#define LAME_DUCK_QUIET_MS 200
 
 enum phase { REQUESTED = 0, SENDING = 1 };
 
@@ -81,6 +87,17 @@ struct grpcsrv {
     registry *reg;
     metrics_server *metrics;
     const atomic_int *draining;
+    /* CLOCK_MONOTONIC ms of the last Rank/ModelInfo/unknown call to reach a
+     * worker: the drain's lame-duck phase waits for it to go quiet. */
+    atomic_llong last_call_ms;
+    /* Set by grpcsrv_free before the queues shut down: from then on no
+     * worker starts a batch (a batch on a shut-down queue aborts), and a call
+     * still found in a queue is cancelled UNAVAILABLE. busy counts handlers
+     * running; mu/idle guard both. */
+    pthread_mutex_t mu;
+    pthread_cond_t idle;
+    int stopping;
+    int busy;
 };
 
 /* ---- requests ----------------------------------------------------------- */
@@ -164,6 +181,9 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
     const char *const labels[] = {method_path[c->method], rq_code_name(code)};
     metrics_add_l(s->metrics->grpc_requests_total, labels, 1);
 
+    /* Post the next request for this method now that the work is done, and
+     * before the call can complete (see the top of this file). */
+    request_call(c->w, c->method);
     c->phase = SENDING;
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
     if (e != GRPC_CALL_OK) {
@@ -302,14 +322,27 @@ static void *worker_main(void *arg)
             call_free(c);
             continue;
         }
-        /* Keep a request posted for this method before answering (see top). */
-        request_call(w, c->method);
+        grpcsrv *s = w->srv;
+        pthread_mutex_lock(&s->mu);
+        int stopping = s->stopping;
+        if (!stopping) s->busy++;
+        pthread_mutex_unlock(&s->mu);
+        if (stopping) {
+            grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
+                                         "server is shutting down", NULL);
+            call_free(c);
+            continue;
+        }
+        if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, rank_now_ns() / 1000000);
         switch (c->method) {
         case M_RANK: handle_rank(c); break;
         case M_MODEL_INFO: handle_model_info(c); break;
         case M_HEALTH_CHECK: handle_health(c); break;
         default: handle_unknown(c); break;
         }
+        pthread_mutex_lock(&s->mu);
+        if (--s->busy == 0) pthread_cond_broadcast(&s->idle);
+        pthread_mutex_unlock(&s->mu);
     }
     return NULL;
 }
@@ -390,6 +423,8 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
     s->metrics = o->metrics;
     s->draining = o->draining;
     s->n_workers = o->threads > 0 ? o->threads : 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
 
     grpc_arg args[2];
     args[0].type = GRPC_ARG_INTEGER;
@@ -405,6 +440,8 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
     s->server = grpc_server_create(&ch_args, NULL);
     if (!s->server) {
         bk_seterr(err, "grpc: cannot create the server");
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->idle);
         free(s);
         return NULL;
     }
@@ -472,6 +509,8 @@ fail_unstarted:
         grpc_completion_queue_destroy(s->workers[i].cq);
     }
     if (s->shutdown_cq) grpc_completion_queue_destroy(s->shutdown_cq);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle);
     free(s->workers);
     free(s);
     return NULL;
@@ -486,10 +525,27 @@ int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
     if (s->shutdown_started) return 0;
     s->shutdown_started = 1;
     int64_t t0 = mono_ms();
+    if (drain_timeout_ms < 0) drain_timeout_ms = 0;
+
+    /* Lame duck: gRPC core cancels (CANCELLED, not UNAVAILABLE) every call
+     * whose stream reaches it after grpc_server_shutdown_and_notify, and
+     * there is no C API to send GOAWAY first. So while *draining is set and
+     * the port still accepts, new calls are answered UNAVAILABLE by the
+     * workers; once no call has arrived for LAME_DUCK_QUIET_MS (clients have
+     * moved away) or half the drain budget is spent, shutdown proper starts. */
+    int64_t lame_max = drain_timeout_ms / 2;
+    while (mono_ms() - t0 < lame_max &&
+           mono_ms() - atomic_load(&s->last_call_ms) < LAME_DUCK_QUIET_MS) {
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    int64_t lame_ms = mono_ms() - t0;
+
     static int shutdown_tag;
     grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, &shutdown_tag);
+    int64_t left = drain_timeout_ms - lame_ms;
     gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                      gpr_time_from_millis(drain_timeout_ms, GPR_TIMESPAN));
+                                      gpr_time_from_millis(left > 0 ? left : 0, GPR_TIMESPAN));
     grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, until, NULL);
     int result = (int)(mono_ms() - t0);
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
@@ -507,6 +563,11 @@ void grpcsrv_free(grpcsrv *s)
 {
     if (!s) return;
     if (!s->shutdown_done) grpcsrv_shutdown(s, 0);
+    /* Wait out handlers still running (scoring cannot be interrupted). */
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    while (s->busy > 0) pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     grpc_server_destroy(s->server);
     for (int i = 0; i < s->n_workers; i++) grpc_completion_queue_shutdown(s->workers[i].cq);
     for (int i = 0; i < s->n_workers; i++) {
@@ -528,6 +589,8 @@ void grpcsrv_free(grpcsrv *s)
                .type != GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(s->shutdown_cq);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle);
     free(s->workers);
     free(s);
 }
