@@ -14,6 +14,7 @@
  * The only globals are the draining flag and the loader's stop flag (the
  * signal plumbing); everything else is passed down explicitly.
  */
+#include <errno.h>
 #include <grpc/grpc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -104,6 +105,19 @@ int main(int argc, char **argv)
         printf("ikbo-serve %s\n", ikbo_version());
         config_free(&cfg);
         return 0;
+    }
+    /* TLS files are part of the configuration: an unreadable one is a config
+     * error (exit 2) found before anything starts. */
+    const char *tls_files[][2] = {{"tls.cert_file", cfg.tls_cert_file},
+                                  {"tls.key_file", cfg.tls_key_file},
+                                  {"tls.client_ca_file", cfg.tls_client_ca_file}};
+    for (size_t i = 0; i < sizeof tls_files / sizeof *tls_files; i++) {
+        if (tls_files[i][1] && access(tls_files[i][1], R_OK) != 0) {
+            fprintf(stderr, "ikbo-serve: %s: %s: %s\n", tls_files[i][0], tls_files[i][1],
+                    strerror(errno));
+            config_free(&cfg);
+            return 2;
+        }
     }
     log_setup((enum log_level)cfg.log_level, cfg.log_format == CONFIG_LOG_JSON, NULL);
 
