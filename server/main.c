@@ -145,17 +145,6 @@ int main(int argc, char **argv)
         config_free(&cfg);
         return 1;
     }
-    {
-        char *cj = config_to_json(&cfg);
-        log_line ln;
-        log_begin(&ln, LOG_LEVEL_INFO, "start");
-        log_str(&ln, "version", ikbo_version());
-        log_int(&ln, "pid", (int64_t)getpid());
-        log_str(&ln, "config", cj);
-        log_end(&ln);
-        free(cj);
-    }
-
     registry_opts ro = {
         .repository = cfg.model_repository,
         .models = (const char *const *)cfg.models,
@@ -171,6 +160,17 @@ int main(int argc, char **argv)
         goto out;
     }
     metrics_family_set_collect(mx.model_loaded, collect_loaded, reg);
+    /* After the repository check, so a config error stays one line. */
+    {
+        char *cj = config_to_json(&cfg);
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_INFO, "start");
+        log_str(&ln, "version", ikbo_version());
+        log_int(&ln, "pid", (int64_t)getpid());
+        log_str(&ln, "config", cj);
+        log_end(&ln);
+        free(cj);
+    }
 
     grpc_init();
     grpc_inited = 1;

@@ -195,7 +195,9 @@ class Daemon:
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise AssertionError("daemon exited %d:\n%s" % (self.proc.returncode, self.logs()))
-            if " listening " in self.logs():
+            if " listening " in self.logs() or '"event":"listening"' in self.logs():
+                return
+            if self.http("GET", "/healthz")[0] == 200:  # log level above info
                 return
             time.sleep(0.05)
         raise AssertionError("daemon did not listen within %ds:\n%s" % (timeout, self.logs()))
