@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Table of a bench/e2e/run.sh results directory (markdown on stdout) and
+results.json beside the inputs.
+
+    /usr/bin/python3 bench/e2e/report.py build/e2e/<run> [--compute-metric NAME]
+
+Per mode and point: throughput at saturation (closed loop), p50/p99 at the
+open-loop rate, mean server time per request (ikbo_request_duration_seconds,
+receipt to response built, from /metrics deltas around the open-loop run),
+mean client latency, and, when /metrics has a forward-pass time histogram
+(--compute-metric, or auto-detected: a histogram named like *forward*,
+*compute* or *engine* in seconds), the server overhead: the share of the
+client-observed request latency spent outside the forward pass, 1 -
+compute / latency (means). Without such a metric the overhead column is
+"n/a" and the table says so.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+
+def parse_prom(path):
+    """{(name, frozenset(labels)): value}, {name: type}."""
+    vals, types = {}, {}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"^# TYPE (\S+) (\S+)", line)
+            if m:
+                types[m.group(1)] = m.group(2)
+                continue
+            m = re.match(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})? (\S+)$", line.strip())
+            if m:
+                labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+                vals[(m.group(1), labels)] = float(m.group(3))
+    return vals, types
+
+
+def hist_delta(before, after, name, model):
+    """(sum delta, count delta) of histogram `name` over series with model=model."""
+    s = c = 0.0
+    for (n, labels), v in after.items():
+        d = dict(labels)
+        if d.get("model", model) != model:
+            continue
+        if n == name + "_sum":
+            s += v - before.get((n, labels), 0.0)
+        elif n == name + "_count":
+            c += v - before.get((n, labels), 0.0)
+    return s, c
+
+
+def detect_compute(types):
+    for name, t in types.items():
+        if t == "histogram" and name != "ikbo_request_duration_seconds" and \
+                re.search(r"(forward|compute|engine)", name) and name.endswith("seconds"):
+            return name
+    return None
+
+
+def fmt(x, spec="%.2f"):
+    return "n/a" if x is None else spec % x
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--compute-metric", default=None)
+    a = ap.parse_args()
+    run = json.load(open(os.path.join(a.dir, "run.json")))
+    model = run["model"]
+    rows = []
+    compute_name = a.compute_metric or run.get("compute_metric") or None
+    for closed_path in sorted(glob.glob(os.path.join(a.dir, "*.closed.json"))):
+        tag = os.path.basename(closed_path)[:-len(".closed.json")]
+        mode, u, c = re.match(r"^(\w+)-u(\d+)-c(\d+)$", tag).groups()
+        cj = json.load(open(closed_path))
+        oj = json.load(open(os.path.join(a.dir, tag + ".open.json")))
+        before, types = parse_prom(os.path.join(a.dir, tag + ".open.before.prom"))
+        after, types2 = parse_prom(os.path.join(a.dir, tag + ".open.after.prom"))
+        types.update(types2)
+        if compute_name is None:
+            compute_name = detect_compute(types)
+        ssum, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
+        server_ms = 1e3 * ssum / scount if scount else None
+        compute_ms = None
+        if compute_name:
+            csum, ccount = hist_delta(before, after, compute_name, model)
+            # per request: the forward time of the calls the server counted
+            compute_ms = 1e3 * csum / scount if scount and ccount else None
+        om = oj["measured"]
+        client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
+        overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
+        outside_server = (1 - server_ms / client_ms) if (server_ms is not None and client_ms) else None
+        errors = sum(v for k, v in cj["codes"].items() if k != "OK") + \
+            sum(v for k, v in oj["codes"].items() if k != "OK")
+        rows.append(dict(mode=mode, users=int(u), cands=int(c), cands_per_req=cj["shape"]["mean_candidates"],
+                         concurrency=cj["concurrency"], sat_rps=cj["measured"]["ok_per_s"],
+                         sat_cps=cj["measured"]["candidates_per_s"],
+                         sat_p50=cj["measured"]["latency_ms"]["p50"],
+                         open_rate=oj["rate"], open_calls=om["latency_ms"]["count"],
+                         p50=om["latency_ms"]["p50"], p99=om["latency_ms"]["p99"],
+                         p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
+                         server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
+                         overhead=overhead, outside_server=outside_server, errors=errors,
+                         unsent=oj.get("unsent", 0)))
+    order = {"ikbo": 0, "broadcast": 1}
+    rows.sort(key=lambda r: (order.get(r["mode"], 9), r["users"], r["cands"]))
+    out = []
+    out.append("Date %s, commit %s, device %s, model `%s` (%s), host %s (%d CPUs, load average %s at start)."
+               % (run["date"], run["commit"], run["device"], model, run["models"], run["host"], run["cpus"],
+                  run["loadavg"]))
+    out.append("")
+    out.append("Command: `%s` (server threads %d, closed loop %d in flight, open loop at %.0f%% of "
+               "saturation, %.1f s warm-up, %.1f s measured per run)."
+               % (run["command"].strip(), run["server_threads"], run["concurrency"], 100 * run["fraction"],
+                  run["warmup_s"], run["duration_s"]))
+    out.append("")
+    out.append("| mode | users/req | cands/user | cands/req | saturation req/s | saturation cands/s "
+               "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | forward ms | overhead |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        out.append("| %s | %d | %d | %.0f | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s |" % (
+            r["mode"], r["users"], r["cands"], r["cands_per_req"], r["sat_rps"], r["sat_cps"], r["open_rate"],
+            fmt(r["p50"]), fmt(r["p99"]), r["open_calls"], fmt(r["server_ms"]), fmt(r["client_ms"]),
+            fmt(r["compute_ms"]), fmt(None if r["overhead"] is None else 100 * r["overhead"], "%.1f%%")))
+    out.append("")
+    by = {(r["mode"], r["users"], r["cands"]): r for r in rows}
+    pts = sorted({(r["users"], r["cands"]) for r in rows})
+    if any(("ikbo",) + p in by and ("broadcast",) + p in by for p in pts):
+        out.append("| users/req | cands/user | IKBO cands/s | broadcast cands/s | IKBO / broadcast "
+                   "| IKBO p99 ms | broadcast p99 ms |")
+        out.append("|---:|---:|---:|---:|---:|---:|---:|")
+        for p in pts:
+            i, b = by.get(("ikbo",) + p), by.get(("broadcast",) + p)
+            if i and b:
+                out.append("| %d | %d | %.0f | %.0f | %.2fx | %.2f | %.2f |" % (
+                    p[0], p[1], i["sat_cps"], b["sat_cps"], i["sat_cps"] / b["sat_cps"] if b["sat_cps"] else 0,
+                    i["p99"], b["p99"]))
+        out.append("")
+    notes = []
+    if compute_name is None:
+        notes.append("overhead n/a: the daemon's /metrics has no forward-pass (compute) time histogram, so "
+                     "the share of latency outside the forward pass cannot be measured from outside; "
+                     "\"server ms\" (ikbo_request_duration_seconds: receipt to response built, forward "
+                     "included) against \"client ms\" (loadgen, mean, from the intended send time) bounds "
+                     "what the gRPC transport, queueing for a worker and the client cost.")
+    else:
+        notes.append("forward ms: %s per request (mean); overhead = 1 - forward / client latency (means)."
+                     % compute_name)
+    bad = [r for r in rows if r["errors"] or r["unsent"]]
+    if bad:
+        notes.append("failed or unsent calls at: %s (see the per-run JSON)."
+                     % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad))
+    lag = max((r["send_lag_p99"] for r in rows), default=0)
+    notes.append("client send lag p99 (open loop, worst point): %.2f ms (counted in the latencies)." % lag)
+    out += ["- " + n for n in notes]
+    print("\n".join(out))
+    with open(os.path.join(a.dir, "results.json"), "w") as f:
+        json.dump({"run": run, "compute_metric": compute_name, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

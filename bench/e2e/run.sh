@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# bench/e2e/run.sh - end-to-end benchmark of ikbo-serve: IKBO mode against the
+# broadcast baseline, through the real daemon and gRPC, with ikbo-loadgen.
+#
+# For each mode (a fresh daemon per mode, free ports) and each point of the
+# sweep (users per request x candidates per user):
+#   1. closed loop at --concurrency (default 2 x server threads): throughput
+#      at saturation (requests/s, candidates/s);
+#   2. open loop at --fraction (default 0.5) of that throughput: p50/p99
+#      latency from the intended send times (no coordinated omission);
+#   3. /metrics before/after each run: mean server time per request and, when
+#      the daemon exports a forward-pass (compute) time histogram, the share
+#      of request latency spent outside the forward pass (server overhead).
+# Then bench/e2e/report.py writes the table (markdown) and results.json.
+#
+#   bench/e2e/run.sh                                  # CPU, demo model, defaults below
+#   bench/e2e/run.sh --models models --model bench --device cuda:0 --server-threads 4
+#   bench/e2e/run.sh --cands "70" --users "1" --duration 2 --warmup 0.5   # one quick point
+#
+# Flags (defaults in brackets):
+#   --build DIR          ikbo-serve and ikbo-loadgen [build]
+#   --models DIR         model repository [models]
+#   --model NAME         model to rank with [demo]
+#   --device DEV         cpu or cuda:N [cpu]
+#   --modes "M ..."      [ikbo broadcast]
+#   --users "N ..."      users per request [1 16]
+#   --cands "N ..."      candidates per user [10 70 500]
+#   --history N          history events per user [the model's max_len]
+#   --server-threads N   daemon gRPC worker threads [2]
+#   --concurrency N      closed-loop calls in flight [2 x server threads]
+#   --loadgen-threads N  loadgen worker threads [1]
+#   --fraction F         open-loop rate as a fraction of saturation [0.5]
+#   --warmup S           seconds before each measured window [1]
+#   --duration S         measured seconds per run [3]
+#   --min-open-calls N   lengthen an open-loop run to schedule at least N calls [40]
+#   --timeout-ms MS      per-call deadline [60000]
+#   --compute-metric M   histogram of forward-pass seconds in /metrics [auto-detect]
+#   --out DIR            where results go [build/e2e/<date>-<device>]
+# Needs: bash, curl, /usr/bin/python3. Exit 0 when every point ran.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$ROOT/build MODELS=$ROOT/models MODEL=demo DEVICE=cpu MODES="ikbo broadcast"
+USERS="1 16" CANDS="10 70 500" HISTORY="" SERVER_THREADS=2 CONCURRENCY="" LG_THREADS=1
+FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=40 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT=""
+CMDLINE="bench/e2e/run.sh$(printf ' %q' "$@")"
+
+die() { echo "run.sh: error: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) BUILD=$2 ;; --models) MODELS=$2 ;; --model) MODEL=$2 ;; --device) DEVICE=$2 ;;
+    --modes) MODES=$2 ;; --users) USERS=$2 ;; --cands) CANDS=$2 ;; --history) HISTORY=$2 ;;
+    --server-threads) SERVER_THREADS=$2 ;; --concurrency) CONCURRENCY=$2 ;;
+    --loadgen-threads) LG_THREADS=$2 ;; --fraction) FRACTION=$2 ;; --warmup) WARMUP=$2 ;;
+    --duration) DURATION=$2 ;; --min-open-calls) MIN_OPEN=$2 ;; --timeout-ms) TIMEOUT_MS=$2 ;;
+    --compute-metric) COMPUTE_METRIC=$2 ;; --out) OUT=$2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown flag '$1' (see --help)" ;;
+  esac
+  [ $# -ge 2 ] || die "$1 needs a value"
+  shift 2
+done
+BUILD=$(cd "$BUILD" && pwd) || die "no build directory"
+MODELS=$(cd "$MODELS" && pwd) || die "no model repository"
+SERVE=$BUILD/ikbo-serve LOADGEN=$BUILD/ikbo-loadgen PY=/usr/bin/python3
+[ -x "$SERVE" ] || die "$SERVE missing (make)"
+[ -x "$LOADGEN" ] || die "$LOADGEN missing (make)"
+ls -d "$MODELS/$MODEL"/*/ >/dev/null 2>&1 || die "no version of model '$MODEL' in $MODELS (bench: models/bench/make_bench_model.py)"
+[ -n "$CONCURRENCY" ] || CONCURRENCY=$(( SERVER_THREADS * 2 > 4 ? SERVER_THREADS * 2 : 4 ))
+[ -n "$OUT" ] || OUT=$ROOT/build/e2e/$(date -u +%Y%m%d-%H%M%S)-${DEVICE/:/}
+mkdir -p "$OUT"
+
+SERVE_PID=""
+stop_daemon() {
+  if [ -n "$SERVE_PID" ]; then
+    kill -TERM "$SERVE_PID" 2>/dev/null || true
+    wait "$SERVE_PID" 2>/dev/null || true
+    SERVE_PID=""
+  fi
+}
+trap stop_daemon EXIT
+
+start_daemon() { # mode -> sets GRPC, HTTP
+  local mode=$1 log=$OUT/serve-$1.log
+  "$SERVE" --grpc 127.0.0.1:0 --http 127.0.0.1:0 --models "$MODELS" --device "$DEVICE" \
+    --mode "$mode" --threads "$SERVER_THREADS" --log-level info >"$log" 2>&1 &
+  SERVE_PID=$!
+  GRPC="" HTTP=""
+  for _ in $(seq 1 1200); do  # model loading can take a while on a GPU: 120 s
+    kill -0 "$SERVE_PID" 2>/dev/null || { cat "$log" >&2; die "ikbo-serve ($mode) exited"; }
+    if [ -z "$GRPC" ]; then  # the bound ports, from the "listening" log line
+      GRPC=$(grep -o 'listening grpc=[^ ]*' "$log" | head -1 | cut -d= -f2 || true)
+      HTTP=$(grep -o ' http=[^ ]*' "$log" | head -1 | cut -d= -f2 || true)
+    fi
+    if [ -n "$HTTP" ] && curl -fs "http://$HTTP/readyz" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  cat "$log" >&2
+  die "ikbo-serve ($mode) not ready after 120 s"
+}
+
+loadgen() { # tag, args... -> $OUT/tag.json, metrics snapshots around it
+  local tag=$1; shift
+  curl -fs "http://$HTTP/metrics" >"$OUT/$tag.before.prom"
+  local rc=0
+  "$LOADGEN" --target "$GRPC" --model "$MODEL" --json --timeout-ms "$TIMEOUT_MS" \
+    --threads "$LG_THREADS" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" || rc=$?
+  curl -fs "http://$HTTP/metrics" >"$OUT/$tag.after.prom"
+  if [ $rc -ge 2 ]; then cat "$OUT/$tag.err" >&2; die "ikbo-loadgen failed for $tag"; fi
+  [ $rc -eq 0 ] || echo "  note: $tag had failed calls: $($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["codes"], j["first_error"])' "$OUT/$tag.json")" >&2
+}
+
+HIST_ARGS=()
+[ -n "$HISTORY" ] && HIST_ARGS=(--history "$HISTORY")
+commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || commit="$commit (working tree has uncommitted changes)"
+$PY - "$OUT/run.json" <<PY
+import json, sys
+json.dump({"command": r"""$CMDLINE""", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "commit": "$commit",
+           "host": "$(uname -n)", "cpus": $(nproc), "loadavg": "$(cut -d' ' -f1-3 /proc/loadavg)",
+           "device": "$DEVICE", "model": "$MODEL", "models": "$MODELS", "server_threads": $SERVER_THREADS,
+           "concurrency": $CONCURRENCY, "loadgen_threads": $LG_THREADS, "fraction": $FRACTION,
+           "warmup_s": $WARMUP, "duration_s": $DURATION, "compute_metric": "$COMPUTE_METRIC"},
+          open(sys.argv[1], "w"), indent=1)
+PY
+
+for mode in $MODES; do
+  start_daemon "$mode"
+  echo "== $mode: ikbo-serve on grpc $GRPC http $HTTP ($DEVICE, $SERVER_THREADS threads)" >&2
+  for u in $USERS; do
+    for c in $CANDS; do
+      tag=$mode-u$u-c$c
+      distinct=$(( u * c > 2000 ? 16 : 64 ))
+      loadgen "$tag.closed" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
+        --concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION"
+      read -r rate dur < <($PY - "$OUT/$tag.closed.json" "$FRACTION" "$DURATION" "$MIN_OPEN" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rate = float(sys.argv[2]) * j["measured"]["ok_per_s"]
+rate = max(rate, 0.05)
+dur = max(float(sys.argv[3]), float(sys.argv[4]) / rate)
+print("%.3f %.2f" % (rate, min(dur, 120.0)))
+PY
+)
+      loadgen "$tag.open" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
+        --rate "$rate" --max-inflight 10000 --warmup "$WARMUP" --duration "$dur"
+      $PY - "$OUT" "$tag" <<'PY' >&2
+import json, sys
+c = json.load(open("%s/%s.closed.json" % (sys.argv[1], sys.argv[2])))["measured"]
+o = json.load(open("%s/%s.open.json" % (sys.argv[1], sys.argv[2])))
+print("  %-22s saturation %8.1f req/s %10.0f cand/s | open %7.2f req/s: p50 %8.2f ms p99 %8.2f ms"
+      % (sys.argv[2], c["ok_per_s"], c["candidates_per_s"], o["rate"],
+         o["measured"]["latency_ms"]["p50"], o["measured"]["latency_ms"]["p99"]))
+PY
+    done
+  done
+  stop_daemon
+done
+
+$PY "$ROOT/bench/e2e/report.py" "$OUT" ${COMPUTE_METRIC:+--compute-metric "$COMPUTE_METRIC"} >"$OUT/table.md"
+cat "$OUT/table.md"
+echo "results: $OUT (table.md, results.json, per-run JSON and /metrics snapshots)" >&2
