@@ -20,12 +20,22 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "../backend.h"
 
 #ifdef __FAST_MATH__
 #error "kernels/cpu relies on strict IEEE evaluation order; do not build it with -ffast-math"
 #endif
+
+/* Four fp32 lanes as a GNU C vector type (gcc, clang): the one width every
+ * x86-64 and arm64 has. Lane-wise arithmetic is the same IEEE single-precision
+ * operation as scalar code. Unaligned loads/stores go through memcpy. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+#define V4_LD(v, p) memcpy(&(v), (p), sizeof(v4f))
+#define V4_ST(p, v) memcpy((p), &(v), sizeof(v4f))
 
 /* Register tile of the matmul core: GEMM_MR rows of A times GEMM_NR columns of B. */
 #define GEMM_MR 4
@@ -63,14 +73,25 @@ void cpu_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag);
 const float *cpu_weight_packed(const bk_weight *w, bk_err *err);
 
 /* Register-tile core (gemm_cpu.c):
- *   acc[i][j] += a[i][k] * b[k*ldb + j]   for k = 0 .. kn-1, in that order,
- * for i < GEMM_MR and j < nr (nr <= GEMM_NR); acc[i][j] for j >= nr is left
- * alone. a[i] are GEMM_MR row pointers (contiguous in k; a caller with fewer
- * rows repeats a valid pointer and ignores those rows' results). Each
- * acc[i][j] is one fp32 accumulator updated by a multiply then an add per k,
- * so an element's value never depends on i, on the other rows, or on nr. */
+ *   c[i][j] = (load ? c[i][j] : 0) + a[i][0]*b[0*ldb+j] + ... + a[i][kn-1]*b[(kn-1)*ldb+j]
+ * summed left to right, for i < GEMM_MR and j < nr (nr <= GEMM_NR); only
+ * c[i][0 .. nr) is read or written. a[i] are GEMM_MR row pointers
+ * (contiguous in k), c[i] GEMM_MR output row pointers: a caller with fewer
+ * rows points the spare a[i] at a valid row and the spare c[i] at a
+ * GEMM_NR-float dummy. Each c[i][j] is one fp32 accumulator updated by a
+ * multiply then an add per k, so an element's value never depends on i, on
+ * the other rows, or on nr; splitting k into blocks with load = 1 after the
+ * first continues the same sum exactly. */
 void gemm_cpu_tile(const float *const a[GEMM_MR], const float *b, size_t ldb, int kn, int nr,
-                   float acc[GEMM_MR][GEMM_NR]);
+                   float *const c[GEMM_MR], int load);
+
+/* Softmax numerators of one row, in place (softmax_cpu.c):
+ *   s[j] = exp(s[j] - max_j s[j]) for j < n,  s[j] = 0 for n <= j < pad4(n),
+ * returning sum_j s[j]. s must have room for n rounded up to a multiple of 4.
+ * exp is a 4-lane polynomial (relative error < 1.4 * 2^-24; arguments below -87 give
+ * exp(-87)), the sum keeps 4 lane partials combined as (0+1)+(2+3): a fixed
+ * order that depends only on n. n >= 1. */
+float cpu_softmax_row(float *s, int n);
 
 /* The ops (ops_cpu.c), with backend.h's signatures. */
 int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,

@@ -15,27 +15,25 @@
 
 #include "cpu_internal.h"
 
-/* Four accumulators as a GNU C vector type rather than hoping for
- * auto-vectorization: gcc -O2's vectorizer leaves this tile's accumulators
- * in memory, while 16-byte vectors (the one width every x86-64 and arm64
- * has) keep all 4 x 8 of them in eight registers. Lane-wise vector arithmetic
- * is the same IEEE single-precision multiply and add as the scalar code in
- * tile_part, so both tiles give identical bits for an element. */
-typedef float v4f __attribute__((vector_size(16)));
-
-/* Unaligned load/store (buffers are aligned, but row strides need not be). */
-#define LD(v, p) memcpy(&(v), (p), sizeof(v4f))
-#define ST(p, v) memcpy((p), &(v), sizeof(v4f))
+/* The accumulators are v4f (cpu_internal.h) rather than plain arrays left
+ * to the auto-vectorizer: gcc -O2 keeps plain-array accumulators of this tile
+ * in memory, while v4f keeps all 4 x 8 of them in eight registers. The
+ * arithmetic per lane is the scalar multiply then add of tile_part, so both
+ * tiles give identical bits for an element. */
+#define LD V4_LD
+#define ST V4_ST
 
 /* Full-width tile. */
 static void tile_full(const float *const a[GEMM_MR], const float *b, size_t ldb, int kn,
-                      float acc[GEMM_MR][GEMM_NR])
+                      float *const c[GEMM_MR], int load)
 {
-    v4f c00, c01, c10, c11, c20, c21, c30, c31;
-    LD(c00, acc[0]); LD(c01, acc[0] + 4);
-    LD(c10, acc[1]); LD(c11, acc[1] + 4);
-    LD(c20, acc[2]); LD(c21, acc[2] + 4);
-    LD(c30, acc[3]); LD(c31, acc[3] + 4);
+    v4f c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+    if (load) {
+        LD(c00, c[0]); LD(c01, c[0] + 4);
+        LD(c10, c[1]); LD(c11, c[1] + 4);
+        LD(c20, c[2]); LD(c21, c[2] + 4);
+        LD(c30, c[3]); LD(c31, c[3] + 4);
+    }
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3];
     for (int k = 0; k < kn; k++) {
         const float *bk = b + (size_t)k * ldb;
@@ -48,18 +46,22 @@ static void tile_full(const float *const a[GEMM_MR], const float *b, size_t ldb,
         c20 += x2 * b0; c21 += x2 * b1;
         c30 += x3 * b0; c31 += x3 * b1;
     }
-    ST(acc[0], c00); ST(acc[0] + 4, c01);
-    ST(acc[1], c10); ST(acc[1] + 4, c11);
-    ST(acc[2], c20); ST(acc[2] + 4, c21);
-    ST(acc[3], c30); ST(acc[3] + 4, c31);
+    ST(c[0], c00); ST(c[0] + 4, c01);
+    ST(c[1], c10); ST(c[1] + 4, c11);
+    ST(c[2], c20); ST(c[2] + 4, c21);
+    ST(c[3], c30); ST(c[3] + 4, c31);
 }
 
 /* Narrow tile (nr < GEMM_NR: the last columns of an output whose width is
  * not a multiple of GEMM_NR). Same per-element operations as tile_full: a
- * multiply then an add per k, in increasing k. */
+ * multiply then an add per k, in increasing k, from 0 or the loaded value. */
 static void tile_part(const float *const a[GEMM_MR], const float *b, size_t ldb, int kn, int nr,
-                      float acc[GEMM_MR][GEMM_NR])
+                      float *const c[GEMM_MR], int load)
 {
+    float acc[GEMM_MR][GEMM_NR] = {{0}};
+    if (load)
+        for (int i = 0; i < GEMM_MR; i++)
+            memcpy(acc[i], c[i], (size_t)nr * sizeof(float));
     for (int k = 0; k < kn; k++) {
         const float *bk = b + (size_t)k * ldb;
         for (int i = 0; i < GEMM_MR; i++) {
@@ -68,14 +70,16 @@ static void tile_part(const float *const a[GEMM_MR], const float *b, size_t ldb,
                 acc[i][j] += x * bk[j];
         }
     }
+    for (int i = 0; i < GEMM_MR; i++)
+        memcpy(c[i], acc[i], (size_t)nr * sizeof(float));
 }
 
 void gemm_cpu_tile(const float *const a[GEMM_MR], const float *b, size_t ldb, int kn, int nr,
-                   float acc[GEMM_MR][GEMM_NR])
+                   float *const c[GEMM_MR], int load)
 {
     _Static_assert(GEMM_MR == 4 && GEMM_NR == 8, "tile_full is written for a 4 x 8 tile");
     if (nr == GEMM_NR)
-        tile_full(a, b, ldb, kn, acc);
+        tile_full(a, b, ldb, kn, c, load);
     else
-        tile_part(a, b, ldb, kn, nr, acc);
+        tile_part(a, b, ldb, kn, nr, c, load);
 }

@@ -307,26 +307,28 @@ int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *
                 for (int i0 = 0; i0 < rn; i0 += GEMM_MR) {
                     const int mr = min_int(GEMM_MR, rn - i0);
                     const float *a[GEMM_MR];
-                    float acc[GEMM_MR][GEMM_NR] = {{0}};
-                    for (int i = 0; i < GEMM_MR; i++)
+                    float *c[GEMM_MR];
+                    /* A partial last panel goes through tmp: the tile always
+                     * runs full width (the panel is zero-padded), but only
+                     * nr columns of y are ours. */
+                    float tmp[GEMM_MR][GEMM_NR] = {{0}};
+                    for (int i = 0; i < GEMM_MR; i++) {
                         a[i] = xf + (size_t)(r0 + i0 + min_int(i, mr - 1)) * ldx + k0;
-                    if (k0 > 0)
-                        for (int i = 0; i < mr; i++)
-                            memcpy(acc[i], yf + (size_t)(r0 + i0 + i) * ldy + o0,
+                        c[i] = i < mr && nr == GEMM_NR
+                                   ? yf + (size_t)(r0 + i0 + i) * ldy + o0
+                                   : tmp[i];
+                        if (i < mr && nr < GEMM_NR && k0 > 0)
+                            memcpy(tmp[i], yf + (size_t)(r0 + i0 + i) * ldy + o0,
                                    (size_t)nr * sizeof(float));
-                    /* Panels are zero-padded to GEMM_NR, so always the full tile. */
-                    gemm_cpu_tile(a, bp, GEMM_NR, kn, GEMM_NR, acc);
+                    }
+                    gemm_cpu_tile(a, bp, GEMM_NR, kn, GEMM_NR, c, k0 > 0);
                     for (int i = 0; i < mr; i++) {
                         float *yr = yf + (size_t)(r0 + i0 + i) * ldy + o0;
-                        for (int j = 0; j < nr; j++) {
-                            float v = acc[i][j];
-                            if (last) {
-                                if (bv)
-                                    v = v + bv[o0 + j];
-                                v = activate(v, act);
-                            }
-                            yr[j] = v;
-                        }
+                        if (nr < GEMM_NR)
+                            memcpy(yr, tmp[i], (size_t)nr * sizeof(float));
+                        if (last)
+                            for (int j = 0; j < nr; j++)
+                                yr[j] = activate(bv ? yr[j] + bv[o0 + j] : yr[j], act);
                     }
                 }
             }
@@ -344,6 +346,7 @@ int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *
 static void small_gemm(const float *A, int M, int K, const float *B, int D, const float *addend,
                        float *out)
 {
+    float dummy[GEMM_NR] = {0};
     for (int m0 = 0; m0 < M; m0 += GEMM_MR) {
         const int mr = min_int(GEMM_MR, M - m0);
         const float *a[GEMM_MR];
@@ -351,13 +354,16 @@ static void small_gemm(const float *A, int M, int K, const float *B, int D, cons
             a[i] = A + (size_t)(m0 + min_int(i, mr - 1)) * K;
         for (int d0 = 0; d0 < D; d0 += GEMM_NR) {
             const int nr = min_int(GEMM_NR, D - d0);
-            float acc[GEMM_MR][GEMM_NR] = {{0}};
-            gemm_cpu_tile(a, B + d0, (size_t)D, K, nr, acc);
-            for (int i = 0; i < mr; i++) {
-                const size_t at = (size_t)(m0 + i) * D + d0;
-                for (int j = 0; j < nr; j++)
-                    out[at + j] = addend ? acc[i][j] + addend[at + j] : acc[i][j];
-            }
+            float *c[GEMM_MR];
+            for (int i = 0; i < GEMM_MR; i++)
+                c[i] = i < mr ? out + (size_t)(m0 + i) * D + d0 : dummy;
+            gemm_cpu_tile(a, B + d0, (size_t)D, K, nr, c, 0);
+            if (addend)
+                for (int i = 0; i < mr; i++) {
+                    const float *ad = addend + (size_t)(m0 + i) * D + d0;
+                    for (int j = 0; j < nr; j++)
+                        c[i][j] = c[i][j] + ad[j];
+                }
         }
     }
 }
@@ -439,16 +445,20 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
         return -1;
     }
 
-    /* Scratch: one head's keys transposed to [dh, L] (so scores vectorize
-     * over events), GEMM_MR rows of scores/probabilities. */
+    /* Scratch: one head's keys transposed to [dh, lp] and pre-scaled by
+     * 1/sqrt(dh) (so scores vectorize over events and need no extra pass),
+     * and GEMM_MR rows of scores. lp is L rounded up to GEMM_NR; the padding
+     * keys are zero and the softmax zeroes the padding probabilities. */
     const size_t hd = (size_t)heads * dh;
-    const size_t sbytes = ((size_t)dh + GEMM_MR) * (size_t)(lmax ? lmax : 1) * sizeof(float);
+    const size_t lpmax = ((size_t)lmax + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    const size_t sbytes = ((size_t)dh + GEMM_MR) * (lpmax ? lpmax : GEMM_NR) * sizeof(float);
     float *kt = cpu_alloc(s->be, sbytes, BK_TAG_USER, err);
     if (!kt)
         return -1;
-    float *sc = kt + (size_t)dh * (size_t)(lmax ? lmax : 1);
+    float *sc = kt + (size_t)dh * (lpmax ? lpmax : GEMM_NR);
 
     const float scale = 1.0f / sqrtf((float)dh);
+    float dummy[GEMM_NR] = {0};
     const float *qf = q, *kf = k, *vf = v;
     float *of = o;
     for (int c0 = 0, c1; c0 < nc; c0 = c1) {
@@ -464,12 +474,17 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
             memset(of + row0 * hd, 0, (size_t)nrows * hd * sizeof(float));
             continue;
         }
+        const int lp = (L + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
         const float *ku = kf + (size_t)offsets[u] * hd, *vu = vf + (size_t)offsets[u] * hd;
         for (int h = 0; h < heads; h++) {
             const size_t hoff = (size_t)h * dh;
-            for (int j = 0; j < L; j++)
-                for (int e = 0; e < dh; e++)
-                    kt[(size_t)e * L + j] = ku[(size_t)j * hd + hoff + e];
+            for (int e = 0; e < dh; e++) {
+                float *kte = kt + (size_t)e * lp;
+                for (int j = 0; j < L; j++)
+                    kte[j] = ku[(size_t)j * hd + hoff + e] * scale;
+                for (int j = L; j < lp; j++)
+                    kte[j] = 0.0f;
+            }
             for (int i0 = 0; i0 < nrows; i0 += GEMM_MR) {
                 const int mr = min_int(GEMM_MR, nrows - i0);
                 const float *a[GEMM_MR];
@@ -477,38 +492,26 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
                 for (int i = 0; i < GEMM_MR; i++)
                     a[i] = qf + (row0 + (size_t)(i0 + min_int(i, mr - 1))) * hd + hoff;
                 /* Scores: one sequential dot product over dh per event. */
-                for (int j0 = 0; j0 < L; j0 += GEMM_NR) {
-                    const int nr = min_int(GEMM_NR, L - j0);
-                    float acc[GEMM_MR][GEMM_NR] = {{0}};
-                    gemm_cpu_tile(a, kt + j0, (size_t)L, dh, nr, acc);
-                    for (int i = 0; i < mr; i++)
-                        for (int j = 0; j < nr; j++)
-                            sc[(size_t)i * L + j0 + j] = acc[i][j] * scale;
+                for (int j0 = 0; j0 < lp; j0 += GEMM_NR) {
+                    float *c[GEMM_MR];
+                    for (int i = 0; i < GEMM_MR; i++)
+                        c[i] = sc + (size_t)i * lp + j0; /* spare rows: scratch */
+                    gemm_cpu_tile(a, kt + j0, (size_t)lp, dh, GEMM_NR, c, 0);
                 }
                 /* Stable softmax numerators; the division comes after P V. */
-                for (int i = 0; i < mr; i++) {
-                    float *si = sc + (size_t)i * L;
-                    float mx = si[0];
-                    for (int j = 1; j < L; j++)
-                        mx = si[j] > mx ? si[j] : mx;
-                    float t = 0.0f;
-                    for (int j = 0; j < L; j++) {
-                        si[j] = expf(si[j] - mx);
-                        t += si[j];
-                    }
-                    sum[i] = t;
-                }
+                for (int i = 0; i < mr; i++)
+                    sum[i] = cpu_softmax_row(sc + (size_t)i * lp, L);
                 for (int i = 0; i < GEMM_MR; i++)
-                    a[i] = sc + (size_t)min_int(i, mr - 1) * L;
+                    a[i] = sc + (size_t)min_int(i, mr - 1) * lp;
                 for (int d0 = 0; d0 < dh; d0 += GEMM_NR) {
                     const int nr = min_int(GEMM_NR, dh - d0);
-                    float acc[GEMM_MR][GEMM_NR] = {{0}};
-                    gemm_cpu_tile(a, vu + hoff + d0, hd, L, nr, acc);
-                    for (int i = 0; i < mr; i++) {
-                        float *orow = of + (row0 + (size_t)(i0 + i)) * hd + hoff + d0;
+                    float *c[GEMM_MR];
+                    for (int i = 0; i < GEMM_MR; i++)
+                        c[i] = i < mr ? of + (row0 + (size_t)(i0 + i)) * hd + hoff + d0 : dummy;
+                    gemm_cpu_tile(a, vu + hoff + d0, hd, L, nr, c, 0);
+                    for (int i = 0; i < mr; i++)
                         for (int j = 0; j < nr; j++)
-                            orow[j] = acc[i][j] / sum[i];
-                    }
+                            c[i][j] = c[i][j] / sum[i];
                 }
             }
         }

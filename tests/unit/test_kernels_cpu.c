@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "../../kernels/backend.h"
+#include "../../kernels/cpu/cpu_internal.h" /* cpu_softmax_row: its exp is an approximation */
 
 #define U32 (1.0 / 16777216.0) /* unit roundoff of fp32, 2^-24 */
 #define MAXBUF 64
@@ -1260,6 +1261,43 @@ static void test_determinism_attention(void **state)
     }
 }
 
+/* The softmax row's polynomial exp, directly: within 8 * 2^-24 relative of
+ * exp for arguments >= -87 (measured worst: 1.35 * 2^-24), about exp(-87)
+ * below, the padding to a multiple of 4 exactly zero, the sum within the
+ * summation bound. Rows include the argument range's ends (0, -87, -88). */
+static void test_softmax_row(void **state)
+{
+    T *t = *state;
+    for (int it = 0; it < 400; it++) {
+        new_case(t, "softmax_row", it);
+        int n = rint_(t, 1, 70);
+        float s[72], x[72];
+        for (int j = 0; j < n; j++)
+            x[j] = s[j] = rflt(t) * (it % 4 == 0 ? 100.0f : 8.0f);
+        if (n > 2 && it % 3 == 0) { /* exact ends of the range */
+            x[1] = s[1] = x[0] - 87.0f;
+            x[2] = s[2] = x[0] - 88.0f;
+            x[0] = s[0] = x[0] + 0.0f;
+        }
+        float sum = cpu_softmax_row(s, n);
+        double mx = -INFINITY, dsum = 0;
+        for (int j = 0; j < n; j++)
+            mx = x[j] > mx ? x[j] : mx;
+        for (int j = 0; j < n; j++) {
+            float arg = x[j] - (float)mx; /* the op's argument, rounded as it rounds it */
+            double e = exp((double)arg);
+            double allowed = arg >= -87.0f ? 8.0 * U32 * e : 2e-38;
+            if (!(fabs(s[j] - e) <= allowed) && !(arg < -87.0f && s[j] <= 2e-38f && s[j] >= 0))
+                fail_msg("exp(%.9g) = %.9g, want %.9g [%s]", arg, s[j], e, t->ctx);
+            dsum += s[j];
+        }
+        for (int j = n; j < ((n + 3) & ~3); j++)
+            assert_true(s[j] == 0.0f);
+        if (!(fabs(sum - dsum) <= 2.0 * (n + 2) * U32 * dsum))
+            fail_msg("sum %.9g, want %.9g [%s]", sum, dsum, t->ctx);
+    }
+}
+
 /* ---- add, copy_rows, gather ---- */
 
 static void test_add(void **state)
@@ -1395,6 +1433,7 @@ int main(void)
         T_(test_linear_shared_weight_threads),
         T_(test_lce_random),
         T_(test_lce_map_equals_broadcast),
+        T_(test_softmax_row),
         T_(test_attention_random),
         T_(test_target_attention_composed),
         T_(test_determinism_linear),
