@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "engine/json_schema.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "tests/unit/loader_fixture.h"
@@ -892,6 +893,38 @@ static void test_null_arguments(void **state)
     model_def_free(NULL);
 }
 
+
+/* ------------------------------------------------ message sanitizing */
+
+static void test_quote(void **state)
+{
+    (void)state;
+    char b[300], small[8];
+    assert_string_equal(js_quote(b, "plain"), "plain");
+    assert_string_equal(js_quote(b, "a\nb\t'c\\"), "a\\x0ab\\x09\\'c\\\\");
+    assert_string_equal(js_quote(b, "\x7f"), "\\x7f");
+    char longname[200];
+    memset(longname, 'x', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    js_quote(b, longname);
+    assert_int_equal(strlen(b), JS_QUOTE_MAX + 3);
+    assert_string_equal(b + JS_QUOTE_MAX, "...");
+    /* a cut never splits a UTF-8 sequence: 63 x's then a 2-byte char */
+    memset(longname, 'x', 63);
+    strcpy(longname + 63, "\xc3\xa9tail");
+    js_quote(b, longname);
+    assert_int_equal(strlen(b), 63 + 3);
+    /* a small buffer still ends in "..." and is terminated */
+    js_quote_n(small, sizeof small, "abcdefghij", 64);
+    assert_string_equal(small, "abcd...");
+    js_quote_n(small, sizeof small, "\n\n\n", 64);
+    assert_string_equal(small, "\\x0a...");
+    /* layer names with any byte stay on one line in messages (also fuzzed) */
+    EX_ERR("\"name\": \"flat\",      \"op\": \"flatten\"",
+           "\"name\": \"\\r\\u2028\\u00e9\",      \"op\": 5",
+           "layer '\\x0d\xe2\x80\xa8\xc3\xa9': 'layers[16].op' must be a string, got integer");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -916,6 +949,7 @@ int main(void)
         cmocka_unit_test(test_subnormal_weights),
         cmocka_unit_test(test_load_from_disk),
         cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_quote),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
