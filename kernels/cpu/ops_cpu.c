@@ -361,8 +361,20 @@ static void small_gemm(const float *A, int M, int K, const float *B, int D, cons
             if (addend)
                 for (int i = 0; i < mr; i++) {
                     const float *ad = addend + (size_t)(m0 + i) * D + d0;
-                    for (int j = 0; j < nr; j++)
-                        c[i][j] = c[i][j] + ad[j];
+                    if (nr == GEMM_NR) { /* the same adds, 4 lanes at a time */
+                        v4f x0, x1, y0, y1;
+                        V4_LD(x0, c[i]);
+                        V4_LD(x1, c[i] + 4);
+                        V4_LD(y0, ad);
+                        V4_LD(y1, ad + 4);
+                        x0 = x0 + y0;
+                        x1 = x1 + y1;
+                        V4_ST(c[i], x0);
+                        V4_ST(c[i] + 4, x1);
+                    } else {
+                        for (int j = 0; j < nr; j++)
+                            c[i][j] = c[i][j] + ad[j];
+                    }
                 }
         }
     }
@@ -509,9 +521,21 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
                     for (int i = 0; i < GEMM_MR; i++)
                         c[i] = i < mr ? of + (row0 + (size_t)(i0 + i)) * hd + hoff + d0 : dummy;
                     gemm_cpu_tile(a, vu + hoff + d0, hd, L, nr, c, 0);
-                    for (int i = 0; i < mr; i++)
-                        for (int j = 0; j < nr; j++)
-                            c[i][j] = c[i][j] / sum[i];
+                    for (int i = 0; i < mr; i++) {
+                        if (nr == GEMM_NR) { /* the same divisions, 4 lanes at a time */
+                            const v4f t = {sum[i], sum[i], sum[i], sum[i]};
+                            v4f x0, x1;
+                            V4_LD(x0, c[i]);
+                            V4_LD(x1, c[i] + 4);
+                            x0 = x0 / t;
+                            x1 = x1 / t;
+                            V4_ST(c[i], x0);
+                            V4_ST(c[i] + 4, x1);
+                        } else {
+                            for (int j = 0; j < nr; j++)
+                                c[i][j] = c[i][j] / sum[i];
+                        }
+                    }
                 }
             }
         }

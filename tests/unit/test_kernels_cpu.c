@@ -823,10 +823,16 @@ static void test_linear_errors(void **state)
     assert_int_equal(t->be->linear(t->s, dx, 4, 2, ww, NULL, BK_ACT_NONE, dx + 2, 3, &t->err),
                      -1);
     assert_non_null(strstr(t->err.msg, "overlaps"));
+    /* in = 0: y = act(bias). */
+    float bias3[3] = {-1.5f, 0.25f, 2.0f}, y3[3];
+    bk_weight *w0 = wnew(t, NULL, 3, 0), *b3 = wnew(t, bias3, 3, 1);
+    OK(t, t->be->linear(t->s, dx, 1, 1, w0, b3, BK_ACT_RELU, dy, 3, &t->err));
+    OK(t, t->be->download_f32(t->s, y3, dy, 3, &t->err));
+    assert_true(y3[0] == 0.0f && y3[1] == 0.25f && y3[2] == 2.0f);
     /* No rows: nothing to do, nothing written. */
-    OK(t, t->be->linear(t->s, dx, 4, 0, ww, NULL, BK_ACT_NONE, dy, 3, &t->err));
+    OK(t, t->be->linear(t->s, dx, 4, 0, ww, NULL, BK_ACT_NONE, dy + 8, 3, &t->err));
     float *got = download(t, dy, 64);
-    assert_true(is_poison(got[0]));
+    assert_true(is_poison(got[8]));
     free(got);
     free_bufs(t);
 }
