@@ -1350,11 +1350,13 @@ int model_def_parse(const char *dir, const char *json, size_t json_len, const ui
     return finish(&L, rc, out);
 }
 
-/* Reads a regular file of at most max bytes. */
+/* Reads a regular file of at most max bytes. Files are opened O_NONBLOCK so
+ * that a FIFO in the model directory cannot hang the loader; it is refused
+ * as "not a regular file" (O_NONBLOCK does not affect regular-file reads). */
 static int read_file(const char *path, const char *shown, size_t max, char **out, size_t *len,
                      bk_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat sb;
     char *buf = NULL;
     size_t n = 0;
@@ -1436,7 +1438,7 @@ int model_def_load(const char *dir, model_def **out, bk_err *err)
     free(json);
     json = NULL;
 
-    fd = open(wpath, O_RDONLY | O_CLOEXEC);
+    fd = open(wpath, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         bk_seterr(err, "%s: cannot open: %s", L.wfile, strerror(errno));
         goto done;

@@ -863,8 +863,15 @@ static void test_load_from_disk(void **state)
     load_err(tmpdir, "weights.safetensors", "not a regular file");
     assert_int_equal(rmdir(path), 0);
 
-    /* model.json over 16 MiB (sparse file) */
+    /* a FIFO is refused at once, not waited on */
     snprintf(path, sizeof path, "%s/model.json", tmpdir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    load_err(tmpdir, "model.json", "not a regular file");
+    assert_int_equal(unlink(path), 0);
+    write_file(tmpdir, "model.json", FX_EXAMPLE_JSON, strlen(FX_EXAMPLE_JSON));
+
+    /* model.json over 16 MiB (sparse file) */
     int fd = open(path, O_WRONLY | O_TRUNC);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, (16 << 20) + 1), 0);
