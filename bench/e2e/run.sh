@@ -32,7 +32,7 @@
 #   --fraction F         open-loop rate as a fraction of saturation [0.5]
 #   --warmup S           seconds before each measured window [1]
 #   --duration S         measured seconds per run [3]
-#   --min-open-calls N   lengthen an open-loop run to schedule at least N calls [40]
+#   --min-open-calls N   lengthen an open-loop run to schedule at least N calls (at most 60 s) [20]
 #   --timeout-ms MS      per-call deadline [60000]
 #   --compute-metric M   histogram of forward-pass seconds in /metrics [auto-detect]
 #   --out DIR            where results go [build/e2e/<date>-<device>]
@@ -42,7 +42,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$ROOT/build MODELS=$ROOT/models MODEL=demo DEVICE=cpu MODES="ikbo broadcast"
 USERS="1 16" CANDS="10 70 500" HISTORY="" SERVER_THREADS=2 CONCURRENCY="" LG_THREADS=1
-FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=40 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT=""
+FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=20 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT=""
 CMDLINE="bench/e2e/run.sh$(printf ' %q' "$@")"
 
 die() { echo "run.sh: error: $*" >&2; exit 2; }
@@ -89,10 +89,14 @@ start_daemon() { # mode -> sets GRPC, HTTP
   for _ in $(seq 1 1200); do  # model loading can take a while on a GPU: 120 s
     kill -0 "$SERVE_PID" 2>/dev/null || { cat "$log" >&2; die "ikbo-serve ($mode) exited"; }
     if [ -z "$GRPC" ]; then  # the bound ports, from the "listening" log line
-      GRPC=$(grep -o 'listening grpc=[^ ]*' "$log" | head -1 | cut -d= -f2 || true)
-      HTTP=$(grep -o ' http=[^ ]*' "$log" | head -1 | cut -d= -f2 || true)
+      local line
+      line=$(grep -m1 -o 'listening grpc=[^ ]* http=[^ ]*' "$log" || true)
+      if [ -n "$line" ]; then
+        GRPC=${line#listening grpc=}; GRPC=${GRPC%% *}
+        HTTP=${line##* http=}
+      fi
     fi
-    if [ -n "$HTTP" ] && curl -fs "http://$HTTP/readyz" >/dev/null 2>&1; then return 0; fi
+    if [ -n "$GRPC" ] && curl -fs "http://$HTTP/readyz" >/dev/null 2>&1; then return 0; fi
     sleep 0.1
   done
   cat "$log" >&2
@@ -139,7 +143,7 @@ j = json.load(open(sys.argv[1]))
 rate = float(sys.argv[2]) * j["measured"]["ok_per_s"]
 rate = max(rate, 0.05)
 dur = max(float(sys.argv[3]), float(sys.argv[4]) / rate)
-print("%.3f %.2f" % (rate, min(dur, 120.0)))
+print("%.3f %.2f" % (rate, min(dur, 60.0)))
 PY
 )
       loadgen "$tag.open" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
