@@ -44,7 +44,10 @@ enum bk_act { BK_ACT_NONE = 0, BK_ACT_RELU = 1, BK_ACT_SIGMOID = 2 };
 enum bk_pool { BK_POOL_SUM = 0, BK_POOL_MEAN = 1 };
 
 /* What a buffer holds, for the byte accounting that proves IKBO mode never
- * materializes a user tensor at candidate batch size. */
+ * materializes a user tensor at candidate batch size. Ops' transient
+ * scratch (lce's user term at nu rows, attention's per-user key tile) is
+ * counted too, under BK_TAG_USER; the CPU backend frees it before the op
+ * returns, so it shows in bytes_peak only. */
 enum bk_tag {
     BK_TAG_USER = 0,      /* a user-domain tensor: rows = U (or history rows) */
     BK_TAG_CAND = 1,      /* a candidate-domain tensor: rows = C             */
@@ -112,7 +115,8 @@ struct bk_backend {
                      void *out, bk_err *err);
 
     /* y[r, :] = act(x[r, :] W^T + b). W [out, in]; bias NULL = none.
-     * x [rows, ldx >= in], y [rows, ldy >= out]. */
+     * x [rows, ldx >= in], y [rows, ldy >= out]. bias is a weight of out
+     * elements ([1, out]). y must not overlap x (error). */
     int (*linear)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                   const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 
