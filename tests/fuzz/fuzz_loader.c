@@ -18,6 +18,8 @@
  * consistent (fx_check_model); a refusal is one line starting with the file;
  * model_def_plan on the same JSON agrees with model_def_parse.
  */
+#define _POSIX_C_SOURCE 200809L /* strnlen */
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
