@@ -275,8 +275,8 @@ static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t
     int warm = 3, reps = quick ? 5 : 20;
 
     /* ours (each tile-shape variant; backend weights give cuBLAS its W too) */
-    const char *vars[] = {"0", "5", "4", "1"};
-    const char *vname[] = {"auto", "64x128", "128x128", "simt"};
+    const char *vars[] = {"0", "2", "5", "1"};
+    const char *vname[] = {"auto", "mma.sync 112x256", "mma.sync 64x128", "simt"};
     double ours_ms[4] = {0};
     double ours_err[4] = {0};
     bk_backend *be0 = NULL;
@@ -457,11 +457,24 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     CK(cudaStreamSynchronize(s->st));
     double diff = reldiff<T>(o2, o, (size_t)C * Tq * hd);
     double bc = gath + bker;
+    /* The mma.sync kernel (variant 2) on the same inputs, for comparison. */
+    bk_backend *be2 = make_backend(dtname, "0", "2");
+    bk_stream *s2 = be2->stream_new(be2, &berr);
+    BK(!s2);
+    double mma = median_ms(s2->st, [&] {
+        BK(be2->attention(s2, q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
+    }, warm, reps);
+    CK(cudaStreamSynchronize(s2->st));
+    double diff2 = reldiff<T>(o2, o, (size_t)C * Tq * hd);
+    be2->stream_free(s2);
+    be2->destroy(be2);
     printf("attention %s L %d %s (U %d): ours %.3f ms %.0f TFLOP/s (%.2fx GEMM) | broadcast %.3f ms "
            "(gather %.3f + kernel %.3f) %.0f TFLOP/s, kernel alone %.0f TFLOP/s | rel diff %.2e\n",
            dtname, L, uneven ? "uneven" : "ratio 64", U, ours, flops / (ours * 1e-3) / 1e12,
            flops / (ours * 1e-3) / rate, bc, gath, bker, flops / (bc * 1e-3) / 1e12,
            flops / (bker * 1e-3) / 1e12, diff);
+    printf("    mma.sync kernel %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", mma,
+           flops / (mma * 1e-3) / 1e12, diff2);
     char line[256];
     snprintf(line, sizeof line, "ATT %-4s L %4d %-8s ours %.3f ms %4.0f TF/s (%.2fx GEMM) | bcast %.3f ms %4.0f TF/s",
              dtname, L, uneven ? "uneven" : "ratio64", ours, flops / (ours * 1e-3) / 1e12,

@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/wgmma_gen.cuh"
 
 #define ATT_BM 128 /* query rows per tile */
 #define ATT_BN 64  /* keys per block      */
@@ -281,6 +282,175 @@ k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
     }
 }
 
+/* -------------------------------------------------------- wgmma (Hopper) */
+
+/* Two warpgroups of 64 query rows share each K/V block of 128 keys:
+ *   S = Q K^T  wgmma m64n128k16, A = Q and B = K both K-major (head dim
+ *              contiguous) 128B-swizzled shared tiles;
+ *   O += P V   wgmma m64n{DH}k16, A = P in registers (the S accumulator
+ *              layout repacked to bf16/fp16), B = V read MN-major (the
+ *              descriptor's transpose bit) from its swizzled tile.
+ * Tiles are stored as DH/64 column blocks of [rows][64] (128-byte rows).
+ * lbo_v / sbo_v: byte offsets of V's MN-major descriptor (column-block
+ * stride and 8-key-group stride); passed in so a test can confirm them. */
+template <int DH> struct attw_cfg {
+    static constexpr int BM = 128, BN = 128;
+    static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
+    static constexpr size_t SMEM = (size_t)Q_BYTES + 4 * KV_BYTES + 1024;
+};
+
+template <typename T, int DH>
+__global__ void __launch_bounds__(256, 1)
+k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
+         const int64_t *__restrict__ off, const int4 *__restrict__ tiles,
+         const int *__restrict__ ntiles, int hd, float scale_log2, T *__restrict__ o,
+         uint32_t lbo_v, uint32_t sbo_v)
+{
+    typedef attw_cfg<DH> CFG;
+    constexpr int BM = CFG::BM, BN = CFG::BN, CH = DH / 8;
+    if ((int)blockIdx.x >= *ntiles)
+        return;
+    const int4 ti = tiles[blockIdx.x];
+    const int row0 = ti.x, row_end = ti.y, u = ti.z, h = blockIdx.y;
+    const int64_t kv0 = off[u];
+    const int L = (int)(off[u + 1] - kv0);
+
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *Ks = Qs + CFG::Q_BYTES;          /* [2][KV_BYTES] */
+    unsigned char *Vs = Ks + 2 * CFG::KV_BYTES;     /* [2][KV_BYTES] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
+
+    /* Chunk c of row r of a [rows][DH] tile: column block c / 8, swizzled. */
+    for (int i = tid; i < BM * CH; i += 256) {
+        int r = i / CH, c = i % CH, row = row0 + r;
+        bool ok = row < row_end;
+        cp_async16(Qs + (c >> 3) * (BM * 128) + sw128(r, c & 7),
+                   ok ? q + (size_t)row * hd + h * DH + c * 8 : q, ok);
+    }
+    auto load_kv = [&](int buf, int kb) {
+        unsigned char *kd = Ks + buf * CFG::KV_BYTES, *vd = Vs + buf * CFG::KV_BYTES;
+        for (int i = tid; i < BN * CH; i += 256) {
+            int r = i / CH, c = i % CH, j = kb * BN + r;
+            bool ok = j < L;
+            size_t gofs = ok ? (size_t)(kv0 + j) * hd + h * DH + c * 8 : 0;
+            uint32_t so = (c >> 3) * (BN * 128) + sw128(r, c & 7);
+            cp_async16(kd + so, k + gofs, ok);
+            cp_async16(vd + so, v + gofs, ok);
+        }
+    };
+    const int nkb = (L + BN - 1) / BN;
+    if (nkb > 0)
+        load_kv(0, 0);
+    cp_async_commit();
+
+    float oacc[DH / 2], s[BN / 2];
+#pragma unroll
+    for (int i = 0; i < DH / 2; i++)
+        oacc[i] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (kb + 1 < nkb)
+            load_kv((kb + 1) & 1, kb + 1);
+        cp_async_commit();
+        const unsigned char *Kb = Ks + (kb & 1) * CFG::KV_BYTES;
+        const unsigned char *Vb = Vs + (kb & 1) * CFG::KV_BYTES;
+
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++)
+            s[i] = 0.0f;
+        wg_fence();
+        wg_fence_regs<BN / 2>(s);
+#pragma unroll
+        for (int kk = 0; kk < DH / 16; kk++) {
+            uint64_t da = wg_desc(Qs + (kk >> 2) * (BM * 128) + wg * 64 * 128 + (kk & 3) * 32, 16, 1024);
+            uint64_t db = wg_desc(Kb + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            wgmma_ss<T, BN, 0>::run(s, da, db);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_regs<BN / 2>(s);
+
+        /* s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1). */
+        if ((kb + 1) * BN > L) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    if (kb * BN + 8 * j + 2 * t + (x & 1) >= L)
+                        s[4 * j + x] = -INFINITY;
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mnew = fmaxf(mrow[r], mx[r] * scale_log2);
+            corr[r] = exp2f(mrow[r] - mnew);
+            mrow[r] = mnew;
+            lrow[r] *= corr[r];
+        }
+#pragma unroll
+        for (int j = 0; j < DH / 8; j++) {
+            oacc[4 * j] *= corr[0];
+            oacc[4 * j + 1] *= corr[0];
+            oacc[4 * j + 2] *= corr[1];
+            oacc[4 * j + 3] *= corr[1];
+        }
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            float p0 = exp2f(s[4 * j] * scale_log2 - mrow[0]);
+            float p1 = exp2f(s[4 * j + 1] * scale_log2 - mrow[0]);
+            float p2 = exp2f(s[4 * j + 2] * scale_log2 - mrow[1]);
+            float p3 = exp2f(s[4 * j + 3] * scale_log2 - mrow[1]);
+            lrow[0] += p0 + p1;
+            lrow[1] += p2 + p3;
+            pa[j >> 1][(j & 1) * 2] = pack2<T>(p0, p1);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack2<T>(p2, p3);
+        }
+        wg_fence();
+        wg_fence_regs<DH / 2>(oacc);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, lbo_v, sbo_v));
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_regs<DH / 2>(oacc);
+    }
+    cp_async_wait<0>();
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + wg * 64 + wq * 16 + g + r * 8;
+        if (row >= row_end)
+            continue;
+        T *orow = o + (size_t)row * hd + h * DH;
+#pragma unroll
+        for (int j = 0; j < DH / 8; j++)
+            *(uint32_t *)(orow + j * 8 + 2 * t) =
+                pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+    }
+}
+
 /* ------------------------------------------------------------------ SIMT */
 
 #define SIMT_MAX_DH 256
@@ -345,7 +515,9 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
 
 /* ------------------------------------------------------------------ host */
 
-template <typename T, int DH>
+/* Builds the tile table, then runs the tensor-core kernel: wgmma (WG = 1,
+ * Hopper) or mma.sync (WG = 0). */
+template <typename T, int DH, int WG>
 static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int64_t *off, int nu,
                      const int32_t *map, int nc, int tq, int heads, T *o, bk_err *err)
 {
@@ -362,15 +534,33 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
     k_att_tiles<<<1, 1024, 0, s->st>>>(map, nc, tq, ATT_BM, tiles, ntiles, (int)cap);
     if (cu_check_launch(err, "attention tile table"))
         return -1;
-    auto kern = k_att_tc<T, DH>;
-    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)att_cfg<DH>::SMEM),
-           "attention: shared memory limit");
     float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
     dim3 grid((unsigned)cap, (unsigned)heads);
-    kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
-                                                  scale_log2, o);
-    return cu_check_launch(err, "attention (tensor cores)");
+    if constexpr (WG && (DH == 64 || DH == 128)) {
+        auto kern = k_att_wg<T, DH>;
+        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)attw_cfg<DH>::SMEM),
+               "attention: shared memory limit");
+        /* V is MN-major: 64-column blocks BN*128 bytes apart, 8-key groups
+         * 1024 bytes apart; variant 3 swaps the two (a layout check). */
+        uint32_t lbo = attw_cfg<DH>::BN * 128, sbo = 1024;
+        if (cu_impl(s->be)->att_variant == 3) {
+            uint32_t x = lbo;
+            lbo = sbo;
+            sbo = x;
+        }
+        kern<<<grid, 256, attw_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
+                                                       scale_log2, o, lbo, sbo);
+        return cu_check_launch(err, "attention (wgmma)");
+    } else {
+        auto kern = k_att_tc<T, DH>;
+        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)att_cfg<DH>::SMEM),
+               "attention: shared memory limit");
+        kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
+                                                      scale_log2, o);
+        return cu_check_launch(err, "attention (tensor cores)");
+    }
 }
 
 template <typename T>
@@ -384,11 +574,18 @@ static int attention_t(bk_stream *s, const void *q, const void *k, const void *v
         if (variant != 1 && al) {
             const T *qt = (const T *)q, *kt = (const T *)k, *vt = (const T *)v;
             T *ot = (T *)o;
+            /* Variants: 0 automatic (wgmma for dh 64/128), 1 SIMT, 2 mma.sync,
+             * 3 wgmma with V's descriptor offsets swapped (layout check). */
+            bool wgv = variant != 2;
             switch (dh) {
-            case 32: return launch_tc<T, 32>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            case 64: return launch_tc<T, 64>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            case 96: return launch_tc<T, 96>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            case 128: return launch_tc<T, 128>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
+            case 32: return launch_tc<T, 32, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
+            case 64:
+                return wgv ? launch_tc<T, 64, 1>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err)
+                           : launch_tc<T, 64, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
+            case 96: return launch_tc<T, 96, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
+            case 128:
+                return wgv ? launch_tc<T, 128, 1>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err)
+                           : launch_tc<T, 128, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
             default: break;
             }
         }

@@ -21,6 +21,7 @@
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/wgmma_gen.cuh"
 
 /* ---------------------------------------------------------- tensor cores */
 
@@ -188,6 +189,148 @@ typedef lce_cfg<2, 4, 4, 4, 1> cfg_m;
 /* 64 x 128, for narrow D. */
 typedef lce_cfg<2, 4, 2, 4, 2> cfg_s;
 
+/* --------------------------------------------------------------- wgmma */
+
+/* Hopper kernel: the transposed product Z[b]^T = E[b]^T W^T, so that the
+ * awkward M (433) is wgmma's N (any multiple of 8 up to 256: 2 x 224 covers
+ * 433 with 3% padding) and D is the warpgroups' 64-row dimension.
+ *   A = E[b]^T (64 d x 16 k per warpgroup): registers, loaded with
+ *       ldmatrix.trans from the [k][d] shared tile (padded rows);
+ *   B = W^T (16 k x BNM m): W's rows are K-contiguous, so B is K-major and
+ *       read straight from a 128B-swizzled shared tile by its descriptor.
+ * Block: 2 warpgroups (128 d rows) x BNM m columns; K in slices of 64 through
+ * a 4-stage cp.async ring. Persistent: each block walks tiles blockIdx.x,
+ * + gridDim.x, ... and the ring runs on across tile boundaries, so the next
+ * tile's first slices load while this tile's epilogue stores. The epilogue
+ * pairs neighbouring d values with one shuffle (so each store is 4 bytes of
+ * Z[b][m][d..d+1]) and adds the fp32 user term Y[map[b]] there. */
+template <int BNM> struct lcew_cfg {
+    static constexpr int BD = 128, BK = 64, STAGES = 4, THREADS = 256;
+    static constexpr int LDE = BD + 8;                  /* [k][d] rows, 272 B */
+    static constexpr int W_BYTES = BNM * 128;           /* BNM rows of 64 k   */
+    static constexpr int E_BYTES = BK * LDE * 2;        /* 17 KiB             */
+    static constexpr int STAGE_BYTES = W_BYTES + E_BYTES;
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE_BYTES + 1024;
+    static_assert(W_BYTES % 1024 == 0 && E_BYTES % 1024 == 0, "stages stay 1024-aligned");
+};
+
+template <typename T, typename OutT, bool ADD, int BNM>
+__global__ void __launch_bounds__(256, 1)
+k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int K, int M, int D,
+         const float *__restrict__ y, const int32_t *__restrict__ map, OutT *__restrict__ z,
+         long ntiles)
+{
+    typedef lcew_cfg<BNM> CFG;
+    constexpr int BD = CFG::BD, BK = CFG::BK, STAGES = CFG::STAGES, LDE = CFG::LDE;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem =
+        (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
+    const int MT = (M + BNM - 1) / BNM, DT = (D + BD - 1) / BD;
+    const int KT = K > 0 ? (K + BK - 1) / BK : 1;
+    const long mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+    const long total = mine * KT;
+
+    auto tile_of = [&](long i, int &m0, int &d0, int &b) {
+        long tt = blockIdx.x + i * gridDim.x;
+        m0 = (int)(tt % MT) * BNM;
+        tt /= MT;
+        d0 = (int)(tt % DT) * BD;
+        b = (int)(tt / DT);
+    };
+    auto load = [&](long it, int stage) {
+        int m0, d0, b;
+        tile_of(it / KT, m0, d0, b);
+        const int k0 = (int)(it % KT) * BK;
+        unsigned char *Ws = smem + stage * CFG::STAGE_BYTES;
+        T *Es = (T *)(Ws + CFG::W_BYTES);
+        for (int i = tid; i < BNM * 8; i += 256) {
+            int r = i >> 3, c = i & 7, gm = m0 + r, gk = k0 + c * 8;
+            bool ok = gm < M && gk < ldw;
+            cp_async16(Ws + sw128(r, c), ok ? w + (size_t)gm * ldw + gk : w, ok);
+        }
+        const T *eb = e + (size_t)b * K * D;
+        for (int i = tid; i < BK * (BD / 8); i += 256) {
+            int r = i >> 4, c = i & 15, gk = k0 + r, gd = d0 + c * 8;
+            bool ok = gk < K && gd < D;
+            cp_async16(Es + r * LDE + c * 8, ok ? eb + (size_t)gk * D + gd : e, ok);
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < total)
+            load(s, s);
+        cp_async_commit();
+    }
+    float acc[BNM / 2];
+#pragma unroll
+    for (int i = 0; i < BNM / 2; i++)
+        acc[i] = 0.0f;
+
+    for (long it = 0; it < total; it++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        {
+            long nx = it + STAGES - 1;
+            if (nx < total)
+                load(nx, (int)(nx % STAGES));
+            cp_async_commit();
+        }
+        const int stage = (int)(it % STAGES);
+        const unsigned char *Ws = smem + stage * CFG::STAGE_BYTES;
+        const T *Es = (const T *)(Ws + CFG::W_BYTES);
+        uint32_t af[BK / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            ldmatrix_x4_trans(af[kk], Es + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * LDE +
+                                          wg * 64 + wq * 16 + ((lane >> 3) & 1) * 8);
+        wg_fence();
+        wg_fence_regs<BNM / 2>(acc);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            wgmma_rs<T, BNM, 0>::run(acc, af[kk], wg_desc(Ws + kk * 32, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_regs<BNM / 2>(acc);
+
+        if (it % KT == KT - 1) {
+            int m0, d0, b;
+            tile_of(it / KT, m0, d0, b);
+            const float *yb = ADD ? y + (size_t)map[b] * M * D : nullptr;
+            OutT *zb = z + (size_t)b * M * D;
+#pragma unroll
+            for (int j = 0; j < BNM / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                    float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+                    float p0 = (g & 1) ? recv : v0, p1 = (g & 1) ? v1 : recv;
+                    int dd = d0 + wg * 64 + wq * 16 + (g & ~1) + 8 * h;
+                    int mm = m0 + 8 * j + 2 * t + (g & 1);
+                    if (mm < M && dd < D) {
+                        size_t off = (size_t)mm * D + dd;
+                        if (ADD) {
+                            float2 u = *(const float2 *)(yb + off);
+                            p0 += u.x;
+                            p1 += u.y;
+                        }
+                        if constexpr (sizeof(OutT) == 4)
+                            *(float2 *)((float *)zb + off) = make_float2(p0, p1);
+                        else
+                            *(uint32_t *)(zb + off) = pack2<T>(p0, p1);
+                    }
+                }
+#pragma unroll
+            for (int i = 0; i < BNM / 2; i++)
+                acc[i] = 0.0f;
+        }
+    }
+    cp_async_wait<0>();
+}
+
 /* ---------------------------------------------------------------- SIMT */
 
 /* Any dtype, any shape: 64 x 64 tile of Z[b], 16-deep K slices in shared
@@ -265,8 +408,25 @@ static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     return cu_check_launch(err, "lce (tensor cores)");
 }
 
+template <typename T, typename OutT, bool ADD, int BNM>
+static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
+                     const float *y, const int32_t *map, OutT *z, bk_err *err)
+{
+    auto kern = k_lce_wg<T, OutT, ADD, BNM>;
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)lcew_cfg<BNM>::SMEM),
+           "lce: shared memory limit");
+    long ntiles = (long)((M + BNM - 1) / BNM) * ((D + 127) / 128) * nb;
+    int sms = cu_impl(s->be)->sm_count;
+    unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
+    kern<<<grid, 256, lcew_cfg<BNM>::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, y, map, z, ntiles);
+    return cu_check_launch(err, "lce (wgmma)");
+}
+
 /* One batched GEMM: Z[b] = W @ E[b] (+ Y[map[b]]), on the kernel the variant
- * and the operands allow. */
+ * and the operands allow. Variants: 0 automatic (wgmma where M and D are
+ * large enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile), 3/4/5
+ * mma.sync 112x256 / 128x128 / 64x128, 6 wgmma wherever it applies. */
 template <typename T, typename OutT, bool ADD>
 static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K, int M, int D,
                     const float *y, const int32_t *map, OutT *z, bk_err *err)
@@ -281,6 +441,13 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
     bool tc = sizeof(T) == 2 && variant != 1 && D % 8 == 0 && aligned16(e) && aligned16(w) &&
               ((uintptr_t)z & 7) == 0;
     if constexpr (sizeof(T) == 2) {
+        if (tc && (variant == 6 || (variant == 0 && M >= 64 && D >= 64))) {
+            if (M > 128)
+                return launch_wg<T, OutT, ADD, 224>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
+            if (M > 64)
+                return launch_wg<T, OutT, ADD, 128>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
+            return launch_wg<T, OutT, ADD, 64>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
+        }
         if (tc) {
             if (variant == 4)
                 return launch_tc<T, OutT, ADD, cfg_m>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);

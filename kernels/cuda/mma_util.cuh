@@ -91,4 +91,38 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
     return *(uint32_t *)&v;
 }
 
+/* ---- Hopper wgmma (sm_90a): warpgroup-wide async matrix multiply ---- */
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins accumulator registers in place around async wgmma (no compiler
+ * reordering of their reads/writes across the fence/wait). */
+template <int N> __device__ __forceinline__ void wg_fence_regs(float *d)
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle: start address, leading
+ * and stride byte offsets (PTX ISA "matrix descriptor format"). Tiles are
+ * stored as rows of 128 bytes, 8-row atoms of 1024 bytes, 16-byte chunk c of
+ * row r at chunk (c ^ (r % 8)) - what TMA's SWIZZLE_128B writes. */
+__device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo)
+{
+    uint64_t a = smem_u32(smem);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+
+/* Byte offset of 16-byte chunk c of row r in a 128B-swizzled tile. */
+__device__ __forceinline__ uint32_t sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
 #endif
