@@ -789,6 +789,28 @@ static void test_subnormal_weights(void **state)
     free(blob);
 }
 
+/* Writers pad the header with spaces to a multiple of 8 (the reference
+ * implementation does); tensors may appear in any order in the header. */
+static void test_header_padding(void **state)
+{
+    (void)state;
+    const char *json =
+        "{\"format\":\"ikbo-model/1\",\"inputs\":{\"candidate\":{\"dense\":1}},\"tables\":{},"
+        "\"layers\":[{\"name\":\"l\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":1}],"
+        "\"output\":{\"logits\":\"l\",\"tasks\":[\"a\"]}}";
+    const char *hdr = "{\"l.bias\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+                      "\"l.weight\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[0,4]},"
+                      "\"__metadata__\":{\"format\":\"pt\"}}      ";
+    float data[2] = {2.5f, -1.0f};
+    size_t n;
+    uint8_t *blob = fx_blob_raw(hdr, data, sizeof data, &n);
+    model_def *m = parse_ok(json, blob, n);
+    assert_true(m->layers[0].w[0].data[0] == 2.5f);
+    assert_true(m->layers[0].w[1].data[0] == -1.0f);
+    model_def_free(m);
+    free(blob);
+}
+
 /* ------------------------------------------------------ files on disk */
 
 static char tmpdir[64];
@@ -954,6 +976,7 @@ int main(void)
         cmocka_unit_test(test_half_conversion_exhaustive),
         cmocka_unit_test(test_example_in_half_dtypes),
         cmocka_unit_test(test_subnormal_weights),
+        cmocka_unit_test(test_header_padding),
         cmocka_unit_test(test_load_from_disk),
         cmocka_unit_test(test_null_arguments),
         cmocka_unit_test(test_quote),
