@@ -229,7 +229,24 @@ static void handle_rank(http_server *h, struct evhttp_request *req, const char *
         reply_json(h, req, route, rq_code_http(st.code), rq_error_json(&st));
         return;
     }
-    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, h->o.slot, rr, 0, "http", &st);
+    /* An optional deadline, like gRPC's: X-Request-Timeout-Ms: <ms from now>. */
+    int64_t deadline = 0;
+    const char *tmo = evhttp_find_header(evhttp_request_get_input_headers(req),
+                                         "X-Request-Timeout-Ms");
+    if (tmo) {
+        char *end;
+        long long ms = strtoll(tmo, &end, 10);
+        if (end == tmo || *end || ms < 0) {
+            rq_request_free(rr);
+            const char *const mc[] = {"", "INVALID_ARGUMENT"};
+            metrics_add_l(h->o.metrics->requests_total, mc, 1);
+            reply_error(h, req, route, 400, RQ_INVALID_ARGUMENT,
+                        "X-Request-Timeout-Ms: expected milliseconds >= 0, got '%.40s'", tmo);
+            return;
+        }
+        deadline = rank_now_ns() + (ms > 86400000LL ? 86400000LL : ms) * 1000000LL;
+    }
+    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, h->o.slot, rr, deadline, "http", &st);
     if (resp)
         reply_json(h, req, route, 200, rq_response_to_json(resp));
     else

@@ -13,7 +13,10 @@
  *                                 JSON; errors as request.h's JSON error body
  *                                 with rq_code_http's status (400, 404, 429,
  *                                 503, 504, 500). The body's "model" may be
- *                                 empty or must equal {name}.
+ *                                 empty or must equal {name}. Optional
+ *                                 header X-Request-Timeout-Ms: a deadline in
+ *                                 ms from receipt (504 DEADLINE_EXCEEDED once
+ *                                 passed, like a gRPC deadline).
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
  * A body over max_body_bytes is refused by evhttp itself (413).
