@@ -6,7 +6,7 @@
 CC       ?= gcc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Werror -MMD -MP -pthread
-CPPFLAGS += -I. -Ibuild/gen
+CPPFLAGS += -I. -I$(BUILD)/gen
 LDLIBS   += -lm -lpthread
 BUILD    := build
 PY       := /usr/bin/python3
@@ -52,8 +52,10 @@ SERVER_LIBS := -lgrpc -lgpr -lprotobuf-c -levent -levent_pthreads -ljansson
 
 LIBIKBO := $(BUILD)/libikbo.a
 
-.PHONY: all run test deps deps-build unit golden integration fuzz clean help
+.PHONY: FORCE all run test deps deps-build unit golden integration fuzz clean help
 .DEFAULT_GOAL := all
+# Keep generated headers and test objects between runs.
+.SECONDARY:
 
 all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader
 
@@ -100,11 +102,19 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
 
-$(BUILD)/obj/%.o: %.c | $(GEN_H)
+# Objects depend on the flags they were built with (CUDA=0/1 changes -D).
+FLAGS_STAMP := $(BUILD)/.flags
+FLAGS_NOW   := $(CC) $(CPPFLAGS) $(CFLAGS) | $(NVCC) $(NVCCFLAGS) | CUDA=$(CUDA)
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(BUILD)
+	@if [ "$$(cat $@ 2>/dev/null)" != '$(FLAGS_NOW)' ]; then echo '$(FLAGS_NOW)' > $@; fi
+FORCE:
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP) | $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu
+$(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

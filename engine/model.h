@@ -7,7 +7,9 @@
  * is refused here, at load, never discovered during a request.
  *
  * Ownership: model_def_load returns a model_def the caller frees with
- * model_def_free. Immutable after load; safe to read from any thread.
+ * model_def_free. Immutable once the engine has uploaded the weights to its
+ * backend (engine.c frees each md_weight.data then and sets it to NULL);
+ * safe to read from any thread after ikbo_model_load returns.
  */
 #ifndef IKBO_MODEL_H
 #define IKBO_MODEL_H
