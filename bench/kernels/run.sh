@@ -9,6 +9,8 @@
 #   sanitize compute-sanitizer memcheck + racecheck (quick) -> $OUT/sanitizer.log
 #   model    tests/gpu/test_cuda_model, fp32 + bf16         -> $OUT/model.log
 #   bench    bench/kernels/bench_kernels.cu                 -> $OUT/bench.log
+#   profile  ncu on the LCE and attention kernels (not in the default set)
+#                                                           -> $OUT/profile.log
 # Usage (device): bench/kernels/run.sh [ops] [sanitize] [model] [bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,6 +46,10 @@ for s in $stages; do
     stage model-bf16 model.log env IKBO_CUDA_DTYPE=bf16 $B/test_cuda_model $models ;;
   bench)
     stage bench bench.log $B/bench_kernels ;;
+  profile)
+    secs="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis"
+    stage ncu-lce profile.log ncu --clock-control none -k regex:k_lce_wg --launch-skip 2 -c 2 $secs $B/bench_kernels --profile
+    stage ncu-att profile.log ncu --clock-control none -k regex:k_att_wg -c 1 $secs $B/bench_kernels --profile ;;
   esac
 done
 grep -h "^FAIL" "$OUT"/ops.log "$OUT"/model.log 2>/dev/null | head -n 25

@@ -541,14 +541,10 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)attw_cfg<DH>::SMEM),
                "attention: shared memory limit");
-        /* V is MN-major: 64-column blocks BN*128 bytes apart, 8-key groups
-         * 1024 bytes apart; variant 3 swaps the two (a layout check). */
+        /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
+         * groups 1024 bytes apart (SBO); the swapped assignment was checked
+         * on the H200 and faults. */
         uint32_t lbo = attw_cfg<DH>::BN * 128, sbo = 1024;
-        if (cu_impl(s->be)->att_variant == 3) {
-            uint32_t x = lbo;
-            lbo = sbo;
-            sbo = x;
-        }
         kern<<<grid, 256, attw_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
                                                        scale_log2, o, lbo, sbo);
         return cu_check_launch(err, "attention (wgmma)");
@@ -575,7 +571,7 @@ static int attention_t(bk_stream *s, const void *q, const void *k, const void *v
             const T *qt = (const T *)q, *kt = (const T *)k, *vt = (const T *)v;
             T *ot = (T *)o;
             /* Variants: 0 automatic (wgmma for dh 64/128), 1 SIMT, 2 mma.sync,
-             * 3 wgmma with V's descriptor offsets swapped (layout check). */
+             */
             bool wgv = variant != 2;
             switch (dh) {
             case 32: return launch_tc<T, 32, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);

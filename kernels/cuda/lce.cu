@@ -214,7 +214,7 @@ template <int BNM> struct lcew_cfg {
     static_assert(W_BYTES % 1024 == 0 && E_BYTES % 1024 == 0, "stages stay 1024-aligned");
 };
 
-template <typename T, typename OutT, bool ADD, int BNM>
+template <typename T, typename OutT, bool ADD, int BNM, bool EPI = true>
 __global__ void __launch_bounds__(256, 1)
 k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int K, int M, int D,
          const float *__restrict__ y, const int32_t *__restrict__ map, OutT *__restrict__ z,
@@ -296,7 +296,7 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
 
-        if (it % KT == KT - 1) {
+        if (EPI && it % KT == KT - 1) {
             int m0, d0, b;
             tile_of(it / KT, m0, d0, b);
             const float *yb = ADD ? y + (size_t)map[b] * M * D : nullptr;
@@ -412,7 +412,12 @@ template <typename T, typename OutT, bool ADD, int BNM>
 static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      const float *y, const int32_t *map, OutT *z, bk_err *err)
 {
-    auto kern = k_lce_wg<T, OutT, ADD, BNM>;
+    /* Variants 7 and 8 are timing diagnostics with wrong results (bench
+     * only): 7 skips the user-term add, 8 every epilogue store. */
+    int variant = cu_impl(s->be)->lce_variant;
+    auto kern = variant == 8 ? k_lce_wg<T, OutT, false, BNM, false>
+                : variant == 7 ? k_lce_wg<T, OutT, false, BNM, true>
+                               : k_lce_wg<T, OutT, ADD, BNM, true>;
     CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)lcew_cfg<BNM>::SMEM),
            "lce: shared memory limit");
@@ -441,7 +446,7 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
     bool tc = sizeof(T) == 2 && variant != 1 && D % 8 == 0 && aligned16(e) && aligned16(w) &&
               ((uintptr_t)z & 7) == 0;
     if constexpr (sizeof(T) == 2) {
-        if (tc && (variant == 6 || (variant == 0 && M >= 64 && D >= 64))) {
+        if (tc && (variant >= 6 || (variant == 0 && M >= 64 && D >= 64))) {
             if (M > 128)
                 return launch_wg<T, OutT, ADD, 224>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
             if (M > 64)

@@ -688,18 +688,6 @@ int main(int argc, char **argv)
             suite_attention();
             free_gpu();
         }
-        if (strcmp(dtype_name, "fp32")) {
-            /* Probe, not counted: wgmma attention with V's descriptor
-             * offsets swapped. Exactly one of auto / swapped can be right. */
-            int pf = failures, pc = checks;
-            make_backends(dtype_name, "0", "3");
-            suite_attention();
-            free_gpu();
-            printf("probe [%s] attention variant 3 (swapped V descriptor): %d/%d failed\n",
-                   dtype_name, failures - pf, checks - pc);
-            failures = pf;
-            checks = pc;
-        }
         printf("%s: %d/%d checks passed\n", dtype_name, (checks - c0) - (failures - f0),
                checks - c0);
     }
