@@ -135,13 +135,14 @@ def to_proto(req_dict):
     return json_format.Parse(json.dumps(req_dict), pb.RankRequest())
 
 
-def score_offline(version_dir, req_dict):
-    """build/ikbo-score on the same JSON: (scores, task_scores) in request order."""
+def score_offline(version_dir, req_dict, args=()):
+    """build/ikbo-score on the same JSON: (scores, task_scores) in request order.
+    args: extra flags (--device cuda:0, --mode broadcast)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(req_dict, f)
         path = f.name
     try:
-        out = subprocess.run([SCORE, version_dir, path], check=True, capture_output=True,
+        out = subprocess.run([SCORE] + list(args) + [version_dir, path], check=True, capture_output=True,
                              text=True).stdout
     finally:
         os.unlink(path)
