@@ -4,8 +4,10 @@
     tests/golden/golden.py --score-bin build/ikbo-score [--work DIR] [--tol 1e-5]
 
 For the committed demo model and several randomly shaped models (different D,
-heads, head_dim, K sizes, layer counts, weight dtypes; one with `add` layers of
-every kind, one without history), and several random requests each (one user
+heads, head_dim, K sizes, layer counts, weight dtypes F32/F16/BF16; `add` of
+user [D] into candidate [D], user tokens into candidate tokens and user+user;
+one model without history; [D] vectors as attention query and lce operands),
+and several random requests each (one user
 with one candidate; uneven candidates per user, interleaved, with duplicate
 users and a same-key/different-content user; a user with 1000 candidates;
 empty histories and bags; histories longer than max_len), it runs
@@ -50,7 +52,8 @@ RANDOM_MODELS = {
     "rand_c": ("--seed 303 --dim 8 --heads 3 --head-dim 5 --add both --mlp-layers 4 --max-len 40 --actions 5 "
                "--user-sparse 4 --cand-sparse 3 --out-tokens 9 --rows 1-500 --dtype F16"),
     "rand_d": ("--seed 404 --dim 40 --heads 4 --head-dim 12 --user-sparse 1 --cand-sparse 1 --user-dense-tokens 2 "
-               "--cand-dense-tokens 3 --out-tokens 3 --mlp-layers 2 --mlp-width 48 --tasks 3 --max-len 7 --actions 2"),
+               "--cand-dense-tokens 3 --out-tokens 3 --mlp-layers 2 --mlp-width 48 --tasks 3 --max-len 7 --actions 2 "
+               "--vector-operands"),
 }
 
 # Requests: name -> make_request.generate keyword arguments (counts = candidates

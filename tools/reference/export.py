@@ -130,6 +130,7 @@ class IkboModule(torch.nn.Module):
                 y = x.reshape(x.shape[0], -1)
             elif op == "target_attention":
                 q = get(layer["query"])
+                q = q.unsqueeze(1) if q.dim() == 2 else q           # a [D] query is one token
                 h, mask = get(layer["history"])
                 B, tq, _ = q.shape
                 H, dh = layer["heads"], layer["head_dim"]
@@ -144,10 +145,14 @@ class IkboModule(torch.nn.Module):
                 O = (A @ V).transpose(1, 2).reshape(B, tq, H * dh)
                 y = F.linear(O, P(name + ".wo"))
             elif op == "lce":
-                y = (torch.einsum("mk,bkd->bmd", P(name + ".w_user"), get(layer["user"]))
-                     + torch.einsum("mk,bkd->bmd", P(name + ".w_cand"), get(layer["candidate"])))
+                eu, ec = get(layer["user"]), get(layer["candidate"])
+                eu = eu.unsqueeze(1) if eu.dim() == 2 else eu       # a [D] operand is one token
+                ec = ec.unsqueeze(1) if ec.dim() == 2 else ec
+                y = (torch.einsum("mk,bkd->bmd", P(name + ".w_user"), eu)
+                     + torch.einsum("mk,bkd->bmd", P(name + ".w_cand"), ec))
             elif op == "add":
-                y = get(layer["a"]) + get(layer["b"])
+                a, b = ikbo_ref.add_operands(layer)
+                y = get(a) + get(b)
             else:
                 raise AssertionError(op)
             env[name] = y

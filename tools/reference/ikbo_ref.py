@@ -45,7 +45,9 @@ LAYER_KEYS = {
     "flatten": ({"input"}, set()),
     "target_attention": ({"query", "history", "heads", "head_dim"}, set()),
     "lce": ({"user", "candidate", "out_tokens"}, set()),
-    "add": ({"a", "b"}, set()),
+    # add: operands as "a" and "b" (the op table's wording) or "inputs": [a, b]
+    # (like stack); the C engine accepts both forms, so does this file.
+    "add": (set(), {"a", "b", "inputs"}),
 }
 # Ops allowed to take inputs from both domains (MODEL_FORMAT.md).
 MIXING_OPS = {"target_attention", "lce", "add"}
@@ -104,6 +106,18 @@ class Plan:
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def add_operands(layer):
+    """[a, b] of an add layer, or None when neither or both forms are given."""
+    if "inputs" in layer:
+        ins = layer["inputs"]
+        if "a" in layer or "b" in layer or not isinstance(ins, list) or len(ins) != 2:
+            return None
+        return ins
+    if "a" in layer and "b" in layer:
+        return [layer["a"], layer["b"]]
+    return None
 
 
 def analyze(spec, where="model.json"):
@@ -292,8 +306,11 @@ def analyze(spec, where="model.json"):
             dq, sq = ref("query")
             dh_, sh = ref("history")
             srcs += [(dq, sq), (dh_, sh)]
+            if sq[0] == "vec":                      # a [D] query is one token
+                sq = ("tok", 1, sq[1])
             if dq != "candidate" or sq[0] != "tok":
-                fail("%s: query must be candidate [Tq, D] tokens, got %s %s" % (lw, dq, shape_str(sq)))
+                fail("%s: query must be candidate [Tq, D] tokens or a [D] vector, got %s %s"
+                     % (lw, dq, shape_str(sq)))
             if dh_ != "user" or sh[0] != "jag":
                 fail("%s: history must be a user jagged sequence, got %s %s" % (lw, dh_, shape_str(sh)))
             if sh[1] != sq[2]:
@@ -309,10 +326,13 @@ def analyze(spec, where="model.json"):
             du, su = ref("user")
             dc, sc = ref("candidate")
             srcs += [(du, su), (dc, sc)]
+            su = ("tok", 1, su[1]) if su[0] == "vec" else su     # a [D] operand is one token
+            sc = ("tok", 1, sc[1]) if sc[0] == "vec" else sc
             if du != "user" or su[0] != "tok":
-                fail("%s: user must be user [Ku, D] tokens, got %s %s" % (lw, du, shape_str(su)))
+                fail("%s: user must be user [Ku, D] tokens or a [D] vector, got %s %s" % (lw, du, shape_str(su)))
             if dc != "candidate" or sc[0] != "tok":
-                fail("%s: candidate must be candidate [Kc, D] tokens, got %s %s" % (lw, dc, shape_str(sc)))
+                fail("%s: candidate must be candidate [Kc, D] tokens or a [D] vector, got %s %s"
+                     % (lw, dc, shape_str(sc)))
             if su[2] != sc[2]:
                 fail("%s: user width %d differs from candidate width %d" % (lw, su[2], sc[2]))
             m = pos_int(layer["out_tokens"], "%s: out_tokens" % lw)
@@ -320,8 +340,11 @@ def analyze(spec, where="model.json"):
             p.param_shapes[name + ".w_cand"] = (m, sc[1])
             out = ("tok", m, su[2])
         elif op == "add":
-            da, sa = ref("a")
-            db, sb = ref("b")
+            names = add_operands(layer)
+            if names is None:
+                fail("%s: add takes \"a\" and \"b\", or \"inputs\": [a, b] (exactly one form)" % lw)
+            da, sa = ref("a", names[0])
+            db, sb = ref("b", names[1])
             srcs += [(da, sa), (db, sb)]
             if sa[0] not in ("vec", "tok") or sa != sb:
                 fail("%s: operands must have equal [F] or [K, D] shapes, got %s and %s"
@@ -601,6 +624,7 @@ def forward_one(model, user, cand):
             y = get(layer["input"]).reshape(-1)
         elif op == "target_attention":
             q, h = get(layer["query"]), get(layer["history"])
+            q = q.unsqueeze(0) if q.dim() == 1 else q           # a [D] query is one token
             heads, dh = layer["heads"], layer["head_dim"]
             tq, dim = q.shape
             if h.shape[0] == 0:
@@ -614,9 +638,13 @@ def forward_one(model, user, cand):
                 O = (A @ V).transpose(0, 1).reshape(tq, heads * dh)
                 y = O @ W[name + ".wo"].T
         elif op == "lce":
-            y = W[name + ".w_user"] @ get(layer["user"]) + W[name + ".w_cand"] @ get(layer["candidate"])
+            eu, ec = get(layer["user"]), get(layer["candidate"])
+            eu = eu.unsqueeze(0) if eu.dim() == 1 else eu       # a [D] operand is one token
+            ec = ec.unsqueeze(0) if ec.dim() == 1 else ec
+            y = W[name + ".w_user"] @ eu + W[name + ".w_cand"] @ ec
         elif op == "add":
-            y = get(layer["a"]) + get(layer["b"])
+            a, b = add_operands(layer)
+            y = get(a) + get(b)
         else:  # analyze() refuses unknown ops
             raise AssertionError(op)
         env[name] = y

@@ -18,7 +18,9 @@ The architecture generalizes MODEL_FORMAT.md's reference model:
   then lce -> flatten -> --mlp-layers hidden linear layers -> logits [T].
 --add vector adds a user [D] embedding to a candidate [D] embedding,
 --add tokens adds user [K, D] tokens (from user.dense) to the candidate dense
-tokens, --add both does both and a user+user add.
+tokens, --add both does both and a user+user add. --vector-operands adds a
+target_attention whose query is a candidate [D] vector and a second lce with
+[D] operands (a [D] counts as one token, as in stack).
 
 Weights are drawn so activations stay O(1), then the logits layer is rescaled
 on a random request so every task's logits have mean ~0 and std ~1: no
@@ -101,7 +103,8 @@ def build_spec(a):
         cand_vec = [t for t in c_tokens if t.startswith("c_cf")]
         if user_vec is None or not cand_vec:
             raise SystemExit("random_model: --add vector needs a user [D] vector and a candidate sparse feature")
-        L.append({"name": "c_vmix", "op": "add", "a": user_vec, "b": cand_vec[0]})      # user first
+        # the "inputs": [a, b] form here, "a"/"b" elsewhere: both are accepted
+        L.append({"name": "c_vmix", "op": "add", "inputs": [user_vec, cand_vec[0]]})   # user first
         c_tokens[c_tokens.index(cand_vec[0])] = "c_vmix"
     if a.add in ("tokens", "both"):
         if not (a.user_dense and "c_dtok" in c_tokens):
@@ -111,16 +114,31 @@ def build_spec(a):
         L.append({"name": "c_tmix", "op": "add", "a": "c_dtok", "b": "u_ttok"})         # candidate first
         c_tokens[c_tokens.index("c_dtok")] = "c_tmix"
     L.append({"name": "x_cand", "op": "stack", "inputs": c_tokens})
-    e_cand = "x_cand"
+    cand_vec = c_tokens[0] if cf else None         # a candidate [D] vector
+    user_vec = "hist_mean" if history else ("u_" + uf[0] if uf else None)
+    if a.vector_operands and (cand_vec is None or user_vec is None):
+        raise SystemExit("random_model: --vector-operands needs a candidate sparse feature and a user [D] vector")
+    e_cand = ["x_cand"]
     if history:
         L.append({"name": "ta", "op": "target_attention", "query": "x_cand", "history": "hist",
                   "heads": a.heads, "head_dim": a.head_dim})
-        L.append({"name": "e_cand", "op": "stack", "inputs": ["x_cand", "ta"]})
-        e_cand = "e_cand"
+        e_cand.append("ta")
+        if a.vector_operands:                      # a [D] query is one query token
+            L.append({"name": "ta_v", "op": "target_attention", "query": cand_vec, "history": "hist",
+                      "heads": a.heads, "head_dim": a.head_dim})
+            e_cand.append("ta_v")
+    if len(e_cand) > 1:
+        L.append({"name": "e_cand", "op": "stack", "inputs": e_cand})
 
     # ---- interaction and top MLP
-    L.append({"name": "lce", "op": "lce", "user": "e_user", "candidate": e_cand, "out_tokens": a.out_tokens})
-    L.append({"name": "flat", "op": "flatten", "input": "lce"})
+    L.append({"name": "lce", "op": "lce", "user": "e_user", "candidate": "e_cand" if len(e_cand) > 1 else "x_cand",
+              "out_tokens": a.out_tokens})
+    z = "lce"
+    if a.vector_operands:                          # [D] operands count as one token each
+        L.append({"name": "lce_v", "op": "lce", "user": user_vec, "candidate": cand_vec, "out_tokens": 2})
+        L.append({"name": "z", "op": "stack", "inputs": ["lce", "lce_v"]})
+        z = "z"
+    L.append({"name": "flat", "op": "flatten", "input": z})
     prev = "flat"
     for i in range(a.mlp_layers):
         act = "sigmoid" if (i == 1 and a.mlp_layers > 2) else "relu"
@@ -206,6 +224,8 @@ def parser():
     ap.add_argument("--max-len", type=int, default=16)
     ap.add_argument("--actions", type=int, default=3)
     ap.add_argument("--add", choices=["none", "vector", "tokens", "both"], default="none")
+    ap.add_argument("--vector-operands", action="store_true",
+                    help="also a target_attention with a [D] query and an lce with [D] operands")
     ap.add_argument("--dtype", choices=export.DTYPES, default="F32")
     return ap
 
