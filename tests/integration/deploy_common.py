@@ -128,11 +128,20 @@ def _latest_version(model_dir):
 
 
 def model_repo():
-    """(repository dir holding model "demo", that version's dir). The shipped
-    models/demo when present, else a random model made once and cached."""
+    """(repository dir holding only model "demo", that version's dir): the
+    shipped models/demo when present (linked into a repository of its own,
+    so other models under models/ are not loaded), else a random model made
+    once and cached."""
     demo = os.path.join(ROOT, "models", "demo")
     if os.path.isdir(demo) and _latest_version(demo):
-        return os.path.join(ROOT, "models"), os.path.join(demo, str(_latest_version(demo)))
+        repo = os.path.join(BUILD, "deploy-test", "repo")
+        os.makedirs(repo, exist_ok=True)
+        link = os.path.join(repo, "demo")
+        if not os.path.islink(link) or os.readlink(link) != demo:
+            if os.path.islink(link):
+                os.unlink(link)
+            os.symlink(demo, link)
+        return repo, os.path.join(demo, str(_latest_version(demo)))
     repo = os.path.join(BUILD, "deploy-test", "models")
     vdir = os.path.join(repo, "demo", "1")
     if not os.path.exists(os.path.join(vdir, "model.json")):
