@@ -3,9 +3,11 @@
  * Every completion-queue tag is a `call` record. It is created when a call
  * is requested (phase REQUESTED), becomes the tag of the one send batch once
  * the call is handled (phase SENDING), and is freed when that batch
- * completes. A worker re-requests the method after the work and just before
- * it starts the send batch, so it never requests a call after shutdown has
- * completed (shutdown waits for that call to complete).
+ * completes. A worker re-requests the method after the work, just before it
+ * starts the send batch (so an idle worker, not a busy one, gets the next
+ * call). grpcsrv_free waits until no handler runs and sets `stopping` before
+ * it destroys the server and shuts the queues down, so no request or batch is
+ * ever started on a destroyed server or a shut-down queue.
  */
 #include "grpc_server.h"
 

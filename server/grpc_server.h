@@ -14,8 +14,14 @@
  * RESOURCE_EXHAUSTED before it reaches a worker.
  * Draining: once *draining is set, Rank and ModelInfo calls that reach a
  * worker are answered UNAVAILABLE; Health/Check keeps answering
- * (NOT_SERVING). grpcsrv_shutdown stops accepting, lets in-flight calls
- * finish for up to drain_timeout_ms, then cancels the rest.
+ * (NOT_SERVING). grpcsrv_shutdown first waits, with the port still open,
+ * until no call has arrived for 200 ms (at most half of drain_timeout_ms):
+ * gRPC core answers CANCELLED, not UNAVAILABLE, to a stream that reaches it
+ * after grpc_server_shutdown_and_notify, and the C API cannot send GOAWAY
+ * first. Then it stops accepting, lets in-flight calls finish for the rest of
+ * drain_timeout_ms, and cancels what is left. A client that ignores
+ * UNAVAILABLE and keeps sending until the very end can still see CANCELLED
+ * for a call racing the shutdown.
  *
  * Ownership: grpcsrv_start copies what it needs from opts except the
  * pointers (rank env, registry, metrics, draining flag), which must outlive
