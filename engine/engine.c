@@ -63,6 +63,13 @@ struct ikbo_ctx {
     size_t h_i32_cap;
     float *h_logits;
     size_t h_logits_cap;
+    int64_t *h_bc_off;
+    size_t h_bc_off_cap;
+    int32_t *h_ident;
+    size_t h_ident_cap;
+    /* Bytes broadcast mode would have copied to C rows for the last batch
+     * (0 in broadcast mode, where they were copied). */
+    uint64_t avoided;
 };
 
 const char *ikbo_version(void) { return "0.1.0"; }
@@ -206,6 +213,8 @@ void ikbo_ctx_free(ikbo_ctx *c)
     free(c->h_ids);
     free(c->h_i32);
     free(c->h_logits);
+    free(c->h_bc_off);
+    free(c->h_ident);
     free(c);
 }
 
@@ -213,6 +222,8 @@ void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
 {
     memcpy(bytes, c->last, sizeof(c->last));
 }
+
+uint64_t ikbo_ctx_last_avoided_bytes(const ikbo_ctx *c) { return c->avoided; }
 
 /* Takes bytes from the tag's arena (or, in the dry pass, only counts them).
  * Never fails in the real pass: the arenas were grown to the dry total. */
@@ -458,6 +469,12 @@ static int ref_width(const model_def *d, md_ref r)
     }
 }
 
+/* IKBO mode: counts the bytes the broadcast baseline would have copied. */
+static void avoided(ikbo_ctx *c, size_t rows, size_t width)
+{
+    if (!c->dry && c->m->mode == IKBO_MODE_IKBO) c->avoided += act_bytes(c, rows, width);
+}
+
 /* Broadcast mode: copies a dense user tensor to C rows. */
 static const void *broadcast_dense(ikbo_ctx *c, const fwd *f, const void *src, int width,
                                    ikbo_err *err)
@@ -556,6 +573,7 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
                 if (!(bp = broadcast_dense(c, f, vb.p, width, err))) return -1;
             } else {
                 map = f->map;
+                avoided(c, (size_t)C, (size_t)width);
             }
         }
         out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
@@ -576,6 +594,7 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
             map = f->identity;
             nu = C;
         }
+        avoided(c, (size_t)C, (size_t)ku * D);
         out->p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)width));
         TRY(be->lce(c->s, eup, nu, ec.p, C, map, w[0], w[1], ku, kc, M, D, out->p, err));
         return 0;
@@ -604,6 +623,8 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
             ev = f->bc_events;
             kv_tag = BK_TAG_BROADCAST;
         }
+        /* The baseline copies the history and projects K and V per candidate. */
+        avoided(c, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
         void *Q = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C * tq, (size_t)hd));
         void *K = take(c, kv_tag, act_bytes(c, (size_t)ev, (size_t)hd));
         void *V = take(c, kv_tag, act_bytes(c, (size_t)ev, (size_t)hd));
@@ -645,48 +666,43 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
     if (d->has_history && put_history(c, b, &f.h_ids, &f.h_acts, &f.h_off, &f.n_events, err))
         return -1;
 
-    if (c->m->mode == IKBO_MODE_BROADCAST) {
-        int32_t *id = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
-        int64_t *bo = take(c, BK_TAG_INDEX, (size_t)(C + 1) * sizeof(int64_t));
-        /* Per-candidate history offsets, from the kept lengths (h_off). */
-        int64_t ev = 0;
-        if (d->has_history) {
-            for (int i = 0; i < C; i++) {
-                int u = b->map[i];
-                int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
-                ev += len < d->hist_max_len ? len : d->hist_max_len;
-            }
+    /* Per-candidate history offsets: what broadcast mode copies, and what
+     * IKBO mode reports as avoided. */
+    int64_t ev = 0;
+    if (d->has_history) {
+        if (!c->dry) GROW(c->h_bc_off, c->h_bc_off_cap, (size_t)C + 1);
+        if (!c->dry) c->h_bc_off[0] = 0;
+        for (int i = 0; i < C; i++) {
+            int u = b->map[i];
+            int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
+            ev += len < d->hist_max_len ? len : d->hist_max_len;
+            if (!c->dry) c->h_bc_off[i + 1] = ev;
         }
+    }
+    f.bc_events = ev;
+    if (c->m->mode == IKBO_MODE_BROADCAST) {
         if (ev > INT32_MAX) {
             bk_seterr(err, "batch: broadcast mode would copy %lld history events, over the engine's limit",
                       (long long)ev);
             return -1;
         }
-        f.bc_events = ev;
+        int32_t *id = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
+        int64_t *bo = take(c, BK_TAG_INDEX, (size_t)(C + 1) * sizeof(int64_t));
         f.identity = id;
         f.bc_off = bo;
         if (!c->dry) {
-            GROW(c->h_i32, c->h_i32_cap, C);
-            for (int i = 0; i < C; i++) c->h_i32[i] = i;
-            if (be->upload(c->s, id, c->h_i32, (size_t)C * sizeof(int32_t), err)) return -1;
-            int64_t *tmp = malloc((size_t)(C + 1) * sizeof(int64_t));
-            if (!tmp) {
-                bk_seterr(err, "out of host memory");
-                return -1;
+            GROW(c->h_ident, c->h_ident_cap, C);
+            for (int i = 0; i < C; i++) c->h_ident[i] = i;
+            if (be->upload(c->s, id, c->h_ident, (size_t)C * sizeof(int32_t), err)) return -1;
+            if (d->has_history) {
+                if (be->upload(c->s, bo, c->h_bc_off, (size_t)(C + 1) * sizeof(int64_t), err))
+                    return -1;
+            } else {
+                GROW(c->h_bc_off, c->h_bc_off_cap, (size_t)C + 1);
+                memset(c->h_bc_off, 0, (size_t)(C + 1) * sizeof(int64_t));
+                if (be->upload(c->s, bo, c->h_bc_off, (size_t)(C + 1) * sizeof(int64_t), err))
+                    return -1;
             }
-            tmp[0] = 0;
-            for (int i = 0; i < C; i++) {
-                int64_t len = 0;
-                if (d->has_history) {
-                    int u = b->map[i];
-                    len = b->hist.offsets[u + 1] - b->hist.offsets[u];
-                    if (len > d->hist_max_len) len = d->hist_max_len;
-                }
-                tmp[i + 1] = tmp[i] + len;
-            }
-            int rc = be->upload(c->s, bo, tmp, (size_t)(C + 1) * sizeof(int64_t), err);
-            free(tmp);
-            if (rc) return -1;
         }
     }
 
@@ -711,6 +727,7 @@ int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scor
     int dry_rc = forward(c, b, err);
     c->dry = 0;
     if (dry_rc) return -1;
+    c->avoided = 0;
     if (grow_arenas(c, err)) return -1;
     if (forward(c, b, err)) return -1;
     memcpy(c->last, c->need, sizeof(c->need));

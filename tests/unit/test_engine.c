@@ -279,6 +279,12 @@ static void test_broadcast_matches_ikbo(void **state)
     float *si = score(ci, &h.b, NULL), *sb = score(cb, &h.b, lb);
     assert_true(lb[BK_TAG_BROADCAST] > 0);
     assert_memory_equal(si, sb, sizeof(float) * (size_t)h.b.n_cands * 3);
+    /* What IKBO reports as avoided is what broadcast mode copied (up to the
+     * arena's 256-byte rounding of its 5 copies: e_user, history, K, V, u_vec). */
+    uint64_t av = ikbo_ctx_last_avoided_bytes(ci);
+    assert_int_equal(ikbo_ctx_last_avoided_bytes(cb), 0);
+    assert_true(av > 0);
+    assert_true(lb[BK_TAG_BROADCAST] >= av && lb[BK_TAG_BROADCAST] - av < 5 * 256);
     free(si);
     free(sb);
     free_batch(&h);
