@@ -13,6 +13,7 @@
  * traffic allocates nothing, and the per-tag totals are the byte accounting
  * that shows no user tensor ever reaches C rows in IKBO mode.
  */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -176,6 +177,45 @@ fail_where: {
 fail:
     model_release(m);
     return NULL;
+}
+
+int ikbo_model_peek_serving(const char *dir, ikbo_serving *out, ikbo_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/model.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        bk_seterr(err, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    /* Same cap as the loader's: model.json over 16 MiB is refused there too. */
+    size_t cap = 16u << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        bk_seterr(err, "%s: out of memory", path);
+        return -1;
+    }
+    n = fread(buf, 1, cap + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n > cap) {
+        free(buf);
+        bk_seterr(err, "%s: %s", path, bad ? "read error" : "larger than 16 MiB");
+        return -1;
+    }
+    model_def *d = NULL;
+    int rc = model_def_plan(dir, buf, n, &d, err);
+    free(buf);
+    if (rc) return -1;
+    out->max_batch_candidates = d->serving.max_batch_candidates;
+    out->max_batch_users = d->serving.max_batch_users;
+    out->max_queue_delay_us = d->serving.max_queue_delay_us;
+    out->instances = d->serving.instances;
+    snprintf(out->mode, sizeof(out->mode), "%s", d->serving.mode);
+    snprintf(out->device, sizeof(out->device), "%s", d->serving.device);
+    model_def_free(d);
+    return 0;
 }
 
 const ikbo_model_info *ikbo_model_get_info(const ikbo_model *m) { return &m->info; }

@@ -76,6 +76,21 @@ typedef struct ikbo_batch {
 /* Per-context byte accounting, from the backend (see bk_stats). */
 typedef bk_stats ikbo_stats;
 
+/* A model's own serving overrides (model.json "serving"); -1 / "" = unset.
+ * The server decides their precedence over its config. */
+typedef struct ikbo_serving {
+    int64_t max_batch_candidates;
+    int64_t max_batch_users;
+    int64_t max_queue_delay_us;
+    int64_t instances;
+    char mode[16];   /* "", "ikbo", "broadcast" */
+    char device[32]; /* "", "cpu", "cuda:N" */
+} ikbo_serving;
+
+/* Reads and validates <dir>/model.json only (no weights) and returns its
+ * serving block: lets a server pick the device and mode before loading. */
+int ikbo_model_peek_serving(const char *dir, ikbo_serving *out, ikbo_err *err);
+
 ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_err *err);
 void ikbo_model_free(ikbo_model *m);
 const ikbo_model_info *ikbo_model_get_info(const ikbo_model *m);

@@ -392,6 +392,13 @@ static void test_load_errors(void **state)
     o.device = "cpu";
     assert_null(ikbo_model_load("/nonexistent/model/1", &o, &err));
     assert_non_null(strstr(err.msg, "/nonexistent/model/1"));
+    ikbo_serving sv;
+    assert_int_equal(ikbo_model_peek_serving(model_dir, &sv, &err), 0);
+    assert_int_equal(sv.max_batch_candidates, -1);
+    assert_int_equal(sv.instances, -1);
+    assert_string_equal(sv.mode, "");
+    assert_int_equal(ikbo_model_peek_serving("/nonexistent/model/1", &sv, &err), -1);
+    assert_non_null(strstr(err.msg, "/nonexistent/model/1/model.json"));
 }
 
 static int setup(void **state)
