@@ -119,12 +119,14 @@ def main():
                   run["warmup_s"], run["duration_s"]))
     out.append("")
     out.append("| mode | users/req | cands/user | cands/req | saturation req/s | saturation cands/s "
-               "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | forward ms | overhead |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+               "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | outside server | forward ms "
+               "| overhead |")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        out.append("| %s | %d | %d | %.0f | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s |" % (
+        out.append("| %s | %d | %d | %.0f | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s | %s |" % (
             r["mode"], r["users"], r["cands"], r["cands_per_req"], r["sat_rps"], r["sat_cps"], r["open_rate"],
             fmt(r["p50"]), fmt(r["p99"]), r["open_calls"], fmt(r["server_ms"]), fmt(r["client_ms"]),
+            fmt(None if r["outside_server"] is None else 100 * r["outside_server"], "%.0f%%"),
             fmt(r["compute_ms"]), fmt(None if r["overhead"] is None else 100 * r["overhead"], "%.1f%%")))
     out.append("")
     by = {(r["mode"], r["users"], r["cands"]): r for r in rows}
@@ -142,11 +144,13 @@ def main():
         out.append("")
     notes = []
     if compute_name is None:
-        notes.append("overhead n/a: the daemon's /metrics has no forward-pass (compute) time histogram, so "
-                     "the share of latency outside the forward pass cannot be measured from outside; "
-                     "\"server ms\" (ikbo_request_duration_seconds: receipt to response built, forward "
-                     "included) against \"client ms\" (loadgen, mean, from the intended send time) bounds "
-                     "what the gRPC transport, queueing for a worker and the client cost.")
+        notes.append("forward ms and overhead n/a: the daemon's /metrics has no forward-pass (compute) time "
+                     "histogram, so the share of latency outside the forward pass cannot be measured from "
+                     "outside. What is measured: \"server ms\" = mean ikbo_request_duration_seconds (receipt "
+                     "to response built, forward pass included), \"client ms\" = loadgen's mean latency "
+                     "from the intended send time, and \"outside server\" = 1 - server / client: the share "
+                     "spent in gRPC transport, waiting for a server worker and the client. The server "
+                     "overhead is at least that share.")
     else:
         notes.append("forward ms: %s per request (mean); overhead = 1 - forward / client latency (means)."
                      % compute_name)
