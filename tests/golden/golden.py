@@ -61,7 +61,7 @@ RANDOM_MODELS = {
 REQUESTS = {
     "single": dict(counts=[1], dup_users=0, same_key_users=0),
     "uneven": dict(counts=[3, 17, 1, 40, 8, 2], dup_users=2, same_key_users=1, unused_users=1, snake=True),
-    "big": dict(counts=[1000, 7, 2], dup_users=1, same_key_users=1),
+    "big": dict(counts=[1000, 7, 2], dup_users=1, same_key_users=1, history=("long", "empty", "exact")),
     "empty": dict(counts=[3, 1, 4], dup_users=1, same_key_users=0, empty=True),
     "grouped": dict(counts=[5, 5, 5, 1], dup_users=0, same_key_users=1, shuffle=False, snake=True),
 }

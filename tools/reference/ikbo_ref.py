@@ -534,6 +534,8 @@ def parse_request(plan, req):
             raise RequestError("%s.history_actions has %d values for %d history_ids" % (w, len(hacts), len(hids)))
         if not hacts:
             hacts = [0] * len(hids)     # missing actions count as action 0
+        if (hids or hacts) and not plan.history:
+            raise RequestError("%s.history_ids: the model takes no history" % w)
         if plan.history:
             for j, a in enumerate(hacts):
                 if not 0 <= a < plan.history["actions"]:

@@ -18,11 +18,12 @@ What it produces (all deterministic in --seed):
     content: DIFFERENT users per the API contract;
   - --unused-users N users that no candidate references;
   - sparse features: some absent (empty bag), some explicitly empty, bags of
-    1-4 ids; ids mostly in [0, 3*rows), some negative, some huge int64
+    1-4 ids, sometimes one id twice; ids mostly in [0, 3*rows), some negative, some huge int64
     (INT64_MIN/MAX too); int64 values beyond 2^53 are written as JSON strings
     (exact), some small ones too (both forms are valid proto3 JSON);
   - history (models with history): a mix of empty, shorter than max_len,
-    exactly max_len and longer than max_len; actions random in [0, actions)
+    exactly max_len and longer than max_len (--history sets the kinds of the
+    first users, in order); actions random in [0, actions)
     or omitted (all action 0);
   - dense values with 4 decimals; --snake writes original field names instead
     of lowerCamelCase.
@@ -90,8 +91,10 @@ class _Gen:
                 out.append({"name": f, "ids": []})    # explicitly empty
                 continue
             rows = self.rows.get("%s.sparse.%s" % (side, f), 1000)
-            ids = [self.enc_int(self.rand_id(rows)) for _ in range(self.rng.randint(1, 4))]
-            out.append({"name": f, "ids": ids})
+            ids = [self.rand_id(rows) for _ in range(self.rng.randint(1, 4))]
+            if self.rng.random() < 0.1:
+                ids.append(ids[0])                    # a repeated id counts twice
+            out.append({"name": f, "ids": [self.enc_int(i) for i in ids]})
         self.rng.shuffle(out)                         # order of features is free
         return out
 
@@ -119,20 +122,25 @@ def parse_counts(spec, users, rng):
     return [int(spec)] * users
 
 
+HISTORY_KINDS = ("empty", "long", "short", "exact")
+
+
 def generate(plan, seed, counts, dup_users=1, same_key_users=1, unused_users=0,
-             snake=False, shuffle=True, empty=False, model="", model_version=0):
+             snake=False, shuffle=True, empty=False, model="", model_version=0,
+             history=HISTORY_KINDS):
     """A RankRequest dict for `plan` (an ikbo_ref.Plan).
 
     counts: candidates per distinct user (each >= 1). empty=True gives every
-    user an empty history and every bag empty or absent."""
+    user an empty history and every bag empty or absent. history: the history
+    kinds of the first distinct users in order (empty, long = past max_len,
+    short, exact = max_len), random kinds after them."""
     g = _Gen(plan, seed)
     rng = g.rng
-    hist_kinds = ["empty", "long", "short", "exact"]
 
     def new_user(i, key):
         u = {"key": key, "dense": g.dense(plan.user_dense), "sparse": g.sparse("user", plan.user_sparse, empty)}
         if plan.history:
-            kind = "empty" if empty else hist_kinds[i % 4] if i < 4 else rng.choice(hist_kinds)
+            kind = "empty" if empty else history[i] if i < len(history) else rng.choice(HISTORY_KINDS)
             u["history_ids"], u["history_actions"] = g.history(kind)
         return u
 
@@ -205,6 +213,8 @@ def main(argv=None):
     ap.add_argument("--same-key-users", type=int, default=1, help="users reusing a key with different content")
     ap.add_argument("--unused-users", type=int, default=0, help="users no candidate references")
     ap.add_argument("--empty", action="store_true", help="empty histories and empty/absent bags everywhere")
+    ap.add_argument("--history", default=",".join(HISTORY_KINDS),
+                    help="history kinds of the first users: empty, long (> max_len), short, exact (= max_len)")
     ap.add_argument("--snake", action="store_true", help="original (snake_case) field names")
     ap.add_argument("--no-shuffle", action="store_true", help="keep each user's candidates contiguous")
     ap.add_argument("-o", "--output", default="-")
@@ -215,7 +225,7 @@ def main(argv=None):
     name, version = model_identity(args.model_dir)
     req = generate(plan, args.seed, counts, dup_users=args.dup_users, same_key_users=args.same_key_users,
                    unused_users=args.unused_users, snake=args.snake, shuffle=not args.no_shuffle,
-                   empty=args.empty, model=name, model_version=version)
+                   empty=args.empty, model=name, model_version=version, history=args.history.split(","))
     text = json.dumps(req) + "\n"
     if args.output == "-":
         sys.stdout.write(text)
