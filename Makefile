@@ -36,6 +36,11 @@ DEPS_BUILD := gcc make pkg-config libevent-dev libprotobuf-c-dev protobuf-c-comp
               libgrpc-dev libjansson-dev
 DEPS_TEST  := libcmocka-dev protobuf-compiler python3-torch python3-numpy python3-grpcio \
               python3-protobuf python3-prometheus-client openssl curl
+# deploy/ tests: balancers, linters, promtool/prometheus, systemd-analyze; kubectl from
+# Debian's kubernetes-client unless one is already installed (another kubectl package
+# owns /usr/bin/kubectl and the two cannot both be installed).
+DEPS_TEST  += haproxy nginx yamllint prometheus systemd python3-yaml \
+              $(if $(shell command -v kubectl 2>/dev/null),,kubernetes-client)
 
 ENGINE_SRCS := $(wildcard engine/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/obj/%.o)
