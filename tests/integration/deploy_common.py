@@ -223,7 +223,10 @@ class Daemon:
     def _wait_listening(self, timeout=20):
         t0 = time.time()
         while time.time() - t0 < timeout:
-            m = re.search(r" listening grpc=\S+:(\d+) http=\S+:(\d+)", self.logs())
+            logs = self.logs()
+            # log.format plain or json
+            m = (re.search(r" listening grpc=\S+:(\d+) http=\S+:(\d+)", logs) or
+                 re.search(r'"event":"listening","grpc":"[^"]*:(\d+)","http":"[^"]*:(\d+)"', logs))
             if m:
                 self.grpc_port, self.http_port = int(m.group(1)), int(m.group(2))
                 return
