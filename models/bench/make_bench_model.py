@@ -11,7 +11,9 @@ Kc=866 candidate tokens, each padded to a multiple of 8 (1184, 872) with
 tokens whose LCE weights are zero (--no-pad keeps 1178/866); target attention
 H=2, dh=128, Tq=64 query tokens over a history of max_len L=1024 (--max-len
 512 or 2048 for the other attention points). Weights F16 by default
-(~80 MB on disk; the engine converts at load).
+(~50 MB on disk, small enough to carry to a GPU machine; the engine converts
+at load). Widths that DESIGN.md does not fix (the user MLP's hidden width,
+table rows) are kept small so the file stays small.
 
 Architecture (the reference architecture of MODEL_FORMAT.md, widened):
   user:      hist_mean + one embedding_bag per user sparse feature +
@@ -45,7 +47,7 @@ import random_model  # noqa: E402
 
 SEED_SCALE = dict(dim=256, ku=1178, kc=866, out_tokens=433, heads=2, head_dim=128, tq=64,
                   max_len=1024, actions=4, user_dense=64, user_sparse=8, cand_dense=16,
-                  hidden=64, top_width=64, item_rows=20000, author_rows=5000, user_rows=1000)
+                  hidden=32, top_width=64, item_rows=5000, author_rows=2000, user_rows=1000)
 SMALL = dict(dim=32, ku=48, kc=40, out_tokens=16, heads=2, head_dim=16, tq=8,
              max_len=64, actions=4, user_dense=16, user_sparse=2, cand_dense=8,
              hidden=32, top_width=64, item_rows=5000, author_rows=500, user_rows=100)
