@@ -162,7 +162,7 @@ fuzz: $(BUILD)/fuzz_loader
 golden: $(BUILD)/ikbo-score
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
 
-integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(GEN_PY)
+integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY)
 	@set -e; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
 	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t; done
 
