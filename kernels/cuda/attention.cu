@@ -329,15 +329,25 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
         cp_async16(Qs + (c >> 3) * (BM * 128) + sw128(r, c & 7),
                    ok ? q + (size_t)row * hd + h * DH + c * 8 : q, ok);
     }
+    /* This thread's chunks of a K/V block: rows tid / CH + n * (256 / CH),
+     * chunk tid % CH - fixed offsets, only the key index moves. */
+    constexpr int RSTEP = 256 / CH;
+    static_assert(RSTEP % 8 == 0 && BN % RSTEP == 0, "fixed swizzle phase per thread");
+    const int lr = tid / CH, lc = tid % CH;
+    const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
+    const T *kbase = k + (size_t)kv0 * hd + h * DH + lc * 8;
+    const T *vbase = v + (size_t)kv0 * hd + h * DH + lc * 8;
     auto load_kv = [&](int buf, int kb) {
         unsigned char *kd = Ks + buf * CFG::KV_BYTES, *vd = Vs + buf * CFG::KV_BYTES;
-        for (int i = tid; i < BN * CH; i += 256) {
-            int r = i / CH, c = i % CH, j = kb * BN + r;
+#pragma unroll
+        for (int n = 0; n < BN / RSTEP; n++) {
+            int j = kb * BN + lr + n * RSTEP;
             bool ok = j < L;
-            size_t gofs = ok ? (size_t)(kv0 + j) * hd + h * DH + c * 8 : 0;
-            uint32_t so = (c >> 3) * (BN * 128) + sw128(r, c & 7);
-            cp_async16(kd + so, k + gofs, ok);
-            cp_async16(vd + so, v + gofs, ok);
+            size_t gofs = ok ? (size_t)j * hd : 0;
+            /* rows lr + n*RSTEP keep lr's swizzle phase (RSTEP % 8 == 0) */
+            uint32_t so = lso + n * RSTEP * 128;
+            cp_async16(kd + so, ok ? kbase + gofs : k, ok);
+            cp_async16(vd + so, ok ? vbase + gofs : v, ok);
         }
     };
     const int nkb = (L + BN - 1) / BN;
@@ -354,9 +364,6 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
     for (int kb = 0; kb < nkb; kb++) {
         cp_async_wait<0>();
         __syncthreads();
-        if (kb + 1 < nkb)
-            load_kv((kb + 1) & 1, kb + 1);
-        cp_async_commit();
         const unsigned char *Kb = Ks + (kb & 1) * CFG::KV_BYTES;
         const unsigned char *Vb = Vs + (kb & 1) * CFG::KV_BYTES;
 
@@ -372,6 +379,11 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             wgmma_ss<T, BN, 0>::run(s, da, db);
         }
         wg_commit();
+        /* The next block's copies issue while the tensor cores work; the
+         * buffer they fill was last read before this iteration's barrier. */
+        if (kb + 1 < nkb)
+            load_kv((kb + 1) & 1, kb + 1);
+        cp_async_commit();
         wg_wait<0>();
         wg_fence_regs<BN / 2>(s);
 
@@ -400,12 +412,15 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             mrow[r] = mnew;
             lrow[r] *= corr[r];
         }
+        /* Once the row maxima settle, most blocks change none of them. */
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-        for (int j = 0; j < DH / 8; j++) {
-            oacc[4 * j] *= corr[0];
-            oacc[4 * j + 1] *= corr[0];
-            oacc[4 * j + 2] *= corr[1];
-            oacc[4 * j + 3] *= corr[1];
+            for (int j = 0; j < DH / 8; j++) {
+                oacc[4 * j] *= corr[0];
+                oacc[4 * j + 1] *= corr[0];
+                oacc[4 * j + 2] *= corr[1];
+                oacc[4 * j + 3] *= corr[1];
+            }
         }
         uint32_t pa[BN / 16][4];
 #pragma unroll

@@ -201,27 +201,39 @@ typedef lce_cfg<2, 4, 2, 4, 2> cfg_s;
  * Block: 2 warpgroups (128 d rows) x BNM m columns; K in slices of 64 through
  * a 4-stage cp.async ring. Persistent: each block walks tiles blockIdx.x,
  * + gridDim.x, ... and the ring runs on across tile boundaries, so the next
- * tile's first slices load while this tile's epilogue stores. The epilogue
- * pairs neighbouring d values with one shuffle (so each store is 4 bytes of
- * Z[b][m][d..d+1]) and adds the fp32 user term Y[map[b]] there. */
+ * tile's first slices load while this tile's epilogue stores.
+ *
+ * The user term never takes the [M, D] layout: the user GEMM (MODE_USER)
+ * writes each tile's fp32 accumulators as they sit in registers ("fragment
+ * order": 16-byte chunk q of thread x at [(tile * BNM/8 + q) * 256 + x]),
+ * and the candidate GEMM (MODE_ADD) starts each tile's accumulators from the
+ * same tile of its user, Yf[map[b]] - coalesced 16-byte loads, no index
+ * math, one fp32 sum per output. Both launches must use the same BNM.
+ * The candidate epilogue stages the bf16/fp16 tile in the ring slot it just
+ * consumed (two halves) and writes Z with coalesced 16-byte stores. */
+enum { MODE_USER = 0, MODE_ADD = 1, MODE_PLAIN = 2 };
+
 template <int BNM> struct lcew_cfg {
     static constexpr int BD = 128, BK = 64, STAGES = 4, THREADS = 256;
     static constexpr int LDE = BD + 8;                  /* [k][d] rows, 272 B */
+    static constexpr int LDO = BD + 8;                  /* epilogue rows      */
     static constexpr int W_BYTES = BNM * 128;           /* BNM rows of 64 k   */
     static constexpr int E_BYTES = BK * LDE * 2;        /* 17 KiB             */
     static constexpr int STAGE_BYTES = W_BYTES + E_BYTES;
     static constexpr size_t SMEM = (size_t)STAGES * STAGE_BYTES + 1024;
     static_assert(W_BYTES % 1024 == 0 && E_BYTES % 1024 == 0, "stages stay 1024-aligned");
+    static_assert(BNM % 32 == 0 || BNM == 224, "W rows split evenly over 256 threads");
+    static_assert((BNM / 2) * LDO * 2 <= STAGE_BYTES, "half an output tile fits a ring slot");
 };
 
-template <typename T, typename OutT, bool ADD, int BNM, bool EPI = true>
+template <typename T, int MODE, int BNM, bool EPI = true>
 __global__ void __launch_bounds__(256, 1)
 k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int K, int M, int D,
-         const float *__restrict__ y, const int32_t *__restrict__ map, OutT *__restrict__ z,
-         long ntiles)
+         float *__restrict__ yf, const int32_t *__restrict__ map, T *__restrict__ z, int ntiles)
 {
     typedef lcew_cfg<BNM> CFG;
     constexpr int BD = CFG::BD, BK = CFG::BK, STAGES = CFG::STAGES, LDE = CFG::LDE;
+    constexpr int LDO = CFG::LDO, NQ = BNM / 8; /* 16-byte accumulator chunks per thread */
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem =
         (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -230,57 +242,98 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
     const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
     const int MT = (M + BNM - 1) / BNM, DT = (D + BD - 1) / BD;
     const int KT = K > 0 ? (K + BK - 1) / BK : 1;
-    const long mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
-    const long total = mine * KT;
+    const int mine = ((int)blockIdx.x < ntiles) ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int total = mine * KT;
 
-    auto tile_of = [&](long i, int &m0, int &d0, int &b) {
-        long tt = blockIdx.x + i * gridDim.x;
-        m0 = (int)(tt % MT) * BNM;
+    struct cursor {
+        int ks, i, tile, m0, d0, b;
+    };
+    auto decode = [&](cursor &c) {
+        int tt = (int)blockIdx.x + c.i * (int)gridDim.x;
+        c.tile = tt;
+        c.m0 = (tt % MT) * BNM;
         tt /= MT;
-        d0 = (int)(tt % DT) * BD;
-        b = (int)(tt / DT);
+        c.d0 = (tt % DT) * BD;
+        c.b = tt / DT;
     };
-    auto load = [&](long it, int stage) {
-        int m0, d0, b;
-        tile_of(it / KT, m0, d0, b);
-        const int k0 = (int)(it % KT) * BK;
-        unsigned char *Ws = smem + stage * CFG::STAGE_BYTES;
-        T *Es = (T *)(Ws + CFG::W_BYTES);
-        for (int i = tid; i < BNM * 8; i += 256) {
-            int r = i >> 3, c = i & 7, gm = m0 + r, gk = k0 + c * 8;
-            bool ok = gm < M && gk < ldw;
-            cp_async16(Ws + sw128(r, c), ok ? w + (size_t)gm * ldw + gk : w, ok);
-        }
-        const T *eb = e + (size_t)b * K * D;
-        for (int i = tid; i < BK * (BD / 8); i += 256) {
-            int r = i >> 4, c = i & 15, gk = k0 + r, gd = d0 + c * 8;
-            bool ok = gk < K && gd < D;
-            cp_async16(Es + r * LDE + c * 8, ok ? eb + (size_t)gk * D + gd : e, ok);
+    auto advance = [&](cursor &c) {
+        if (++c.ks == KT) {
+            c.ks = 0;
+            c.i++;
+            decode(c);
         }
     };
 
+    /* This thread's fixed share of each slice: W rows (tid/8) + 32n, chunk
+     * tid%8 (swizzle constant per thread); E rows (tid/16) + 16n, chunk tid%16. */
+    const int wr = tid >> 3, wc = tid & 7, er = tid >> 4, ec = tid & 15;
+    const uint32_t woff = wr * 128 + ((wc ^ (wr & 7)) << 4);
+    const uint32_t eoff = (er * LDE + ec * 8) * 2;
+    auto load = [&](const cursor &c, int slot) {
+        unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
+        unsigned char *Es = Ws + CFG::W_BYTES;
+        const int k0 = c.ks * BK;
+        const bool kw = k0 + wc * 8 < ldw;
+        const T *ws = w + (size_t)(c.m0 + wr) * ldw + k0 + wc * 8;
+#pragma unroll
+        for (int n = 0; n < BNM / 32; n++) {
+            bool ok = kw && c.m0 + wr + 32 * n < M;
+            cp_async16(Ws + woff + n * 4096, ok ? ws + (size_t)32 * n * ldw : w, ok);
+        }
+        const bool dk = c.d0 + ec * 8 < D;
+        const T *es = e + ((size_t)c.b * K + k0 + er) * D + c.d0 + ec * 8;
+#pragma unroll
+        for (int n = 0; n < BK / 16; n++) {
+            bool ok = dk && k0 + er + 16 * n < K;
+            cp_async16(Es + eoff + n * 16 * LDE * 2, ok ? es + (size_t)16 * n * D : e, ok);
+        }
+    };
+
+    float acc[BNM / 2];
+    /* Accumulators start at the user term (MODE_ADD) or zero. */
+    auto init_acc = [&](const cursor &c) {
+        if (MODE == MODE_ADD) {
+            int ut = (map[c.b] * DT + c.d0 / BD) * MT + c.m0 / BNM;
+            const float4 *src = (const float4 *)yf + (size_t)ut * NQ * 256 + tid;
+#pragma unroll
+            for (int q = 0; q < NQ; q++) {
+                float4 v4 = src[(size_t)q * 256];
+                acc[4 * q] = v4.x;
+                acc[4 * q + 1] = v4.y;
+                acc[4 * q + 2] = v4.z;
+                acc[4 * q + 3] = v4.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < BNM / 2; i++)
+                acc[i] = 0.0f;
+        }
+    };
+
+    cursor L = {0, 0, 0, 0, 0, 0}, C = {0, 0, 0, 0, 0, 0};
+    decode(L);
+    decode(C);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < total)
-            load(s, s);
+        if (s < total) {
+            load(L, s);
+            advance(L);
+        }
         cp_async_commit();
     }
-    float acc[BNM / 2];
-#pragma unroll
-    for (int i = 0; i < BNM / 2; i++)
-        acc[i] = 0.0f;
+    if (total > 0)
+        init_acc(C);
 
-    for (long it = 0; it < total; it++) {
+    for (int it = 0; it < total; it++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();
-        {
-            long nx = it + STAGES - 1;
-            if (nx < total)
-                load(nx, (int)(nx % STAGES));
-            cp_async_commit();
+        if (it + STAGES - 1 < total) {
+            load(L, (it + STAGES - 1) % STAGES);
+            advance(L);
         }
-        const int stage = (int)(it % STAGES);
-        const unsigned char *Ws = smem + stage * CFG::STAGE_BYTES;
+        cp_async_commit();
+        const int slot = it % STAGES;
+        unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
         const T *Es = (const T *)(Ws + CFG::W_BYTES);
         uint32_t af[BK / 16][4];
 #pragma unroll
@@ -296,37 +349,51 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
 
-        if (EPI && it % KT == KT - 1) {
-            int m0, d0, b;
-            tile_of(it / KT, m0, d0, b);
-            const float *yb = ADD ? y + (size_t)map[b] * M * D : nullptr;
-            OutT *zb = z + (size_t)b * M * D;
-#pragma unroll
-            for (int j = 0; j < BNM / 8; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                    float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
-                    float p0 = (g & 1) ? recv : v0, p1 = (g & 1) ? v1 : recv;
-                    int dd = d0 + wg * 64 + wq * 16 + (g & ~1) + 8 * h;
-                    int mm = m0 + 8 * j + 2 * t + (g & 1);
-                    if (mm < M && dd < D) {
-                        size_t off = (size_t)mm * D + dd;
-                        if (ADD) {
-                            float2 u = *(const float2 *)(yb + off);
-                            p0 += u.x;
-                            p1 += u.y;
-                        }
-                        if constexpr (sizeof(OutT) == 4)
-                            *(float2 *)((float *)zb + off) = make_float2(p0, p1);
-                        else
-                            *(uint32_t *)(zb + off) = pack2<T>(p0, p1);
-                    }
-                }
-#pragma unroll
-            for (int i = 0; i < BNM / 2; i++)
-                acc[i] = 0.0f;
+        if (C.ks != KT - 1) {
+            C.ks++;
+            continue;
         }
+        if (EPI && MODE == MODE_USER) {
+            float4 *dst = (float4 *)yf + (size_t)C.tile * NQ * 256 + tid;
+#pragma unroll
+            for (int q = 0; q < NQ; q++)
+                dst[(size_t)q * 256] =
+                    make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+        } else if (EPI) {
+            /* Both warpgroups are past this slot's wgmma; the next write to
+             * it is the prefetch after the next iteration's barrier. */
+            __syncthreads();
+            T *zb = z + (size_t)C.b * M * D;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                if (r)
+                    __syncthreads();
+#pragma unroll
+                for (int j = r * (BNM / 16); j < (r + 1) * (BNM / 16); j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        /* Lanes g, g^1 hold d, d+1 of columns m, m+1: swap one
+                         * value so each lane owns (d, d+1) of one column. */
+                        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                        float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+                        float p0 = (g & 1) ? recv : v0, p1 = (g & 1) ? v1 : recv;
+                        int ml = 8 * j + 2 * t + (g & 1) - r * (BNM / 2);
+                        int dl = wg * 64 + wq * 16 + (g & ~1) + 8 * h;
+                        *(uint32_t *)(Ws + (ml * LDO + dl) * 2) = pack2<T>(p0, p1);
+                    }
+                __syncthreads();
+                for (int idx = tid; idx < (BNM / 2) * (BD / 8); idx += 256) {
+                    int row = idx / (BD / 8), c = idx % (BD / 8);
+                    int gm = C.m0 + r * (BNM / 2) + row, gd = C.d0 + c * 8;
+                    if (gm < M && gd < D)
+                        *(uint4 *)(zb + (size_t)gm * D + gd) =
+                            *(const uint4 *)(Ws + (row * LDO + c * 8) * 2);
+                }
+            }
+        }
+        advance(C);
+        if (it + 1 < total)
+            init_acc(C);
     }
     cp_async_wait<0>();
 }
@@ -396,6 +463,7 @@ k_lce_simt(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, in
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+
 template <typename T, typename OutT, bool ADD, class CFG>
 static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      const float *y, const int32_t *map, OutT *z, bk_err *err)
@@ -408,30 +476,53 @@ static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     return cu_check_launch(err, "lce (tensor cores)");
 }
 
-template <typename T, typename OutT, bool ADD, int BNM>
+template <typename T, int MODE, int BNM>
 static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
-                     const float *y, const int32_t *map, OutT *z, bk_err *err)
+                     float *yf, const int32_t *map, T *z, bk_err *err)
 {
-    /* Variants 7 and 8 are timing diagnostics with wrong results (bench
-     * only): 7 skips the user-term add, 8 every epilogue store. */
-    int variant = cu_impl(s->be)->lce_variant;
-    auto kern = variant == 8 ? k_lce_wg<T, OutT, false, BNM, false>
-                : variant == 7 ? k_lce_wg<T, OutT, false, BNM, true>
-                               : k_lce_wg<T, OutT, ADD, BNM, true>;
+    /* Variant 8 is a timing diagnostic with wrong results (bench only): no
+     * epilogue stores. */
+    auto kern = cu_impl(s->be)->lce_variant == 8 ? k_lce_wg<T, MODE, BNM, false>
+                                                  : k_lce_wg<T, MODE, BNM, true>;
     CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)lcew_cfg<BNM>::SMEM),
            "lce: shared memory limit");
     long ntiles = (long)((M + BNM - 1) / BNM) * ((D + 127) / 128) * nb;
+    if (ntiles >= (1L << 30)) {
+        bk_seterr(err, "lce: %d x %d x %d is too large for one launch", nb, M, D);
+        return -1;
+    }
     int sms = cu_impl(s->be)->sm_count;
     unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
-    kern<<<grid, 256, lcew_cfg<BNM>::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, y, map, z, ntiles);
+    kern<<<grid, 256, lcew_cfg<BNM>::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, yf, map, z,
+                                                    (int)ntiles);
     return cu_check_launch(err, "lce (wgmma)");
 }
 
-/* One batched GEMM: Z[b] = W @ E[b] (+ Y[map[b]]), on the kernel the variant
- * and the operands allow. Variants: 0 automatic (wgmma where M and D are
- * large enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile), 3/4/5
- * mma.sync 112x256 / 128x128 / 64x128, 6 wgmma wherever it applies. */
+/* Both GEMMs on wgmma: the user term in fragment order (see k_lce_wg). */
+template <typename T, int BNM>
+static int lce_wg(bk_stream *s, const T *eu, int nu, const T *ec, int nc, const int32_t *map,
+                  const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
+                  T *z, bk_err *err)
+{
+    const T *wu = (const T *)w_user->data, *wc = (const T *)w_cand->data;
+    if (ku > 0 && cu_impl(s->be)->lce_variant != 7) {
+        size_t tiles = (size_t)((m + BNM - 1) / BNM) * ((d + 127) / 128) * nu;
+        if (cu_scratch_get(s, &s->lce_y, tiles * 256 * (BNM / 2) * sizeof(float), err))
+            return -1;
+        float *yf = (float *)s->lce_y.p;
+        if (launch_wg<T, MODE_USER, BNM>(s, wu, w_user->ld, eu, nu, ku, m, d, yf, nullptr,
+                                         nullptr, err))
+            return -1;
+        return launch_wg<T, MODE_ADD, BNM>(s, wc, w_cand->ld, ec, nc, kc, m, d, yf, map, z, err);
+    }
+    /* No user tokens (or variant 7, a diagnostic that skips the user term). */
+    return launch_wg<T, MODE_PLAIN, BNM>(s, wc, w_cand->ld, ec, nc, kc, m, d, nullptr, nullptr, z,
+                                         err);
+}
+
+/* One batched GEMM on mma.sync or SIMT: Z[b] = W @ E[b] (+ Y[map[b]]),
+ * Y dense fp32 [*, M, D]. */
 template <typename T, typename OutT, bool ADD>
 static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K, int M, int D,
                     const float *y, const int32_t *map, OutT *z, bk_err *err)
@@ -446,13 +537,6 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
     bool tc = sizeof(T) == 2 && variant != 1 && D % 8 == 0 && aligned16(e) && aligned16(w) &&
               ((uintptr_t)z & 7) == 0;
     if constexpr (sizeof(T) == 2) {
-        if (tc && (variant >= 6 || (variant == 0 && M >= 64 && D >= 64))) {
-            if (M > 128)
-                return launch_wg<T, OutT, ADD, 224>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
-            if (M > 64)
-                return launch_wg<T, OutT, ADD, 128>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
-            return launch_wg<T, OutT, ADD, 64>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
-        }
         if (tc) {
             if (variant == 4)
                 return launch_tc<T, OutT, ADD, cfg_m>(s, w, wt->ld, e, nb, K, M, D, y, map, z, err);
@@ -466,11 +550,32 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
     return cu_check_launch(err, "lce (SIMT)");
 }
 
+/* Variants (IKBO_CUDA_LCE): 0 automatic (wgmma where M and D are large
+ * enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile), 3/4/5
+ * mma.sync 112x256 / 128x128 / 64x128, 6 wgmma wherever it applies; 7 and 8
+ * are bench-only timing diagnostics (wgmma without the user term / without
+ * the epilogue), with wrong results. */
 template <typename T>
 static int lce_t(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
                  const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
                  void *z, bk_err *err)
 {
+    if constexpr (sizeof(T) == 2) {
+        int variant = cu_impl(s->be)->lce_variant;
+        bool ok = d % 8 == 0 && aligned16(eu) && aligned16(ec) && aligned16(z) &&
+                  aligned16(w_user->data) && aligned16(w_cand->data);
+        if (ok && (variant >= 6 || (variant == 0 && m >= 64 && d >= 64))) {
+            const T *eut = (const T *)eu, *ect = (const T *)ec;
+            if (m > 128)
+                return lce_wg<T, 224>(s, eut, nu, ect, nc, map, w_user, w_cand, ku, kc, m, d,
+                                      (T *)z, err);
+            if (m > 64)
+                return lce_wg<T, 128>(s, eut, nu, ect, nc, map, w_user, w_cand, ku, kc, m, d,
+                                      (T *)z, err);
+            return lce_wg<T, 64>(s, eut, nu, ect, nc, map, w_user, w_cand, ku, kc, m, d, (T *)z,
+                                 err);
+        }
+    }
     if (ku > 0) {
         /* The user term once per user, fp32, at U rows. */
         size_t bytes = (size_t)nu * m * d * sizeof(float);
