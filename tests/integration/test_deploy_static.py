@@ -174,6 +174,9 @@ def check_k8s_consistency():
     metrics = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
     assert metrics == ["ikbo_inflight_requests"], "HPA metrics: %s" % metrics
     assert hpa["spec"]["minReplicas"] >= 2
+    target = float([m["pods"]["target"]["averageValue"] for m in hpa["spec"]["metrics"]][0])
+    assert 0 < target < conf["threads"], "HPA in-flight target %s must be below threads %s" % (
+        target, conf["threads"])
 
     pdb = one(objs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items(), "PDB selects no pod"
