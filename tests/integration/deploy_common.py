@@ -73,9 +73,15 @@ class Runner:
         sys.exit(1 if self.failed else 0)
 
 
+def which(name):
+    """A command's path, also looking in the sbin directories (daemons like
+    nginx and haproxy live there; a non-login PATH may lack them)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
+
+
 def need_tool(name, package):
     """The path of a command, or Skip naming the Debian package that has it."""
-    path = shutil.which(name)
+    path = which(name)
     if not path:
         raise Skip("%s not found (Debian package %s; `make deps` installs it as root)"
                    % (name, package))

@@ -82,6 +82,7 @@ class Balancer:
 
     def __init__(self, kind, replicas):
         self.kind = kind
+        self.exe = dc.which(kind)
         self.dir = tempfile.mkdtemp(prefix="ikbo-%s-" % kind)
         os.chmod(self.dir, 0o755)  # nginx workers run as nobody when we are root
         self.port = free_port()
@@ -99,16 +100,16 @@ class Balancer:
         if self.kind == "nginx":
             for d in ("logs", "tmp"):
                 os.makedirs(os.path.join(self.dir, d), exist_ok=True)
-            p = dc.run(["nginx", "-t", "-p", self.dir, "-c", self.conf, "-e", "stderr"])
+            p = dc.run([self.exe, "-t", "-p", self.dir, "-c", self.conf, "-e", "stderr"])
         else:
-            p = dc.run(["haproxy", "-c", "-f", self.conf])
+            p = dc.run([self.exe, "-c", "-f", self.conf])
         return ((p.stderr + p.stdout).strip().splitlines() or ["ok"])[-1]
 
     def start(self):
         if self.kind == "nginx":
-            cmd = ["nginx", "-p", self.dir, "-c", self.conf, "-e", "stderr", "-g", "daemon off;"]
+            cmd = [self.exe, "-p", self.dir, "-c", self.conf, "-e", "stderr", "-g", "daemon off;"]
         else:
-            cmd = ["haproxy", "-f", self.conf, "-db"]
+            cmd = [self.exe, "-f", self.conf, "-db"]
         self.err = open(self.stderr_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.err, stderr=subprocess.STDOUT)
         wait_port(self.port, self.proc, self.kind)
@@ -117,7 +118,7 @@ class Balancer:
         """New replica list: nginx re-reads its config on SIGHUP, old workers
         finish their calls."""
         self.write_conf(replicas)
-        dc.run(["nginx", "-t", "-p", self.dir, "-c", self.conf, "-e", "stderr"])
+        dc.run([self.exe, "-t", "-p", self.dir, "-c", self.conf, "-e", "stderr"])
         self.proc.send_signal(signal.SIGHUP)
 
     def calls(self):
@@ -380,10 +381,10 @@ class Scenario:
 
 
 def scenario(r, kind):
-    if not shutil.which(kind):
+    if not dc.which(kind):
         r.skipped += 1
         print("SKIP %s: %s is not installed (Debian package %s; `make deps` installs it as root)"
-              % (kind, kind, "haproxy" if kind == "haproxy" else "nginx-light"))
+              % (kind, kind, kind))
         return
     s = None
     failed0 = r.failed

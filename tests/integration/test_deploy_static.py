@@ -352,7 +352,10 @@ def check_dockerfile():
 
 
 def check_docker_lint():
-    tool = dc.need_tool("docker", "docker.io")
+    tool = dc.which("docker")
+    if not tool:
+        raise dc.Skip("no docker command here (no Docker engine runs on these machines); the "
+                      "Dockerfile is checked statically above")
     p = subprocess.run([tool, "info"], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         raise dc.Skip("no Docker engine answers here (`docker info` failed); the Dockerfile is "
