@@ -12,6 +12,13 @@ prints {"scores": [...], "task_scores": [[...], ...]} in request order
 (`--mode` is accepted and ignored so this script can stand in for the C
 `ikbo-score` binary in tests/golden/golden.py). topK is ignored.
 
+Where MODEL_FORMAT.md leaves room, this file decides as the C engine does
+(listed in models/README.md): `add` operands as "a"/"b" or "inputs": [a, b];
+a [D] vector is one token for stack, the attention query and lce operands;
+head h owns columns [h*dh, (h+1)*dh); dense request values are rounded to
+float32 first; a missing activation is "none"; history sent to a model
+without history, a sparse feature given twice, unknown fields are invalid.
+
 Module use:
     model = load_model(dir); out = score_request(model, request_dict)
     analyze(spec) -> Plan   (shape/domain inference; also used by export.py)
@@ -541,8 +548,8 @@ def parse_request(plan, req):
                 if not 0 <= a < plan.history["actions"]:
                     raise RequestError("%s.history_actions[%d]: %d not in [0, %d)"
                                        % (w, j, a, plan.history["actions"]))
-            keep = plan.history["max_len"]
-            hids, hacts = hids[-keep:] if keep < len(hids) else hids, hacts[-keep:] if keep < len(hacts) else hacts
+            keep = plan.history["max_len"]                  # the most recent events (max_len > 0)
+            hids, hacts = hids[-keep:], hacts[-keep:]
         users.append({"dense": dense, "sparse": sparse, "hist_ids": hids, "hist_actions": hacts})
     cands = []
     for i, c in enumerate(cands_in):

@@ -19,8 +19,8 @@ What it produces (all deterministic in --seed):
   - --unused-users N users that no candidate references;
   - sparse features: some absent (empty bag), some explicitly empty, bags of
     1-4 ids, sometimes one id twice; ids mostly in [0, 3*rows), some negative, some huge int64
-    (INT64_MIN/MAX too); int64 values beyond 2^53 are written as JSON strings
-    (exact), some small ones too (both forms are valid proto3 JSON);
+    (INT64_MIN/MAX too); int64 values are JSON numbers or strings (both are
+    valid proto3 JSON): beyond 2^53 mostly strings, some exact numbers;
   - history (models with history): a mix of empty, shorter than max_len,
     exactly max_len and longer than max_len (--history sets the kinds of the
     first users, in order); actions random in [0, actions)
@@ -70,9 +70,10 @@ class _Gen:
         return self.rng.choice([INT64_MIN, INT64_MAX, EXACT_DOUBLE + 1, -EXACT_DOUBLE - 1])
 
     def enc_int(self, v):
-        """proto3 JSON int64: a string when a double can't hold it, else
-        usually a number."""
-        if abs(v) > EXACT_DOUBLE or self.rng.random() < 0.15:
+        """proto3 JSON int64: a number or a decimal string. Values a double
+        cannot hold are usually strings (what proto3 JSON writers emit) and
+        sometimes exact JSON numbers (a parser must not go through double)."""
+        if self.rng.random() < (0.7 if abs(v) > EXACT_DOUBLE else 0.15):
             return str(v)
         return v
 
