@@ -220,7 +220,11 @@ class Daemon:
                "--models", repo, "--device", device]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.grpc_port = self.http_port = None
-        self._wait_listening()
+        try:
+            self._wait_listening()
+        except BaseException:
+            self.cleanup()  # the caller gets no object to clean up
+            raise
 
     def logs(self):
         with open(self.log_path) as f:

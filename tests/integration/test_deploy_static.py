@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -202,7 +203,7 @@ def shipped_configs():
     cm_path = os.path.join(tmp, "server.json")
     with open(cm_path, "w") as f:
         f.write(cm["data"]["server.json"])
-    return [("deploy/k8s/configmap.yaml", cm_path),
+    return tmp, [("deploy/k8s/configmap.yaml", cm_path),
             ("deploy/docker/server.json", os.path.join(dc.DEPLOY, "docker", "server.json")),
             ("deploy/systemd/server.json", os.path.join(dc.DEPLOY, "systemd", "server.json"))]
 
@@ -210,18 +211,22 @@ def shipped_configs():
 def check_configs_start_daemon():
     repo, _ = dc.model_repo()
     notes = []
-    for name, path in shipped_configs():
-        d = dc.Daemon(repo, config_file=path)
-        try:
-            d.wait_ready()
-            rc = d.stop()
-            assert rc == 0, "%s: daemon exited %d after SIGTERM:\n%s" % (name, rc, d.logs())
-        except Exception:
-            print(d.logs())
-            raise
-        finally:
-            d.cleanup()
-        notes.append(name)
+    tmp, configs = shipped_configs()
+    try:
+        for name, path in configs:
+            d = dc.Daemon(repo, config_file=path)
+            try:
+                d.wait_ready()
+                rc = d.stop()
+                assert rc == 0, "%s: daemon exited %d after SIGTERM:\n%s" % (name, rc, d.logs())
+            except Exception:
+                print(d.logs())
+                raise
+            finally:
+                d.cleanup()
+            notes.append(name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return "ready and drained with " + ", ".join(notes)
 
 
