@@ -222,11 +222,15 @@ class Scenario:
         self.kind = kind
         repo, vdir = dc.model_repo()
         self.a = self.b = self.lb = None
-        self.a = dc.Daemon(repo, {"drain_timeout_ms": 5000})
-        self.b = dc.Daemon(repo, {"drain_timeout_ms": 5000})
-        self.a.wait_ready()
-        self.b.wait_ready()
-        self.lb = Balancer(kind, [self.a, self.b])
+        try:
+            self.a = dc.Daemon(repo, {"drain_timeout_ms": 5000})
+            self.b = dc.Daemon(repo, {"drain_timeout_ms": 5000})
+            self.a.wait_ready()
+            self.b.wait_ready()
+            self.lb = Balancer(kind, [self.a, self.b])
+        except BaseException:
+            self.cleanup(True)
+            raise
         # Requests big enough that calls are in flight when SIGTERM lands.
         self.reqs = [dc.make_request(vdir, seed, users=8, cands_per_user=24) for seed in range(16)]
         # Server names in the balancer's log.
