@@ -165,6 +165,16 @@ static int parse_int(const char *v, long lo, long hi, long *out)
 
 /* ---- defaults ---- */
 
+void config_batching_default(config_batching *b)
+{
+    b->max_batch_candidates = CONFIG_BATCH_MAX_CANDIDATES;
+    b->max_batch_users = CONFIG_BATCH_MAX_USERS;
+    b->max_queue_delay_us = CONFIG_BATCH_MAX_QUEUE_DELAY_US;
+    b->instances = CONFIG_BATCH_INSTANCES;
+    b->max_queue_candidates = CONFIG_BATCH_MAX_QUEUE_CANDIDATES;
+    b->max_queue_requests = CONFIG_BATCH_MAX_QUEUE_REQUESTS;
+}
+
 int config_defaults(config *c, ikbo_err *err)
 {
     memset(c, 0, sizeof *c);
@@ -182,6 +192,7 @@ int config_defaults(config *c, ikbo_err *err)
     c->log_level = CONFIG_LOG_INFO;
     c->log_format = CONFIG_LOG_PLAIN;
     c->drain_timeout_ms = DEFAULT_DRAIN_TIMEOUT_MS;
+    config_batching_default(&c->batching);
     return 0;
 }
 
@@ -309,6 +320,45 @@ static int apply_limits(config *c, const json_t *o, ikbo_err *err)
     return 0;
 }
 
+static int apply_batching(config *c, const json_t *o, ikbo_err *err)
+{
+    if (want_object(o, "batching", err))
+        return -1;
+    config_batching *b = &c->batching;
+    long long inst = b->instances;
+    struct {
+        const char *k;
+        long long *dst;
+        long long lo, hi;
+    } keys[] = {
+        {"max_batch_candidates", &b->max_batch_candidates, 1, 100000000},
+        {"max_batch_users", &b->max_batch_users, 1, 1000000},
+        {"max_queue_delay_us", &b->max_queue_delay_us, 0, 10000000},
+        {"instances", &inst, 0, CONFIG_BATCH_MAX_INSTANCES},
+        {"max_queue_candidates", &b->max_queue_candidates, 1, 1000000000},
+        {"max_queue_requests", &b->max_queue_requests, 1, 10000000},
+    };
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+    {
+        char path[128];
+        snprintf(path, sizeof path, "batching.%.80s", key);
+        size_t i = 0;
+        while (i < sizeof keys / sizeof keys[0] && strcmp(keys[i].k, key))
+            i++;
+        if (i == sizeof keys / sizeof keys[0])
+            return fail(err, "%s: unknown key (known: max_batch_candidates, max_batch_users, "
+                             "max_queue_delay_us, instances, max_queue_candidates, "
+                             "max_queue_requests)",
+                        path);
+        if (want_int(v, path, keys[i].lo, keys[i].hi, keys[i].dst, err))
+            return -1;
+    }
+    b->instances = (int)inst;
+    return 0;
+}
+
 static int apply_log(config *c, const json_t *o, ikbo_err *err)
 {
     if (want_object(o, "log", err))
@@ -404,7 +454,7 @@ static int apply_models(config *c, const json_t *v, ikbo_err *err)
 
 static const char *const TOP_KEYS =
     "grpc_listen, http_listen, model_repository, models, device, mode, threads, limits, log, "
-    "drain_timeout_ms, tls";
+    "drain_timeout_ms, tls, batching";
 
 static int apply_top(config *c, const char *key, const json_t *v, ikbo_err *err)
 {
@@ -437,6 +487,8 @@ static int apply_top(config *c, const char *key, const json_t *v, ikbo_err *err)
         return apply_limits(c, v, err);
     if (!strcmp(key, "log"))
         return apply_log(c, v, err);
+    if (!strcmp(key, "batching"))
+        return apply_batching(c, v, err);
     if (!strcmp(key, "tls"))
         return apply_tls(c, v, err);
     return fail(err, "%.80s: unknown key (known: %s)", key, TOP_KEYS);
@@ -725,6 +777,15 @@ char *config_to_json(const config *c)
         "drain_timeout_ms", c->drain_timeout_ms, "tls", tls);
     if (!o)
         return NULL;
+    const config_batching *b = &c->batching;
+    json_object_set_new(
+        o, "batching",
+        json_pack("{s:I,s:I,s:I,s:i,s:I,s:I}", "max_batch_candidates",
+                  (json_int_t)b->max_batch_candidates, "max_batch_users",
+                  (json_int_t)b->max_batch_users, "max_queue_delay_us",
+                  (json_int_t)b->max_queue_delay_us, "instances", b->instances,
+                  "max_queue_candidates", (json_int_t)b->max_queue_candidates,
+                  "max_queue_requests", (json_int_t)b->max_queue_requests));
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return s;

@@ -25,6 +25,13 @@
  *   tls               {cert_file, key_file, client_ca_file (optional: mutual
  *                      TLS)}; absent or null = plaintext. cert_file and
  *                      key_file are required when tls is given.
+ *   batching          dynamic batcher per model version (server/batcher.h):
+ *                     {max_batch_candidates 1024, max_batch_users 64,
+ *                      max_queue_delay_us 0, instances 0 (auto: cpu 1, cuda 2),
+ *                      max_queue_candidates 8192, max_queue_requests 512}
+ *                     (ranges: see config_batching). A model's model.json
+ *                     "serving" block overrides max_batch_*,
+ *                     max_queue_delay_us and instances for that model.
  *
  * Flags: --config FILE, --grpc ADDR, --http ADDR, --models DIR, --device DEV,
  * --mode MODE, --threads N, --log-level L, --log-format F, --help, --version
@@ -51,6 +58,26 @@ enum config_log_level {
 };
 enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
 
+/* Dynamic batching (server/batcher.h says what each limit does). */
+#define CONFIG_BATCH_MAX_CANDIDATES 1024    /* 1..100000000 */
+#define CONFIG_BATCH_MAX_USERS 64           /* 1..1000000 */
+#define CONFIG_BATCH_MAX_QUEUE_DELAY_US 0   /* 0..10000000; 0 = never wait */
+#define CONFIG_BATCH_INSTANCES 0            /* 0..64; 0 = auto */
+#define CONFIG_BATCH_MAX_QUEUE_CANDIDATES 8192 /* 1..1000000000 */
+#define CONFIG_BATCH_MAX_QUEUE_REQUESTS 512    /* 1..10000000 */
+#define CONFIG_BATCH_MAX_INSTANCES 64
+
+typedef struct config_batching {
+    long long max_batch_candidates; /* a batch closes at this many candidates */
+    long long max_batch_users;      /* ... or this many user rows (before cross-request dedup) */
+    long long max_queue_delay_us;   /* longest the oldest request waits for a batch to fill */
+    int instances;                  /* execution instances (context + thread) per model */
+    long long max_queue_candidates; /* admission: candidates waiting, at most */
+    long long max_queue_requests;   /* admission: requests waiting, at most */
+} config_batching;
+
+void config_batching_default(config_batching *b);
+
 typedef struct config {
     char *grpc_listen;      /* "host:port" */
     char *http_listen;      /* "host:port" */
@@ -64,6 +91,7 @@ typedef struct config {
     enum config_log_level log_level;
     enum config_log_format log_format;
     int drain_timeout_ms;
+    config_batching batching;
     /* TLS: all NULL = plaintext; cert+key set = TLS; + client_ca = mTLS. */
     char *tls_cert_file;
     char *tls_key_file;

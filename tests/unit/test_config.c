@@ -207,6 +207,45 @@ static void test_unknown_keys(void **s)
     apply_err("{\"tls\":{\"cert\":\"c\"}}", "tls.cert: unknown key");
 }
 
+static void test_batching(void **s)
+{
+    (void)s;
+    config c;
+    ikbo_err err;
+    assert_int_equal(config_defaults(&c, &err), 0);
+    assert_int_equal(c.batching.max_batch_candidates, CONFIG_BATCH_MAX_CANDIDATES);
+    assert_int_equal(c.batching.max_batch_users, CONFIG_BATCH_MAX_USERS);
+    assert_int_equal(c.batching.max_queue_delay_us, CONFIG_BATCH_MAX_QUEUE_DELAY_US);
+    assert_int_equal(c.batching.instances, CONFIG_BATCH_INSTANCES);
+    assert_int_equal(c.batching.max_queue_candidates, CONFIG_BATCH_MAX_QUEUE_CANDIDATES);
+    assert_int_equal(c.batching.max_queue_requests, CONFIG_BATCH_MAX_QUEUE_REQUESTS);
+    config_free(&c);
+    apply_ok(&c, "{\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
+                 "\"max_queue_delay_us\":250,\"instances\":3,\"max_queue_candidates\":800,"
+                 "\"max_queue_requests\":20}}");
+    assert_int_equal(c.batching.max_batch_candidates, 2048);
+    assert_int_equal(c.batching.max_batch_users, 8);
+    assert_int_equal(c.batching.max_queue_delay_us, 250);
+    assert_int_equal(c.batching.instances, 3);
+    assert_int_equal(c.batching.max_queue_candidates, 800);
+    assert_int_equal(c.batching.max_queue_requests, 20);
+    char *j = config_to_json(&c);
+    assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
+                              "\"max_queue_delay_us\":250,\"instances\":3,"
+                              "\"max_queue_candidates\":800,\"max_queue_requests\":20}"));
+    free(j);
+    config_free(&c);
+    apply_err("{\"batching\":1}", "batching: expected object, got 1");
+    apply_err("{\"batching\":{\"max_batch_candidates\":0}}",
+              "batching.max_batch_candidates: expected integer 1..100000000, got 0");
+    apply_err("{\"batching\":{\"max_queue_delay_us\":-1}}",
+              "batching.max_queue_delay_us: expected integer 0..10000000, got -1");
+    apply_err("{\"batching\":{\"instances\":65}}", "batching.instances: expected integer 0..64");
+    apply_err("{\"batching\":{\"max_queue_requests\":\"9\"}}",
+              "batching.max_queue_requests: expected integer");
+    apply_err("{\"batching\":{\"max_delay\":1}}", "batching.max_delay: unknown key (known: ");
+}
+
 static void test_file_errors(void **s)
 {
     (void)s;
@@ -393,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_shipped_config),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_unknown_keys),
+        cmocka_unit_test(test_batching),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_env),
         cmocka_unit_test(test_precedence),
