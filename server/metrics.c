@@ -504,8 +504,8 @@ int metrics_server_init(metrics_server *m, const char *version)
                                        ver, 0, NULL);
     m->broadcast_bytes_avoided_total = metrics_family_new(
         r, METRICS_COUNTER, "ikbo_broadcast_bytes_avoided_total",
-        "User-row bytes not copied to candidate batch size: (C - U) * user input row bytes per "
-        "scored request.",
+        "User-tensor bytes broadcast mode would have copied out to candidate rows and IKBO did "
+        "not, summed over scored batches.",
         1, model, 0, NULL);
     m->grpc_requests_total = metrics_family_new(
         r, METRICS_COUNTER, "ikbo_grpc_requests_total",
@@ -514,12 +514,63 @@ int metrics_server_init(metrics_server *m, const char *version)
     m->http_requests_total = metrics_family_new(
         r, METRICS_COUNTER, "ikbo_http_requests_total",
         "HTTP requests by route and HTTP status code.", 2, path_code, 0, NULL);
+    static const double batch_secs[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                        0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                        1,      2.5,     5,      10};
+    static const double req_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    static const double ratio_buckets[] = {1,  2,   4,   8,   16,   32,  64,
+                                           128, 256, 512, 1024, 2048, 4096};
+    static const char *const model_reason[] = {"model", "reason"};
+#define NB(a) (int)(sizeof a / sizeof *a)
+    m->queue_seconds = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_queue_seconds",
+        "Time a Rank request waited in the batcher queue: submit to compute start of its batch.",
+        1, model, NB(batch_secs), batch_secs);
+    m->request_compute_seconds = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_request_compute_seconds",
+        "Per Rank request: forward-pass (ikbo_score) time of the batch(es) that scored it, the "
+        "share of its latency spent computing.",
+        1, model, NB(batch_secs), batch_secs);
+    m->batch_compute_seconds = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_batch_compute_seconds",
+        "Forward-pass (ikbo_score) time per batch.", 1, model, NB(batch_secs), batch_secs);
+    m->batch_requests = metrics_family_new(r, METRICS_HISTOGRAM, "ikbo_batch_requests",
+                                           "Rank requests (or chunks) merged into one batch.",
+                                           1, model, NB(req_buckets), req_buckets);
+    m->batch_users = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_batch_users",
+        "Unique user rows per batch, after dedup across the merged requests.", 1, model,
+        NB(user_buckets), user_buckets);
+    m->batch_candidates = metrics_family_new(r, METRICS_HISTOGRAM, "ikbo_batch_candidates",
+                                             "Candidates per batch.", 1, model,
+                                             NB(cand_buckets), cand_buckets);
+    m->batch_candidates_per_user = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_batch_candidates_per_user",
+        "Candidates per unique user row in a batch (C / U), the IKBO broadcast ratio.", 1, model,
+        NB(ratio_buckets), ratio_buckets);
+    m->queue_requests = metrics_family_new(
+        r, METRICS_GAUGE, "ikbo_queue_requests",
+        "Rank requests admitted to the batcher queue and not yet in a batch.", 1, model, 0, NULL);
+    m->queue_candidates = metrics_family_new(
+        r, METRICS_GAUGE, "ikbo_queue_candidates",
+        "Candidates admitted to the batcher queue and not yet in a batch.", 1, model, 0, NULL);
+    m->rejected_total = metrics_family_new(
+        r, METRICS_COUNTER, "ikbo_rejected_total",
+        "Rank requests the batcher did not compute, by reason (queue_full, deadline, cancelled, "
+        "shutdown).",
+        2, model_reason, 0, NULL);
+#undef NB
     const char *const vv[] = {version ? version : ""};
     metrics_family *all[] = {m->requests_total,      m->request_duration_seconds,
                              m->request_candidates,  m->request_unique_users,
                              m->inflight_requests,   m->model_loaded,
                              m->build_info,          m->broadcast_bytes_avoided_total,
-                             m->grpc_requests_total, m->http_requests_total};
+                             m->grpc_requests_total, m->http_requests_total,
+                             m->queue_seconds,       m->request_compute_seconds,
+                             m->batch_compute_seconds, m->batch_requests,
+                             m->batch_users,         m->batch_candidates,
+                             m->batch_candidates_per_user, m->queue_requests,
+                             m->queue_candidates,    m->rejected_total};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!all[i]) goto fail;
     m->inflight = metrics_series_get(m->inflight_requests, NULL);

@@ -97,7 +97,22 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   inflight_requests               gauge, Rank requests being processed
  *   model_loaded{model,version,state} gauge 1 per known model version
  *   build_info{version}             gauge 1
- *   broadcast_bytes_avoided_total{model} see rank.h for the formula
+ *   broadcast_bytes_avoided_total{model} user-tensor bytes broadcast mode would
+ *                                   have copied to candidate rows, per scored batch
+ *                                   (ikbo_ctx_last_avoided_bytes)
+ *   Dynamic batcher (server/batcher.h), all labelled {model}:
+ *   queue_seconds                   histogram per request: submit -> compute start
+ *                                   of the (last) batch that carried it
+ *   request_compute_seconds         histogram per request: forward-pass (ikbo_score)
+ *                                   time of the batch(es) that carried it, i.e. the
+ *                                   part of its latency spent computing
+ *   batch_compute_seconds           histogram per batch: ikbo_score time
+ *   batch_requests, batch_users, batch_candidates  histograms per batch (users =
+ *                                   rows after cross-request dedup)
+ *   batch_candidates_per_user       histogram per batch: C / U
+ *   queue_requests, queue_candidates  gauges: admitted, not yet in a batch
+ *   rejected_total{model,reason}    counter: queue_full, deadline, cancelled,
+ *                                   shutdown (not computed)
  *   grpc_requests_total{method,code} every gRPC call by full method name
  *                                   (unknown methods as "unknown")
  *   http_requests_total{path,code}  every HTTP request by route and status
@@ -114,6 +129,16 @@ typedef struct metrics_server {
     metrics_family *broadcast_bytes_avoided_total;
     metrics_family *grpc_requests_total;
     metrics_family *http_requests_total;
+    metrics_family *queue_seconds;
+    metrics_family *request_compute_seconds;
+    metrics_family *batch_compute_seconds;
+    metrics_family *batch_requests;
+    metrics_family *batch_users;
+    metrics_family *batch_candidates;
+    metrics_family *batch_candidates_per_user;
+    metrics_family *queue_requests;
+    metrics_family *queue_candidates;
+    metrics_family *rejected_total;
     metrics_series *inflight; /* the one inflight series */
 } metrics_server;
 
