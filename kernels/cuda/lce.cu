@@ -326,6 +326,8 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
 
     for (int it = 0; it < total; it++) {
         cp_async_wait<STAGES - 2>();
+        if (MODE != MODE_USER)
+            bulk_wait_read<0>(); /* an epilogue's slot is refilled below */
         __syncthreads();
         if (it + STAGES - 1 < total) {
             load(L, (it + STAGES - 1) % STAGES);
@@ -361,13 +363,17 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
                     make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
         } else if (EPI) {
             /* Both warpgroups are past this slot's wgmma; the next write to
-             * it is the prefetch after the next iteration's barrier. */
+             * it is the prefetch after the next iteration's barrier, which
+             * the bulk copies' reads of it precede (bulk_wait_read there). */
             __syncthreads();
             T *zb = z + (size_t)C.b * M * D;
+            const uint32_t row_bytes = (uint32_t)min(BD, D - C.d0) * 2;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                if (r)
+                if (r) {
+                    bulk_wait_read<0>();
                     __syncthreads();
+                }
 #pragma unroll
                 for (int j = r * (BNM / 16); j < (r + 1) * (BNM / 16); j++)
 #pragma unroll
@@ -381,14 +387,16 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
                         int dl = wg * 64 + wq * 16 + (g & ~1) + 8 * h;
                         *(uint32_t *)(Ws + (ml * LDO + dl) * 2) = pack2<T>(p0, p1);
                     }
+                fence_proxy_async();
                 __syncthreads();
-                for (int idx = tid; idx < (BNM / 2) * (BD / 8); idx += 256) {
-                    int row = idx / (BD / 8), c = idx % (BD / 8);
-                    int gm = C.m0 + r * (BNM / 2) + row, gd = C.d0 + c * 8;
-                    if (gm < M && gd < D)
-                        *(uint4 *)(zb + (size_t)gm * D + gd) =
-                            *(const uint4 *)(Ws + (row * LDO + c * 8) * 2);
+                /* One thread per output row: Z[b][m][d0 .. d0+128) is one
+                 * contiguous run of 256 bytes. */
+                if (tid < BNM / 2) {
+                    int gm = C.m0 + r * (BNM / 2) + tid;
+                    if (gm < M)
+                        bulk_store(zb + (size_t)gm * D + C.d0, Ws + tid * LDO * 2, row_bytes);
                 }
+                bulk_commit();
             }
         }
         advance(C);
@@ -396,6 +404,8 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
             init_acc(C);
     }
     cp_async_wait<0>();
+    if (MODE != MODE_USER)
+        bulk_wait<0>();
 }
 
 /* ---------------------------------------------------------------- SIMT */
