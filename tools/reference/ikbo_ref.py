@@ -183,7 +183,8 @@ def analyze(spec, where="model.json"):
         h = u["history"]
         keys_ok(h, {"max_len", "actions"}, set(), "inputs.user.history")
         p.history = {"max_len": pos_int(h["max_len"], "inputs.user.history.max_len"),
-                     "actions": pos_int(h["actions"], "inputs.user.history.actions")}
+                     # optional, default 1 (models/README.md, Extensions)
+                     "actions": pos_int(h.get("actions", 1), "inputs.user.history.actions")}
 
     # Input references and their shapes.
     if p.user_dense:
