@@ -324,10 +324,13 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
     if (total > 0)
         init_acc(C);
 
+    bool stored = false; /* bulk stores read a ring slot that is refilled next */
     for (int it = 0; it < total; it++) {
         cp_async_wait<STAGES - 2>();
-        if (MODE != MODE_USER)
-            bulk_wait_read<0>(); /* an epilogue's slot is refilled below */
+        if (MODE != MODE_USER && stored) {
+            bulk_wait_read<0>();
+            stored = false;
+        }
         __syncthreads();
         if (it + STAGES - 1 < total) {
             load(L, (it + STAGES - 1) % STAGES);
@@ -398,6 +401,7 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
                 }
                 bulk_commit();
             }
+            stored = true;
         }
         advance(C);
         if (it + 1 < total)
