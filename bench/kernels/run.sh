@@ -48,9 +48,9 @@ for s in $stages; do
   bench)
     stage bench bench.log $B/bench_kernels ;;
   profile)
-    secs="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis"
-    stage ncu-lce profile.log ncu --clock-control none -k regex:k_lce_wg --launch-skip 2 -c 2 $secs $B/bench_kernels --profile
-    stage ncu-att profile.log ncu --clock-control none -k regex:k_att_wg -c 1 $secs $B/bench_kernels --profile ;;
+    secs="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SourceCounters"
+    stage ncu-lce profile.log ncu --clock-control none -k regex:k_lce_wg --launch-skip 3 -c 1 $secs --print-details all --import-source no -f -o "$OUT/lce" $B/bench_kernels --profile
+    stage ncu-lce-sass profile.log sh -c "ncu -i '$OUT/lce.ncu-rep' $secs --print-details all > '$OUT/lce_sections.txt' 2>&1; ncu -i '$OUT/lce.ncu-rep' --page source --print-source sass --csv > '$OUT/lce_sass.csv' 2>&1; rm -f '$OUT/lce.ncu-rep'; wc -l '$OUT/lce_sass.csv'" ;;
   esac
 done
 grep -h "^FAIL" "$OUT"/ops.log "$OUT"/model.log 2>/dev/null | head -n 25
