@@ -21,6 +21,10 @@
 #define DEFAULT_DRAIN_TIMEOUT_MS 10000
 #define MAX_DRAIN_TIMEOUT_MS 3600000
 #define MAX_MESSAGE_BYTES_CAP (1u << 30)
+#define DEFAULT_POLL_MS 2000
+#define MAX_POLL_MS 86400000
+#define DEFAULT_SETTLE_MS 1000
+#define MAX_SETTLE_MS 3600000
 
 static int fail(ikbo_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(ikbo_err *err, const char *fmt, ...)
@@ -193,6 +197,10 @@ int config_defaults(config *c, ikbo_err *err)
     c->log_format = CONFIG_LOG_PLAIN;
     c->drain_timeout_ms = DEFAULT_DRAIN_TIMEOUT_MS;
     config_batching_default(&c->batching);
+    c->repository_poll_ms = DEFAULT_POLL_MS;
+    c->repository_settle_ms = DEFAULT_SETTLE_MS;
+    c->version_policy.latest = 1;
+    c->admin_http = CONFIG_ADMIN_LOCAL;
     return 0;
 }
 
@@ -218,6 +226,9 @@ void config_free(config *c)
     free(c->tls_key_file);
     free(c->tls_client_ca_file);
     free(c->config_file);
+    for (int i = 0; i < c->n_model_policy; i++)
+        free(c->model_policy[i].name);
+    free(c->model_policy);
     memset(c, 0, sizeof *c);
 }
 
@@ -452,9 +463,108 @@ static int apply_models(config *c, const json_t *v, ikbo_err *err)
     return 0;
 }
 
+/* {"latest": N} or {"versions": [N, ...]}; exactly one of the two. */
+static int parse_policy(const json_t *o, const char *path, config_version_policy *p,
+                        ikbo_err *err)
+{
+    char b[100], kp[200];
+    if (want_object(o, path, err))
+        return -1;
+    memset(p, 0, sizeof *p);
+    if (json_object_size(o) != 1)
+        return fail(err, "%s: expected exactly one of \"latest\" or \"versions\"", path);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+    {
+        snprintf(kp, sizeof kp, "%s.%.80s", path, key);
+        if (!strcmp(key, "latest")) {
+            long long x;
+            if (want_int(v, kp, 1, CONFIG_MAX_POLICY_VERSIONS, &x, err))
+                return -1;
+            p->latest = (int)x;
+        } else if (!strcmp(key, "versions")) {
+            size_t n = json_is_array(v) ? json_array_size(v) : 0;
+            if (n == 0 || n > CONFIG_MAX_POLICY_VERSIONS)
+                return fail(err, "%s: expected an array of 1..%d version numbers, %s", kp,
+                            CONFIG_MAX_POLICY_VERSIONS, jgot(v, b, sizeof b));
+            for (size_t i = 0; i < n; i++) {
+                char ip[240];
+                long long x;
+                snprintf(ip, sizeof ip, "%s[%zu]", kp, i);
+                if (want_int(v ? json_array_get(v, i) : NULL, ip, 1, 999999999999999999LL, &x, err))
+                    return -1;
+                for (int j = 0; j < p->n_versions; j++)
+                    if (p->versions[j] == x)
+                        return fail(err, "%s: duplicate version %lld", ip, x);
+                p->versions[p->n_versions++] = x;
+            }
+        } else {
+            return fail(err, "%s: unknown key (known: latest, versions)", kp);
+        }
+    }
+    return 0;
+}
+
+static int apply_model_policy(config *c, const json_t *o, ikbo_err *err)
+{
+    char b[100];
+    if (want_object(o, "model_policy", err))
+        return -1;
+    for (int i = 0; i < c->n_model_policy; i++)
+        free(c->model_policy[i].name);
+    free(c->model_policy);
+    c->model_policy = NULL;
+    c->n_model_policy = 0;
+    size_t n = json_object_size(o);
+    if (!n)
+        return 0;
+    c->model_policy = calloc(n, sizeof *c->model_policy);
+    if (!c->model_policy)
+        return fail(err, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v)
+    {
+        char path[128];
+        snprintf(path, sizeof path, "model_policy.%.80s", key);
+        if (!key[0] || strchr(key, '/') || !strcmp(key, ".") || !strcmp(key, ".."))
+            return fail(err, "%s: expected a model name (a directory in the repository), got %s",
+                        path, q(key, b, sizeof b));
+        config_model_policy *mp = &c->model_policy[c->n_model_policy];
+        if (parse_policy(v, path, &mp->policy, err))
+            return -1;
+        if (!(mp->name = xstrdup(key)))
+            return fail(err, "out of memory");
+        c->n_model_policy++;
+    }
+    return 0;
+}
+
+static int set_admin_http(config *c, const char *v, const char *where, ikbo_err *err)
+{
+    char b[80];
+    if (!strcmp(v, "local"))
+        c->admin_http = CONFIG_ADMIN_LOCAL;
+    else if (!strcmp(v, "any"))
+        c->admin_http = CONFIG_ADMIN_ANY;
+    else if (!strcmp(v, "off"))
+        c->admin_http = CONFIG_ADMIN_OFF;
+    else
+        return fail(err, "%s: expected \"local\", \"any\" or \"off\", got %s", where,
+                    q(v, b, sizeof b));
+    return 0;
+}
+
+const char *config_admin_http_name(enum config_admin_http a)
+{
+    return a == CONFIG_ADMIN_ANY ? "any" : a == CONFIG_ADMIN_OFF ? "off" : "local";
+}
+
 static const char *const TOP_KEYS =
     "grpc_listen, http_listen, model_repository, models, device, mode, threads, limits, log, "
-    "drain_timeout_ms, tls, batching";
+    "drain_timeout_ms, tls, batching, repository_poll_ms, repository_settle_ms, version_policy, "
+    "model_policy, admin_http";
 
 static int apply_top(config *c, const char *key, const json_t *v, ikbo_err *err)
 {
@@ -491,6 +601,24 @@ static int apply_top(config *c, const char *key, const json_t *v, ikbo_err *err)
         return apply_batching(c, v, err);
     if (!strcmp(key, "tls"))
         return apply_tls(c, v, err);
+    if (!strcmp(key, "repository_poll_ms")) {
+        if (want_int(v, key, 0, MAX_POLL_MS, &x, err))
+            return -1;
+        c->repository_poll_ms = (int)x;
+        return 0;
+    }
+    if (!strcmp(key, "repository_settle_ms")) {
+        if (want_int(v, key, 0, MAX_SETTLE_MS, &x, err))
+            return -1;
+        c->repository_settle_ms = (int)x;
+        return 0;
+    }
+    if (!strcmp(key, "version_policy"))
+        return parse_policy(v, key, &c->version_policy, err);
+    if (!strcmp(key, "model_policy"))
+        return apply_model_policy(c, v, err);
+    if (!strcmp(key, "admin_http"))
+        return want_string(v, key, err) || set_admin_http(c, json_string_value(v), key, err) ? -1 : 0;
     return fail(err, "%.80s: unknown key (known: %s)", key, TOP_KEYS);
 }
 
@@ -747,6 +875,16 @@ static json_t *jstr_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
+static json_t *policy_json(const config_version_policy *p)
+{
+    if (p->latest > 0)
+        return json_pack("{s:i}", "latest", p->latest);
+    json_t *a = json_array();
+    for (int i = 0; a && i < p->n_versions; i++)
+        json_array_append_new(a, json_integer(p->versions[i]));
+    return a ? json_pack("{s:o}", "versions", a) : json_null();
+}
+
 char *config_to_json(const config *c)
 {
     json_t *models;
@@ -786,6 +924,14 @@ char *config_to_json(const config *c)
                   (json_int_t)b->max_queue_delay_us, "instances", b->instances,
                   "max_queue_candidates", (json_int_t)b->max_queue_candidates,
                   "max_queue_requests", (json_int_t)b->max_queue_requests));
+    json_object_set_new(o, "repository_poll_ms", json_integer(c->repository_poll_ms));
+    json_object_set_new(o, "repository_settle_ms", json_integer(c->repository_settle_ms));
+    json_object_set_new(o, "version_policy", policy_json(&c->version_policy));
+    json_t *mp = json_object();
+    for (int i = 0; mp && i < c->n_model_policy; i++)
+        json_object_set_new(mp, c->model_policy[i].name, policy_json(&c->model_policy[i].policy));
+    json_object_set_new(o, "model_policy", mp ? mp : json_null());
+    json_object_set_new(o, "admin_http", json_string(config_admin_http_name(c->admin_http)));
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return s;

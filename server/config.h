@@ -32,6 +32,19 @@
  *                     (ranges: see config_batching). A model's model.json
  *                     "serving" block overrides max_batch_*,
  *                     max_queue_delay_us and instances for that model.
+ *   repository_poll_ms   how often the model repository is rescanned for new,
+ *                     changed and removed versions; 0..86400000, default
+ *                     2000, 0 = never (SIGHUP and the admin endpoints still
+ *                     rescan)
+ *   repository_settle_ms a polled version directory is loaded once its
+ *                     entries (names, sizes, mtimes) have not changed for
+ *                     this long; 0..3600000, default 1000
+ *   version_policy    which versions every model serves: {"latest": N}
+ *                     (newest N, 1..64; default {"latest": 1}) or
+ *                     {"versions": [N, ...]} (exactly these, 1..64 entries)
+ *   model_policy      per-model version policy: {"<name>": <policy>, ...}
+ *   admin_http        who may POST /v1/models/{name}/load and /unload:
+ *                     "local" (loopback peers only; default), "any", "off"
  *
  * Flags: --config FILE, --grpc ADDR, --http ADDR, --models DIR, --device DEV,
  * --mode MODE, --threads N, --log-level L, --log-format F, --help, --version
@@ -78,6 +91,22 @@ typedef struct config_batching {
 
 void config_batching_default(config_batching *b);
 
+/* Version policy: latest > 0 = the newest `latest` versions; else exactly
+ * versions[0..n_versions). */
+#define CONFIG_MAX_POLICY_VERSIONS 64
+typedef struct config_version_policy {
+    int latest;
+    int n_versions;
+    int64_t versions[CONFIG_MAX_POLICY_VERSIONS];
+} config_version_policy;
+
+typedef struct config_model_policy {
+    char *name;
+    config_version_policy policy;
+} config_model_policy;
+
+enum config_admin_http { CONFIG_ADMIN_LOCAL = 0, CONFIG_ADMIN_ANY = 1, CONFIG_ADMIN_OFF = 2 };
+
 typedef struct config {
     char *grpc_listen;      /* "host:port" */
     char *http_listen;      /* "host:port" */
@@ -92,6 +121,12 @@ typedef struct config {
     enum config_log_format log_format;
     int drain_timeout_ms;
     config_batching batching;
+    int repository_poll_ms;   /* 0 = no polling */
+    int repository_settle_ms;
+    config_version_policy version_policy;
+    config_model_policy *model_policy;
+    int n_model_policy;
+    enum config_admin_http admin_http;
     /* TLS: all NULL = plaintext; cert+key set = TLS; + client_ca = mTLS. */
     char *tls_cert_file;
     char *tls_key_file;
@@ -132,6 +167,7 @@ void config_write_help(FILE *f, const char *prog);
 const char *config_log_level_name(enum config_log_level l);
 const char *config_log_format_name(enum config_log_format f);
 const char *config_mode_name(enum ikbo_mode m);
+const char *config_admin_http_name(enum config_admin_http a); /* "local" / "any" / "off" */
 
 /* The resolved config as one-line JSON (for the startup log; TLS file paths
  * included, never file contents). malloc'd; NULL on allocation failure. */

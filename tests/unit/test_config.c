@@ -246,6 +246,59 @@ static void test_batching(void **s)
     apply_err("{\"batching\":{\"max_delay\":1}}", "batching.max_delay: unknown key (known: ");
 }
 
+static void test_repository(void **s)
+{
+    (void)s;
+    config c;
+    ikbo_err err;
+    assert_int_equal(config_defaults(&c, &err), 0);
+    assert_int_equal(c.repository_poll_ms, 2000);
+    assert_int_equal(c.repository_settle_ms, 1000);
+    assert_int_equal(c.version_policy.latest, 1);
+    assert_int_equal(c.n_model_policy, 0);
+    assert_int_equal(c.admin_http, CONFIG_ADMIN_LOCAL);
+    config_free(&c);
+    apply_ok(&c, "{\"repository_poll_ms\":0,\"repository_settle_ms\":50,"
+                 "\"version_policy\":{\"latest\":3},\"admin_http\":\"any\","
+                 "\"model_policy\":{\"demo\":{\"versions\":[2,1]},\"b\":{\"latest\":2}}}");
+    assert_int_equal(c.repository_poll_ms, 0);
+    assert_int_equal(c.repository_settle_ms, 50);
+    assert_int_equal(c.version_policy.latest, 3);
+    assert_int_equal(c.admin_http, CONFIG_ADMIN_ANY);
+    assert_int_equal(c.n_model_policy, 2);
+    assert_string_equal(c.model_policy[0].name, "demo");
+    assert_int_equal(c.model_policy[0].policy.latest, 0);
+    assert_int_equal(c.model_policy[0].policy.n_versions, 2);
+    assert_int_equal(c.model_policy[0].policy.versions[0], 2);
+    assert_int_equal(c.model_policy[0].policy.versions[1], 1);
+    assert_string_equal(c.model_policy[1].name, "b");
+    assert_int_equal(c.model_policy[1].policy.latest, 2);
+    char *j = config_to_json(&c);
+    assert_non_null(strstr(j, "\"repository_poll_ms\":0,\"repository_settle_ms\":50,"
+                              "\"version_policy\":{\"latest\":3},\"model_policy\":{\"demo\":"
+                              "{\"versions\":[2,1]},\"b\":{\"latest\":2}},\"admin_http\":\"any\""));
+    free(j);
+    config_free(&c);
+    apply_err("{\"repository_poll_ms\":-1}", "repository_poll_ms: expected integer 0..86400000");
+    apply_err("{\"repository_settle_ms\":\"1s\"}", "repository_settle_ms: expected integer");
+    apply_err("{\"version_policy\":{}}", "version_policy: expected exactly one of");
+    apply_err("{\"version_policy\":{\"latest\":1,\"versions\":[1]}}",
+              "version_policy: expected exactly one of");
+    apply_err("{\"version_policy\":{\"latest\":0}}", "version_policy.latest: expected integer 1..64");
+    apply_err("{\"version_policy\":{\"newest\":1}}",
+              "version_policy.newest: unknown key (known: latest, versions)");
+    apply_err("{\"version_policy\":{\"versions\":[]}}",
+              "version_policy.versions: expected an array of 1..64 version numbers");
+    apply_err("{\"version_policy\":{\"versions\":[1,0]}}", "version_policy.versions[1]: expected integer");
+    apply_err("{\"version_policy\":{\"versions\":[3,3]}}",
+              "version_policy.versions[1]: duplicate version 3");
+    apply_err("{\"model_policy\":{\"demo\":{\"latest\":\"2\"}}}",
+              "model_policy.demo.latest: expected integer");
+    apply_err("{\"model_policy\":{\"a/b\":{\"latest\":1}}}", "model_policy.a/b: expected a model name");
+    apply_err("{\"model_policy\":[]}", "model_policy: expected object");
+    apply_err("{\"admin_http\":\"remote\"}", "admin_http: expected \"local\", \"any\" or \"off\"");
+}
+
 static void test_file_errors(void **s)
 {
     (void)s;
@@ -433,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_unknown_keys),
         cmocka_unit_test(test_batching),
+        cmocka_unit_test(test_repository),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_env),
         cmocka_unit_test(test_precedence),
