@@ -497,7 +497,9 @@ int metrics_server_init(metrics_server *m, const char *version)
                                               0, NULL);
     m->model_loaded = metrics_family_new(
         r, METRICS_GAUGE, "ikbo_model_loaded",
-        "1 for each known model version, labelled with its state (LOADING, READY, FAILED).", 3,
+        "1 for each known model version, labelled with its state (LOADING, READY, FAILED, "
+        "UNLOADED).",
+        3,
         mvs, 0, NULL);
     m->build_info = metrics_family_new(r, METRICS_GAUGE, "ikbo_build_info",
                                        "Build of the running ikbo-serve; value is always 1.", 1,
@@ -559,6 +561,11 @@ int metrics_server_init(metrics_server *m, const char *version)
         "Rank requests the batcher did not compute, by reason (queue_full, deadline, cancelled, "
         "shutdown).",
         2, model_reason, 0, NULL);
+    m->model_load_failures_total = metrics_family_new(
+        r, METRICS_COUNTER, "ikbo_model_load_failures_total",
+        "Model version loads that failed (bad files, validation, warm-up, memory check); the "
+        "previous version keeps serving.",
+        1, model, 0, NULL);
 #undef NB
     const char *const vv[] = {version ? version : ""};
     metrics_family *all[] = {m->requests_total,      m->request_duration_seconds,
@@ -570,7 +577,8 @@ int metrics_server_init(metrics_server *m, const char *version)
                              m->batch_compute_seconds, m->batch_requests,
                              m->batch_users,         m->batch_candidates,
                              m->batch_candidates_per_user, m->queue_requests,
-                             m->queue_candidates,    m->rejected_total};
+                             m->queue_candidates,    m->rejected_total,
+                             m->model_load_failures_total};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!all[i]) goto fail;
     m->inflight = metrics_series_get(m->inflight_requests, NULL);

@@ -96,6 +96,8 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   request_unique_users            histogram of U (rows after dedup)
  *   inflight_requests               gauge, Rank requests being processed
  *   model_loaded{model,version,state} gauge 1 per known model version
+ *   model_load_failures_total{model} counter: version loads that failed
+ *                                   (validation, warm-up, memory check)
  *   build_info{version}             gauge 1
  *   broadcast_bytes_avoided_total{model} user-tensor bytes broadcast mode would
  *                                   have copied to candidate rows, per scored batch
@@ -139,6 +141,7 @@ typedef struct metrics_server {
     metrics_family *queue_requests;
     metrics_family *queue_candidates;
     metrics_family *rejected_total;
+    metrics_family *model_load_failures_total;
     metrics_series *inflight; /* the one inflight series */
 } metrics_server;
 
