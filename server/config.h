@@ -28,7 +28,7 @@
  *   batching          dynamic batcher per model version (server/batcher.h):
  *                     {max_batch_candidates 1024, max_batch_users 64,
  *                      max_queue_delay_us 0, instances 0 (auto: cpu 1, cuda 2),
- *                      max_queue_candidates 8192, max_queue_requests 512}
+ *                      max_queue_candidates 32768, max_queue_requests 1024}
  *                     (ranges: see config_batching). A model's model.json
  *                     "serving" block overrides max_batch_*,
  *                     max_queue_delay_us and instances for that model.
@@ -76,8 +76,8 @@ enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
 #define CONFIG_BATCH_MAX_USERS 64           /* 1..1000000 */
 #define CONFIG_BATCH_MAX_QUEUE_DELAY_US 0   /* 0..10000000; 0 = never wait */
 #define CONFIG_BATCH_INSTANCES 0            /* 0..64; 0 = auto */
-#define CONFIG_BATCH_MAX_QUEUE_CANDIDATES 8192 /* 1..1000000000 */
-#define CONFIG_BATCH_MAX_QUEUE_REQUESTS 512    /* 1..10000000 */
+#define CONFIG_BATCH_MAX_QUEUE_CANDIDATES 32768 /* 1..1000000000 */
+#define CONFIG_BATCH_MAX_QUEUE_REQUESTS 1024     /* 1..10000000 */
 #define CONFIG_BATCH_MAX_INSTANCES 64
 
 typedef struct config_batching {
