@@ -332,11 +332,6 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
             stored = false;
         }
         __syncthreads();
-        if (it + STAGES - 1 < total) {
-            load(L, (it + STAGES - 1) % STAGES);
-            advance(L);
-        }
-        cp_async_commit();
         const int slot = it % STAGES;
         unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
         const T *Es = (const T *)(Ws + CFG::W_BYTES);
@@ -351,6 +346,13 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
         for (int kk = 0; kk < BK / 16; kk++)
             wgmma_rs<T, BNM, 0>::run(acc, af[kk], wg_desc(Ws + kk * 32, 16, 1024));
         wg_commit();
+        /* Copies for slice it + 3 issue while the tensor cores work: its slot
+         * was last read by slice it - 1, finished before the barrier above. */
+        if (it + STAGES - 1 < total) {
+            load(L, (it + STAGES - 1) % STAGES);
+            advance(L);
+        }
+        cp_async_commit();
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
 
