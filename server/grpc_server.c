@@ -1,13 +1,19 @@
 /* grpc_server.c - the gRPC front end on gRPC core's C API (see grpc_server.h).
  *
- * Every completion-queue tag is a `call` record. It is created when a call
- * is requested (phase REQUESTED), becomes the tag of the one send batch once
- * the call is handled (phase SENDING), and is freed when that batch
- * completes. A worker re-requests the method after the work, just before it
- * starts the send batch (so an idle worker, not a busy one, gets the next
- * call). grpcsrv_free waits until no handler runs and sets `stopping` before
- * it destroys the server and shuts the queues down, so no request or batch is
- * ever started on a destroyed server or a shut-down queue.
+ * A `call` record is made when a call is requested; its completion-queue
+ * tags are three embedded `call_tag`s: the request (the call arrived), the
+ * close op (GRPC_OP_RECV_CLOSE_ON_SERVER, started as soon as the call
+ * arrives, so a client that goes away is seen while its request is still
+ * queued) and the one send batch (initial metadata, message, status). When a
+ * call arrives the worker re-requests the method at once, starts the close
+ * op, and hands a Rank call to rank_submit; the answer is sent by whichever
+ * thread finishes it (a batcher instance thread, or the worker itself for an
+ * early error). The record is freed when both the close op and the send
+ * batch have completed (refs). `busy` counts calls that arrived and whose
+ * send batch has not been started yet; grpcsrv_free waits for it to reach
+ * zero and sets `stopping` before it destroys the server and shuts the queues
+ * down, so no request or batch is ever started on a destroyed server or a
+ * shut-down queue.
  */
 #include "grpc_server.h"
 
@@ -39,24 +45,35 @@ static const char *const method_path[M_COUNT] = {
     "unknown",
 };
 
-/* Requests posted per method per worker. gRPC core matches a call to the
- * completion queue its connection is tied to first, so a worker only posts
- * while it is idle: a busy worker has nothing posted and calls go to an idle
- * one (or wait inside core until a worker re-posts). */
+/* Requests posted per method per worker, re-posted as each call arrives:
+ * workers never wait for compute, so each keeps accepting. */
 #define REQUESTS_PER_METHOD 1
 
 /* Drain: how long no call must arrive before shutdown proper (see
  * grpcsrv_shutdown). */
 #define LAME_DUCK_QUIET_MS 200
 
-enum phase { REQUESTED = 0, SENDING = 1 };
+enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
 
 typedef struct worker worker;
+struct call;
+
+typedef struct call_tag {
+    struct call *c;
+    enum tag_kind kind;
+} call_tag;
 
 typedef struct call {
     worker *w;
     enum method method;
-    enum phase phase;
+    call_tag t_request, t_close, t_send;
+    /* Outstanding: the close op and the answer (the send batch). */
+    atomic_int refs;
+    /* Set when the close op reports the call cancelled (client gone,
+     * deadline passed): a queued Rank is then not computed. */
+    atomic_int gone;
+    int close_cancelled; /* written by gRPC core for the close op */
+    Ikbo__V1__RankRequest *rank_req; /* a Rank call's request, until answered */
     grpc_call *call;
     gpr_timespec deadline;
     grpc_call_details details; /* M_UNKNOWN only */
@@ -65,7 +82,6 @@ typedef struct call {
     grpc_byte_buffer *response;
     grpc_slice status_details;
     int have_status_details;
-    int cancelled;
 } call;
 
 struct worker {
@@ -94,8 +110,9 @@ struct grpcsrv {
     atomic_llong last_call_ms;
     /* Set by grpcsrv_free before the queues shut down: from then on no
      * worker starts a batch (a batch on a shut-down queue aborts), and a call
-     * still found in a queue is cancelled UNAVAILABLE. busy counts handlers
-     * running; mu/idle guard both. */
+     * still found in a queue is cancelled UNAVAILABLE. busy counts calls
+     * that arrived and are not answered yet (their send batch not started:
+     * a Rank waiting in the batcher counts); mu/idle guard both. */
     pthread_mutex_t mu;
     pthread_cond_t idle;
     int stopping;
@@ -111,16 +128,19 @@ static int request_call(worker *w, enum method m)
     if (!c) return -1;
     c->w = w;
     c->method = m;
-    c->phase = REQUESTED;
+    c->t_request = (call_tag){c, T_REQUEST};
+    c->t_close = (call_tag){c, T_CLOSE};
+    c->t_send = (call_tag){c, T_SEND};
     grpc_metadata_array_init(&c->md);
     grpc_call_error e;
     if (m == M_UNKNOWN) {
         grpc_call_details_init(&c->details);
-        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, w->cq, w->cq, c);
+        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, w->cq, w->cq,
+                                     &c->t_request);
     } else {
         e = grpc_server_request_registered_call(s->server, s->registered[m], &c->call,
                                                 &c->deadline, &c->md, &c->payload, w->cq,
-                                                w->cq, c);
+                                                w->cq, &c->t_request);
     }
     if (e != GRPC_CALL_OK) {
         if (m == M_UNKNOWN) grpc_call_details_destroy(&c->details);
@@ -140,13 +160,28 @@ static void call_free(call *c)
     if (c->method == M_UNKNOWN) grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->md);
     if (c->call) grpc_call_unref(c->call);
+    rq_request_free(c->rank_req);
     free(c);
+}
+
+static void call_unref(call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) == 1) call_free(c);
+}
+
+/* The call has been answered (its send batch started or abandoned). */
+static void not_busy(grpcsrv *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (--s->busy == 0) pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- answering ---------------------------------------------------------- */
 
 /* Sends initial metadata, the response (when code is OK and resp is given)
- * and the status in one batch; the batch's completion frees the call. */
+ * and the status in one batch, from any thread; the call must not be
+ * touched after (its record goes once the batch and the close op are done). */
 static void finish(call *c, int code, const char *msg, const ProtobufCMessage *resp)
 {
     grpcsrv *s = c->w->srv;
@@ -160,7 +195,7 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
     c->status_details = grpc_slice_from_copied_string(code == RQ_OK ? "" : msg);
     c->have_status_details = 1;
 
-    grpc_op ops[4];
+    grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
@@ -176,23 +211,18 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
     ops[n].data.send_status_from_server.status = (grpc_status_code)code;
     ops[n].data.send_status_from_server.status_details = &c->status_details;
     n++;
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-    n++;
 
     const char *const labels[] = {method_path[c->method], rq_code_name(code)};
     metrics_add_l(s->metrics->grpc_requests_total, labels, 1);
 
-    /* Post the next request for this method now that the work is done, and
-     * before the call can complete (see the top of this file). */
-    request_call(c->w, c->method);
-    c->phase = SENDING;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    enum method method = c->method;
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
     if (e != GRPC_CALL_OK) {
-        log_msg(LOG_LEVEL_ERROR, "grpc", "start_batch(%s) failed: %d", method_path[c->method],
+        log_msg(LOG_LEVEL_ERROR, "grpc", "start_batch(%s) failed: %d", method_path[method],
                 (int)e);
-        call_free(c);
+        call_unref(c);
     }
+    not_busy(s);
 }
 
 /* Reads the whole request message and unpacks it; NULL with *st set. */
@@ -225,6 +255,18 @@ static int64_t deadline_ns(const call *c)
     return now + (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
 }
 
+/* rank_submit's callback: on a batcher thread, or on the worker for an
+ * early error. */
+static void rank_done(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *st)
+{
+    call *c = arg;
+    Ikbo__V1__RankRequest *req = c->rank_req;
+    c->rank_req = NULL;
+    finish(c, resp ? RQ_OK : st->code, st->msg, resp ? &resp->base : NULL);
+    rq_response_free(resp);
+    rq_request_free(req);
+}
+
 static void handle_rank(call *c)
 {
     grpcsrv *s = c->w->srv;
@@ -245,11 +287,8 @@ static void handle_rank(call *c)
         finish(c, st.code, st.msg, NULL);
         return;
     }
-    Ikbo__V1__RankResponse *resp =
-        rank_handle(s->rank, c->w->index, req, deadline_ns(c), "grpc", &st);
-    finish(c, resp ? RQ_OK : st.code, st.msg, resp ? &resp->base : NULL);
-    rq_response_free(resp);
-    rq_request_free(req);
+    c->rank_req = req;
+    rank_submit(s->rank, req, deadline_ns(c), &c->gone, "grpc", rank_done, c);
 }
 
 static void handle_model_info(call *c)
@@ -315,9 +354,15 @@ static void *worker_main(void *arg)
             grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
-        call *c = ev.tag;
-        if (c->phase == SENDING) {
-            call_free(c);
+        call_tag *t = ev.tag;
+        call *c = t->c;
+        if (t->kind == T_SEND) {
+            call_unref(c);
+            continue;
+        }
+        if (t->kind == T_CLOSE) {
+            if (c->close_cancelled || !ev.success) atomic_store(&c->gone, 1);
+            call_unref(c);
             continue;
         }
         if (!ev.success) { /* the server is shutting down: no call came */
@@ -336,15 +381,22 @@ static void *worker_main(void *arg)
             continue;
         }
         if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, rank_now_ns() / 1000000);
+        /* Keep accepting: the next call of this method may arrive while this
+         * one waits in the batcher. */
+        request_call(w, c->method);
+        atomic_init(&c->refs, 2);
+        grpc_op close_op;
+        memset(&close_op, 0, sizeof close_op);
+        close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+        if (grpc_call_start_batch(c->call, &close_op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
+            atomic_store(&c->refs, 1);
         switch (c->method) {
         case M_RANK: handle_rank(c); break;
         case M_MODEL_INFO: handle_model_info(c); break;
         case M_HEALTH_CHECK: handle_health(c); break;
         default: handle_unknown(c); break;
         }
-        pthread_mutex_lock(&s->mu);
-        if (--s->busy == 0) pthread_cond_broadcast(&s->idle);
-        pthread_mutex_unlock(&s->mu);
     }
     return NULL;
 }

@@ -5,8 +5,13 @@
  * threads, each with its own completion queue on which it requests calls for
  * every registered method (with the request message read up front) plus a
  * generic request that answers unknown methods UNIMPLEMENTED. A worker
- * handles a call start to finish on its thread (rank.h does the Rank work
- * with the worker's context slot) and sends message + status in one batch.
+ * unpacks, validates and plans a Rank call and submits it to the model's
+ * batcher (rank_submit), then goes back to its queue: it never waits for
+ * compute. The answer (message + status in one batch) is sent by the batcher
+ * instance thread that scored the request (grpc_call_start_batch may be
+ * called from any thread). A close op started when each call arrives tells
+ * the batcher when the client has gone away (cancelled calls are not
+ * computed). ModelInfo and Health are answered on the worker.
  *
  * Functions use the prefix grpcsrv_: grpc_server_* is gRPC core's namespace.
  *
@@ -44,7 +49,7 @@ typedef struct grpcsrv grpcsrv;
 
 typedef struct grpcsrv_opts {
     const char *listen; /* "host:port"; port 0 picks a free port */
-    int threads;        /* worker threads; worker i scores with slot i */
+    int threads;        /* worker threads (receive, validate, plan, submit) */
     uint32_t max_message_bytes;
     /* TLS: both NULL = plaintext; cert+key = TLS; + client CA = mutual TLS. */
     const char *tls_cert_file, *tls_key_file, *tls_client_ca_file;

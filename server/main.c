@@ -30,6 +30,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "batcher.h"
 #include "rank.h"
 #include "registry.h"
 
@@ -136,6 +137,7 @@ int main(int argc, char **argv)
     registry *reg = NULL;
     grpcsrv *gs = NULL;
     http_server *hs = NULL;
+    batcher_set *batchers = NULL;
     int grpc_inited = 0, loader_started = 0;
     pthread_t loader;
     loader_arg la;
@@ -151,7 +153,7 @@ int main(int argc, char **argv)
         .n_models = cfg.n_models,
         .device = cfg.device,
         .mode = cfg.mode,
-        .n_slots = cfg.threads + 1, /* gRPC workers, then the HTTP thread */
+        .n_slots = CONFIG_BATCH_MAX_INSTANCES, /* batcher instance i scores with slot i */
     };
     reg = registry_new(&ro, &err);
     if (!reg) {
@@ -172,9 +174,14 @@ int main(int argc, char **argv)
         free(cj);
     }
 
+    batchers = batcher_set_new(reg, &cfg.batching, &mx, &err);
+    if (!batchers) {
+        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
+        goto out;
+    }
     grpc_init();
     grpc_inited = 1;
-    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx};
+    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx, .batchers = batchers};
     grpcsrv_opts go = {
         .listen = cfg.grpc_listen,
         .threads = cfg.threads,
@@ -195,7 +202,6 @@ int main(int argc, char **argv)
     http_opts ho = {
         .listen = cfg.http_listen,
         .max_body_bytes = cfg.limits.max_message_bytes,
-        .slot = cfg.threads,
         .rank = &env,
         .reg = reg,
         .metrics = &mx,
@@ -262,6 +268,9 @@ out:
     http_stop(hs);
     if (loader_started) pthread_join(loader, NULL);
     grpcsrv_free(gs);
+    /* After every front end is gone: answers queued work, then the batchers
+     * drop their model references. */
+    batcher_set_free(batchers);
     if (grpc_inited) grpc_shutdown_blocking();
     registry_free(reg);
     metrics_server_free(&mx);

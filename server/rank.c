@@ -1,6 +1,7 @@
 /* rank.c - one Rank request end to end (see rank.h). */
 #include "rank.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -14,112 +15,38 @@ int64_t rank_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static uint64_t row_bytes(const ikbo_batch *b, const ikbo_model_info *mi, int u)
+/* One request between rank_submit and its callback. */
+typedef struct rank_job {
+    const rank_env *env;
+    const Ikbo__V1__RankRequest *req;
+    rq_plan *plan;
+    registry_model *m;
+    /* Set by the batcher set, before the batcher can call back, when the
+     * version's new batcher took over this job's registry reference. */
+    int took_ref;
+    int64_t t0;
+    const char *transport;
+    rank_done_fn done;
+    void *arg;
+    double queue_s, compute_s;
+    int batches;
+} rank_job;
+
+/* Metrics, log line, callback, cleanup. */
+static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
 {
-    uint64_t n = 4u * (uint64_t)mi->user_dense;
-    for (int f = 0; f < mi->n_user_sparse; f++)
-        if (b->user_sparse && b->user_sparse[f].offsets)
-            n += 8u * (uint64_t)(b->user_sparse[f].offsets[u + 1] - b->user_sparse[f].offsets[u]);
-    if (mi->has_history && b->hist.offsets) {
-        uint64_t ev = (uint64_t)(b->hist.offsets[u + 1] - b->hist.offsets[u]);
-        n += 8u * ev + (b->hist_actions ? 4u * ev : 0);
-    }
-    return n;
-}
-
-uint64_t rank_broadcast_bytes_avoided(const rq_plan *p, const ikbo_model_info *mi)
-{
-    const ikbo_batch *b = &p->batch;
-    if (b->n_users <= 0 || b->n_cands <= 0 || !b->map) return 0;
-    uint64_t *rb = malloc((size_t)b->n_users * sizeof *rb);
-    if (!rb) return 0;
-    uint64_t rows = 0, cands = 0;
-    for (int u = 0; u < b->n_users; u++) rows += rb[u] = row_bytes(b, mi, u);
-    for (int c = 0; c < b->n_cands; c++) cands += rb[b->map[c]];
-    free(rb);
-    return cands > rows ? cands - rows : 0;
-}
-
-Ikbo__V1__RankResponse *rank_execute(registry_model *m, int slot,
-                                     const Ikbo__V1__RankRequest *req, const rq_plan *p,
-                                     rq_status *st)
-{
-    const ikbo_model_info *mi = registry_model_info(m);
-    ikbo_err err;
-    memset(&err, 0, sizeof err);
-    ikbo_ctx *ctx = registry_model_ctx(m, slot, &err);
-    if (!ctx) {
-        rq_status_set(st, RQ_INTERNAL, "model '%s': %s", registry_model_name(m), err.msg);
-        return NULL;
-    }
-    size_t c = (size_t)p->batch.n_cands, t = (size_t)mi->n_tasks;
-    float *task_scores = malloc(c * (t ? t : 1) * sizeof(float));
-    float *scores = malloc(c * sizeof(float));
-    Ikbo__V1__RankResponse *resp = NULL;
-    if (!task_scores || !scores) {
-        rq_status_set(st, RQ_INTERNAL, "out of memory for %zu candidates", c);
-    } else if (ikbo_score(ctx, &p->batch, task_scores, scores, &err) != 0) {
-        rq_status_set(st, RQ_INTERNAL, "model '%s' version %lld: scoring failed: %s",
-                      registry_model_name(m), (long long)registry_model_version(m), err.msg);
-    } else {
-        resp = rq_response_build(req, p, registry_model_name(m), registry_model_version(m), mi,
-                                 task_scores, scores, st);
-    }
-    free(task_scores);
-    free(scores);
-    return resp;
-}
-
-Ikbo__V1__RankResponse *rank_handle(const rank_env *env, int slot,
-                                    const Ikbo__V1__RankRequest *req, int64_t deadline_ns,
-                                    const char *transport, rq_status *st)
-{
-    metrics_server *mx = env->metrics;
-    int64_t t0 = rank_now_ns();
-    metrics_add(mx->inflight, 1);
-
-    Ikbo__V1__RankResponse *resp = NULL;
-    rq_plan *plan = NULL;
-    registry_model *m = NULL;
-    const char *model_label = ""; /* only names that resolved become labels */
-    int64_t version = 0;
-    int n_users = -1;
-
-    m = registry_acquire(env->reg, req->model, req->model_version, st);
-    if (!m) goto done;
-    model_label = registry_model_name(m);
-    version = registry_model_version(m);
-    if (deadline_ns && t0 >= deadline_ns) {
-        rq_status_set(st, RQ_DEADLINE_EXCEEDED,
-                      "deadline exceeded before the request started (%zu candidates not scored)",
-                      req->n_candidates);
-        goto done;
-    }
-    const ikbo_model_info *mi = registry_model_info(m);
-    if (rq_validate(req, mi, env->limits, st) != 0) goto done;
-    plan = rq_plan_build(req, mi, st);
-    if (!plan) goto done;
-    n_users = plan->batch.n_users;
-    if (deadline_ns && rank_now_ns() >= deadline_ns) {
-        rq_status_set(st, RQ_DEADLINE_EXCEEDED,
-                      "deadline exceeded before scoring (%zu candidates, %d unique users)",
-                      req->n_candidates, n_users);
-        goto done;
-    }
-    resp = rank_execute(m, slot, req, plan, st);
+    metrics_server *mx = j->env->metrics;
+    const Ikbo__V1__RankRequest *req = j->req;
+    const char *model_label = j->m ? registry_model_name(j->m) : "";
+    int64_t version = j->m ? registry_model_version(j->m) : 0;
+    int n_users = j->plan ? j->plan->batch.n_users : -1;
     if (resp) {
         rq_status_ok(st);
         metrics_observe(metrics_series_get(mx->request_candidates, NULL),
-                        (double)plan->batch.n_cands);
+                        (double)j->plan->batch.n_cands);
         metrics_observe(metrics_series_get(mx->request_unique_users, NULL), (double)n_users);
-        const char *const ml[] = {model_label};
-        metrics_add_l(mx->broadcast_bytes_avoided_total, ml,
-                      (double)rank_broadcast_bytes_avoided(plan, mi));
     }
-
-done:;
-    int64_t t1 = rank_now_ns();
-    double secs = (double)(t1 - t0) * 1e-9;
+    double secs = (double)(rank_now_ns() - j->t0) * 1e-9;
     const char *code = rq_code_name(st->code);
     const char *const mc[] = {model_label, code};
     metrics_add_l(mx->requests_total, mc, 1);
@@ -129,7 +56,7 @@ done:;
 
     log_line ln;
     log_begin(&ln, st->code == RQ_INTERNAL ? LOG_LEVEL_ERROR : LOG_LEVEL_INFO, "rank");
-    log_str(&ln, "transport", transport);
+    log_str(&ln, "transport", j->transport);
     log_str(&ln, "model", req->model);
     if (version) log_int(&ln, "version", version);
     log_str(&ln, "request_id", req->request_id);
@@ -137,10 +64,124 @@ done:;
     log_int(&ln, "candidates", (int64_t)req->n_candidates);
     if (n_users >= 0) log_int(&ln, "unique_users", n_users);
     log_num(&ln, "ms", secs * 1e3, 3);
+    if (j->batches) {
+        log_num(&ln, "queue_ms", j->queue_s * 1e3, 3);
+        log_num(&ln, "compute_ms", j->compute_s * 1e3, 3);
+        if (j->batches > 1) log_int(&ln, "batches", j->batches);
+    }
     if (st->code != RQ_OK) log_str(&ln, "error", st->msg);
     log_end(&ln);
 
-    rq_plan_free(plan);
-    registry_release(m);
-    return resp;
+    /* The request may be freed by the callback: nothing reads it after. */
+    j->done(j->arg, resp, st);
+    rq_plan_free(j->plan);
+    if (!j->took_ref) registry_release(j->m);
+    free(j);
+}
+
+static void batch_done(void *arg, const batcher_result *r)
+{
+    rank_job *j = arg;
+    rq_status st = r->st;
+    Ikbo__V1__RankResponse *resp = NULL;
+    j->queue_s = r->queue_seconds;
+    j->compute_s = r->compute_seconds;
+    j->batches = r->batches;
+    if (st.code == RQ_OK)
+        resp = rq_response_build(j->req, j->plan, registry_model_name(j->m),
+                                 registry_model_version(j->m), registry_model_info(j->m),
+                                 r->task_scores, r->scores, &st);
+    job_finish(j, resp, &st);
+}
+
+void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t deadline_ns,
+                 const atomic_int *cancelled, const char *transport, rank_done_fn done, void *arg)
+{
+    rq_status st;
+    rq_status_ok(&st);
+    rank_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        rq_status_set(&st, RQ_INTERNAL, "out of memory");
+        const char *const mc[] = {"", "INTERNAL"};
+        metrics_add_l(env->metrics->requests_total, mc, 1);
+        done(arg, NULL, &st);
+        return;
+    }
+    j->env = env;
+    j->req = req;
+    j->t0 = rank_now_ns();
+    j->transport = transport;
+    j->done = done;
+    j->arg = arg;
+    metrics_add(env->metrics->inflight, 1);
+
+    j->m = registry_acquire(env->reg, req->model, req->model_version, &st);
+    if (!j->m) goto fail;
+    if (deadline_ns && j->t0 >= deadline_ns) {
+        rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
+                      "deadline exceeded before the request started (%zu candidates not scored)",
+                      req->n_candidates);
+        goto fail;
+    }
+    const ikbo_model_info *mi = registry_model_info(j->m);
+    if (rq_validate(req, mi, env->limits, &st) != 0) goto fail;
+    j->plan = rq_plan_build(req, mi, &st);
+    if (!j->plan) goto fail;
+    if (deadline_ns && rank_now_ns() >= deadline_ns) {
+        rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
+                      "deadline exceeded before scoring (%zu candidates, %d unique users)",
+                      req->n_candidates, j->plan->batch.n_users);
+        goto fail;
+    }
+    batcher_request br = {
+        .req = req,
+        .plan = j->plan,
+        .deadline_ns = deadline_ns,
+        .cancelled = cancelled,
+        .done = batch_done,
+        .arg = j,
+    };
+    /* Once admitted, the job may complete on a batcher thread at any time:
+     * nothing here touches it after a successful submit. */
+    if (batcher_set_submit(env->batchers, j->m, &j->took_ref, &br, &st) == 0) return;
+fail:
+    job_finish(j, NULL, &st);
+}
+
+/* ---- blocking form ------------------------------------------------------ */
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    Ikbo__V1__RankResponse *resp;
+    rq_status st;
+} waiter;
+
+static void wake(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *st)
+{
+    waiter *w = arg;
+    pthread_mutex_lock(&w->mu);
+    w->resp = resp;
+    w->st = *st;
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+Ikbo__V1__RankResponse *rank_handle(const rank_env *env, const Ikbo__V1__RankRequest *req,
+                                    int64_t deadline_ns, const char *transport, rq_status *st)
+{
+    waiter w;
+    memset(&w, 0, sizeof w);
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    rank_submit(env, req, deadline_ns, NULL, transport, wake, &w);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    *st = w.st;
+    return w.resp;
 }

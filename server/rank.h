@@ -1,32 +1,24 @@
 /* rank.h - one Rank request end to end, shared by the gRPC and HTTP front
  * ends: resolve the model, check the deadline, validate, plan (request.h),
- * score, build the response, and record the request's metrics and log line.
+ * queue the plan on the model version's batcher (batcher.h), build the
+ * response from the scores, and record the request's metrics and log line.
  *
  * Why a module of its own: both transports must give the same status and
- * message for the same request, and the scoring step (rank_execute: a
- * validated plan -> scores -> response) is the seam where the dynamic batcher
- * (server/batcher.c, a later issue) plugs in: today it scores on the calling
- * thread with that thread's context slot.
+ * message for the same request. rank_submit is asynchronous so a gRPC worker
+ * never waits for compute; rank_handle is the blocking form (HTTP).
  *
- * Broadcast bytes avoided (metric ikbo_broadcast_bytes_avoided_total): per
- * scored request, the host bytes of user inputs that a broadcast stack would
- * copy out to candidate batch size and IKBO does not:
- *     sum over candidates c of row_bytes(map[c]) - sum over rows u of row_bytes(u)
- * with row_bytes(u) = 4*user_dense + 8*(sparse ids of u) + 8*(history ids of u)
- * + 4*(history actions of u, when given). With equal-sized rows this is
- * (C - U) * row_bytes. The engine does not yet report the per-row bytes of
- * the user-domain activations its IKBO ops read (E_user, history K/V), which
- * would be the truer figure; this input-level count is a lower bound.
+ * Metrics and the log line are recorded before the callback runs, so a
+ * client that has its answer sees its request counted.
  *
- * Thread-safety: rank_handle may run on many threads at once, each with its
- * own slot (registry.h). Ownership: the returned response is the caller's
- * (rq_response_free).
+ * Thread-safety: both functions may run on many threads at once.
  */
 #ifndef IKBO_SERVER_RANK_H
 #define IKBO_SERVER_RANK_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
+#include "batcher.h"
 #include "metrics.h"
 #include "registry.h"
 #include "request.h"
@@ -35,25 +27,30 @@ typedef struct rank_env {
     registry *reg;
     const rq_limits *limits;
     metrics_server *metrics;
+    batcher_set *batchers;
 } rank_env;
 
 /* Now on CLOCK_MONOTONIC, in nanoseconds: the clock of every deadline here. */
 int64_t rank_now_ns(void);
 
-/* Handles one request. deadline_ns: absolute CLOCK_MONOTONIC time, 0 = none;
- * a deadline that has passed before scoring gives DEADLINE_EXCEEDED and no
- * work. transport ("grpc", "http") only labels the log line. Returns the
- * response, or NULL with *st set (the status to send). */
-Ikbo__V1__RankResponse *rank_handle(const rank_env *env, int slot,
-                                    const Ikbo__V1__RankRequest *req, int64_t deadline_ns,
-                                    const char *transport, rq_status *st);
+/* The answer: resp (the callee owns it: rq_response_free) or NULL with *st
+ * the status to send. */
+typedef void (*rank_done_fn)(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *st);
 
-/* The scoring seam: a plan already validated against m -> response. */
-Ikbo__V1__RankResponse *rank_execute(registry_model *m, int slot,
-                                     const Ikbo__V1__RankRequest *req, const rq_plan *p,
-                                     rq_status *st);
+/* Handles one request and calls done exactly once: on this thread when the
+ * request fails before reaching the batcher (NOT_FOUND, INVALID_ARGUMENT,
+ * DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED queue full, ...), else later on a
+ * batcher thread. deadline_ns: absolute CLOCK_MONOTONIC time, 0 = none.
+ * cancelled: nonzero once the client is gone (a queued request is then not
+ * computed), NULL = never. transport ("grpc", "http") labels the log line.
+ * req must stay valid until done has been called; done may free it. */
+void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t deadline_ns,
+                 const atomic_int *cancelled, const char *transport, rank_done_fn done,
+                 void *arg);
 
-/* The broadcast-avoided byte count described above. */
-uint64_t rank_broadcast_bytes_avoided(const rq_plan *p, const ikbo_model_info *mi);
+/* rank_submit, waiting for the answer on the calling thread. Returns the
+ * response (the caller's: rq_response_free), or NULL with *st set. */
+Ikbo__V1__RankResponse *rank_handle(const rank_env *env, const Ikbo__V1__RankRequest *req,
+                                    int64_t deadline_ns, const char *transport, rq_status *st);
 
 #endif

@@ -1,0 +1,1261 @@
+/* batcher.c - dynamic batching per model version (see batcher.h).
+ *
+ * Data: a request admitted by batcher_submit becomes a `breq` (it owns the
+ * request's score arrays) and one or more `bseg` (the whole plan, or chunks
+ * of it) appended to the FIFO queue. The dispatcher pops segments into a
+ * `bbatch`, merges them into one ikbo_batch (its own copies of the inputs;
+ * none when the batch is one whole request), and hands it to an instance
+ * through the ready list. The instance computes, scatters each segment's
+ * scores into its request's arrays, and the request completes when its last
+ * segment is done or dropped.
+ *
+ * Locking: one mutex per batcher guards the queue, the ready list, the
+ * counters and each breq's bookkeeping (segs_left, failure status, timing).
+ * Merging and computing run outside it. Callbacks run outside it.
+ */
+#include "batcher.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- records ------------------------------------------------------------ */
+
+enum reject_reason { RJ_QUEUE_FULL = 0, RJ_DEADLINE, RJ_CANCELLED, RJ_ERROR, RJ_COUNT };
+static const char *const REJECT_NAME[RJ_COUNT] = {"queue_full", "deadline", "cancelled", "error"};
+
+typedef struct breq {
+    batcher_request r;
+    int C, U;
+    float *scores, *task_scores;
+    int64_t enq_ns, start_ns;
+    double compute_s;
+    int batches;
+    uint64_t last_batch; /* id of the last batch that added to compute_s */
+    int segs_left;       /* segments not yet computed or dropped */
+    int queued_segs;     /* segments still in the queue */
+    int failed;          /* st holds why; the rest of its segments are dropped */
+    int reason;          /* enum reject_reason when failed */
+    rq_status st;
+    struct breq *next_done; /* completion list */
+} breq;
+
+typedef struct bseg {
+    breq *q;
+    int r0, r1;       /* plan rows [r0, r1) */
+    int c0, c1;       /* plan batch candidates [c0, c1) (rows r0..r1-1, maybe part of one) */
+    struct bseg *next;
+} bseg;
+
+typedef struct bbatch {
+    uint64_t id;
+    bseg **segs;
+    int n_segs;
+    int n_requests; /* distinct requests */
+    ikbo_batch batch;
+    int identity;   /* one whole request: batch is its plan's, pos is the identity */
+    int32_t *pos;   /* merged position of segment i's k-th candidate: pos[off[i] + k] */
+    int *off;
+    float *scores, *task_scores;
+    /* merged inputs (identity == 0) */
+    float *user_dense, *cand_dense;
+    ikbo_jagged *user_sparse, *cand_sparse;
+    int64_t **bufs;
+    int n_bufs;
+    int64_t *hist_ids, *hist_offsets;
+    int32_t *hist_actions, *map;
+    struct bbatch *next;
+} bbatch;
+
+typedef struct instance {
+    struct batcher *b;
+    int index;
+    pthread_t thread;
+    int started;
+    ikbo_ctx *ctx;
+} instance;
+
+struct batcher {
+    pthread_mutex_t mu;
+    pthread_cond_t cv_disp; /* dispatcher: work queued, instance freed, stop */
+    pthread_cond_t cv_inst; /* instances: batch ready, dispatcher done */
+    bseg *head, *tail;
+    long long q_cands, q_rows, q_requests;
+    bbatch *ready_head, *ready_tail;
+    int n_ready;
+    int idle_instances;
+    int active; /* batches popped and not finished (merging, ready, computing) */
+    int stopping, dispatcher_done;
+    uint64_t next_batch_id;
+
+    config_batching lim;
+    batcher_model model;
+    char *label;
+    int n_tasks;
+    batcher_hooks hooks;
+    pthread_t dispatcher;
+    int dispatcher_started;
+    instance *inst;
+    int n_inst;
+
+    /* metrics series (NULL without metrics) */
+    metrics_series *m_queue_s, *m_req_compute_s, *m_batch_compute_s, *m_batch_requests,
+        *m_batch_users, *m_batch_cands, *m_batch_ratio, *m_q_requests, *m_q_cands,
+        *m_bytes_avoided, *m_rejected[RJ_COUNT];
+};
+
+static void m_add(metrics_series *s, double v)
+{
+    if (s) metrics_add(s, v);
+}
+static void m_obs(metrics_series *s, double v)
+{
+    if (s) metrics_observe(s, v);
+}
+
+/* ---- limits ------------------------------------------------------------- */
+
+void batcher_resolve(const config_batching *server, const ikbo_serving *sv, const char *device,
+                     config_batching *out)
+{
+    *out = *server;
+    if (sv) {
+        if (sv->max_batch_candidates > 0) out->max_batch_candidates = sv->max_batch_candidates;
+        if (sv->max_batch_users > 0) out->max_batch_users = sv->max_batch_users;
+        if (sv->max_queue_delay_us >= 0) out->max_queue_delay_us = sv->max_queue_delay_us;
+        if (sv->instances >= 0) out->instances = (int)sv->instances;
+    }
+    if (out->instances <= 0) out->instances = device && !strncmp(device, "cuda", 4) ? 2 : 1;
+    if (out->instances > CONFIG_BATCH_MAX_INSTANCES) out->instances = CONFIG_BATCH_MAX_INSTANCES;
+    if (out->max_batch_candidates < 1) out->max_batch_candidates = 1;
+    if (out->max_batch_users < 1) out->max_batch_users = 1;
+    if (out->max_queue_delay_us < 0) out->max_queue_delay_us = 0;
+    if (out->max_queue_candidates < 1) out->max_queue_candidates = 1;
+    if (out->max_queue_requests < 1) out->max_queue_requests = 1;
+}
+
+void batcher_get_limits(const batcher *b, config_batching *out) { *out = b->lim; }
+
+/* ---- completing requests ------------------------------------------------ */
+
+static void breq_free(breq *q)
+{
+    free(q->scores);
+    free(q->task_scores);
+    free(q);
+}
+
+/* Runs the callback (no lock held) and frees the request. */
+static void breq_complete(batcher *b, breq *q)
+{
+    batcher_result res;
+    memset(&res, 0, sizeof res);
+    res.batches = q->batches;
+    res.compute_seconds = q->compute_s;
+    if (q->failed) {
+        res.st = q->st;
+        res.queue_seconds = (double)(now_ns() - q->enq_ns) * 1e-9;
+        m_add(b->m_rejected[q->reason], 1);
+    } else {
+        rq_status_ok(&res.st);
+        res.scores = q->scores;
+        res.task_scores = q->task_scores;
+        res.queue_seconds = (double)(q->start_ns - q->enq_ns) * 1e-9;
+        m_obs(b->m_queue_s, res.queue_seconds);
+        m_obs(b->m_req_compute_s, res.compute_seconds);
+    }
+    q->r.done(q->r.arg, &res);
+    breq_free(q);
+}
+
+/* A segment leaves the queue (popped into a batch or dropped). Locked. */
+static void unqueue_seg(batcher *b, const bseg *s)
+{
+    long long c = s->c1 - s->c0, r = s->r1 - s->r0;
+    b->q_cands -= c;
+    b->q_rows -= r;
+    m_add(b->m_q_cands, -(double)c);
+    if (--s->q->queued_segs == 0) {
+        b->q_requests--;
+        m_add(b->m_q_requests, -1);
+    }
+}
+
+static void fail_req(breq *q, int reason, int code, const char *msg)
+{
+    if (q->failed) return;
+    q->failed = 1;
+    q->reason = reason;
+    q->st.code = code;
+    snprintf(q->st.msg, sizeof q->st.msg, "%s", msg);
+}
+
+/* Drops queued segments of failed, cancelled or expired requests; requests
+ * with nothing left go on *done. Returns the earliest deadline still queued
+ * (0 = none). Locked. */
+static int64_t sweep(batcher *b, int64_t now, breq **done)
+{
+    int64_t earliest = 0;
+    bseg **pp = &b->head, *prev = NULL;
+    while (*pp) {
+        bseg *s = *pp;
+        breq *q = s->q;
+        if (!q->failed) {
+            char msg[200];
+            /* Deadline first: gRPC core also cancels a call whose deadline
+             * passed, and that is a deadline, not a client gone. */
+            if (q->r.deadline_ns && now >= q->r.deadline_ns) {
+                snprintf(msg, sizeof msg,
+                         "deadline exceeded after %.1f ms in the batch queue (%d candidates not "
+                         "scored)",
+                         (double)(now - q->enq_ns) * 1e-6, q->C);
+                fail_req(q, RJ_DEADLINE, RQ_DEADLINE_EXCEEDED, msg);
+            } else if (q->r.cancelled && atomic_load(q->r.cancelled)) {
+                fail_req(q, RJ_CANCELLED, RQ_CANCELLED,
+                         "cancelled: the client went away while the request was queued");
+            }
+        }
+        if (q->failed) {
+            *pp = s->next;
+            if (b->tail == s) b->tail = prev;
+            unqueue_seg(b, s);
+            if (--q->segs_left == 0) {
+                q->next_done = *done;
+                *done = q;
+            }
+            free(s);
+            continue;
+        }
+        if (q->r.deadline_ns && (!earliest || q->r.deadline_ns < earliest))
+            earliest = q->r.deadline_ns;
+        prev = s;
+        pp = &s->next;
+    }
+    return earliest;
+}
+
+/* ---- merging ------------------------------------------------------------ */
+
+static void bbatch_free(bbatch *bt)
+{
+    if (!bt) return;
+    for (int i = 0; i < bt->n_segs; i++) free(bt->segs[i]);
+    free(bt->segs);
+    free(bt->pos);
+    free(bt->off);
+    free(bt->scores);
+    free(bt->task_scores);
+    free(bt->user_dense);
+    free(bt->cand_dense);
+    free(bt->user_sparse);
+    free(bt->cand_sparse);
+    for (int i = 0; i < bt->n_bufs; i++) free(bt->bufs[i]);
+    free(bt->bufs);
+    free(bt->hist_ids);
+    free(bt->hist_offsets);
+    free(bt->hist_actions);
+    free(bt->map);
+    free(bt);
+}
+
+static inline uint64_t mix64(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 31);
+}
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, c + i, 8);
+        h = mix64(h, w);
+    }
+    uint64_t t = 0;
+    for (size_t k = 0; i + k < n; k++) t |= (uint64_t)c[i + k] << (8 * k);
+    return mix64(h, t ^ ((uint64_t)n << 56));
+}
+
+/* One user row of a segment's plan, as the merge sees it. */
+typedef struct urow {
+    const rq_plan *p;
+    const char *key;
+    int row;
+} urow;
+
+static const char *row_key(const breq *q, int row)
+{
+    int j = q->r.plan->row_user[row];
+    const char *k = (j >= 0 && (size_t)j < q->r.req->n_users) ? q->r.req->users[j]->key : NULL;
+    return k ? k : "";
+}
+
+static uint64_t urow_hash(const urow *u, const ikbo_model_info *mi)
+{
+    const ikbo_batch *B = &u->p->batch;
+    const size_t r = (size_t)u->row;
+    uint64_t h = hash_bytes(0x1234567ull, u->key, strlen(u->key));
+    if (mi->user_dense > 0)
+        h = hash_bytes(h, B->user_dense + r * (size_t)mi->user_dense,
+                       (size_t)mi->user_dense * sizeof(float));
+    for (int f = 0; f < mi->n_user_sparse; f++) {
+        const ikbo_jagged *j = &B->user_sparse[f];
+        h = hash_bytes(h, j->ids + j->offsets[r],
+                       (size_t)(j->offsets[r + 1] - j->offsets[r]) * sizeof(int64_t));
+    }
+    int64_t h0 = B->hist.offsets[r], h1 = B->hist.offsets[r + 1];
+    h = hash_bytes(h, B->hist.ids + h0, (size_t)(h1 - h0) * sizeof(int64_t));
+    /* absent actions == all zero: hash only the nonzero ones with positions */
+    if (B->hist_actions)
+        for (int64_t k = h0; k < h1; k++)
+            if (B->hist_actions[k])
+                h = mix64(mix64(h, (uint64_t)(k - h0)), (uint64_t)(uint32_t)B->hist_actions[k]);
+    return h;
+}
+
+/* request.h's rule: same key and same content (dense bits, bags in order,
+ * history ids and actions, absent actions = zeros). */
+static int urow_equal(const urow *a, const urow *b, const ikbo_model_info *mi)
+{
+    const ikbo_batch *A = &a->p->batch, *B = &b->p->batch;
+    const size_t ra = (size_t)a->row, rb = (size_t)b->row;
+    if (strcmp(a->key, b->key)) return 0;
+    size_t ud = (size_t)mi->user_dense;
+    if (ud && memcmp(A->user_dense + ra * ud, B->user_dense + rb * ud, ud * sizeof(float)))
+        return 0;
+    for (int f = 0; f < mi->n_user_sparse; f++) {
+        const ikbo_jagged *ja = &A->user_sparse[f], *jb = &B->user_sparse[f];
+        int64_t na = ja->offsets[ra + 1] - ja->offsets[ra];
+        int64_t nb = jb->offsets[rb + 1] - jb->offsets[rb];
+        if (na != nb ||
+            (na && memcmp(ja->ids + ja->offsets[ra], jb->ids + jb->offsets[rb],
+                          (size_t)na * sizeof(int64_t))))
+            return 0;
+    }
+    int64_t a0 = A->hist.offsets[ra], na = A->hist.offsets[ra + 1] - a0;
+    int64_t b0 = B->hist.offsets[rb], nb = B->hist.offsets[rb + 1] - b0;
+    if (na != nb ||
+        (na && memcmp(A->hist.ids + a0, B->hist.ids + b0, (size_t)na * sizeof(int64_t))))
+        return 0;
+    if (A->hist_actions || B->hist_actions)
+        for (int64_t k = 0; k < na; k++) {
+            int32_t xa = A->hist_actions ? A->hist_actions[a0 + k] : 0;
+            int32_t xb = B->hist_actions ? B->hist_actions[b0 + k] : 0;
+            if (xa != xb) return 0;
+        }
+    return 1;
+}
+
+/* Builds bt->batch from its segments. Returns 0, or -1 with *st set. */
+static int merge(batcher *b, bbatch *bt, rq_status *st)
+{
+    const ikbo_model_info *mi = b->model.mi;
+    const int nus = mi->n_user_sparse, ncs = mi->n_cand_sparse;
+    const size_t ud = (size_t)(mi->user_dense > 0 ? mi->user_dense : 0);
+    const size_t cd = (size_t)(mi->cand_dense > 0 ? mi->cand_dense : 0);
+    const int T = b->n_tasks;
+    int C = 0, R = 0;
+    bt->off = malloc(((size_t)bt->n_segs + 1) * sizeof *bt->off);
+    if (!bt->off) goto nomem;
+    for (int i = 0; i < bt->n_segs; i++) {
+        bt->off[i] = C;
+        C += bt->segs[i]->c1 - bt->segs[i]->c0;
+        R += bt->segs[i]->r1 - bt->segs[i]->r0;
+    }
+    bt->off[bt->n_segs] = C;
+    bt->pos = malloc((size_t)C * sizeof *bt->pos);
+    bt->scores = malloc((size_t)C * sizeof *bt->scores);
+    bt->task_scores = malloc((size_t)C * (size_t)(T > 0 ? T : 1) * sizeof *bt->task_scores);
+    if (!bt->pos || !bt->scores || !bt->task_scores) goto nomem;
+
+    const bseg *s0 = bt->segs[0];
+    if (bt->n_segs == 1 && s0->r0 == 0 && s0->r1 == s0->q->U && s0->c0 == 0 &&
+        s0->c1 == s0->q->C) {
+        /* One whole request: its plan is already the batch. */
+        bt->identity = 1;
+        bt->batch = s0->q->r.plan->batch;
+        for (int i = 0; i < C; i++) bt->pos[i] = i;
+        return 0;
+    }
+
+    /* 1. Merged rows: dedup the segments' rows by key and content. */
+    urow *rows = malloc((size_t)R * sizeof *rows);      /* merged row -> representative */
+    int32_t *rowmap = malloc((size_t)R * sizeof *rowmap); /* segment row -> merged row */
+    int *roff = malloc(((size_t)bt->n_segs + 1) * sizeof *roff);
+    uint64_t *hashes = malloc((size_t)R * sizeof *hashes);
+    int *next = malloc((size_t)R * sizeof *next);
+    size_t nb = 16;
+    while (nb < 2 * (size_t)R) nb <<= 1;
+    int *bucket = malloc(nb * sizeof *bucket);
+    int32_t *start = NULL, *src_seg = NULL, *src_c = NULL;
+    int U = 0;
+    if (!rows || !rowmap || !roff || !hashes || !next || !bucket) goto nomem_rows;
+    for (size_t i = 0; i < nb; i++) bucket[i] = -1;
+    int k = 0;
+    for (int i = 0; i < bt->n_segs; i++) {
+        const bseg *s = bt->segs[i];
+        roff[i] = k;
+        for (int r = s->r0; r < s->r1; r++, k++) {
+            urow u = {s->q->r.plan, row_key(s->q, r), r};
+            uint64_t h = urow_hash(&u, mi);
+            int m = bucket[h & (nb - 1)];
+            while (m >= 0 && !(hashes[m] == h && urow_equal(&rows[m], &u, mi))) m = next[m];
+            if (m < 0) {
+                m = U++;
+                rows[m] = u;
+                hashes[m] = h;
+                next[m] = bucket[h & (nb - 1)];
+                bucket[h & (nb - 1)] = m;
+            }
+            rowmap[k] = m;
+        }
+    }
+    roff[bt->n_segs] = k;
+
+    /* 2. Candidates grouped by merged row, stable (segment order, then
+     * candidate order), so map is non-decreasing. */
+    start = calloc((size_t)U + 1, sizeof *start);
+    src_seg = malloc((size_t)C * sizeof *src_seg);
+    src_c = malloc((size_t)C * sizeof *src_c);
+    bt->map = malloc((size_t)C * sizeof *bt->map);
+    if (!start || !src_seg || !src_c || !bt->map) goto nomem_rows;
+    for (int i = 0; i < bt->n_segs; i++) {
+        const bseg *s = bt->segs[i];
+        const int32_t *pm = s->q->r.plan->batch.map;
+        for (int c = s->c0; c < s->c1; c++) start[rowmap[roff[i] + pm[c] - s->r0] + 1]++;
+    }
+    for (int u = 0; u < U; u++) start[u + 1] += start[u];
+    for (int i = 0; i < bt->n_segs; i++) {
+        const bseg *s = bt->segs[i];
+        const int32_t *pm = s->q->r.plan->batch.map;
+        for (int c = s->c0; c < s->c1; c++) {
+            int u = rowmap[roff[i] + pm[c] - s->r0];
+            int p = start[u]++;
+            bt->pos[bt->off[i] + (c - s->c0)] = p;
+            bt->map[p] = u;
+            src_seg[p] = i;
+            src_c[p] = c;
+        }
+    }
+
+    /* 3. Inputs in merged order. */
+    bt->bufs = calloc(2 * (size_t)(nus + ncs) + 1, sizeof *bt->bufs);
+    bt->user_sparse = calloc((size_t)nus + 1, sizeof *bt->user_sparse);
+    bt->cand_sparse = calloc((size_t)ncs + 1, sizeof *bt->cand_sparse);
+    bt->hist_offsets = malloc(((size_t)U + 1) * sizeof *bt->hist_offsets);
+    if (!bt->bufs || !bt->user_sparse || !bt->cand_sparse || !bt->hist_offsets)
+        goto nomem_rows;
+    if (cd) {
+        bt->cand_dense = malloc((size_t)C * cd * sizeof(float));
+        if (!bt->cand_dense) goto nomem_rows;
+        for (int p = 0; p < C; p++)
+            memcpy(bt->cand_dense + (size_t)p * cd,
+                   bt->segs[src_seg[p]]->q->r.plan->batch.cand_dense + (size_t)src_c[p] * cd,
+                   cd * sizeof(float));
+    }
+    for (int f = 0; f < ncs; f++) {
+        int64_t *off = malloc(((size_t)C + 1) * sizeof *off);
+        if (!off) goto nomem_rows;
+        bt->bufs[bt->n_bufs++] = off;
+        off[0] = 0;
+        for (int p = 0; p < C; p++) {
+            const ikbo_jagged *j = &bt->segs[src_seg[p]]->q->r.plan->batch.cand_sparse[f];
+            off[p + 1] = off[p] + (j->offsets[src_c[p] + 1] - j->offsets[src_c[p]]);
+        }
+        int64_t *ids = malloc((size_t)(off[C] ? off[C] : 1) * sizeof *ids);
+        if (!ids) goto nomem_rows;
+        bt->bufs[bt->n_bufs++] = ids;
+        for (int p = 0; p < C; p++) {
+            const ikbo_jagged *j = &bt->segs[src_seg[p]]->q->r.plan->batch.cand_sparse[f];
+            int64_t a = j->offsets[src_c[p]], n = j->offsets[src_c[p] + 1] - a;
+            if (n) memcpy(ids + off[p], j->ids + a, (size_t)n * sizeof *ids);
+        }
+        bt->cand_sparse[f].ids = ids;
+        bt->cand_sparse[f].offsets = off;
+    }
+    if (ud) {
+        bt->user_dense = malloc((size_t)U * ud * sizeof(float));
+        if (!bt->user_dense) goto nomem_rows;
+        for (int u = 0; u < U; u++)
+            memcpy(bt->user_dense + (size_t)u * ud,
+                   rows[u].p->batch.user_dense + (size_t)rows[u].row * ud, ud * sizeof(float));
+    }
+    for (int f = 0; f < nus; f++) {
+        int64_t *off = malloc(((size_t)U + 1) * sizeof *off);
+        if (!off) goto nomem_rows;
+        bt->bufs[bt->n_bufs++] = off;
+        off[0] = 0;
+        for (int u = 0; u < U; u++) {
+            const ikbo_jagged *j = &rows[u].p->batch.user_sparse[f];
+            off[u + 1] = off[u] + (j->offsets[rows[u].row + 1] - j->offsets[rows[u].row]);
+        }
+        int64_t *ids = malloc((size_t)(off[U] ? off[U] : 1) * sizeof *ids);
+        if (!ids) goto nomem_rows;
+        bt->bufs[bt->n_bufs++] = ids;
+        for (int u = 0; u < U; u++) {
+            const ikbo_jagged *j = &rows[u].p->batch.user_sparse[f];
+            int64_t a = j->offsets[rows[u].row], n = j->offsets[rows[u].row + 1] - a;
+            if (n) memcpy(ids + off[u], j->ids + a, (size_t)n * sizeof *ids);
+        }
+        bt->user_sparse[f].ids = ids;
+        bt->user_sparse[f].offsets = off;
+    }
+    int any_actions = 0;
+    bt->hist_offsets[0] = 0;
+    for (int u = 0; u < U; u++) {
+        const ikbo_batch *B = &rows[u].p->batch;
+        int r = rows[u].row;
+        bt->hist_offsets[u + 1] = bt->hist_offsets[u] + (B->hist.offsets[r + 1] - B->hist.offsets[r]);
+        if (B->hist_actions) any_actions = 1;
+    }
+    size_t H = (size_t)bt->hist_offsets[U];
+    bt->hist_ids = malloc((H ? H : 1) * sizeof *bt->hist_ids);
+    if (!bt->hist_ids) goto nomem_rows;
+    if (any_actions) {
+        bt->hist_actions = calloc(H ? H : 1, sizeof *bt->hist_actions);
+        if (!bt->hist_actions) goto nomem_rows;
+    }
+    for (int u = 0; u < U; u++) {
+        const ikbo_batch *B = &rows[u].p->batch;
+        int r = rows[u].row;
+        int64_t a = B->hist.offsets[r], n = B->hist.offsets[r + 1] - a;
+        if (!n) continue;
+        memcpy(bt->hist_ids + bt->hist_offsets[u], B->hist.ids + a, (size_t)n * sizeof(int64_t));
+        if (B->hist_actions)
+            memcpy(bt->hist_actions + bt->hist_offsets[u], B->hist_actions + a,
+                   (size_t)n * sizeof(int32_t));
+    }
+
+    ikbo_batch *o = &bt->batch;
+    o->n_users = U;
+    o->n_cands = C;
+    o->user_dense = bt->user_dense;
+    o->user_sparse = bt->user_sparse;
+    o->hist.ids = bt->hist_ids;
+    o->hist.offsets = bt->hist_offsets;
+    o->hist_actions = bt->hist_actions;
+    o->cand_dense = bt->cand_dense;
+    o->cand_sparse = bt->cand_sparse;
+    o->map = bt->map;
+    free(rows);
+    free(rowmap);
+    free(roff);
+    free(hashes);
+    free(next);
+    free(bucket);
+    free(start);
+    free(src_seg);
+    free(src_c);
+    return 0;
+
+nomem_rows:
+    free(rows);
+    free(rowmap);
+    free(roff);
+    free(hashes);
+    free(next);
+    free(bucket);
+    free(start);
+    free(src_seg);
+    free(src_c);
+nomem:
+    return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory merging %d requests",
+                         bt->n_requests);
+}
+
+/* ---- dispatcher --------------------------------------------------------- */
+
+/* Pops the head segments that fit one batch (at least one). Locked. */
+static bbatch *pop_batch(batcher *b)
+{
+    bbatch *bt = calloc(1, sizeof *bt);
+    if (!bt) return NULL;
+    long long cands = 0, rows = 0;
+    int n = 0, cap = 0;
+    const breq *last = NULL;
+    while (b->head) {
+        bseg *s = b->head;
+        long long c = s->c1 - s->c0, r = s->r1 - s->r0;
+        if (n > 0 && (cands + c > b->lim.max_batch_candidates ||
+                      rows + r > b->lim.max_batch_users))
+            break;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            bseg **g = realloc(bt->segs, (size_t)cap * sizeof *g);
+            if (!g) break;
+            bt->segs = g;
+        }
+        b->head = s->next;
+        if (!b->head) b->tail = NULL;
+        s->next = NULL;
+        unqueue_seg(b, s);
+        bt->segs[n++] = s;
+        if (s->q != last) bt->n_requests++;
+        last = s->q;
+        cands += c;
+        rows += r;
+    }
+    bt->n_segs = n;
+    if (!n) {
+        free(bt->segs);
+        free(bt);
+        return NULL;
+    }
+    bt->id = ++b->next_batch_id;
+    return bt;
+}
+
+static void complete_list(batcher *b, breq *done)
+{
+    while (done) {
+        breq *q = done;
+        done = q->next_done;
+        breq_complete(b, q);
+    }
+}
+
+/* Fails every request of a batch that could not be built or scored, and
+ * completes those with nothing left. Takes the lock. */
+static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t t0, double dt)
+{
+    breq *done = NULL;
+    pthread_mutex_lock(&b->mu);
+    for (int i = 0; i < bt->n_segs; i++) {
+        breq *q = bt->segs[i]->q;
+        if (st->code != RQ_OK) {
+            fail_req(q, RJ_ERROR, st->code, st->msg);
+        } else {
+            if (q->last_batch != bt->id) {
+                q->compute_s += dt;
+                q->batches++;
+                q->last_batch = bt->id;
+            }
+            if (t0 > q->start_ns) q->start_ns = t0;
+        }
+        if (--q->segs_left == 0) {
+            q->next_done = done;
+            done = q;
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    complete_list(b, done);
+}
+
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ns)
+{
+    if (!until_ns) {
+        pthread_cond_wait(cv, mu);
+        return;
+    }
+    struct timespec ts = {(time_t)(until_ns / 1000000000), (long)(until_ns % 1000000000)};
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+static void *dispatcher_main(void *arg)
+{
+    batcher *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        int64_t now = now_ns();
+        breq *done = NULL;
+        int64_t earliest = sweep(b, now, &done);
+        if (done) {
+            pthread_mutex_unlock(&b->mu);
+            complete_list(b, done);
+            pthread_mutex_lock(&b->mu);
+            continue;
+        }
+        if (!b->head) {
+            if (b->stopping) break;
+            timed_wait(&b->cv_disp, &b->mu, earliest);
+            continue;
+        }
+        int free_inst = b->idle_instances - b->n_ready;
+        int full = b->q_cands >= b->lim.max_batch_candidates ||
+                   b->q_rows >= b->lim.max_batch_users;
+        int64_t due = b->head->q->enq_ns + b->lim.max_queue_delay_us * 1000;
+        /* With an instance free: go when the batch is full or the oldest has
+         * waited long enough. With none: assemble one full batch ahead. */
+        int go = free_inst > 0 ? (full || now >= due || b->stopping) : (full && b->n_ready == 0);
+        if (!go) {
+            int64_t wake = earliest;
+            if (free_inst > 0 && (!wake || due < wake)) wake = due;
+            timed_wait(&b->cv_disp, &b->mu, wake);
+            continue;
+        }
+        bbatch *bt = pop_batch(b);
+        if (!bt) { /* out of memory: let the instances drain, retry */
+            timed_wait(&b->cv_disp, &b->mu, now_ns() + 1000000);
+            continue;
+        }
+        b->active++;
+        pthread_mutex_unlock(&b->mu);
+        rq_status st;
+        rq_status_ok(&st);
+        if (merge(b, bt, &st) != 0) {
+            finish_segments(b, bt, &st, 0, 0);
+            bbatch_free(bt);
+            pthread_mutex_lock(&b->mu);
+            b->active--;
+            continue;
+        }
+        pthread_mutex_lock(&b->mu);
+        if (b->ready_tail)
+            b->ready_tail->next = bt;
+        else
+            b->ready_head = bt;
+        b->ready_tail = bt;
+        b->n_ready++;
+        pthread_cond_signal(&b->cv_inst);
+    }
+    b->dispatcher_done = 1;
+    pthread_cond_broadcast(&b->cv_inst);
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* ---- instances ---------------------------------------------------------- */
+
+static void run_batch(batcher *b, instance *in, bbatch *bt)
+{
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    rq_status st;
+    rq_status_ok(&st);
+    if (!in->ctx) {
+        in->ctx = b->model.ctx(b->model.ctx_arg, in->index, &err);
+        if (!in->ctx)
+            rq_status_set(&st, RQ_INTERNAL, "model '%s': no execution context: %s", b->label,
+                          err.msg);
+    }
+    if (b->hooks.before_compute) b->hooks.before_compute(b->hooks.arg, in->index, bt->n_requests);
+    int64_t t0 = now_ns(), t1 = t0;
+    if (st.code == RQ_OK) {
+        if (ikbo_score(in->ctx, &bt->batch, bt->task_scores, bt->scores, &err) != 0)
+            rq_status_set(&st, RQ_INTERNAL, "model '%s': scoring failed: %s", b->label, err.msg);
+        t1 = now_ns();
+    }
+    double dt = (double)(t1 - t0) * 1e-9;
+    if (st.code == RQ_OK) {
+        const int U = bt->batch.n_users, C = bt->batch.n_cands, T = b->n_tasks;
+        m_obs(b->m_batch_compute_s, dt);
+        m_obs(b->m_batch_requests, bt->n_requests);
+        m_obs(b->m_batch_users, U);
+        m_obs(b->m_batch_cands, C);
+        m_obs(b->m_batch_ratio, (double)C / (double)U);
+        m_add(b->m_bytes_avoided, (double)ikbo_ctx_last_avoided_bytes(in->ctx));
+        /* Scatter: segments own disjoint ranges of their requests' arrays. */
+        for (int i = 0; i < bt->n_segs; i++) {
+            const bseg *s = bt->segs[i];
+            breq *q = s->q;
+            const int32_t *pos = bt->pos + bt->off[i];
+            for (int k = 0; k < s->c1 - s->c0; k++) {
+                q->scores[s->c0 + k] = bt->scores[pos[k]];
+                if (T > 0)
+                    memcpy(q->task_scores + (size_t)(s->c0 + k) * (size_t)T,
+                           bt->task_scores + (size_t)pos[k] * (size_t)T, (size_t)T * sizeof(float));
+            }
+        }
+    }
+    finish_segments(b, bt, &st, t0, dt);
+    bbatch_free(bt);
+}
+
+static void *instance_main(void *arg)
+{
+    instance *in = arg;
+    batcher *b = in->b;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        b->idle_instances++;
+        pthread_cond_signal(&b->cv_disp);
+        while (!b->ready_head && !b->dispatcher_done) pthread_cond_wait(&b->cv_inst, &b->mu);
+        b->idle_instances--;
+        bbatch *bt = b->ready_head;
+        if (!bt) break;
+        b->ready_head = bt->next;
+        if (!b->ready_head) b->ready_tail = NULL;
+        b->n_ready--;
+        pthread_mutex_unlock(&b->mu);
+        run_batch(b, in, bt);
+        pthread_mutex_lock(&b->mu);
+        b->active--;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* ---- submit ------------------------------------------------------------- */
+
+static bseg *seg_new(breq *q, int r0, int r1, int c0, int c1)
+{
+    bseg *s = calloc(1, sizeof *s);
+    if (s) {
+        s->q = q;
+        s->r0 = r0;
+        s->r1 = r1;
+        s->c0 = c0;
+        s->c1 = c1;
+    }
+    return s;
+}
+
+/* The request as segments: whole, or chunks at row boundaries (a row with
+ * more than max_c candidates is cut into pieces of max_c). NULL on OOM. */
+static bseg *make_segments(breq *q, long long max_c, long long max_u, int *n_out)
+{
+    const ikbo_batch *B = &q->r.plan->batch;
+    const int U = B->n_users, C = B->n_cands;
+    *n_out = 0;
+    if (C <= max_c && U <= max_u) {
+        *n_out = 1;
+        return seg_new(q, 0, U, 0, C);
+    }
+    int *rs = calloc((size_t)U + 1, sizeof *rs); /* row r's candidates: [rs[r], rs[r+1]) */
+    if (!rs) return NULL;
+    for (int c = 0; c < C; c++) rs[B->map[c] + 1]++;
+    for (int r = 0; r < U; r++) rs[r + 1] += rs[r];
+    bseg *first = NULL, *last = NULL;
+    int r = 0, c = 0, n = 0;
+    while (c < C) {
+        int r0 = r, c0 = c, split = 0;
+        long long rows = 0, cands = 0;
+        while (r < U) {
+            long long avail = rs[r + 1] - c;
+            if (rows == 0 && avail > max_c) {
+                c += (int)max_c;
+                split = 1;
+                break;
+            }
+            if (rows + 1 > max_u || cands + avail > max_c) break;
+            cands += avail;
+            rows++;
+            c = rs[r + 1];
+            r++;
+        }
+        bseg *s = seg_new(q, r0, split ? r0 + 1 : r, c0, c);
+        if (!s) {
+            while (first) {
+                bseg *nx = first->next;
+                free(first);
+                first = nx;
+            }
+            free(rs);
+            return NULL;
+        }
+        if (last)
+            last->next = s;
+        else
+            first = s;
+        last = s;
+        n++;
+    }
+    free(rs);
+    *n_out = n;
+    return first;
+}
+
+int batcher_submit(batcher *b, const batcher_request *r, rq_status *st)
+{
+    const int C = r->plan->batch.n_cands, U = r->plan->batch.n_users;
+    const int T = b->n_tasks > 0 ? b->n_tasks : 1;
+    breq *q = calloc(1, sizeof *q);
+    if (!q) return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory");
+    q->r = *r;
+    q->C = C;
+    q->U = U;
+    q->scores = malloc((size_t)C * sizeof *q->scores);
+    q->task_scores = malloc((size_t)C * (size_t)T * sizeof *q->task_scores);
+    int n = 0;
+    bseg *segs = (q->scores && q->task_scores)
+                     ? make_segments(q, b->lim.max_batch_candidates, b->lim.max_batch_users, &n)
+                     : NULL;
+    if (!segs) {
+        breq_free(q);
+        return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory for %d candidates", C);
+    }
+    q->segs_left = q->queued_segs = n;
+    bseg *tail = segs;
+    while (tail->next) tail = tail->next;
+
+    int rc = 0;
+    pthread_mutex_lock(&b->mu);
+    if (b->stopping) {
+        rc = rq_status_set(st, RQ_UNAVAILABLE, "model '%s': this version is being unloaded",
+                           b->label);
+    } else if (b->q_requests + 1 > b->lim.max_queue_requests) {
+        rc = rq_status_set(st, RQ_RESOURCE_EXHAUSTED, "queue full: %lld requests queued, limit %lld",
+                           b->q_requests, b->lim.max_queue_requests);
+    } else if (b->q_requests > 0 && b->q_cands + C > b->lim.max_queue_candidates) {
+        rc = rq_status_set(st, RQ_RESOURCE_EXHAUSTED,
+                           "queue full: %lld candidates queued with this request's %d, limit %lld",
+                           b->q_cands + C, C, b->lim.max_queue_candidates);
+    } else {
+        q->enq_ns = now_ns();
+        if (b->tail)
+            b->tail->next = segs;
+        else
+            b->head = segs;
+        b->tail = tail;
+        b->q_cands += C;
+        b->q_rows += U;
+        b->q_requests++;
+        m_add(b->m_q_cands, C);
+        m_add(b->m_q_requests, 1);
+        pthread_cond_signal(&b->cv_disp);
+    }
+    if (rc && st->code == RQ_RESOURCE_EXHAUSTED) m_add(b->m_rejected[RJ_QUEUE_FULL], 1);
+    pthread_mutex_unlock(&b->mu);
+    if (rc) {
+        while (segs) {
+            bseg *nx = segs->next;
+            free(segs);
+            segs = nx;
+        }
+        breq_free(q);
+    }
+    return rc;
+}
+
+int batcher_idle(batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    int idle = !b->head && b->active == 0;
+    pthread_mutex_unlock(&b->mu);
+    return idle;
+}
+
+void batcher_queue_depth(batcher *b, long long *requests, long long *candidates)
+{
+    pthread_mutex_lock(&b->mu);
+    if (requests) *requests = b->q_requests;
+    if (candidates) *candidates = b->q_cands;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void stop_threads(batcher *b)
+{
+    pthread_mutex_lock(&b->mu);
+    b->stopping = 1;
+    if (!b->dispatcher_started) {
+        b->dispatcher_done = 1;
+        pthread_cond_broadcast(&b->cv_inst);
+    }
+    pthread_cond_broadcast(&b->cv_disp);
+    pthread_mutex_unlock(&b->mu);
+    if (b->dispatcher_started) pthread_join(b->dispatcher, NULL);
+    for (int i = 0; i < b->n_inst; i++)
+        if (b->inst[i].started) pthread_join(b->inst[i].thread, NULL);
+}
+
+static void destroy(batcher *b)
+{
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv_disp);
+    pthread_cond_destroy(&b->cv_inst);
+    free(b->inst);
+    free(b->label);
+    free(b);
+}
+
+batcher *batcher_new(const batcher_model *model, const config_batching *lim, metrics_server *mx,
+                     const batcher_hooks *hooks, ikbo_err *err)
+{
+    batcher *b = calloc(1, sizeof *b);
+    if (!b) {
+        bk_seterr(err, "batcher: out of memory");
+        return NULL;
+    }
+    b->lim = *lim;
+    if (b->lim.instances < 1) b->lim.instances = 1;
+    b->model = *model;
+    b->label = strdup(model->label ? model->label : "");
+    b->model.label = b->label;
+    b->n_tasks = model->mi->n_tasks;
+    if (hooks) b->hooks = *hooks;
+    b->n_inst = b->lim.instances;
+    b->inst = calloc((size_t)b->n_inst, sizeof *b->inst);
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv_disp, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&b->cv_inst, NULL);
+    if (!b->label || !b->inst) {
+        bk_seterr(err, "batcher: out of memory");
+        destroy(b);
+        return NULL;
+    }
+    if (mx) {
+        const char *const ml[] = {b->label};
+        b->m_queue_s = metrics_series_get(mx->queue_seconds, ml);
+        b->m_req_compute_s = metrics_series_get(mx->request_compute_seconds, ml);
+        b->m_batch_compute_s = metrics_series_get(mx->batch_compute_seconds, ml);
+        b->m_batch_requests = metrics_series_get(mx->batch_requests, ml);
+        b->m_batch_users = metrics_series_get(mx->batch_users, ml);
+        b->m_batch_cands = metrics_series_get(mx->batch_candidates, ml);
+        b->m_batch_ratio = metrics_series_get(mx->batch_candidates_per_user, ml);
+        b->m_q_requests = metrics_series_get(mx->queue_requests, ml);
+        b->m_q_cands = metrics_series_get(mx->queue_candidates, ml);
+        b->m_bytes_avoided = metrics_series_get(mx->broadcast_bytes_avoided_total, ml);
+        for (int i = 0; i < RJ_COUNT; i++) {
+            const char *const mr[] = {b->label, REJECT_NAME[i]};
+            b->m_rejected[i] = metrics_series_get(mx->rejected_total, mr);
+        }
+    }
+    for (int i = 0; i < b->n_inst; i++) {
+        b->inst[i].b = b;
+        b->inst[i].index = i;
+        if (pthread_create(&b->inst[i].thread, NULL, instance_main, &b->inst[i]) != 0) {
+            bk_seterr(err, "batcher: cannot start instance thread %d", i);
+            stop_threads(b);
+            destroy(b);
+            return NULL;
+        }
+        b->inst[i].started = 1;
+    }
+    if (pthread_create(&b->dispatcher, NULL, dispatcher_main, b) != 0) {
+        bk_seterr(err, "batcher: cannot start the dispatcher thread");
+        stop_threads(b);
+        destroy(b);
+        return NULL;
+    }
+    b->dispatcher_started = 1;
+    return b;
+}
+
+void batcher_free(batcher *b)
+{
+    if (!b) return;
+    stop_threads(b);
+    destroy(b);
+}
+
+/* ======================================================================
+ * batcher_set: one batcher per registry model version
+ * ====================================================================== */
+
+#define REAP_INTERVAL_MS 1000
+
+typedef struct bs_entry {
+    registry_model *m;
+    batcher *b;
+    struct bs_entry *next;
+} bs_entry;
+
+struct batcher_set {
+    /* Readers submit; the writer makes and retires batchers, so a batcher is
+     * never freed under a submit, and a version never has two batchers at
+     * once (they would share the registry's context slots). */
+    pthread_rwlock_t lock;
+    bs_entry *head;
+    registry *reg;
+    config_batching server;
+    metrics_server *mx;
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    int stop;
+    pthread_t reaper;
+    int reaper_started;
+};
+
+static ikbo_ctx *registry_ctx(void *m, int instance, ikbo_err *err)
+{
+    return registry_model_ctx(m, instance, err);
+}
+
+static bs_entry *find(batcher_set *s, const registry_model *m)
+{
+    for (bs_entry *e = s->head; e; e = e->next)
+        if (e->m == m) return e;
+    return NULL;
+}
+
+static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
+{
+    const ikbo_model_info *mi = registry_model_info(m);
+    ikbo_serving sv;
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    int have = mi->dir && ikbo_model_peek_serving(mi->dir, &sv, &err) == 0;
+    if (!have)
+        log_msg(LOG_LEVEL_WARN, "batcher_serving",
+                "model '%s' version %lld: cannot read its serving block, using the server's "
+                "batching config: %s",
+                registry_model_name(m), (long long)registry_model_version(m), err.msg);
+    config_batching lim;
+    batcher_resolve(&s->server, have ? &sv : NULL, mi->device, &lim);
+    batcher_model bm = {mi, registry_model_name(m), registry_ctx, m};
+    memset(&err, 0, sizeof err);
+    batcher *b = batcher_new(&bm, &lim, s->mx, NULL, &err);
+    if (!b) {
+        rq_status_set(st, RQ_INTERNAL, "model '%s': %s", registry_model_name(m), err.msg);
+        return NULL;
+    }
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "batcher_start");
+    log_str(&ln, "model", registry_model_name(m));
+    log_int(&ln, "version", registry_model_version(m));
+    log_int(&ln, "max_batch_candidates", lim.max_batch_candidates);
+    log_int(&ln, "max_batch_users", lim.max_batch_users);
+    log_int(&ln, "max_queue_delay_us", lim.max_queue_delay_us);
+    log_int(&ln, "instances", lim.instances);
+    log_int(&ln, "max_queue_candidates", lim.max_queue_candidates);
+    log_int(&ln, "max_queue_requests", lim.max_queue_requests);
+    log_end(&ln);
+    return b;
+}
+
+int batcher_set_submit(batcher_set *s, registry_model *m, int *took_ref, const batcher_request *r,
+                       rq_status *st)
+{
+    *took_ref = 0;
+    pthread_rwlock_rdlock(&s->lock);
+    bs_entry *e = find(s, m);
+    if (e) {
+        int rc = batcher_submit(e->b, r, st);
+        pthread_rwlock_unlock(&s->lock);
+        return rc;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    pthread_rwlock_wrlock(&s->lock);
+    e = find(s, m);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        batcher *b = e ? set_make(s, m, st) : NULL;
+        if (!b) {
+            if (!e) rq_status_set(st, RQ_INTERNAL, "batcher: out of memory");
+            free(e);
+            pthread_rwlock_unlock(&s->lock);
+            return -1;
+        }
+        e->m = m;
+        e->b = b;
+        e->next = s->head;
+        s->head = e;
+        *took_ref = 1;
+    }
+    int rc = batcher_submit(e->b, r, st);
+    pthread_rwlock_unlock(&s->lock);
+    return rc;
+}
+
+/* Still the version the registry serves under its name and number? */
+static int still_served(registry *reg, registry_model *m)
+{
+    rq_status st;
+    registry_model *x =
+        registry_acquire(reg, registry_model_name(m), registry_model_version(m), &st);
+    int same = x == m;
+    registry_release(x);
+    return same;
+}
+
+static void reap(batcher_set *s, int all)
+{
+    bs_entry *gone = NULL;
+    pthread_rwlock_wrlock(&s->lock);
+    for (bs_entry **pp = &s->head; *pp;) {
+        bs_entry *e = *pp;
+        if (all || (batcher_idle(e->b) && !still_served(s->reg, e->m))) {
+            *pp = e->next;
+            /* Joined under the lock: a new batcher for the same version must
+             * not start while these threads still use its context slots. */
+            batcher_free(e->b);
+            e->next = gone;
+            gone = e;
+            continue;
+        }
+        pp = &e->next;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    while (gone) {
+        bs_entry *e = gone;
+        gone = e->next;
+        if (!all)
+            log_msg(LOG_LEVEL_INFO, "batcher_stop", "model '%s' version %lld: no longer served",
+                    registry_model_name(e->m), (long long)registry_model_version(e->m));
+        registry_release(e->m);
+        free(e);
+    }
+}
+
+static void *reaper_main(void *arg)
+{
+    batcher_set *s = arg;
+    pthread_mutex_lock(&s->rmu);
+    while (!s->stop) {
+        int64_t until = now_ns() + (int64_t)REAP_INTERVAL_MS * 1000000;
+        timed_wait(&s->rcv, &s->rmu, until);
+        if (s->stop) break;
+        pthread_mutex_unlock(&s->rmu);
+        reap(s, 0);
+        pthread_mutex_lock(&s->rmu);
+    }
+    pthread_mutex_unlock(&s->rmu);
+    return NULL;
+}
+
+batcher_set *batcher_set_new(registry *reg, const config_batching *server, metrics_server *mx,
+                             ikbo_err *err)
+{
+    batcher_set *s = calloc(1, sizeof *s);
+    if (!s) {
+        bk_seterr(err, "batcher: out of memory");
+        return NULL;
+    }
+    s->reg = reg;
+    s->server = *server;
+    s->mx = mx;
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    /* The reaper's write lock must not starve behind a steady stream of submits. */
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&s->rmu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->rcv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&s->reaper, NULL, reaper_main, s) != 0) {
+        bk_seterr(err, "batcher: cannot start the reaper thread");
+        batcher_set_free(s);
+        return NULL;
+    }
+    s->reaper_started = 1;
+    return s;
+}
+
+void batcher_set_free(batcher_set *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->rmu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->rcv);
+    pthread_mutex_unlock(&s->rmu);
+    if (s->reaper_started) pthread_join(s->reaper, NULL);
+    reap(s, 1);
+    pthread_rwlock_destroy(&s->lock);
+    pthread_mutex_destroy(&s->rmu);
+    pthread_cond_destroy(&s->rcv);
+    free(s);
+}

@@ -1,0 +1,163 @@
+/* batcher.h - dynamic batching of Rank requests per model version, with user
+ * dedup across the merged requests, admission control and deadlines.
+ *
+ * Why this exists: IKBO pays off when one forward pass carries many
+ * candidates over few users; single feed requests are small. So requests for
+ * the same model version wait in one queue and are merged into one engine
+ * batch, in which identical users (same key and same content, request.h's
+ * rule) of different requests share one row.
+ *
+ * Threads of one batcher (one per model version):
+ * - callers (gRPC workers, the HTTP thread) batcher_submit a validated plan
+ *   and return at once; admission is decided there, under the batcher's lock;
+ * - one dispatcher pops requests in FIFO order into a batch and builds the
+ *   merged ikbo_batch (user dedup, candidates grouped by merged row so map
+ *   stays non-decreasing). It forms a batch when an instance is free and the
+ *   queue holds max_batch_candidates candidates or max_batch_users user rows,
+ *   or the oldest request has waited max_queue_delay_us (0: at once). While
+ *   every instance computes it assembles at most one more batch, and only a
+ *   full one (a batch that cannot grow loses nothing by closing early);
+ * - `instances` instance threads, each with its own ikbo_ctx (workspace and,
+ *   on GPU, stream), run ikbo_score, copy each request's scores out of the
+ *   batch and call its completion callback.
+ *
+ * A request is never split across batches unless it alone exceeds
+ * max_batch_candidates or max_batch_users: then it is cut into chunks at
+ * user-row boundaries (a single user with more candidates than the limit is
+ * cut within its candidates, each piece carrying the user's row), the chunks
+ * queue back to back, and the callback runs once, after the last chunk,
+ * with every score in place. max_batch_users counts the rows the merged
+ * requests bring (each request already deduplicated), before dedup across
+ * requests; a batch always takes at least one request or chunk.
+ *
+ * Admission: a request is refused at once with RESOURCE_EXHAUSTED ("queue
+ * full: 812 candidates queued, limit 800") when admitting it would put more
+ * than max_queue_requests requests or max_queue_candidates candidates in the
+ * queue (requests admitted and not yet popped into a batch); a request larger
+ * than max_queue_candidates is admitted only into an empty queue. A queued
+ * request whose deadline passes gets DEADLINE_EXCEEDED, and one whose client
+ * went away (*cancelled != 0) gets CANCELLED, without being computed; the
+ * dispatcher checks both whenever it wakes and wakes at the earliest
+ * deadline.
+ *
+ * Scores are bitwise identical to scoring each request alone on the CPU
+ * backend: the engine scores a candidate the same whatever else is in the
+ * batch (engine/ikbo.h), and a request's rows and candidates keep their
+ * relative order.
+ *
+ * Ownership: the request and the plan given to batcher_submit are only read
+ * and must stay valid until the callback has run. The result passed to the
+ * callback (and its score arrays) is valid during the callback only.
+ * Thread-safety: batcher_submit from any thread; the callback runs on an
+ * instance thread or the dispatcher (never under a batcher lock, never inside
+ * batcher_submit); batcher_free from one thread once no submit can start.
+ */
+#ifndef IKBO_SERVER_BATCHER_H
+#define IKBO_SERVER_BATCHER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../engine/ikbo.h"
+#include "config.h"
+#include "metrics.h"
+#include "registry.h"
+#include "request.h"
+
+typedef struct batcher batcher;
+
+typedef struct batcher_result {
+    rq_status st;             /* OK, or why the request was not scored */
+    const float *task_scores; /* [C, n_tasks] in the plan's batch order; NULL unless OK */
+    const float *scores;      /* [C] in the plan's batch order; NULL unless OK */
+    double queue_seconds;     /* submit -> compute start of the (last) batch that carried it */
+    double compute_seconds;   /* ikbo_score time of the batches that carried it */
+    int batches;              /* batches that carried it (> 1 only for a chunked request) */
+} batcher_result;
+
+typedef void (*batcher_done_fn)(void *arg, const batcher_result *r);
+
+typedef struct batcher_request {
+    const Ikbo__V1__RankRequest *req; /* user keys come from here */
+    const rq_plan *plan;              /* validated against the batcher's model */
+    int64_t deadline_ns;              /* CLOCK_MONOTONIC ns (rank_now_ns), 0 = none */
+    const atomic_int *cancelled;      /* nonzero once the client is gone; NULL = never */
+    batcher_done_fn done;             /* called exactly once when batcher_submit returned 0 */
+    void *arg;
+} batcher_request;
+
+/* The context of execution instance i (0 <= i < instances), asked for on the
+ * instance's own thread, before its first batch. */
+typedef ikbo_ctx *(*batcher_ctx_fn)(void *arg, int instance, ikbo_err *err);
+
+typedef struct batcher_model {
+    const ikbo_model_info *mi;
+    const char *label; /* metrics label "model" and log name (copied) */
+    batcher_ctx_fn ctx;
+    void *ctx_arg;
+} batcher_model;
+
+/* Test hook, NULL in the daemon: called on the instance thread just before
+ * a batch is computed, with the number of requests (or chunks) in it. */
+typedef struct batcher_hooks {
+    void (*before_compute)(void *arg, int instance, int n_requests);
+    void *arg;
+} batcher_hooks;
+
+/* The limits a model runs with: the server's "batching" config, overridden
+ * by the model's own model.json "serving" values where set (>= 0), with
+ * instances 0 resolved by device (cpu: 1, cuda: 2) and clamped to
+ * 1..CONFIG_BATCH_MAX_INSTANCES. serving and device may be NULL. */
+void batcher_resolve(const config_batching *server, const ikbo_serving *serving,
+                     const char *device, config_batching *out);
+
+/* Starts the dispatcher and the instance threads. lim must be resolved
+ * (instances >= 1). mx NULL = no metrics. NULL with *err on failure. */
+batcher *batcher_new(const batcher_model *model, const config_batching *lim,
+                     metrics_server *mx, const batcher_hooks *hooks, ikbo_err *err);
+
+/* Queues one request. 0: admitted, done will be called. -1 with *st set
+ * (RESOURCE_EXHAUSTED queue full, INTERNAL out of memory, UNAVAILABLE
+ * stopping): done will not be called. */
+int batcher_submit(batcher *b, const batcher_request *r, rq_status *st);
+
+/* 1 when nothing is queued or being computed. */
+int batcher_idle(batcher *b);
+
+/* The limits it runs with. */
+void batcher_get_limits(const batcher *b, config_batching *out);
+
+/* Current queue depth (requests, candidates admitted and not yet batched). */
+void batcher_queue_depth(batcher *b, long long *requests, long long *candidates);
+
+/* Stops admitting, finishes everything queued (callbacks run), joins the
+ * threads and frees. NULL ok. */
+void batcher_free(batcher *b);
+
+/* ---- the daemon's batchers, one per registry model version ---------- */
+
+/* A batcher set makes a model version's batcher on its first request, with
+ * the limits batcher_resolve gives for the server config and the version's
+ * model.json "serving" block, and instance i scoring with the registry's
+ * context slot i (so the registry needs CONFIG_BATCH_MAX_INSTANCES slots).
+ * A batcher holds a registry reference to its version. Once a second, a
+ * reaper retires every idle batcher whose version the registry no longer
+ * serves (unloaded or replaced), which releases that reference: queued and
+ * in-flight requests on an old version finish on it.
+ * Thread-safety: submit from any thread; new/free from one thread. */
+typedef struct batcher_set batcher_set;
+
+batcher_set *batcher_set_new(registry *reg, const config_batching *server, metrics_server *mx,
+                             ikbo_err *err);
+
+/* Submits r to m's batcher (made on first use). The caller holds a registry
+ * reference to m: when a new batcher is made, it takes that reference over
+ * (*took_ref = 1: the caller must not release it); either way m stays valid
+ * until r's callback has returned. Returns as batcher_submit. */
+int batcher_set_submit(batcher_set *s, registry_model *m, int *took_ref,
+                       const batcher_request *r, rq_status *st);
+
+/* Finishes and frees every batcher (releasing their references). NULL ok. */
+void batcher_set_free(batcher_set *s);
+
+#endif
