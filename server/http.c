@@ -39,7 +39,9 @@ static void reply(http_server *h, struct evhttp_request *req, const char *route,
     struct evbuffer *b = evbuffer_new();
     if (b && body) evbuffer_add(b, body, len);
     const char *reason = status == 200   ? "OK"
+                         : status == 202 ? "Accepted"
                          : status == 400 ? "Bad Request"
+                         : status == 403 ? "Forbidden"
                          : status == 404 ? "Not Found"
                          : status == 405 ? "Method Not Allowed"
                          : status == 429 ? "Too Many Requests"
@@ -143,11 +145,26 @@ static json_t *model_json(const registry_entry_view *e, const char *def_mode,
     json_t *vs = json_array();
     for (int j = 0; vs && j < e->n_versions; j++) {
         const registry_version_view *v = &e->versions[j];
-        json_array_append_new(vs, json_pack("{s:I,s:s,s:s,s:f}", "version", (json_int_t)v->version,
-                                            "state", registry_state_name(v->state), "message",
-                                            v->message, "load_seconds", v->load_seconds));
+        json_t *vo = json_pack("{s:I,s:s,s:s,s:f}", "version", (json_int_t)v->version, "state",
+                               registry_state_name(v->state), "message", v->message,
+                               "load_seconds", v->load_seconds);
+        if (vo && v->serving) {
+            /* The version's effective serving settings (registry.h: server
+             * defaults < model.json "serving" < the model's config.json);
+             * -1 = the server's batching config applies. */
+            const ikbo_serving *s = v->serving;
+            json_object_set_new(
+                vo, "serving",
+                json_pack("{s:I,s:I,s:I,s:I,s:s,s:s}", "max_batch_candidates",
+                          (json_int_t)s->max_batch_candidates, "max_batch_users",
+                          (json_int_t)s->max_batch_users, "max_queue_delay_us",
+                          (json_int_t)s->max_queue_delay_us, "instances",
+                          (json_int_t)s->instances, "mode", s->mode, "device", s->device));
+        }
+        json_array_append_new(vs, vo);
     }
     json_object_set_new(m, "versions", vs);
+    if (e->unloaded) json_object_set_new(m, "unloaded", json_true());
     return m;
 }
 
@@ -186,6 +203,87 @@ static char *models_json(http_server *h, const char *only, int *found)
 }
 
 /* ---- handlers ----------------------------------------------------------- */
+
+/* A loopback peer: 127.0.0.0/8, ::1 or ::ffff:127.x.x.x. */
+static int peer_is_local(struct evhttp_request *req)
+{
+    struct evhttp_connection *c = evhttp_request_get_connection(req);
+    const struct sockaddr *sa = c ? evhttp_connection_get_addr(c) : NULL;
+    if (!sa) return 0;
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return 1;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+    }
+    return 0;
+}
+
+/* POST /v1/models/{name}/load|unload[?version=N]: admin, loopback only
+ * unless admin_http says otherwise. */
+static void handle_admin(http_server *h, struct evhttp_request *req, const char *route,
+                         const char *name, int load)
+{
+    const char *why = h->o.admin == HTTP_ADMIN_OFF ? "admin endpoints are off (admin_http: off)"
+                      : h->o.admin == HTTP_ADMIN_LOCAL && !peer_is_local(req)
+                          ? "admin endpoints answer loopback clients only (admin_http: local)"
+                          : NULL;
+    if (why) {
+        reply_json(h, req, route, 403,
+                   json_dumps(json_pack("{s:{s:s,s:s}}", "error", "code", "PERMISSION_DENIED",
+                                        "message", why),
+                              JSON_COMPACT));
+        return;
+    }
+    int64_t version = 0;
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *query = uri ? evhttp_uri_get_query(uri) : NULL;
+    if (query && *query) {
+        struct evkeyvalq q;
+        q.tqh_first = NULL;
+        q.tqh_last = &q.tqh_first;
+        const char *bad = NULL;
+        if (evhttp_parse_query_str(query, &q) != 0) {
+            bad = "query: cannot parse";
+        } else {
+            for (struct evkeyval *kv = q.tqh_first; kv && !bad; kv = kv->next.tqe_next) {
+                char *end;
+                if (strcmp(kv->key, "version") != 0) {
+                    bad = "query: unknown parameter (known: version)";
+                } else {
+                    long long x = strtoll(kv->value, &end, 10);
+                    if (end == kv->value || *end || x < 1)
+                        bad = "version: expected a positive integer";
+                    version = x;
+                }
+            }
+        }
+        evhttp_clear_headers(&q);
+        if (bad) {
+            reply_error(h, req, route, 400, RQ_INVALID_ARGUMENT, "%s", bad);
+            return;
+        }
+    }
+    rq_status st;
+    rq_status_ok(&st);
+    int rc = load ? registry_admin_load(h->o.reg, name, version, &st)
+                  : registry_admin_unload(h->o.reg, name, version, &st);
+    if (rc != 0) {
+        reply_json(h, req, route, rq_code_http(st.code), rq_error_json(&st));
+        return;
+    }
+    if (load) {
+        /* Loading runs on the registry's worker: poll GET /v1/models/{name}. */
+        reply_json(h, req, route, 202,
+                   json_dumps(json_pack("{s:s,s:I,s:s}", "model", name, "version",
+                                        (json_int_t)version, "status", "load requested"),
+                              JSON_COMPACT));
+    } else {
+        int found = 0;
+        reply_json(h, req, route, 200, models_json(h, name, &found));
+    }
+}
 
 static void handle_rank(http_server *h, struct evhttp_request *req, const char *route,
                         const char *name)
@@ -246,7 +344,7 @@ static void handle_rank(http_server *h, struct evhttp_request *req, const char *
         }
         deadline = rank_now_ns() + (ms > 86400000LL ? 86400000LL : ms) * 1000000LL;
     }
-    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, rr, deadline, "http", &st);
+    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, h->o.slot, rr, deadline, "http", &st);
     if (resp)
         reply_json(h, req, route, 200, rq_response_to_json(resp));
     else
@@ -310,7 +408,19 @@ static void handle(struct evhttp_request *req, void *arg)
         size_t nlen = strlen(name);
         static const char rank_suffix[] = ":rank";
         size_t slen = sizeof rank_suffix - 1;
-        if (nlen > slen && strcmp(name + nlen - slen, rank_suffix) == 0) {
+        static const char load_suffix[] = "/load", unload_suffix[] = "/unload";
+        size_t llen = sizeof load_suffix - 1, ulen = sizeof unload_suffix - 1;
+        int is_load = nlen > llen && strcmp(name + nlen - llen, load_suffix) == 0;
+        int is_unload = nlen > ulen && strcmp(name + nlen - ulen, unload_suffix) == 0;
+        if (is_load || is_unload) {
+            route = is_load ? "/v1/models/{name}/load" : "/v1/models/{name}/unload";
+            if (!post) goto not_allowed;
+            path[plen + nlen - (is_load ? llen : ulen)] = '\0';
+            if (strchr(name, '/') || strchr(name, ':'))
+                reply_error(h, req, route, 404, RQ_NOT_FOUND, "no route for %.200s", path);
+            else
+                handle_admin(h, req, route, name, is_load);
+        } else if (nlen > slen && strcmp(name + nlen - slen, rank_suffix) == 0) {
             route = "/v1/models/{name}:rank";
             if (!post) goto not_allowed;
             path[plen + nlen - slen] = '\0';
@@ -337,7 +447,7 @@ static void handle(struct evhttp_request *req, void *arg)
 
 not_allowed:
     evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
-                      strcmp(route, "/v1/models/{name}:rank") == 0 ? "POST" : "GET, HEAD");
+                      strncmp(route, "/v1/models/{name}", 17) == 0 && route[17] ? "POST" : "GET, HEAD");
     reply_error(h, req, route, 405, RQ_UNIMPLEMENTED, "method not allowed on %.200s", path);
     free(path);
 }

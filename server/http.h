@@ -17,13 +17,24 @@
  *                                 header X-Request-Timeout-Ms: a deadline in
  *                                 ms from receipt (504 DEADLINE_EXCEEDED once
  *                                 passed, like a gRPC deadline).
+ *   POST /v1/models/{name}/load   admin: (re)load the model now in the
+ *                                 background (registry_admin_load); optional
+ *                                 ?version=N loads that version and keeps it
+ *                                 served on top of the version policy. 202
+ *                                 {"model","version","status"}; 404 when the
+ *                                 repository has no such model/version. Watch
+ *                                 GET /v1/models/{name} for the result.
+ *   POST /v1/models/{name}/unload admin: unload every version (requests get
+ *                                 NOT_FOUND, health NOT_SERVING) or, with
+ *                                 ?version=N, that version; 200 with the
+ *                                 model's JSON. Held requests finish.
+ *                                 Admin routes answer loopback peers only by
+ *                                 default (403 otherwise; opts.admin).
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
  * A body over max_body_bytes is refused by evhttp itself (413).
- * :rank goes through the model's batcher like gRPC (it may be merged with
- * gRPC requests) and the HTTP thread blocks until its answer, so a :rank
- * waiting in the queue or computing delays other HTTP requests (/metrics,
- * probes); the gRPC port is the fast path.
+ * Scoring runs on the HTTP thread with its own context slot (registry.h), so
+ * a long :rank delays other HTTP requests; the gRPC port is the fast path.
  *
  * Ownership: the pointers in opts must outlive the server. Thread-safety:
  * http_start/http_stop from one controlling thread; handlers run on the HTTP
@@ -42,13 +53,18 @@
 
 typedef struct http_server http_server;
 
+/* Who may use the admin routes (config key admin_http). */
+enum http_admin { HTTP_ADMIN_LOCAL = 0, HTTP_ADMIN_ANY = 1, HTTP_ADMIN_OFF = 2 };
+
 typedef struct http_opts {
     const char *listen; /* "host:port" (IPv6 as "[::1]:8080"); port 0 = any free */
     uint32_t max_body_bytes;
+    int slot; /* context slot for :rank */
     const rank_env *rank;
     registry *reg;
     metrics_server *metrics;
     const atomic_int *draining;
+    enum http_admin admin;
 } http_opts;
 
 /* Binds and starts the HTTP thread. NULL with *err when it cannot bind. */

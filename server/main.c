@@ -4,15 +4,16 @@
  *
  * Lifecycle: resolve the config (errors: one line, exit 2; --help/--version
  * print and exit 0), block the signals in every thread, bind both ports and
- * log where they listen, then load the models on a loader thread (so probes
- * see LOADING instead of a closed port). The main thread waits in sigwait:
- * SIGHUP logs "reload requested" (reserved for model reload); SIGTERM/SIGINT
- * drain: health goes NOT_SERVING, /readyz 503, gRPC stops accepting and new
+ * log where they listen, then start the registry's worker thread, which
+ * loads the models (so probes see LOADING instead of a closed port) and then
+ * polls the repository for new versions (registry.h). The main thread waits
+ * in sigwait: SIGHUP asks the registry to rescan the repository now (event
+ * reload_requested; the config file is not re-read); SIGTERM/SIGINT drain: health goes NOT_SERVING, /readyz 503, gRPC stops accepting and new
  * calls get UNAVAILABLE, in-flight calls finish (up to drain_timeout_ms, then
  * they are cancelled), and the process exits 0.
  *
- * The only globals are the draining flag and the loader's stop flag (the
- * signal plumbing); everything else is passed down explicitly.
+ * The only global is the draining flag (the signal plumbing); everything else
+ * is passed down explicitly.
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -30,29 +31,22 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
-#include "batcher.h"
 #include "rank.h"
 #include "registry.h"
 
 extern char **environ;
 
 static atomic_int g_draining;
-static volatile int g_stop_loading;
 
-typedef struct loader_arg {
-    registry *reg;
-} loader_arg;
-
-static void *loader_main(void *p)
+static registry_policy to_policy(const config_version_policy *p)
 {
-    loader_arg *a = p;
-    int ready = registry_load_all(a->reg, &g_stop_loading);
-    char why[600];
-    if (registry_all_ready(a->reg, why, sizeof why))
-        log_msg(LOG_LEVEL_INFO, "ready", "%d model(s) ready", ready);
-    else
-        log_msg(LOG_LEVEL_WARN, "not_ready", "%s", why);
-    return NULL;
+    registry_policy r;
+    memset(&r, 0, sizeof r);
+    r.latest = p->latest;
+    r.n_versions = p->n_versions;
+    for (int i = 0; i < p->n_versions && i < REGISTRY_MAX_POLICY_VERSIONS; i++)
+        r.versions[i] = p->versions[i];
+    return r;
 }
 
 /* ikbo_model_loaded{model,version,state} from the registry at scrape time. */
@@ -137,10 +131,8 @@ int main(int argc, char **argv)
     registry *reg = NULL;
     grpcsrv *gs = NULL;
     http_server *hs = NULL;
-    batcher_set *batchers = NULL;
-    int grpc_inited = 0, loader_started = 0;
-    pthread_t loader;
-    loader_arg la;
+    int grpc_inited = 0;
+    registry_model_policy *policies = NULL;
 
     if (metrics_server_init(&mx, ikbo_version()) != 0) {
         fprintf(stderr, "ikbo-serve: out of memory\n");
@@ -153,8 +145,25 @@ int main(int argc, char **argv)
         .n_models = cfg.n_models,
         .device = cfg.device,
         .mode = cfg.mode,
-        .n_slots = CONFIG_BATCH_MAX_INSTANCES, /* batcher instance i scores with slot i */
+        .n_slots = cfg.threads + 1, /* gRPC workers, then the HTTP thread */
     };
+    ro.default_policy = to_policy(&cfg.version_policy);
+    ro.poll_ms = cfg.repository_poll_ms;
+    ro.settle_ms = cfg.repository_settle_ms;
+    ro.load_failures = mx.model_load_failures_total;
+    if (cfg.n_model_policy) {
+        policies = calloc((size_t)cfg.n_model_policy, sizeof *policies);
+        if (!policies) {
+            fprintf(stderr, "ikbo-serve: out of memory\n");
+            goto out;
+        }
+        for (int i = 0; i < cfg.n_model_policy; i++) {
+            policies[i].name = cfg.model_policy[i].name;
+            policies[i].policy = to_policy(&cfg.model_policy[i].policy);
+        }
+        ro.policies = policies;
+        ro.n_policies = cfg.n_model_policy;
+    }
     reg = registry_new(&ro, &err);
     if (!reg) {
         fprintf(stderr, "ikbo-serve: %s\n", err.msg);
@@ -174,14 +183,9 @@ int main(int argc, char **argv)
         free(cj);
     }
 
-    batchers = batcher_set_new(reg, &cfg.batching, &mx, &err);
-    if (!batchers) {
-        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
-        goto out;
-    }
     grpc_init();
     grpc_inited = 1;
-    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx, .batchers = batchers};
+    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx};
     grpcsrv_opts go = {
         .listen = cfg.grpc_listen,
         .threads = cfg.threads,
@@ -202,10 +206,14 @@ int main(int argc, char **argv)
     http_opts ho = {
         .listen = cfg.http_listen,
         .max_body_bytes = cfg.limits.max_message_bytes,
+        .slot = cfg.threads,
         .rank = &env,
         .reg = reg,
         .metrics = &mx,
         .draining = &g_draining,
+        .admin = cfg.admin_http == CONFIG_ADMIN_ANY   ? HTTP_ADMIN_ANY
+                 : cfg.admin_http == CONFIG_ADMIN_OFF ? HTTP_ADMIN_OFF
+                                                      : HTTP_ADMIN_LOCAL,
     };
     hs = http_start(&ho, &err);
     if (!hs) {
@@ -226,19 +234,18 @@ int main(int argc, char **argv)
         log_end(&ln);
     }
 
-    la.reg = reg;
-    if (pthread_create(&loader, NULL, loader_main, &la) != 0) {
-        log_msg(LOG_LEVEL_ERROR, "startup_failed", "cannot start the model loader thread");
+    if (registry_start(reg, &err) != 0) {
+        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
         goto out;
     }
-    loader_started = 1;
 
     for (;;) {
         int sig = 0;
         if (sigwait(&sigs, &sig) != 0) continue;
         if (sig == SIGHUP) {
             log_msg(LOG_LEVEL_INFO, "reload_requested",
-                    "SIGHUP: reload requested (model reload is not implemented yet)");
+                    "SIGHUP: rescanning the model repository");
+            registry_rescan(reg);
             continue;
         }
         log_line ln;
@@ -249,7 +256,6 @@ int main(int argc, char **argv)
         break;
     }
     atomic_store(&g_draining, 1);
-    g_stop_loading = 1;
     int ms = grpcsrv_shutdown(gs, cfg.drain_timeout_ms);
     rc = 0;
     {
@@ -264,15 +270,12 @@ int main(int argc, char **argv)
 
 out:
     atomic_store(&g_draining, 1);
-    g_stop_loading = 1;
     http_stop(hs);
-    if (loader_started) pthread_join(loader, NULL);
+    registry_stop(reg); /* after the load in progress, if any */
     grpcsrv_free(gs);
-    /* After every front end is gone: answers queued work, then the batchers
-     * drop their model references. */
-    batcher_set_free(batchers);
     if (grpc_inited) grpc_shutdown_blocking();
     registry_free(reg);
+    free(policies);
     metrics_server_free(&mx);
     if (rc == 0) log_msg(LOG_LEVEL_INFO, "stopped", "exit 0");
     config_free(&cfg);

@@ -1,10 +1,12 @@
-/* registry.c - loaded models, versions, states and refcounted handles
- * (see registry.h). */
+/* registry.c - models, versions, states, refcounted handles, and the worker
+ * that polls the repository and loads, swaps and retires versions (see
+ * registry.h for the rules). */
 #include "registry.h"
 
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,27 +16,62 @@
 #include <time.h>
 
 #include "log.h"
+#include "repo_watch.h"
 
+/* One loaded version: what a handle points to. Immutable once published,
+ * except refs, retired and the per-slot contexts. */
 struct registry_model {
     _Atomic int refs;
+    _Atomic int retired;
     char *name;
     char *dir;
     int64_t version;
-    /* state, message, load_seconds and model change only under the
-     * registry's write lock, and only while the version is not READY. */
-    enum registry_state state;
-    char message[512];
     double load_seconds;
     ikbo_model *model;
-    /* ctx[i] is touched only by the thread that owns slot i. */
+    ikbo_serving serving;
+    /* ctx[i] is touched only by the thread that owns slot i (the loader
+     * fills ctx[0] with the warm-up context before publishing). */
     ikbo_ctx **ctx;
     int n_slots;
 };
 
+/* A version as the table lists it. Changed only under the write lock. */
+typedef struct vrec {
+    int64_t version; /* 0: a model-level problem ("model directory not found") */
+    enum registry_state state;
+    char message[512];
+    double load_seconds;
+    registry_model *inst; /* the registry's reference; non-NULL iff READY */
+    uint64_t tried_sig;   /* directory signature at the last load attempt */
+    int pinned;           /* admin-loaded with this version: served on top of the policy */
+    int blocked;          /* admin-unloaded: the policy skips it */
+    int reload;           /* READY, but load again and swap (admin load) */
+    int retry;            /* FAILED, but try again though the directory is unchanged */
+    int busy;             /* the worker is loading it */
+} vrec;
+
+/* A complete version directory as the last scan saw it. */
+typedef struct dver {
+    int64_t version;
+    uint64_t sig;
+    int64_t since_ms; /* when sig was first seen */
+} dver;
+
 typedef struct entry {
     char *name;
-    registry_model **versions; /* newest first */
-    int n_versions;
+    vrec *v; /* newest first */
+    int n_v;
+    dver *disk; /* newest first */
+    int n_disk;
+    int scanned;    /* disk holds a successful scan */
+    int missing;    /* the last scan found no model directory */
+    int configured; /* named in the config: listed even without a directory */
+    int unloaded;   /* admin unload in effect */
+    int trust;      /* this pass: no settle wait, failed versions retried */
+    int trust_next; /* the next pass trusts this model (admin load) */
+    int reload_all; /* the next pass reloads READY versions (admin load) */
+    uint64_t gen;   /* bumped by an admin unload: older loads are discarded */
+    registry_policy policy;
 } entry;
 
 struct registry {
@@ -45,7 +82,60 @@ struct registry {
     char *device;
     enum ikbo_mode mode;
     int n_slots;
+    ikbo_serving defaults;
+    registry_policy default_policy;
+    char **policy_names;
+    registry_policy *policies;
+    int n_policies;
+    char **models; /* configured names, or NULL */
+    int n_models;
+    int poll_ms, settle_ms;
+    metrics_family *load_failures;
+
+    /* The worker. wmu guards the flags below and next_settle_ms. */
+    pthread_t thread;
+    int running;
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    atomic_int stop;
+    int rescan, kick;
+    int64_t next_settle_ms; /* earliest time a waiting version settles; 0 = none */
 };
+
+/* Instances to release after the write lock is dropped (freeing a model
+ * takes time and logs). */
+typedef struct relist {
+    registry_model *m[64];
+    int n;
+    struct relist *more;
+} relist;
+
+static void relist_add(relist *l, registry_model *m)
+{
+    while (l->n == (int)(sizeof l->m / sizeof l->m[0])) {
+        if (!l->more && !(l->more = calloc(1, sizeof *l->more))) {
+            /* Out of memory: release under the lock rather than leak. */
+            registry_release(m);
+            return;
+        }
+        l = l->more;
+    }
+    l->m[l->n++] = m;
+}
+
+static void relist_run(relist *l)
+{
+    for (int i = 0; i < l->n; i++) registry_release(l->m[i]);
+    relist *x = l->more;
+    while (x) {
+        for (int i = 0; i < x->n; i++) registry_release(x->m[i]);
+        relist *next = x->more;
+        free(x);
+        x = next;
+    }
+    l->n = 0;
+    l->more = NULL;
+}
 
 const char *registry_state_name(enum registry_state s)
 {
@@ -72,35 +162,31 @@ static void safe_name(const char *s, char *out, size_t n)
     out[j] = '\0';
 }
 
-static registry_model *model_new(const char *name, const char *repo, int64_t version,
-                                 int n_slots)
+static int64_t now_ms(void)
 {
-    registry_model *m = calloc(1, sizeof *m);
-    if (!m) return NULL;
-    atomic_init(&m->refs, 1);
-    m->name = strdup(name);
-    m->version = version;
-    m->n_slots = n_slots;
-    m->ctx = calloc((size_t)n_slots, sizeof *m->ctx);
-    size_t dl = strlen(repo) + strlen(name) + 32;
-    m->dir = malloc(dl);
-    if (!m->name || !m->ctx || !m->dir) {
-        free(m->name);
-        free(m->ctx);
-        free(m->dir);
-        free(m);
-        return NULL;
-    }
-    if (version > 0)
-        snprintf(m->dir, dl, "%s/%s/%lld", repo, name, (long long)version);
-    else
-        snprintf(m->dir, dl, "%s/%s", repo, name);
-    m->state = REGISTRY_LOADING;
-    return m;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void model_destroy(registry_model *m)
+static double now_seconds(void)
 {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- instances ----------------------------------------------------------- */
+
+static void instance_destroy(registry_model *m)
+{
+    if (m->model) {
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_DEBUG, "model_freed");
+        log_str(&ln, "model", m->name);
+        log_int(&ln, "version", m->version);
+        log_end(&ln);
+    }
     for (int i = 0; i < m->n_slots; i++)
         if (m->ctx[i]) ikbo_ctx_free(m->ctx[i]);
     if (m->model) ikbo_model_free(m->model);
@@ -113,83 +199,779 @@ static void model_destroy(registry_model *m)
 void registry_release(registry_model *m)
 {
     if (m && atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1)
-        model_destroy(m);
+        instance_destroy(m);
 }
 
-static int is_dir(const char *path)
+registry_model *registry_model_ref(registry_model *m)
 {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (m) atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+    return m;
 }
 
-/* Highest all-digit subdirectory of dir (a version), 0 when none, -1 when
- * dir cannot be read. */
-static int64_t highest_version(const char *dir)
+static void retire_instance(registry_model *m, relist *rel)
 {
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int64_t best = 0;
-    struct dirent *de;
-    char path[4096];
-    while ((de = readdir(d)) != NULL) {
-        const char *s = de->d_name;
-        size_t n = strlen(s);
-        if (n == 0 || n > 18) continue;
-        int digits = 1;
-        for (size_t i = 0; i < n; i++) digits = digits && isdigit((unsigned char)s[i]);
-        if (!digits) continue;
-        int64_t v = strtoll(s, NULL, 10);
-        if (v <= 0 || v <= best) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, s);
-        if (is_dir(path)) best = v;
+    atomic_store(&m->retired, 1);
+    relist_add(rel, m);
+}
+
+const char *registry_model_name(const registry_model *m) { return m->name; }
+int64_t registry_model_version(const registry_model *m) { return m->version; }
+const ikbo_serving *registry_model_serving(const registry_model *m) { return &m->serving; }
+int registry_model_retired(const registry_model *m) { return atomic_load(&m->retired); }
+
+const ikbo_model_info *registry_model_info(const registry_model *m)
+{
+    return m->model ? ikbo_model_get_info(m->model) : NULL;
+}
+
+ikbo_ctx *registry_model_ctx(registry_model *m, int slot, ikbo_err *err)
+{
+    if (slot < 0 || slot >= m->n_slots) {
+        bk_seterr(err, "registry: context slot %d out of range [0, %d)", slot, m->n_slots);
+        return NULL;
     }
-    closedir(d);
-    return best;
+    if (!m->model) {
+        bk_seterr(err, "registry: model '%s' is not loaded", m->name);
+        return NULL;
+    }
+    if (!m->ctx[slot]) m->ctx[slot] = ikbo_ctx_new(m->model, err);
+    return m->ctx[slot];
 }
+
+/* ---- table helpers (callers hold the lock) --------------------------------- */
 
 static int cmp_entry(const void *a, const void *b)
 {
     return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
 }
 
-static int add_entry(registry *r, const char *name, ikbo_err *err)
+static entry *find_entry(registry *r, const char *name)
 {
-    for (int i = 0; i < r->n_entries; i++)
-        if (strcmp(r->entries[i].name, name) == 0) return 0; /* listed twice */
-    entry *grown = realloc(r->entries, (size_t)(r->n_entries + 1) * sizeof *grown);
-    if (!grown) goto oom;
-    r->entries = grown;
-    entry *e = &r->entries[r->n_entries];
-    memset(e, 0, sizeof *e);
-    e->name = strdup(name);
-    e->versions = calloc(1, sizeof *e->versions);
-    if (!e->name || !e->versions) {
-        free(e->name);
-        free(e->versions);
-        goto oom;
-    }
-    r->n_entries++;
+    if (!name || !r->n_entries) return NULL;
+    entry key = {.name = (char *)name};
+    return bsearch(&key, r->entries, (size_t)r->n_entries, sizeof *r->entries, cmp_entry);
+}
 
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/%s", r->repository, name);
-    int64_t v = highest_version(dir);
-    registry_model *m = model_new(name, r->repository, v > 0 ? v : 0, r->n_slots);
-    if (!m) goto oom;
-    e->versions[0] = m;
-    e->n_versions = 1;
-    if (v < 0) {
-        m->state = REGISTRY_FAILED;
-        snprintf(m->message, sizeof m->message, "%.400s: model directory not found", dir);
-    } else if (v == 0) {
-        m->state = REGISTRY_FAILED;
-        snprintf(m->message, sizeof m->message, "%.400s: no version directory (<N>/model.json)",
-                 dir);
+static const registry_policy *policy_for(const registry *r, const char *name)
+{
+    for (int i = 0; i < r->n_policies; i++)
+        if (!strcmp(r->policy_names[i], name)) return &r->policies[i];
+    return &r->default_policy;
+}
+
+/* Inserts an entry for name (sorted) and returns it; NULL when out of memory.
+ * Invalidates entry pointers. */
+static entry *add_entry(registry *r, const char *name, int configured)
+{
+    entry *grown = realloc(r->entries, (size_t)(r->n_entries + 1) * sizeof *grown);
+    if (!grown) return NULL;
+    r->entries = grown;
+    entry e;
+    memset(&e, 0, sizeof e);
+    if (!(e.name = strdup(name))) return NULL;
+    e.configured = configured;
+    e.policy = *policy_for(r, name);
+    int i = r->n_entries;
+    while (i > 0 && strcmp(r->entries[i - 1].name, name) > 0) {
+        r->entries[i] = r->entries[i - 1];
+        i--;
+    }
+    r->entries[i] = e;
+    r->n_entries++;
+    return &r->entries[i];
+}
+
+static void entry_free(entry *e)
+{
+    for (int j = 0; j < e->n_v; j++) registry_release(e->v[j].inst);
+    free(e->v);
+    free(e->disk);
+    free(e->name);
+}
+
+static vrec *find_v(entry *e, int64_t version)
+{
+    for (int j = 0; j < e->n_v; j++)
+        if (e->v[j].version == version) return &e->v[j];
+    return NULL;
+}
+
+static const dver *find_disk(const entry *e, int64_t version)
+{
+    for (int j = 0; j < e->n_disk; j++)
+        if (e->disk[j].version == version) return &e->disk[j];
+    return NULL;
+}
+
+/* A new record (state LOADING) kept in newest-first order; NULL when out of
+ * memory. Invalidates vrec pointers of e. */
+static vrec *add_v(entry *e, int64_t version)
+{
+    vrec *g = realloc(e->v, (size_t)(e->n_v + 1) * sizeof *g);
+    if (!g) return NULL;
+    e->v = g;
+    int i = e->n_v;
+    while (i > 0 && e->v[i - 1].version < version) {
+        e->v[i] = e->v[i - 1];
+        i--;
+    }
+    memset(&e->v[i], 0, sizeof e->v[i]);
+    e->v[i].version = version;
+    e->v[i].state = REGISTRY_LOADING;
+    e->n_v++;
+    return &e->v[i];
+}
+
+static void remove_v(entry *e, int j)
+{
+    memmove(&e->v[j], &e->v[j + 1], (size_t)(e->n_v - j - 1) * sizeof *e->v);
+    e->n_v--;
+}
+
+static void log_unload(const char *name, int64_t version, const char *why)
+{
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "model_unload");
+    log_str(&ln, "model", name);
+    log_int(&ln, "version", version);
+    log_str(&ln, "reason", why);
+    log_end(&ln);
+}
+
+/* READY -> UNLOADED: new requests stop reaching it; holders finish. */
+static void retire_v(entry *e, vrec *v, const char *why, relist *rel)
+{
+    if (v->inst) {
+        retire_instance(v->inst, rel);
+        v->inst = NULL;
+        log_unload(e->name, v->version, why);
+    }
+    v->state = REGISTRY_UNLOADED;
+    v->reload = 0;
+    snprintf(v->message, sizeof v->message, "unloaded: %s", why);
+}
+
+static int in_list(const int64_t *a, int n, int64_t x)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i] == x) return 1;
+    return 0;
+}
+
+/* FAILED, with the files it failed on, and nobody asked for a retry. */
+static int failed_unchanged(const vrec *v, const dver *d)
+{
+    return v && v->state == REGISTRY_FAILED && v->tried_sig == d->sig && !v->retry;
+}
+
+/* The versions the policy wants now (plus pinned ones), newest first. */
+static int compute_target(const entry *e, int64_t *t, int cap)
+{
+    int n = 0;
+    int latest = e->policy.latest;
+    int taken = 0;
+    for (int i = 0; i < e->n_disk && n < cap; i++) {
+        const dver *d = &e->disk[i];
+        const vrec *v = find_v((entry *)e, d->version);
+        if (v && v->blocked) continue;
+        int want;
+        if (v && v->pinned) {
+            want = 1;
+        } else if (latest > 0) {
+            want = taken < latest && !failed_unchanged(v, d);
+            taken += want;
+        } else {
+            want = in_list(e->policy.versions, e->policy.n_versions, d->version);
+        }
+        if (want) t[n++] = d->version;
+    }
+    return n;
+}
+
+static int needs_load(const vrec *v, const dver *d)
+{
+    if (v->busy) return 0;
+    switch (v->state) {
+    case REGISTRY_LOADING:
+    case REGISTRY_UNLOADED: return 1;
+    case REGISTRY_READY: return v->reload;
+    case REGISTRY_FAILED: return v->tried_sig != d->sig || v->retry;
     }
     return 0;
-oom:
-    bk_seterr(err, "registry: out of memory");
-    return -1;
 }
+
+static int settled(const registry *r, const entry *e, const vrec *v, const dver *d, int64_t now)
+{
+    return e->trust || v->reload || v->retry || now - d->since_ms >= r->settle_ms;
+}
+
+/* The model-level problem record (version 0) for a configured name. */
+static void set_problem(entry *e, const char *msg)
+{
+    vrec *v = find_v(e, 0);
+    if (!v) {
+        if (!(v = add_v(e, 0))) return;
+    } else if (v->state == REGISTRY_FAILED && !strcmp(v->message, msg)) {
+        return;
+    }
+    v->state = REGISTRY_FAILED;
+    snprintf(v->message, sizeof v->message, "%s", msg);
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_ERROR, "model_load");
+    log_str(&ln, "model", e->name);
+    log_str(&ln, "state", "FAILED");
+    log_str(&ln, "error", v->message);
+    log_end(&ln);
+}
+
+/* Brings e's records in line with its last scan and policy: records for
+ * wanted versions, retirement of unwanted READY versions once the wanted
+ * ones are settled, cleanup of records whose directory is gone. Returns
+ * the earliest time a waiting version settles (0 = none). */
+static int64_t decide(registry *r, entry *e, int64_t now, relist *rel)
+{
+    if (e->unloaded || !e->scanned) return 0;
+    int64_t t[256];
+    int nt = compute_target(e, t, (int)(sizeof t / sizeof t[0]));
+    int64_t wake = 0;
+    int pending = 0, any_ready = 0;
+    for (int i = 0; i < nt; i++) {
+        const dver *d = find_disk(e, t[i]);
+        vrec *v = find_v(e, t[i]);
+        if (!v && !(v = add_v(e, t[i]))) continue;
+        if (v->state == REGISTRY_READY) any_ready = 1;
+        int load = needs_load(v, d);
+        if (v->busy || load) pending = 1;
+        if (load && !settled(r, e, v, d, now)) {
+            if (v->state != REGISTRY_READY) {
+                v->state = REGISTRY_LOADING;
+                snprintf(v->message, sizeof v->message,
+                         "waiting until the directory is unchanged for %d ms", r->settle_ms);
+            }
+            int64_t at = d->since_ms + r->settle_ms;
+            if (!wake || at < wake) wake = at;
+        }
+    }
+    if (e->n_disk == 0 || (!pending && any_ready)) {
+        for (int j = 0; j < e->n_v; j++) {
+            vrec *v = &e->v[j];
+            if (v->state != REGISTRY_READY || in_list(t, nt, v->version)) continue;
+            char why[160];
+            if (!find_disk(e, v->version))
+                snprintf(why, sizeof why, "version directory removed");
+            else if (nt)
+                snprintf(why, sizeof why, "replaced by version %lld (version policy)",
+                         (long long)t[0]);
+            else
+                snprintf(why, sizeof why, "not selected by the version policy");
+            retire_v(e, v, why, rel);
+        }
+    }
+    /* Records of versions that left the disk (and of unwanted versions
+     * still waiting) are dropped once nothing holds them. */
+    for (int j = e->n_v - 1; j >= 0; j--) {
+        vrec *v = &e->v[j];
+        if (v->version == 0 || v->busy || v->state == REGISTRY_READY) continue;
+        int on_disk = find_disk(e, v->version) != NULL;
+        /* An admin load's record waits for the scan that will see it. */
+        if (v->pinned && e->trust_next) continue;
+        if (!on_disk || (v->state == REGISTRY_LOADING && !in_list(t, nt, v->version)))
+            remove_v(e, j);
+    }
+    vrec *p = find_v(e, 0);
+    if (e->n_disk > 0 && p) {
+        remove_v(e, (int)(p - e->v));
+    } else if (e->n_disk == 0 && e->configured) {
+        int ready = 0;
+        for (int j = 0; j < e->n_v; j++) ready |= e->v[j].state == REGISTRY_READY;
+        if (!ready) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "%.400s/%.100s: %s", r->repository, e->name,
+                     e->missing ? "model directory not found"
+                                : "no version directory (<N>/model.json)");
+            set_problem(e, msg);
+        }
+    }
+    return wake;
+}
+
+/* ---- scanning ------------------------------------------------------------- */
+
+typedef struct scan_item {
+    char *name;
+    repo_version *v;
+    int n; /* -1: not readable (errno in err_no) */
+    int err_no;
+    int configured;
+    char err[512];
+} scan_item;
+
+/* Reads the repository without the lock. */
+static int scan_repo(registry *r, scan_item **out)
+{
+    *out = NULL;
+    char **names = NULL;
+    int n = 0;
+    ikbo_err err;
+    if (r->models) {
+        names = r->models;
+        n = r->n_models;
+    } else {
+        n = repo_list_models(r->repository, &names, &err);
+        if (n < 0) {
+            log_msg(LOG_LEVEL_WARN, "repository_scan", "%s", err.msg);
+            return -1;
+        }
+    }
+    scan_item *items = calloc((size_t)(n ? n : 1), sizeof *items);
+    if (!items) {
+        if (!r->models) repo_free_names(names, n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        scan_item *it = &items[i];
+        it->configured = r->models != NULL;
+        it->name = strdup(names[i]);
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%s", r->repository, names[i]);
+        errno = 0;
+        it->n = it->name ? repo_list_versions(dir, &it->v, &err) : -1;
+        it->err_no = errno;
+        if (it->n < 0) snprintf(it->err, sizeof it->err, "%s", it->name ? err.msg : "out of memory");
+    }
+    if (!r->models) repo_free_names(names, n);
+    *out = items;
+    return n;
+}
+
+static void scan_free(scan_item *items, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(items[i].name);
+        free(items[i].v);
+    }
+    free(items);
+}
+
+static void set_disk(entry *e, const repo_version *v, int n, int64_t now)
+{
+    dver *d = calloc((size_t)(n ? n : 1), sizeof *d);
+    if (!d) return; /* keep the previous view */
+    for (int i = 0; i < n; i++) {
+        d[i].version = v[i].version;
+        d[i].sig = v[i].sig;
+        const dver *old = find_disk(e, v[i].version);
+        d[i].since_ms = old && old->sig == v[i].sig ? old->since_ms : now;
+    }
+    free(e->disk);
+    e->disk = d;
+    e->n_disk = n;
+    e->scanned = 1;
+}
+
+/* Applies a scan under the write lock. */
+static void merge_scan(registry *r, scan_item *items, int n, int trusted, int64_t now)
+{
+    for (int i = 0; i < n; i++) {
+        scan_item *it = &items[i];
+        if (!it->name) continue;
+        entry *e = find_entry(r, it->name);
+        if (it->n < 0 && it->err_no != ENOENT) {
+            /* Unreadable for now (permissions, I/O): change nothing but say so. */
+            if (e && e->configured && !e->n_v) set_problem(e, it->err);
+            log_msg(LOG_LEVEL_WARN, "repository_scan", "%s", it->err);
+            continue;
+        }
+        if (!e) {
+            if (it->n <= 0 && !it->configured) continue; /* nothing complete yet */
+            if (!(e = add_entry(r, it->name, it->configured))) continue;
+        }
+        e->missing = it->n < 0; /* ENOENT */
+        set_disk(e, it->n < 0 ? NULL : it->v, it->n < 0 ? 0 : it->n, now);
+    }
+    /* Discovered models whose directory is gone: empty view (they retire). */
+    if (!r->models && n >= 0) {
+        for (int k = 0; k < r->n_entries; k++) {
+            entry *e = &r->entries[k];
+            int seen = 0;
+            for (int i = 0; i < n && !seen; i++) seen = items[i].name && !strcmp(items[i].name, e->name);
+            if (!seen) set_disk(e, NULL, 0, now);
+        }
+    }
+    for (int k = 0; k < r->n_entries; k++) {
+        entry *e = &r->entries[k];
+        e->trust = trusted || e->trust_next;
+        e->trust_next = 0;
+        if (e->trust)
+            for (int j = 0; j < e->n_v; j++)
+                if (e->v[j].state == REGISTRY_FAILED && e->v[j].version > 0) e->v[j].retry = 1;
+        if (e->reload_all) {
+            e->reload_all = 0;
+            int64_t t[256];
+            int nt = compute_target(e, t, (int)(sizeof t / sizeof t[0]));
+            for (int i = 0; i < nt; i++) {
+                vrec *v = find_v(e, t[i]);
+                if (v && v->state == REGISTRY_READY) v->reload = 1;
+            }
+        }
+    }
+}
+
+/* Drops discovered entries with nothing left (their directory is gone). */
+static void prune_entries(registry *r)
+{
+    if (r->models) return;
+    for (int k = r->n_entries - 1; k >= 0; k--) {
+        entry *e = &r->entries[k];
+        if (e->n_disk || e->unloaded) continue;
+        int held = 0;
+        for (int j = 0; j < e->n_v; j++) held |= e->v[j].busy || e->v[j].state == REGISTRY_READY;
+        if (held) continue;
+        entry_free(e);
+        memmove(&r->entries[k], &r->entries[k + 1], (size_t)(r->n_entries - k - 1) * sizeof *e);
+        r->n_entries--;
+    }
+}
+
+/* ---- loading -------------------------------------------------------------- */
+
+typedef struct job {
+    char name[256];
+    char dir[PATH_MAX];
+    char model_dir[PATH_MAX];
+    int64_t version;
+    uint64_t sig;
+    uint64_t gen;
+} job;
+
+/* The first version of any model that should load now; marks it busy. */
+static int pick_job(registry *r, int64_t now, job *j)
+{
+    for (int k = 0; k < r->n_entries; k++) {
+        entry *e = &r->entries[k];
+        if (e->unloaded || !e->scanned || strlen(e->name) >= sizeof j->name) continue;
+        int64_t t[256];
+        int nt = compute_target(e, t, (int)(sizeof t / sizeof t[0]));
+        for (int i = 0; i < nt; i++) {
+            const dver *d = find_disk(e, t[i]);
+            vrec *v = find_v(e, t[i]);
+            if (!v || !d || !needs_load(v, d) || !settled(r, e, v, d, now)) continue;
+            v->busy = 1;
+            if (v->state != REGISTRY_READY) {
+                v->state = REGISTRY_LOADING;
+                v->message[0] = '\0';
+            }
+            snprintf(j->name, sizeof j->name, "%s", e->name);
+            snprintf(j->model_dir, sizeof j->model_dir, "%s/%s", r->repository, e->name);
+            snprintf(j->dir, sizeof j->dir, "%s/%s/%lld", r->repository, e->name,
+                     (long long)v->version);
+            j->version = v->version;
+            j->sig = d->sig;
+            j->gen = e->gen;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* One synthetic minimal batch: 1 user, 1 candidate, zero dense features,
+ * empty bags and history. Catches a model that loads but cannot run. */
+static int warm_up(ikbo_model *model, ikbo_ctx *ctx, ikbo_err *err)
+{
+    const ikbo_model_info *mi = ikbo_model_get_info(model);
+    static const int64_t no_ids[1] = {0};
+    static const int64_t empty[2] = {0, 0};
+    static const int32_t map[1] = {0};
+    int nu = mi->n_user_sparse, nc = mi->n_cand_sparse;
+    float *ud = calloc((size_t)mi->user_dense + 1, sizeof *ud);
+    float *cd = calloc((size_t)mi->cand_dense + 1, sizeof *cd);
+    ikbo_jagged *us = calloc((size_t)nu + 1, sizeof *us);
+    ikbo_jagged *cs = calloc((size_t)nc + 1, sizeof *cs);
+    float *ts = calloc((size_t)mi->n_tasks + 1, sizeof *ts);
+    int rc = -1;
+    if (!ud || !cd || !us || !cs || !ts) {
+        bk_seterr(err, "warm-up: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nu; i++) us[i] = (ikbo_jagged){no_ids, empty};
+    for (int i = 0; i < nc; i++) cs[i] = (ikbo_jagged){no_ids, empty};
+    ikbo_batch b = {
+        .n_users = 1,
+        .n_cands = 1,
+        .user_dense = mi->user_dense ? ud : NULL,
+        .user_sparse = us,
+        .hist = {no_ids, empty},
+        .hist_actions = NULL,
+        .cand_dense = mi->cand_dense ? cd : NULL,
+        .cand_sparse = cs,
+        .map = map,
+    };
+    float score = 0;
+    ikbo_err e2;
+    if (ikbo_score(ctx, &b, ts, &score, &e2) != 0) {
+        bk_seterr(err, "warm-up batch (1 user, 1 candidate) failed: %s", e2.msg);
+        goto done;
+    }
+    if (!isfinite(score)) {
+        bk_seterr(err, "warm-up batch (1 user, 1 candidate) scored %g: the weights give "
+                       "non-finite scores", (double)score);
+        goto done;
+    }
+    rc = 0;
+done:
+    free(ud);
+    free(cd);
+    free(us);
+    free(cs);
+    free(ts);
+    return rc;
+}
+
+/* Resolves the serving settings, checks memory, loads, warms up. */
+static registry_model *load_instance(registry *r, const job *j, ikbo_err *err)
+{
+    ikbo_serving s = r->defaults, over;
+    snprintf(s.device, sizeof s.device, "%s", r->device);
+    snprintf(s.mode, sizeof s.mode, "%s", r->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo");
+    if (ikbo_model_peek_serving(j->dir, &over, err) != 0) return NULL;
+    repo_serving_merge(&s, &over);
+    if (repo_read_model_config(j->model_dir, &over, err) != 0) return NULL;
+    repo_serving_merge(&s, &over);
+    if (repo_memory_check(j->dir, s.device, err) != 0) return NULL;
+
+    registry_model *m = calloc(1, sizeof *m);
+    if (m) {
+        atomic_init(&m->refs, 1);
+        atomic_init(&m->retired, 0);
+        m->name = strdup(j->name);
+        m->dir = strdup(j->dir);
+        m->ctx = calloc((size_t)r->n_slots, sizeof *m->ctx);
+        m->n_slots = r->n_slots;
+        m->version = j->version;
+        m->serving = s;
+    }
+    if (!m || !m->name || !m->dir || !m->ctx) {
+        bk_seterr(err, "%s: out of memory", j->dir);
+        if (m) instance_destroy(m);
+        return NULL;
+    }
+    ikbo_load_opts lo = {.device = s.device,
+                         .mode = strcmp(s.mode, "broadcast") ? IKBO_MODE_IKBO : IKBO_MODE_BROADCAST};
+    m->model = ikbo_model_load(j->dir, &lo, err);
+    if (!m->model) {
+        instance_destroy(m);
+        return NULL;
+    }
+    ikbo_ctx *ctx = ikbo_ctx_new(m->model, err);
+    if (!ctx || warm_up(m->model, ctx, err) != 0) {
+        if (ctx) ikbo_ctx_free(ctx);
+        instance_destroy(m);
+        return NULL;
+    }
+    m->ctx[0] = ctx;
+    return m;
+}
+
+static void log_load(const job *j, const registry_model *m, const char *state, double secs,
+                     const char *error)
+{
+    log_line ln;
+    log_begin(&ln, error ? LOG_LEVEL_ERROR : LOG_LEVEL_INFO, "model_load");
+    log_str(&ln, "model", j->name);
+    log_int(&ln, "version", j->version);
+    log_str(&ln, "state", state);
+    log_num(&ln, "seconds", secs, 3);
+    if (m) {
+        log_str(&ln, "device", m->serving.device);
+        log_str(&ln, "mode", m->serving.mode);
+    }
+    log_str(&ln, "dir", j->dir);
+    log_str(&ln, "error", error);
+    log_end(&ln);
+}
+
+/* Publishes a finished load (the swap) under the write lock. */
+static void commit(registry *r, const job *j, registry_model *m, const char *error, double secs,
+                   relist *rel)
+{
+    entry *e = find_entry(r, j->name);
+    vrec *v = e ? find_v(e, j->version) : NULL;
+    if (!e || !v || e->gen != j->gen || v->blocked || e->unloaded) {
+        if (v) v->busy = 0;
+        if (m) {
+            retire_instance(m, rel);
+            log_unload(j->name, j->version, "unloaded while loading");
+        }
+        return;
+    }
+    v->busy = 0;
+    v->tried_sig = j->sig;
+    v->retry = 0;
+    v->reload = 0;
+    v->load_seconds = secs;
+    if (m) {
+        if (v->inst) retire_instance(v->inst, rel); /* a reload: swap */
+        v->inst = m;
+        v->state = REGISTRY_READY;
+        v->message[0] = '\0';
+        log_load(j, m, "READY", secs, NULL);
+    } else if (v->inst) {
+        snprintf(v->message, sizeof v->message, "reload failed, previous load serving: %.460s", error);
+        log_load(j, NULL, "READY", secs, v->message);
+    } else {
+        v->state = REGISTRY_FAILED;
+        snprintf(v->message, sizeof v->message, "%s", error);
+        log_load(j, NULL, "FAILED", secs, error);
+    }
+    if (!m) {
+        const char *const labels[] = {j->name};
+        metrics_add_l(r->load_failures, labels, 1);
+    }
+    decide(r, e, now_ms(), rel);
+}
+
+static int count_ready(registry *r)
+{
+    int ready = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (int k = 0; k < r->n_entries; k++)
+        for (int j = 0; j < r->entries[k].n_v; j++)
+            if (r->entries[k].v[j].state == REGISTRY_READY) {
+                ready++;
+                break;
+            }
+    pthread_rwlock_unlock(&r->lock);
+    return ready;
+}
+
+/* Scan, then load what should load, one version at a time. */
+static int pass(registry *r, int trusted)
+{
+    scan_item *items = NULL;
+    int n = scan_repo(r, &items);
+    relist rel = {0};
+    int64_t now = now_ms();
+    pthread_rwlock_wrlock(&r->lock);
+    if (n >= 0) merge_scan(r, items, n, trusted, now);
+    pthread_rwlock_unlock(&r->lock);
+    scan_free(items, n > 0 ? n : 0);
+
+    for (;;) {
+        job j;
+        pthread_rwlock_wrlock(&r->lock);
+        now = now_ms();
+        for (int k = 0; k < r->n_entries; k++) decide(r, &r->entries[k], now, &rel);
+        int have = !atomic_load(&r->stop) && pick_job(r, now, &j);
+        pthread_rwlock_unlock(&r->lock);
+        relist_run(&rel);
+        if (!have) break;
+
+        ikbo_err err;
+        memset(&err, 0, sizeof err);
+        double t0 = now_seconds();
+        registry_model *m = load_instance(r, &j, &err);
+        double secs = now_seconds() - t0;
+        pthread_rwlock_wrlock(&r->lock);
+        commit(r, &j, m, m ? NULL : (err.msg[0] ? err.msg : "load failed"), secs, &rel);
+        pthread_rwlock_unlock(&r->lock);
+        relist_run(&rel);
+    }
+
+    int64_t wake = 0;
+    pthread_rwlock_wrlock(&r->lock);
+    now = now_ms();
+    for (int k = 0; k < r->n_entries; k++) {
+        r->entries[k].trust = 0;
+        int64_t w = decide(r, &r->entries[k], now, &rel);
+        if (w && (!wake || w < wake)) wake = w;
+    }
+    prune_entries(r);
+    pthread_rwlock_unlock(&r->lock);
+    relist_run(&rel);
+    pthread_mutex_lock(&r->wmu);
+    r->next_settle_ms = wake;
+    pthread_mutex_unlock(&r->wmu);
+    return count_ready(r);
+}
+
+int registry_poll_once(registry *r, int trusted) { return pass(r, trusted); }
+
+/* ---- the worker ------------------------------------------------------------ */
+
+static void *worker_main(void *p)
+{
+    registry *r = p;
+    int ready = pass(r, 1);
+    char why[600];
+    if (registry_all_ready(r, why, sizeof why))
+        log_msg(LOG_LEVEL_INFO, "ready", "%d model(s) ready", ready);
+    else
+        log_msg(LOG_LEVEL_WARN, "not_ready", "%s", why);
+    int64_t last_poll = now_ms();
+    pthread_mutex_lock(&r->wmu);
+    while (!atomic_load(&r->stop)) {
+        int64_t now = now_ms();
+        int64_t due = r->poll_ms > 0 ? last_poll + r->poll_ms : INT64_MAX;
+        if (r->next_settle_ms && r->next_settle_ms < due) due = r->next_settle_ms;
+        if (!r->rescan && !r->kick && now < due) {
+            if (due == INT64_MAX) {
+                pthread_cond_wait(&r->wcv, &r->wmu);
+            } else {
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                int64_t ns = ts.tv_nsec + (due - now) * 1000000;
+                ts.tv_sec += ns / 1000000000;
+                ts.tv_nsec = ns % 1000000000;
+                pthread_cond_timedwait(&r->wcv, &r->wmu, &ts);
+            }
+            continue;
+        }
+        int trusted = r->rescan;
+        r->rescan = r->kick = 0;
+        pthread_mutex_unlock(&r->wmu);
+        pass(r, trusted);
+        last_poll = now_ms();
+        pthread_mutex_lock(&r->wmu);
+    }
+    pthread_mutex_unlock(&r->wmu);
+    return NULL;
+}
+
+int registry_start(registry *r, ikbo_err *err)
+{
+    if (r->running) return 0;
+    atomic_store(&r->stop, 0);
+    if (pthread_create(&r->thread, NULL, worker_main, r) != 0) {
+        bk_seterr(err, "registry: cannot start the model loader thread");
+        return -1;
+    }
+    r->running = 1;
+    return 0;
+}
+
+void registry_stop(registry *r)
+{
+    if (!r || !r->running) return;
+    pthread_mutex_lock(&r->wmu);
+    atomic_store(&r->stop, 1);
+    pthread_cond_broadcast(&r->wcv);
+    pthread_mutex_unlock(&r->wmu);
+    pthread_join(r->thread, NULL);
+    r->running = 0;
+}
+
+static void wake_worker(registry *r, int rescan)
+{
+    pthread_mutex_lock(&r->wmu);
+    if (rescan) r->rescan = 1;
+    r->kick = 1;
+    pthread_cond_broadcast(&r->wcv);
+    pthread_mutex_unlock(&r->wmu);
+}
+
+void registry_rescan(registry *r) { wake_worker(r, 1); }
+
+/* ---- construction ---------------------------------------------------------- */
 
 registry *registry_new(const registry_opts *o, ikbo_err *err)
 {
@@ -199,13 +981,36 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
         return NULL;
     }
     pthread_rwlock_init(&r->lock, NULL);
+    pthread_mutex_init(&r->wmu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->wcv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&r->stop, 0);
     r->repository = strdup(o->repository ? o->repository : "models");
     r->device = strdup(o->device ? o->device : "cpu");
     r->mode = o->mode;
     r->n_slots = o->n_slots > 0 ? o->n_slots : 1;
-    if (!r->repository || !r->device) {
-        bk_seterr(err, "registry: out of memory");
-        goto fail;
+    r->poll_ms = o->poll_ms > 0 ? o->poll_ms : 0;
+    r->settle_ms = o->settle_ms > 0 ? o->settle_ms : 0;
+    r->load_failures = o->load_failures;
+    repo_serving_unset(&r->defaults);
+    if (o->serving_defaults) repo_serving_merge(&r->defaults, o->serving_defaults);
+    r->defaults.mode[0] = r->defaults.device[0] = '\0';
+    r->default_policy = o->default_policy;
+    if (r->default_policy.latest <= 0 && r->default_policy.n_versions <= 0)
+        r->default_policy.latest = 1;
+    if (!r->repository || !r->device) goto oom;
+    if (o->n_policies > 0) {
+        r->policy_names = calloc((size_t)o->n_policies, sizeof *r->policy_names);
+        r->policies = calloc((size_t)o->n_policies, sizeof *r->policies);
+        if (!r->policy_names || !r->policies) goto oom;
+        for (int i = 0; i < o->n_policies; i++) {
+            if (!(r->policy_names[i] = strdup(o->policies[i].name))) goto oom;
+            r->policies[i] = o->policies[i].policy;
+            r->n_policies = i + 1;
+        }
     }
     struct stat sb;
     if (stat(r->repository, &sb) != 0) {
@@ -217,29 +1022,31 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
         goto fail;
     }
     if (o->models) {
-        for (int i = 0; i < o->n_models; i++)
-            if (add_entry(r, o->models[i], err)) goto fail;
-    } else {
-        DIR *d = opendir(r->repository);
-        if (!d) {
-            bk_seterr(err, "model repository %s: %s", r->repository, strerror(errno));
-            goto fail;
+        r->models = calloc((size_t)(o->n_models ? o->n_models : 1), sizeof *r->models);
+        if (!r->models) goto oom;
+        for (int i = 0; i < o->n_models; i++) {
+            int dup = 0;
+            for (int k = 0; k < r->n_models; k++) dup |= !strcmp(r->models[k], o->models[i]);
+            if (dup) continue;
+            if (!(r->models[r->n_models] = strdup(o->models[i]))) goto oom;
+            r->n_models++;
+            if (!add_entry(r, o->models[i], 1)) goto oom;
         }
-        struct dirent *de;
-        char path[4096];
-        while ((de = readdir(d)) != NULL) {
-            if (de->d_name[0] == '.') continue;
-            snprintf(path, sizeof path, "%s/%s", r->repository, de->d_name);
-            if (!is_dir(path) || highest_version(path) <= 0) continue;
-            if (add_entry(r, de->d_name, err)) {
-                closedir(d);
-                goto fail;
-            }
-        }
-        closedir(d);
     }
-    qsort(r->entries, (size_t)r->n_entries, sizeof *r->entries, cmp_entry);
+    /* List what is there now (LOADING), so probes say "loading" at once. */
+    scan_item *items = NULL;
+    int n = scan_repo(r, &items);
+    if (n >= 0) {
+        relist rel = {0};
+        int64_t now = now_ms();
+        merge_scan(r, items, n, 1, now);
+        for (int k = 0; k < r->n_entries; k++) decide(r, &r->entries[k], now, &rel);
+        relist_run(&rel);
+    }
+    scan_free(items, n > 0 ? n : 0);
     return r;
+oom:
+    bk_seterr(err, "registry: out of memory");
 fail:
     registry_free(r);
     return NULL;
@@ -248,106 +1055,144 @@ fail:
 void registry_free(registry *r)
 {
     if (!r) return;
-    for (int i = 0; i < r->n_entries; i++) {
-        for (int j = 0; j < r->entries[i].n_versions; j++)
-            registry_release(r->entries[i].versions[j]);
-        free(r->entries[i].versions);
-        free(r->entries[i].name);
-    }
+    registry_stop(r);
+    for (int i = 0; i < r->n_entries; i++) entry_free(&r->entries[i]);
     free(r->entries);
+    for (int i = 0; i < r->n_policies; i++) free(r->policy_names[i]);
+    free(r->policy_names);
+    free(r->policies);
+    for (int i = 0; i < r->n_models; i++) free(r->models[i]);
+    free(r->models);
     free(r->repository);
     free(r->device);
     pthread_rwlock_destroy(&r->lock);
+    pthread_mutex_destroy(&r->wmu);
+    pthread_cond_destroy(&r->wcv);
     free(r);
 }
 
 const char *registry_device(const registry *r) { return r->device; }
 enum ikbo_mode registry_mode(const registry *r) { return r->mode; }
 
-static double now_seconds(void)
+/* ---- admin ------------------------------------------------------------------ */
+
+static int valid_model_name(const char *name)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    return name && *name && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..") &&
+           strlen(name) < 200;
 }
 
-int registry_load_all(registry *r, const volatile int *stop)
+int registry_admin_load(registry *r, const char *name, int64_t version, rq_status *st)
 {
-    int ready = 0;
-    for (int i = 0; i < r->n_entries; i++) {
-        for (int j = 0; j < r->entries[i].n_versions; j++) {
-            if (stop && *stop) return ready;
-            registry_model *m = r->entries[i].versions[j];
-            pthread_rwlock_rdlock(&r->lock);
-            enum registry_state st = m->state;
-            pthread_rwlock_unlock(&r->lock);
-            if (st == REGISTRY_FAILED) {
-                log_line ln;
-                log_begin(&ln, LOG_LEVEL_ERROR, "model_load");
-                log_str(&ln, "model", m->name);
-                log_str(&ln, "state", "FAILED");
-                log_str(&ln, "error", m->message);
-                log_end(&ln);
-                continue;
-            }
-            if (st != REGISTRY_LOADING) {
-                ready += st == REGISTRY_READY;
-                continue;
-            }
-            /* Nobody reads m->model while it is LOADING, so the load runs
-             * without the lock. */
-            ikbo_load_opts lo = {.device = r->device, .mode = r->mode};
-            ikbo_err err;
-            memset(&err, 0, sizeof err);
-            double t0 = now_seconds();
-            ikbo_model *model = ikbo_model_load(m->dir, &lo, &err);
-            double secs = now_seconds() - t0;
-
-            pthread_rwlock_wrlock(&r->lock);
-            m->load_seconds = secs;
-            if (model) {
-                m->model = model;
-                m->state = REGISTRY_READY;
-                m->message[0] = '\0';
-                ready++;
-            } else {
-                m->state = REGISTRY_FAILED;
-                snprintf(m->message, sizeof m->message, "%s", err.msg[0] ? err.msg : "load failed");
-            }
-            pthread_rwlock_unlock(&r->lock);
-
-            log_line ln;
-            log_begin(&ln, model ? LOG_LEVEL_INFO : LOG_LEVEL_ERROR, "model_load");
-            log_str(&ln, "model", m->name);
-            log_int(&ln, "version", m->version);
-            log_str(&ln, "state", registry_state_name(m->state));
-            log_num(&ln, "seconds", secs, 3);
-            log_str(&ln, "device", r->device);
-            log_str(&ln, "mode", r->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo");
-            log_str(&ln, "dir", m->dir);
-            if (!model) log_str(&ln, "error", m->message);
-            log_end(&ln);
-        }
+    char sn[160];
+    safe_name(name, sn, sizeof sn);
+    if (!valid_model_name(name))
+        return rq_status_set(st, RQ_INVALID_ARGUMENT, "model name '%s' is not valid", sn);
+    if (version < 0)
+        return rq_status_set(st, RQ_INVALID_ARGUMENT, "version: must be >= 0 (0 = by policy), got %lld",
+                             (long long)version);
+    char path[PATH_MAX];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", r->repository, name);
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return rq_status_set(st, RQ_NOT_FOUND, "model '%s': no directory %s/%s in the repository",
+                             sn, r->repository, sn);
+    if (version > 0) {
+        snprintf(path, sizeof path, "%s/%s/%lld/model.json", r->repository, name,
+                 (long long)version);
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            return rq_status_set(st, RQ_NOT_FOUND, "model '%s' version %lld: no %s", sn,
+                                 (long long)version, path);
     }
-    return ready;
+    pthread_rwlock_wrlock(&r->lock);
+    entry *e = find_entry(r, name);
+    if (!e && r->models) {
+        pthread_rwlock_unlock(&r->lock);
+        return rq_status_set(st, RQ_NOT_FOUND, "model '%s' is not in the configured model list", sn);
+    }
+    if (!e && !(e = add_entry(r, name, 0))) {
+        pthread_rwlock_unlock(&r->lock);
+        return rq_status_set(st, RQ_INTERNAL, "out of memory");
+    }
+    e->unloaded = 0;
+    e->trust_next = 1;
+    for (int j = 0; j < e->n_v; j++) e->v[j].blocked = 0;
+    if (version > 0) {
+        vrec *v = find_v(e, version);
+        if (!v && !(v = add_v(e, version))) {
+            pthread_rwlock_unlock(&r->lock);
+            return rq_status_set(st, RQ_INTERNAL, "out of memory");
+        }
+        v->pinned = 1;
+        if (v->state == REGISTRY_READY) v->reload = 1;
+        if (v->state == REGISTRY_FAILED) v->retry = 1;
+    } else {
+        e->reload_all = 1;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "model_load_requested");
+    log_str(&ln, "model", name);
+    if (version > 0) log_int(&ln, "version", version);
+    log_end(&ln);
+    wake_worker(r, 0);
+    rq_status_ok(st);
+    return 0;
 }
 
-static entry *find_entry(registry *r, const char *name)
+int registry_admin_unload(registry *r, const char *name, int64_t version, rq_status *st)
 {
-    if (!name) return NULL;
-    entry key = {.name = (char *)name};
-    return bsearch(&key, r->entries, (size_t)r->n_entries, sizeof *r->entries, cmp_entry);
+    char sn[160];
+    safe_name(name, sn, sizeof sn);
+    if (version < 0)
+        return rq_status_set(st, RQ_INVALID_ARGUMENT, "version: must be >= 0 (0 = every version), got %lld",
+                             (long long)version);
+    relist rel = {0};
+    pthread_rwlock_wrlock(&r->lock);
+    entry *e = find_entry(r, name);
+    if (!e) {
+        pthread_rwlock_unlock(&r->lock);
+        return rq_status_set(st, RQ_NOT_FOUND, "model '%s' not found", sn);
+    }
+    if (version == 0) {
+        e->unloaded = 1;
+        e->gen++;
+        for (int j = 0; j < e->n_v; j++) {
+            vrec *v = &e->v[j];
+            v->pinned = v->reload = v->retry = 0;
+            if (v->state == REGISTRY_READY || v->state == REGISTRY_LOADING)
+                retire_v(e, v, "admin request", &rel);
+        }
+    } else {
+        vrec *v = find_v(e, version);
+        if (!v || (v->state != REGISTRY_READY && v->state != REGISTRY_LOADING)) {
+            pthread_rwlock_unlock(&r->lock);
+            return rq_status_set(st, RQ_NOT_FOUND, "model '%s' version %lld is not loaded", sn,
+                                 (long long)version);
+        }
+        v->blocked = 1;
+        v->pinned = v->reload = v->retry = 0;
+        retire_v(e, v, "admin request", &rel);
+        decide(r, e, now_ms(), &rel);
+    }
+    pthread_rwlock_unlock(&r->lock);
+    relist_run(&rel);
+    wake_worker(r, 0);
+    rq_status_ok(st);
+    return 0;
 }
+
+/* ---- lookups ----------------------------------------------------------------- */
 
 /* "1, 3" or "none". */
 static void ready_list(const entry *e, char *out, size_t n)
 {
     size_t len = 0;
     out[0] = '\0';
-    for (int j = 0; j < e->n_versions && len + 24 < n; j++) {
-        if (e->versions[j]->state != REGISTRY_READY) continue;
+    for (int j = 0; j < e->n_v && len + 24 < n; j++) {
+        if (e->v[j].state != REGISTRY_READY) continue;
         len += (size_t)snprintf(out + len, n - len, "%s%lld", len ? ", " : "",
-                                (long long)e->versions[j]->version);
+                                (long long)e->v[j].version);
     }
     if (!len) snprintf(out, n, "none");
 }
@@ -372,11 +1217,18 @@ registry_model *registry_acquire(registry *r, const char *name, int64_t version,
         rq_status_set(st, RQ_NOT_FOUND, "model '%s' not found", sn);
         goto out;
     }
+    if (e->unloaded) {
+        rq_status_set(st, RQ_NOT_FOUND, "model '%s' is unloaded", sn);
+        goto out;
+    }
     if (version == 0) {
-        for (int j = 0; j < e->n_versions && !m; j++)
-            if (e->versions[j]->state == REGISTRY_READY) m = e->versions[j];
+        for (int j = 0; j < e->n_v && !m; j++)
+            if (e->v[j].state == REGISTRY_READY) m = e->v[j].inst;
         if (!m) {
-            const registry_model *v = e->n_versions ? e->versions[0] : NULL;
+            const vrec *v = NULL;
+            for (int j = 0; j < e->n_v && !v; j++)
+                if (e->v[j].state == REGISTRY_LOADING) v = &e->v[j];
+            if (!v && e->n_v) v = &e->v[0];
             if (v && v->state == REGISTRY_LOADING)
                 rq_status_set(st, RQ_UNAVAILABLE, "model '%s' is loading", sn);
             else if (v && v->version > 0)
@@ -389,11 +1241,9 @@ registry_model *registry_acquire(registry *r, const char *name, int64_t version,
             goto out;
         }
     } else {
-        registry_model *v = NULL;
-        for (int j = 0; j < e->n_versions && !v; j++)
-            if (e->versions[j]->version == version) v = e->versions[j];
+        const vrec *v = find_v(e, version);
         if (v && v->state == REGISTRY_READY) {
-            m = v;
+            m = v->inst;
         } else if (v && v->state == REGISTRY_LOADING) {
             rq_status_set(st, RQ_UNAVAILABLE, "model '%s' version %lld is loading", sn,
                           (long long)version);
@@ -412,37 +1262,18 @@ out:
     return m;
 }
 
-const char *registry_model_name(const registry_model *m) { return m->name; }
-int64_t registry_model_version(const registry_model *m) { return m->version; }
-
-const ikbo_model_info *registry_model_info(const registry_model *m)
-{
-    return m->model ? ikbo_model_get_info(m->model) : NULL;
-}
-
-ikbo_ctx *registry_model_ctx(registry_model *m, int slot, ikbo_err *err)
-{
-    if (slot < 0 || slot >= m->n_slots) {
-        bk_seterr(err, "registry: context slot %d out of range [0, %d)", slot, m->n_slots);
-        return NULL;
-    }
-    if (!m->model) {
-        bk_seterr(err, "registry: model '%s' is not loaded", m->name);
-        return NULL;
-    }
-    if (!m->ctx[slot]) m->ctx[slot] = ikbo_ctx_new(m->model, err);
-    return m->ctx[slot];
-}
+/* ---- views -------------------------------------------------------------------- */
 
 static void fill_views(const entry *e, registry_version_view *vv)
 {
-    for (int j = 0; j < e->n_versions; j++) {
-        const registry_model *m = e->versions[j];
-        vv[j].version = m->version;
-        vv[j].state = m->state;
-        vv[j].message = m->message;
-        vv[j].load_seconds = m->load_seconds;
-        vv[j].info = m->state == REGISTRY_READY ? ikbo_model_get_info(m->model) : NULL;
+    for (int j = 0; j < e->n_v; j++) {
+        const vrec *v = &e->v[j];
+        vv[j].version = v->version;
+        vv[j].state = v->state;
+        vv[j].message = v->message;
+        vv[j].load_seconds = v->load_seconds;
+        vv[j].info = v->inst ? ikbo_model_get_info(v->inst->model) : NULL;
+        vv[j].serving = v->inst ? &v->inst->serving : NULL;
     }
 }
 
@@ -451,9 +1282,10 @@ void registry_foreach(registry *r, registry_visit_fn fn, void *ctx)
     pthread_rwlock_rdlock(&r->lock);
     for (int i = 0; i < r->n_entries; i++) {
         const entry *e = &r->entries[i];
-        registry_version_view vv[e->n_versions > 0 ? e->n_versions : 1];
+        registry_version_view vv[e->n_v > 0 ? e->n_v : 1];
         fill_views(e, vv);
-        registry_entry_view ev = {.name = e->name, .versions = vv, .n_versions = e->n_versions};
+        registry_entry_view ev = {
+            .name = e->name, .versions = vv, .n_versions = e->n_v, .unloaded = e->unloaded};
         fn(&ev, ctx);
     }
     pthread_rwlock_unlock(&r->lock);
@@ -461,8 +1293,9 @@ void registry_foreach(registry *r, registry_visit_fn fn, void *ctx)
 
 static int entry_ready(const entry *e)
 {
-    for (int j = 0; j < e->n_versions; j++)
-        if (e->versions[j]->state == REGISTRY_READY) return 1;
+    if (e->unloaded) return 0;
+    for (int j = 0; j < e->n_v; j++)
+        if (e->v[j].state == REGISTRY_READY) return 1;
     return 0;
 }
 
@@ -477,17 +1310,18 @@ int registry_model_ready(registry *r, const char *name)
 
 int registry_all_ready(registry *r, char *why, size_t why_size)
 {
-    int ok = 1;
+    int ok = 1, live = 0;
     pthread_rwlock_rdlock(&r->lock);
-    if (r->n_entries == 0) {
-        snprintf(why, why_size, "no models in %s", r->repository);
-        ok = 0;
-    }
     for (int i = 0; ok && i < r->n_entries; i++) {
         const entry *e = &r->entries[i];
+        if (e->unloaded) continue;
+        live++;
         if (entry_ready(e)) continue;
         ok = 0;
-        const registry_model *v = e->n_versions ? e->versions[0] : NULL;
+        const vrec *v = NULL;
+        for (int j = 0; j < e->n_v && !v; j++)
+            if (e->v[j].state == REGISTRY_LOADING) v = &e->v[j];
+        if (!v && e->n_v) v = &e->v[0];
         if (v && v->state == REGISTRY_LOADING)
             snprintf(why, why_size, "model '%s' version %lld is loading", e->name,
                      (long long)v->version);
@@ -497,11 +1331,16 @@ int registry_all_ready(registry *r, char *why, size_t why_size)
         else
             snprintf(why, why_size, "model '%s': %s", e->name, v ? v->message : "no versions");
     }
+    if (ok && !live) {
+        snprintf(why, why_size, r->n_entries ? "every model is unloaded" : "no models in %s",
+                 r->repository);
+        ok = 0;
+    }
     pthread_rwlock_unlock(&r->lock);
     return ok;
 }
 
-/* ---- ModelInfo -------------------------------------------------------- */
+/* ---- ModelInfo ------------------------------------------------------------------ */
 
 static char **dup_strv(const char *const *s, int n)
 {
@@ -525,8 +1364,8 @@ static int describe_entry(const registry *r, const entry *e, Ikbo__V1__ModelDesc
 {
     if (!(d->name = strdup(e->name))) return -1;
     const ikbo_model_info *mi = NULL;
-    for (int j = 0; j < e->n_versions && !mi; j++)
-        if (e->versions[j]->state == REGISTRY_READY) mi = ikbo_model_get_info(e->versions[j]->model);
+    for (int j = 0; j < e->n_v && !mi; j++)
+        if (e->v[j].inst) mi = ikbo_model_get_info(e->v[j].inst->model);
     const char *mode = r->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo";
     const char *device = r->device;
     if (mi) {
@@ -559,11 +1398,11 @@ static int describe_entry(const registry *r, const entry *e, Ikbo__V1__ModelDesc
         }
     }
     if (!(d->mode = strdup(mode)) || !(d->device = strdup(device))) return -1;
-    if (e->n_versions) {
-        d->versions = calloc((size_t)e->n_versions, sizeof *d->versions);
+    if (e->n_v) {
+        d->versions = calloc((size_t)e->n_v, sizeof *d->versions);
         if (!d->versions) return -1;
-        for (int j = 0; j < e->n_versions; j++) {
-            const registry_model *m = e->versions[j];
+        for (int j = 0; j < e->n_v; j++) {
+            const vrec *m = &e->v[j];
             Ikbo__V1__ModelVersionInfo *v = malloc(sizeof *v);
             if (!v) return -1;
             ikbo__v1__model_version_info__init(v);
