@@ -344,7 +344,7 @@ static void handle_rank(http_server *h, struct evhttp_request *req, const char *
         }
         deadline = rank_now_ns() + (ms > 86400000LL ? 86400000LL : ms) * 1000000LL;
     }
-    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, h->o.slot, rr, deadline, "http", &st);
+    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, rr, deadline, "http", &st);
     if (resp)
         reply_json(h, req, route, 200, rq_response_to_json(resp));
     else

@@ -33,8 +33,10 @@
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
  * A body over max_body_bytes is refused by evhttp itself (413).
- * Scoring runs on the HTTP thread with its own context slot (registry.h), so
- * a long :rank delays other HTTP requests; the gRPC port is the fast path.
+ * :rank goes through the model's batcher like gRPC (it may be merged with
+ * gRPC requests) and the HTTP thread blocks until its answer, so a :rank
+ * waiting in the queue or computing delays other HTTP requests (/metrics,
+ * probes); the gRPC port is the fast path.
  *
  * Ownership: the pointers in opts must outlive the server. Thread-safety:
  * http_start/http_stop from one controlling thread; handlers run on the HTTP
@@ -59,7 +61,6 @@ enum http_admin { HTTP_ADMIN_LOCAL = 0, HTTP_ADMIN_ANY = 1, HTTP_ADMIN_OFF = 2 }
 typedef struct http_opts {
     const char *listen; /* "host:port" (IPv6 as "[::1]:8080"); port 0 = any free */
     uint32_t max_body_bytes;
-    int slot; /* context slot for :rank */
     const rank_env *rank;
     registry *reg;
     metrics_server *metrics;

@@ -31,6 +31,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "batcher.h"
 #include "rank.h"
 #include "registry.h"
 
@@ -131,6 +132,7 @@ int main(int argc, char **argv)
     registry *reg = NULL;
     grpcsrv *gs = NULL;
     http_server *hs = NULL;
+    batcher_set *batchers = NULL;
     int grpc_inited = 0;
     registry_model_policy *policies = NULL;
 
@@ -145,7 +147,7 @@ int main(int argc, char **argv)
         .n_models = cfg.n_models,
         .device = cfg.device,
         .mode = cfg.mode,
-        .n_slots = cfg.threads + 1, /* gRPC workers, then the HTTP thread */
+        .n_slots = CONFIG_BATCH_MAX_INSTANCES, /* batcher instance i scores with slot i */
     };
     ro.default_policy = to_policy(&cfg.version_policy);
     ro.poll_ms = cfg.repository_poll_ms;
@@ -183,9 +185,14 @@ int main(int argc, char **argv)
         free(cj);
     }
 
+    batchers = batcher_set_new(reg, &cfg.batching, &mx, &err);
+    if (!batchers) {
+        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
+        goto out;
+    }
     grpc_init();
     grpc_inited = 1;
-    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx};
+    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx, .batchers = batchers};
     grpcsrv_opts go = {
         .listen = cfg.grpc_listen,
         .threads = cfg.threads,
@@ -206,7 +213,6 @@ int main(int argc, char **argv)
     http_opts ho = {
         .listen = cfg.http_listen,
         .max_body_bytes = cfg.limits.max_message_bytes,
-        .slot = cfg.threads,
         .rank = &env,
         .reg = reg,
         .metrics = &mx,
@@ -273,6 +279,9 @@ out:
     http_stop(hs);
     registry_stop(reg); /* after the load in progress, if any */
     grpcsrv_free(gs);
+    /* After every front end is gone: answers queued work, then the batchers
+     * drop their model references. */
+    batcher_set_free(batchers);
     if (grpc_inited) grpc_shutdown_blocking();
     registry_free(reg);
     free(policies);
