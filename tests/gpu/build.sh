@@ -4,8 +4,11 @@
 # Why this exists: the GPU machine cannot build (no project dependencies);
 # these binaries are built here, carried there (`carry: ["build/gpu"]`) and
 # run by bench/kernels/run.sh. CI (no GPU) may run this too: it only
-# compiles. Also writes the random test models (tools/reference) once.
+# compiles. Also writes the random test models (tools/reference) once;
+# --no-models skips that (no PyTorch needed, e.g. a compile-only CI step).
 set -euo pipefail
+models=1
+[ "${1:-}" = "--no-models" ] && models=0
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
@@ -20,6 +23,7 @@ gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c build/libikbo.a \
 "$NVCC" -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
     -o $B/bench_kernels bench/kernels/bench_kernels.cu build/libikbo.a \
     -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
+[ $models = 1 ] || { du -sh $B; exit 0; }
 # Random models of several shapes (SIMT and tensor-core paths, adds, no history).
 PY=${PY:-/usr/bin/python3}
 mk() { [ -f "$B/models/$1/1/model.json" ] || $PY tools/reference/random_model.py --out "$B/models/$1/1" "${@:2}" >/dev/null; }
