@@ -16,7 +16,8 @@
  * - tile table (one small block): per-user candidate runs -> tiles of at
  *   most 128 query rows {row0, row_end, user}; runs on the device because
  *   map lives there.
- * - tensor-core flash kernel (bf16/fp16, dh 32/64/96/128 templated): 8 warps
+ * - wgmma flash kernel (Hopper, bf16/fp16, dh 64/128): see k_att_wg.
+ * - mma.sync flash kernel (bf16/fp16, dh 32/64/96/128 templated): 8 warps
  *   of 16 query rows, keys in blocks of 64, double-buffered cp.async K/V,
  *   online softmax in fp32 (base 2), P kept in registers as the A operand
  *   of P V; no [rows, L] scores in memory; keys past L_u masked.

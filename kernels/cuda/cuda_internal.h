@@ -66,7 +66,7 @@ struct bk_stream {
     void *ws; /* cuBLASLt workspace */
     size_t ws_size;
     cu_scratch stage;    /* fp32 staging for upload_f32 / download_f32 */
-    cu_scratch lce_y;    /* LCE user term, fp32 [nu, M, D] (user rows)  */
+    cu_scratch lce_y;    /* LCE user term at nu user rows, fp32 (lce.cu)  */
     cu_scratch att_tile; /* attention tile table                         */
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;

@@ -6,15 +6,19 @@
  * Why this exists: the broadcast formulation copies every user's [Ku, D]
  * block to each of its candidates and runs one GEMM over K = Ku + Kc. The
  * user term only depends on the user, so it is computed once per user
- * (Y [U, M, D], fp32, stream scratch at U rows), and the candidate GEMM adds
- * Y[map[c]] in its epilogue, in registers: no [C, Ku, D] copy and no
- * [C, M, D] user-term buffer ever exist. Both GEMMs are the same batched
- * kernel (one W for the whole batch, one E block per batch item).
+ * (stream scratch at U rows, fp32), and the candidate GEMM adds it to its
+ * accumulators through map[c]: no [C, Ku, D] copy and no [C, M, D] user-term
+ * buffer ever exist. Both GEMMs are the same batched kernel (one W for the
+ * whole batch, one E block per batch item).
  *
- * Kernels: a tensor-core kernel (bf16/fp16, mma.sync m16n8k16, fp32
- * accumulate, 4-stage cp.async pipeline, padded shared-memory rows so that
- * ldmatrix is conflict-free) for D % 8 == 0 with 16-byte aligned operands;
- * a SIMT kernel for everything else (fp32 mode, odd D).
+ * Kernels, fastest first (IKBO_CUDA_LCE picks one for tests and benches):
+ * - wgmma (Hopper, bf16/fp16, M >= 64 and D >= 64, D % 8 == 0, 16-byte
+ *   aligned operands): see k_lce_wg; the user term is kept in the
+ *   accumulator fragment order and seeds the candidate accumulators.
+ * - mma.sync m16n8k16 (bf16/fp16, D % 8 == 0): 4-stage cp.async pipeline,
+ *   padded shared rows for conflict-free ldmatrix; user term dense
+ *   [U, M, D] fp32, added in the epilogue.
+ * - SIMT (fp32 mode, odd D): 64 x 64 tiles, fp32 FMA.
  *
  * Numerics: user and candidate partial sums are each accumulated in fp32 and
  * added in fp32 before the one rounding to the activation dtype.
