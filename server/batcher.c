@@ -1091,17 +1091,9 @@ static bs_entry *find(batcher_set *s, const registry_model *m)
 static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
 {
     const ikbo_model_info *mi = registry_model_info(m);
-    ikbo_serving sv;
     ikbo_err err;
-    memset(&err, 0, sizeof err);
-    int have = mi->dir && ikbo_model_peek_serving(mi->dir, &sv, &err) == 0;
-    if (!have)
-        log_msg(LOG_LEVEL_WARN, "batcher_serving",
-                "model '%s' version %lld: cannot read its serving block, using the server's "
-                "batching config: %s",
-                registry_model_name(m), (long long)registry_model_version(m), err.msg);
     config_batching lim;
-    batcher_resolve(&s->server, have ? &sv : NULL, mi->device, &lim);
+    batcher_resolve(&s->server, registry_model_serving(m), mi->device, &lim);
     batcher_model bm = {mi, registry_model_name(m), registry_ctx, m};
     memset(&err, 0, sizeof err);
     batcher *b = batcher_new(&bm, &lim, s->mx, NULL, &err);
@@ -1123,10 +1115,8 @@ static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
     return b;
 }
 
-int batcher_set_submit(batcher_set *s, registry_model *m, int *took_ref, const batcher_request *r,
-                       rq_status *st)
+int batcher_set_submit(batcher_set *s, registry_model *m, const batcher_request *r, rq_status *st)
 {
-    *took_ref = 0;
     pthread_rwlock_rdlock(&s->lock);
     bs_entry *e = find(s, m);
     if (e) {
@@ -1146,26 +1136,14 @@ int batcher_set_submit(batcher_set *s, registry_model *m, int *took_ref, const b
             pthread_rwlock_unlock(&s->lock);
             return -1;
         }
-        e->m = m;
+        e->m = registry_model_ref(m);
         e->b = b;
         e->next = s->head;
         s->head = e;
-        *took_ref = 1;
     }
     int rc = batcher_submit(e->b, r, st);
     pthread_rwlock_unlock(&s->lock);
     return rc;
-}
-
-/* Still the version the registry serves under its name and number? */
-static int still_served(registry *reg, registry_model *m)
-{
-    rq_status st;
-    registry_model *x =
-        registry_acquire(reg, registry_model_name(m), registry_model_version(m), &st);
-    int same = x == m;
-    registry_release(x);
-    return same;
 }
 
 static void reap(batcher_set *s, int all)
@@ -1174,7 +1152,7 @@ static void reap(batcher_set *s, int all)
     pthread_rwlock_wrlock(&s->lock);
     for (bs_entry **pp = &s->head; *pp;) {
         bs_entry *e = *pp;
-        if (all || (batcher_idle(e->b) && !still_served(s->reg, e->m))) {
+        if (all || (registry_model_retired(e->m) && batcher_idle(e->b))) {
             *pp = e->next;
             /* Joined under the lock: a new batcher for the same version must
              * not start while these threads still use its context slots. */

@@ -138,24 +138,24 @@ void batcher_free(batcher *b);
 
 /* A batcher set makes a model version's batcher on its first request, with
  * the limits batcher_resolve gives for the server config and the version's
- * model.json "serving" block, and instance i scoring with the registry's
- * context slot i (so the registry needs CONFIG_BATCH_MAX_INSTANCES slots).
- * A batcher holds a registry reference to its version. Once a second, a
- * reaper retires every idle batcher whose version the registry no longer
- * serves (unloaded or replaced), which releases that reference: queued and
- * in-flight requests on an old version finish on it.
+ * serving settings (registry_model_serving: model.json "serving" < the
+ * model's config.json "serving"; what neither sets comes from the server's
+ * "batching" config), and instance i scoring with the registry's context
+ * slot i (so the registry needs CONFIG_BATCH_MAX_INSTANCES slots). A batcher
+ * holds its own registry reference to its version. Once a second, a reaper
+ * frees every idle batcher whose version the registry has retired (swapped
+ * out or unloaded), which releases that reference: queued and in-flight
+ * requests on an old version finish on it.
  * Thread-safety: submit from any thread; new/free from one thread. */
 typedef struct batcher_set batcher_set;
 
 batcher_set *batcher_set_new(registry *reg, const config_batching *server, metrics_server *mx,
                              ikbo_err *err);
 
-/* Submits r to m's batcher (made on first use). The caller holds a registry
- * reference to m: when a new batcher is made, it takes that reference over
- * (*took_ref = 1: the caller must not release it); either way m stays valid
- * until r's callback has returned. Returns as batcher_submit. */
-int batcher_set_submit(batcher_set *s, registry_model *m, int *took_ref,
-                       const batcher_request *r, rq_status *st);
+/* Submits r to m's batcher (made on first use; m is a handle the caller
+ * holds). Returns as batcher_submit. */
+int batcher_set_submit(batcher_set *s, registry_model *m, const batcher_request *r,
+                       rq_status *st);
 
 /* Finishes and frees every batcher (releasing their references). NULL ok. */
 void batcher_set_free(batcher_set *s);

@@ -20,10 +20,7 @@ typedef struct rank_job {
     const rank_env *env;
     const Ikbo__V1__RankRequest *req;
     rq_plan *plan;
-    registry_model *m;
-    /* Set by the batcher set, before the batcher can call back, when the
-     * version's new batcher took over this job's registry reference. */
-    int took_ref;
+    registry_model *m; /* the job's own reference */
     int64_t t0;
     const char *transport;
     rank_done_fn done;
@@ -75,7 +72,7 @@ static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
     /* The request may be freed by the callback: nothing reads it after. */
     j->done(j->arg, resp, st);
     rq_plan_free(j->plan);
-    if (!j->took_ref) registry_release(j->m);
+    registry_release(j->m);
     free(j);
 }
 
@@ -143,7 +140,7 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     };
     /* Once admitted, the job may complete on a batcher thread at any time:
      * nothing here touches it after a successful submit. */
-    if (batcher_set_submit(env->batchers, j->m, &j->took_ref, &br, &st) == 0) return;
+    if (batcher_set_submit(env->batchers, j->m, &br, &st) == 0) return;
 fail:
     job_finish(j, NULL, &st);
 }

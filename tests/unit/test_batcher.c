@@ -1,0 +1,896 @@
+/* test_batcher.c - the dynamic batcher (server/batcher.c) on the CPU backend.
+ *
+ * Why this exists: batching must be invisible in the answers. For random
+ * request mixes submitted from several threads, every request's scores from
+ * batched execution (merged with others, users deduplicated across requests,
+ * oversize requests chunked) must be bitwise identical to scoring that
+ * request alone. Also: chunking and stitching, dedup across requests (and no
+ * merge of same-key users with different content), admission limits and
+ * their messages, deadline expiry while queued, cancelled requests not
+ * computed, and batcher_free finishing queued work. A small model with every
+ * op is written to a temp dir. Run it under ThreadSanitizer with `make tsan`.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "server/batcher.h"
+#include "server/metrics.h"
+#include "server/request.h"
+
+/* ---- the model (test_engine.c's: every op) ------------------------------ */
+
+static const char *MODEL_JSON =
+    "{\"format\": \"ikbo-model/1\","
+    " \"inputs\": {\"user\": {\"dense\": 6, \"sparse\": [\"country\"],"
+    "                        \"history\": {\"max_len\": 5, \"actions\": 3}},"
+    "             \"candidate\": {\"dense\": 3, \"sparse\": [\"item\"]}},"
+    " \"tables\": {\"item\": {\"rows\": 50, \"dim\": 8}, \"country\": {\"rows\": 7, \"dim\": 8}},"
+    " \"layers\": ["
+    "  {\"name\": \"u_country\", \"op\": \"embedding_bag\", \"input\": \"user.sparse.country\","
+    "   \"table\": \"country\", \"pooling\": \"mean\"},"
+    "  {\"name\": \"u_d1\", \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 16, \"activation\": \"relu\"},"
+    "  {\"name\": \"u_d\", \"op\": \"reshape\", \"input\": \"u_d1\", \"tokens\": 2},"
+    "  {\"name\": \"hist\", \"op\": \"history_embedding\", \"input\": \"user.history\", \"table\": \"item\"},"
+    "  {\"name\": \"hist_mean\", \"op\": \"mean_pool\", \"input\": \"hist\"},"
+    "  {\"name\": \"e_user\", \"op\": \"stack\", \"inputs\": [\"u_country\", \"u_d\", \"hist_mean\"]},"
+    "  {\"name\": \"c_item\", \"op\": \"embedding_bag\", \"input\": \"candidate.sparse.item\","
+    "   \"table\": \"item\", \"pooling\": \"sum\"},"
+    "  {\"name\": \"c_d1\", \"op\": \"linear\", \"input\": \"candidate.dense\", \"out\": 8, \"activation\": \"sigmoid\"},"
+    "  {\"name\": \"x_cand\", \"op\": \"stack\", \"inputs\": [\"c_item\", \"c_d1\"]},"
+    "  {\"name\": \"ta\", \"op\": \"target_attention\", \"query\": \"x_cand\", \"history\": \"hist\","
+    "   \"heads\": 2, \"head_dim\": 4},"
+    "  {\"name\": \"e_cand\", \"op\": \"stack\", \"inputs\": [\"x_cand\", \"ta\"]},"
+    "  {\"name\": \"lce\", \"op\": \"lce\", \"user\": \"e_user\", \"candidate\": \"e_cand\", \"out_tokens\": 3},"
+    "  {\"name\": \"flat\", \"op\": \"flatten\", \"input\": \"lce\"},"
+    "  {\"name\": \"top1\", \"op\": \"linear\", \"input\": \"flat\", \"out\": 8, \"activation\": \"relu\"},"
+    "  {\"name\": \"u_vec\", \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 8},"
+    "  {\"name\": \"mix\", \"op\": \"add\", \"inputs\": [\"u_vec\", \"top1\"]},"
+    "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\", \"out\": 2}"
+    " ],"
+    " \"output\": {\"logits\": \"logits\", \"tasks\": [\"click\", \"like\"], \"score_weights\": [1.0, 0.5]}}";
+
+typedef struct tensor_spec {
+    const char *name;
+    int rows, cols; /* rows 0 = 1-D [cols] */
+} tensor_spec;
+
+static const tensor_spec TENSORS[] = {
+    {"tables.item", 50, 8},  {"tables.country", 7, 8}, {"u_d1.weight", 16, 6},
+    {"u_d1.bias", 0, 16},    {"hist.action", 3, 8},    {"hist.position", 5, 8},
+    {"c_d1.weight", 8, 3},   {"c_d1.bias", 0, 8},      {"ta.wq", 8, 8},
+    {"ta.wk", 8, 8},         {"ta.wv", 8, 8},          {"ta.wo", 8, 8},
+    {"lce.w_user", 3, 4},    {"lce.w_cand", 3, 4},     {"top1.weight", 8, 24},
+    {"top1.bias", 0, 8},     {"u_vec.weight", 8, 6},   {"u_vec.bias", 0, 8},
+    {"logits.weight", 2, 8}, {"logits.bias", 0, 2},
+};
+#define N_TENSORS (sizeof(TENSORS) / sizeof(TENSORS[0]))
+
+/* Deterministic generator; one per thread where threads draw. */
+static double frand_s(uint64_t *s) /* uniform in [-1, 1) */
+{
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(*s >> 11) / (double)(1ULL << 53) * 2.0 - 1.0;
+}
+static int irand_s(uint64_t *s, int n) /* 0..n-1 */
+{
+    int v = (int)((frand_s(s) + 1.0) * 0.5 * n);
+    return v < n ? v : n - 1;
+}
+
+static char model_dir[256];
+static ikbo_model *MODEL;
+static const ikbo_model_info *MI;
+static ikbo_ctx *SOLO_CTX;
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void write_model(void)
+{
+    snprintf(model_dir, sizeof(model_dir), "/tmp/ikbo_test_batcher_%d", (int)getpid());
+    mkdir(model_dir, 0755);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/model.json", model_dir);
+    write_file(path, MODEL_JSON, strlen(MODEL_JSON));
+    char header[8192];
+    size_t hl = 0, off = 0;
+    hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "{");
+    for (size_t i = 0; i < N_TENSORS; i++) {
+        const tensor_spec *t = &TENSORS[i];
+        size_t n = (size_t)(t->rows ? t->rows : 1) * (size_t)t->cols;
+        char shape[64];
+        if (t->rows) snprintf(shape, sizeof(shape), "[%d, %d]", t->rows, t->cols);
+        else snprintf(shape, sizeof(shape), "[%d]", t->cols);
+        hl += (size_t)snprintf(header + hl, sizeof(header) - hl,
+                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, \"data_offsets\": [%zu, %zu]}",
+                               i ? ", " : "", t->name, shape, off, off + n * 4);
+        off += n * 4;
+    }
+    hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "}");
+    size_t total = 8 + hl + off;
+    uint8_t *buf = malloc(total);
+    assert_non_null(buf);
+    uint64_t h64 = hl;
+    memcpy(buf, &h64, 8);
+    memcpy(buf + 8, header, hl);
+    float *data = (float *)(buf + 8 + hl);
+    uint64_t s = 42;
+    for (size_t i = 0; i < off / 4; i++) {
+        float v = (float)(frand_s(&s) * 0.5);
+        memcpy(&data[i], &v, 4);
+    }
+    snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
+    write_file(path, buf, total);
+    free(buf);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    write_model();
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    ikbo_load_opts o = {.device = "cpu", .mode = IKBO_MODE_IKBO};
+    MODEL = ikbo_model_load(model_dir, &o, &err);
+    if (!MODEL) fail_msg("load: %s", err.msg);
+    MI = ikbo_model_get_info(MODEL);
+    SOLO_CTX = ikbo_ctx_new(MODEL, &err);
+    assert_non_null(SOLO_CTX);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    ikbo_ctx_free(SOLO_CTX);
+    ikbo_model_free(MODEL);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/model.json", model_dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
+    unlink(path);
+    rmdir(model_dir);
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (k >= 0 && (size_t)k < b->cap - b->n) {
+            b->n += (size_t)k;
+            return;
+        }
+        b->cap = b->cap * 2 + (size_t)k + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+}
+
+/* A user as JSON. Pool users are fixed by their id; variant != 0 changes the
+ * content but keeps the key (must not merge with the original). */
+static void user_json(sbuf *b, uint64_t seed, const char *key, int variant)
+{
+    uint64_t s = seed * 7919 + 17;
+    sb_printf(b, "{\"key\":\"%s\",\"dense\":[", key);
+    for (int i = 0; i < 6; i++)
+        sb_printf(b, "%s%.6f", i ? "," : "", frand_s(&s) + (i == 0 ? variant * 0.25 : 0));
+    sb_printf(b, "],\"sparse\":[");
+    int nb = irand_s(&s, 3);
+    if (nb) {
+        sb_printf(b, "{\"name\":\"country\",\"ids\":[");
+        for (int k = 0; k < nb; k++) sb_printf(b, "%s%d", k ? "," : "", irand_s(&s, 1000));
+        sb_printf(b, "]}");
+    }
+    sb_printf(b, "]");
+    int nh = irand_s(&s, 9);
+    int actions = irand_s(&s, 2);
+    if (nh) {
+        sb_printf(b, ",\"historyIds\":[");
+        for (int k = 0; k < nh; k++) sb_printf(b, "%s%d", k ? "," : "", irand_s(&s, 100000));
+        sb_printf(b, "]");
+        if (actions) {
+            sb_printf(b, ",\"historyActions\":[");
+            for (int k = 0; k < nh; k++) sb_printf(b, "%s%d", k ? "," : "", irand_s(&s, 3));
+            sb_printf(b, "]");
+        }
+    }
+    sb_printf(b, "}");
+}
+
+/* n_users users (from a pool of pool_size shared users, fresh ones, and
+ * same-key variants), cand_counts[u] candidates of user u, interleaved. */
+static Ikbo__V1__RankRequest *make_request(uint64_t *s, int n_users, const int *cand_counts,
+                                           int pool_size)
+{
+    sbuf b = {malloc(256), 0, 256};
+    sb_printf(&b, "{\"model\":\"t\",\"users\":[");
+    for (int u = 0; u < n_users; u++) {
+        if (u) sb_printf(&b, ",");
+        int kind = irand_s(s, 10);
+        if (pool_size > 0 && kind < 6) { /* shared user, keyed or by content */
+            int id = irand_s(s, pool_size);
+            char key[32];
+            if (id % 3 == 0)
+                key[0] = '\0'; /* empty key: dedup by content */
+            else
+                snprintf(key, sizeof key, "pool%d", id);
+            user_json(&b, 1000 + (uint64_t)id, key, 0);
+        } else if (pool_size > 0 && kind < 8) { /* same key, other content */
+            int id = irand_s(s, pool_size);
+            char key[32];
+            snprintf(key, sizeof key, "pool%d", id);
+            user_json(&b, 1000 + (uint64_t)id, key, 1 + irand_s(s, 3));
+        } else {
+            char key[32];
+            snprintf(key, sizeof key, "fresh%d", irand_s(s, 1 << 30));
+            user_json(&b, 5000000 + (uint64_t)irand_s(s, 1 << 30), key, 0);
+        }
+    }
+    sb_printf(&b, "],\"candidates\":[");
+    int total = 0, left[64];
+    for (int u = 0; u < n_users; u++) total += left[u] = cand_counts[u];
+    for (int c = 0, id = 1; c < total; c++, id++) {
+        int u;
+        do u = irand_s(s, n_users); while (!left[u]);
+        left[u]--;
+        sb_printf(&b, "%s{\"id\":%d,\"user\":%d,\"dense\":[%.5f,%.5f,%.5f],\"sparse\":[{\"name\":\"item\",\"ids\":[%d%s]}]}",
+                  c ? "," : "", id, u, frand_s(s), frand_s(s), frand_s(s), irand_s(s, 100000),
+                  irand_s(s, 2) ? ",7" : "");
+    }
+    sb_printf(&b, "]}");
+    rq_status st;
+    Ikbo__V1__RankRequest *r = rq_request_from_json(b.p, b.n, &st);
+    if (!r) fail_msg("request JSON: %s\n%s", st.msg, b.p);
+    free(b.p);
+    return r;
+}
+
+/* ---- one request's bookkeeping ---------------------------------------- */
+
+typedef struct slot {
+    Ikbo__V1__RankRequest *req;
+    rq_plan *plan;
+    int C, T;
+    float *solo, *solo_t; /* request order */
+    float *got, *got_t;
+    int code;
+    char msg[512];
+    int batches;
+    double queue_s;
+    atomic_int cancel;
+    atomic_int done;
+} slot;
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static int g_done;
+
+static void slot_init(slot *s, Ikbo__V1__RankRequest *req, int solo)
+{
+    memset(s, 0, sizeof *s);
+    s->req = req;
+    rq_status st;
+    if (rq_validate(req, MI, NULL, &st)) fail_msg("validate: %s", st.msg);
+    s->plan = rq_plan_build(req, MI, &st);
+    assert_non_null(s->plan);
+    s->C = s->plan->batch.n_cands;
+    s->T = MI->n_tasks;
+    s->got = calloc((size_t)s->C, sizeof(float));
+    s->got_t = calloc((size_t)s->C * (size_t)s->T, sizeof(float));
+    if (solo) {
+        float *sc = malloc((size_t)s->C * sizeof(float));
+        float *tc = malloc((size_t)s->C * (size_t)s->T * sizeof(float));
+        ikbo_err err;
+        memset(&err, 0, sizeof err);
+        if (ikbo_score(SOLO_CTX, &s->plan->batch, tc, sc, &err)) fail_msg("solo: %s", err.msg);
+        s->solo = malloc((size_t)s->C * sizeof(float));
+        s->solo_t = malloc((size_t)s->C * (size_t)s->T * sizeof(float));
+        for (int i = 0; i < s->C; i++) {
+            int ri = s->plan->order[i];
+            s->solo[ri] = sc[i];
+            memcpy(s->solo_t + (size_t)ri * s->T, tc + (size_t)i * s->T, (size_t)s->T * sizeof(float));
+        }
+        free(sc);
+        free(tc);
+    }
+    s->code = -1;
+}
+
+static void slot_free(slot *s)
+{
+    rq_plan_free(s->plan);
+    rq_request_free(s->req);
+    free(s->solo);
+    free(s->solo_t);
+    free(s->got);
+    free(s->got_t);
+}
+
+static void on_done(void *arg, const batcher_result *r)
+{
+    slot *s = arg;
+    s->code = r->st.code;
+    snprintf(s->msg, sizeof s->msg, "%s", r->st.msg);
+    s->batches = r->batches;
+    s->queue_s = r->queue_seconds;
+    if (r->st.code == RQ_OK) {
+        for (int i = 0; i < s->C; i++) {
+            int ri = s->plan->order[i];
+            s->got[ri] = r->scores[i];
+            memcpy(s->got_t + (size_t)ri * s->T, r->task_scores + (size_t)i * s->T,
+                   (size_t)s->T * sizeof(float));
+        }
+    }
+    atomic_store(&s->done, 1);
+    pthread_mutex_lock(&g_mu);
+    g_done++;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void wait_done(int n)
+{
+    pthread_mutex_lock(&g_mu);
+    while (g_done < n) pthread_cond_wait(&g_cv, &g_mu);
+    pthread_mutex_unlock(&g_mu);
+}
+
+static void reset_done(void)
+{
+    pthread_mutex_lock(&g_mu);
+    g_done = 0;
+    pthread_mutex_unlock(&g_mu);
+}
+
+static int submit(batcher *b, slot *s, int64_t deadline_ns, rq_status *st)
+{
+    batcher_request r = {.req = s->req, .plan = s->plan, .deadline_ns = deadline_ns,
+                         .cancelled = &s->cancel, .done = on_done, .arg = s};
+    return batcher_submit(b, &r, st);
+}
+
+static void check_bitwise(const slot *s, int idx)
+{
+    if (s->code != RQ_OK) fail_msg("request %d: %d %s", idx, s->code, s->msg);
+    if (memcmp(s->got, s->solo, (size_t)s->C * sizeof(float)))
+        fail_msg("request %d: batched scores differ from solo scores", idx);
+    if (memcmp(s->got_t, s->solo_t, (size_t)s->C * (size_t)s->T * sizeof(float)))
+        fail_msg("request %d: batched task scores differ from solo", idx);
+}
+
+/* ---- batchers ---------------------------------------------------------- */
+
+static ikbo_ctx *g_ctx[CONFIG_BATCH_MAX_INSTANCES];
+
+static ikbo_ctx *make_ctx(void *arg, int instance, ikbo_err *err)
+{
+    (void)arg;
+    if (!g_ctx[instance]) g_ctx[instance] = ikbo_ctx_new(MODEL, err);
+    return g_ctx[instance];
+}
+
+static void free_ctxs(void)
+{
+    for (int i = 0; i < CONFIG_BATCH_MAX_INSTANCES; i++) {
+        ikbo_ctx_free(g_ctx[i]);
+        g_ctx[i] = NULL;
+    }
+}
+
+static config_batching limits(long long max_c, long long max_u, long long delay_us, int inst)
+{
+    config_batching c;
+    config_batching_default(&c);
+    c.max_batch_candidates = max_c;
+    c.max_batch_users = max_u;
+    c.max_queue_delay_us = delay_us;
+    c.instances = inst;
+    c.max_queue_candidates = 1000000;
+    c.max_queue_requests = 100000;
+    return c;
+}
+
+/* A gate the instance threads stop at (before_compute) until opened. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+    int arrived;        /* batches that reached the gate */
+    int requests;       /* requests (or chunks) in those batches */
+    int max_requests;   /* most in one batch */
+} gate;
+
+static gate G;
+
+static void gate_reset(int open)
+{
+    pthread_mutex_lock(&G.mu);
+    G.open = open;
+    G.arrived = G.requests = G.max_requests = 0;
+    pthread_mutex_unlock(&G.mu);
+}
+
+static void gate_hook(void *arg, int instance, int n_requests)
+{
+    (void)arg;
+    (void)instance;
+    pthread_mutex_lock(&G.mu);
+    G.arrived++;
+    G.requests += n_requests;
+    if (n_requests > G.max_requests) G.max_requests = n_requests;
+    pthread_cond_broadcast(&G.cv);
+    while (!G.open) pthread_cond_wait(&G.cv, &G.mu);
+    pthread_mutex_unlock(&G.mu);
+}
+
+static void gate_open(void)
+{
+    pthread_mutex_lock(&G.mu);
+    G.open = 1;
+    pthread_cond_broadcast(&G.cv);
+    pthread_mutex_unlock(&G.mu);
+}
+
+static void gate_wait_arrived(int n)
+{
+    pthread_mutex_lock(&G.mu);
+    while (G.arrived < n) pthread_cond_wait(&G.cv, &G.mu);
+    pthread_mutex_unlock(&G.mu);
+}
+
+static batcher *new_batcher(const config_batching *lim, metrics_server *mx)
+{
+    batcher_model bm = {MI, "t", make_ctx, NULL};
+    batcher_hooks hk = {gate_hook, NULL};
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    batcher *b = batcher_new(&bm, lim, mx, &hk, &err);
+    if (!b) fail_msg("batcher_new: %s", err.msg);
+    return b;
+}
+
+static metrics_series *series(metrics_family *f, const char *l0, const char *l1)
+{
+    const char *const v[] = {l0, l1};
+    return metrics_series_get(f, v);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+typedef struct submitter {
+    batcher *b;
+    slot *slots;
+    int from, to;
+    uint64_t seed;
+} submitter;
+
+static void *submit_main(void *arg)
+{
+    submitter *sm = arg;
+    for (int i = sm->from; i < sm->to; i++) {
+        rq_status st;
+        if (submit(sm->b, &sm->slots[i], 0, &st)) fail_msg("submit %d: %s", i, st.msg);
+        if (irand_s(&sm->seed, 4) == 0) sleep_ms(irand_s(&sm->seed, 2));
+    }
+    return NULL;
+}
+
+/* Random mixes from 4 threads under several limit sets: every request's
+ * scores are bitwise its solo scores; requests really were merged. */
+static void test_bitwise_random_mixes(void **state)
+{
+    (void)state;
+    struct {
+        long long max_c, max_u, delay_us;
+        int inst;
+    } cfgs[] = {
+        {1024, 64, 0, 1},   /* defaults-like */
+        {64, 8, 300, 2},    /* small batches, waiting, two instances */
+        {7, 2, 0, 3},       /* heavy chunking: most requests exceed the limits */
+        {100000, 100000, 2000, 1},
+    };
+    const int N = 96;
+    uint64_t s = 7;
+    for (size_t k = 0; k < sizeof cfgs / sizeof *cfgs; k++) {
+        metrics_server mx;
+        assert_int_equal(metrics_server_init(&mx, "test"), 0);
+        slot *slots = calloc(N, sizeof *slots);
+        for (int i = 0; i < N; i++) {
+            int nu = 1 + irand_s(&s, 5), counts[8];
+            for (int u = 0; u < nu; u++) counts[u] = 1 + irand_s(&s, 12);
+            slot_init(&slots[i], make_request(&s, nu, counts, 12), 1);
+        }
+        config_batching lim = limits(cfgs[k].max_c, cfgs[k].max_u, cfgs[k].delay_us, cfgs[k].inst);
+        gate_reset(1);
+        reset_done();
+        batcher *b = new_batcher(&lim, &mx);
+        pthread_t th[4];
+        submitter sm[4];
+        for (int t = 0; t < 4; t++) {
+            sm[t] = (submitter){b, slots, t * N / 4, (t + 1) * N / 4, 100 + (uint64_t)t};
+            pthread_create(&th[t], NULL, submit_main, &sm[t]);
+        }
+        for (int t = 0; t < 4; t++) pthread_join(th[t], NULL);
+        wait_done(N);
+        int chunked = 0;
+        for (int i = 0; i < N; i++) {
+            check_bitwise(&slots[i], i);
+            chunked += slots[i].batches > 1;
+        }
+        const char *const ml[] = {"t"};
+        metrics_series *br = metrics_series_get(mx.batch_requests, ml);
+        metrics_series *bu = metrics_series_get(mx.batch_users, ml);
+        uint64_t batches = metrics_hist_count(br);
+        double merged = metrics_hist_sum(br);
+        assert_true(batches > 0);
+        if (cfgs[k].max_c >= 64) /* 4 threads racing: some batches carry several requests */
+            assert_true(merged > (double)batches);
+        if (cfgs[k].max_c == 7) assert_true(chunked > N / 2);
+        double rows = 0;
+        for (int i = 0; i < N; i++) rows += slots[i].plan->batch.n_users;
+        /* chunks can repeat a row; dedup across requests can only remove rows */
+        if (cfgs[k].max_c >= 1024) assert_true(metrics_hist_sum(bu) <= rows);
+        batcher_free(b);
+        for (int i = 0; i < N; i++) slot_free(&slots[i]);
+        free(slots);
+        metrics_server_free(&mx);
+        free_ctxs();
+    }
+}
+
+/* One request over both limits: chunked by user row (a user with more
+ * candidates than the limit is cut inside), stitched in request order. */
+static void test_chunking(void **state)
+{
+    (void)state;
+    uint64_t s = 99;
+    int counts[4] = {5, 300, 9, 41};
+    slot sl;
+    slot_init(&sl, make_request(&s, 4, counts, 0), 1);
+    config_batching lim = limits(32, 2, 0, 2);
+    gate_reset(1);
+    reset_done();
+    batcher *b = new_batcher(&lim, NULL);
+    rq_status st;
+    assert_int_equal(submit(b, &sl, 0, &st), 0);
+    wait_done(1);
+    check_bitwise(&sl, 0);
+    /* rows by first reference are interleaved; at least ceil(355 / 32) chunks */
+    assert_true(sl.batches >= 12);
+    batcher_free(b);
+    slot_free(&sl);
+    free_ctxs();
+}
+
+/* Five requests share one user (same key and content) and each has one own
+ * user; a sixth has the same key with other content. Held back until all
+ * are queued, they form one batch whose rows are 1 + 5 + 1, not 12. */
+static void test_dedup_across_requests(void **state)
+{
+    (void)state;
+    metrics_server mx;
+    assert_int_equal(metrics_server_init(&mx, "test"), 0);
+    config_batching lim = limits(100000, 100000, 0, 1);
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, &mx);
+    uint64_t s = 5;
+    slot first, sl[6];
+    int one[1] = {3};
+    slot_init(&first, make_request(&s, 1, one, 0), 1);
+    rq_status st;
+    assert_int_equal(submit(b, &first, 0, &st), 0);
+    gate_wait_arrived(1); /* the instance holds the first batch at the gate */
+    for (int i = 0; i < 6; i++) {
+        sbuf j = {malloc(256), 0, 256};
+        sb_printf(&j, "{\"users\":[");
+        user_json(&j, 77, "shared", i == 5 ? 1 : 0);
+        sb_printf(&j, ",");
+        user_json(&j, 200 + (uint64_t)i, "", 0);
+        sb_printf(&j, "],\"candidates\":[");
+        for (int c = 0; c < 6; c++)
+            sb_printf(&j, "%s{\"id\":%d,\"user\":%d,\"dense\":[0.1,%d,0.3],\"sparse\":[{\"name\":\"item\",\"ids\":[%d]}]}",
+                      c ? "," : "", c, c % 2, c, 10 * i + c);
+        sb_printf(&j, "]}");
+        Ikbo__V1__RankRequest *r = rq_request_from_json(j.p, j.n, &st);
+        assert_non_null(r);
+        free(j.p);
+        slot_init(&sl[i], r, 1);
+        assert_int_equal(submit(b, &sl[i], 0, &st), 0);
+    }
+    const char *const ml[] = {"t"};
+    metrics_series *bu = metrics_series_get(mx.batch_users, ml);
+    double users_before = metrics_hist_sum(bu);
+    gate_open();
+    wait_done(7);
+    check_bitwise(&first, 0);
+    for (int i = 0; i < 6; i++) check_bitwise(&sl[i], i + 1);
+    assert_int_equal(G.max_requests, 6);
+    /* the held batch (1 user), then one batch: the shared user once, its
+     * same-key variant, six own users */
+    assert_int_equal((int)(metrics_hist_sum(bu) - users_before), 1 + (1 + 1 + 6));
+    metrics_series *ratio = metrics_series_get(mx.batch_candidates_per_user, ml);
+    assert_int_equal(metrics_hist_count(ratio), 2);
+    batcher_free(b);
+    slot_free(&first);
+    for (int i = 0; i < 6; i++) slot_free(&sl[i]);
+    metrics_server_free(&mx);
+    free_ctxs();
+}
+
+/* Admission: requests and candidates limits, exact messages, counted as
+ * queue_full; the admitted ones finish once the instance is released; a
+ * request over max_queue_candidates enters an empty queue only. */
+static void test_queue_limits(void **state)
+{
+    (void)state;
+    metrics_server mx;
+    assert_int_equal(metrics_server_init(&mx, "test"), 0);
+    config_batching lim = limits(100000, 100000, 0, 1);
+    lim.max_queue_requests = 3;
+    lim.max_queue_candidates = 100;
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, &mx);
+    uint64_t s = 11;
+    slot sl[7];
+    int c30[1] = {30}, c20[1] = {20}, c5[1] = {5}, c500[1] = {500};
+    for (int i = 0; i < 4; i++) slot_init(&sl[i], make_request(&s, 1, c30, 0), 1);
+    slot_init(&sl[4], make_request(&s, 1, c20, 0), 1);
+    slot_init(&sl[5], make_request(&s, 1, c5, 0), 1);
+    slot_init(&sl[6], make_request(&s, 1, c500, 0), 1);
+    const char *const ml[] = {"t"};
+    rq_status st;
+
+    /* by requests */
+    assert_int_equal(submit(b, &sl[0], 0, &st), 0);
+    gate_wait_arrived(1); /* computing (held): no longer queued */
+    for (int i = 1; i <= 3; i++) assert_int_equal(submit(b, &sl[i], 0, &st), 0);
+    long long qr, qc;
+    batcher_queue_depth(b, &qr, &qc);
+    assert_int_equal(qr, 3);
+    assert_int_equal(qc, 90);
+    assert_int_equal(metrics_value(metrics_series_get(mx.queue_requests, ml)), 3);
+    assert_int_equal(metrics_value(metrics_series_get(mx.queue_candidates, ml)), 90);
+    assert_int_equal(submit(b, &sl[4], 0, &st), -1);
+    assert_int_equal(st.code, RQ_RESOURCE_EXHAUSTED);
+    assert_string_equal(st.msg, "queue full: 3 requests queued, limit 3");
+    gate_open();
+    wait_done(4);
+    for (int i = 0; i < 4; i++) check_bitwise(&sl[i], i);
+    assert_int_equal(metrics_value(metrics_series_get(mx.queue_requests, ml)), 0);
+    assert_int_equal(metrics_value(metrics_series_get(mx.queue_candidates, ml)), 0);
+
+    /* by candidates */
+    gate_reset(0);
+    reset_done();
+    assert_int_equal(submit(b, &sl[5], 0, &st), 0);
+    gate_wait_arrived(1);
+    assert_int_equal(submit(b, &sl[0], 0, &st), 0);
+    assert_int_equal(submit(b, &sl[1], 0, &st), 0); /* 60 queued */
+    assert_int_equal(submit(b, &sl[6], 0, &st), -1);
+    assert_int_equal(st.code, RQ_RESOURCE_EXHAUSTED);
+    assert_string_equal(st.msg,
+                        "queue full: 560 candidates queued with this request's 500, limit 100");
+    assert_int_equal(submit(b, &sl[2], 0, &st), 0); /* 90 <= 100 */
+    gate_open();
+    wait_done(4);
+    for (int i = 0; i < 3; i++) check_bitwise(&sl[i], i);
+    assert_int_equal(metrics_value(series(mx.rejected_total, "t", "queue_full")), 2);
+
+    /* an oversize request alone */
+    gate_reset(1);
+    reset_done();
+    assert_int_equal(submit(b, &sl[6], 0, &st), 0);
+    wait_done(1);
+    check_bitwise(&sl[6], 6);
+    check_bitwise(&sl[5], 5);
+    batcher_free(b);
+    for (int i = 0; i < 7; i++) slot_free(&sl[i]);
+    metrics_server_free(&mx);
+    free_ctxs();
+}
+
+/* A queued request whose deadline passes gets DEADLINE_EXCEEDED at its
+ * deadline, while the instance is still busy, and is never computed. */
+static void test_deadline_in_queue(void **state)
+{
+    (void)state;
+    metrics_server mx;
+    assert_int_equal(metrics_server_init(&mx, "test"), 0);
+    config_batching lim = limits(100000, 100000, 0, 1);
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, &mx);
+    uint64_t s = 21;
+    slot a, d, e;
+    int c4[1] = {4};
+    slot_init(&a, make_request(&s, 1, c4, 0), 1);
+    slot_init(&d, make_request(&s, 1, c4, 0), 0);
+    slot_init(&e, make_request(&s, 1, c4, 0), 1);
+    rq_status st;
+    assert_int_equal(submit(b, &a, 0, &st), 0);
+    gate_wait_arrived(1);
+    int64_t t0 = mono_ns();
+    assert_int_equal(submit(b, &d, t0 + 60 * 1000000LL, &st), 0);
+    assert_int_equal(submit(b, &e, t0 + 60 * 1000000000LL, &st), 0);
+    wait_done(1); /* d, with the instance still held */
+    int64_t waited = mono_ns() - t0;
+    assert_int_equal(atomic_load(&d.done), 1);
+    assert_int_equal(d.code, RQ_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(d.msg, "deadline exceeded after "));
+    assert_non_null(strstr(d.msg, "in the batch queue (4 candidates not scored)"));
+    assert_true(waited >= 55 * 1000000LL);
+    assert_int_equal(atomic_load(&a.done), 0);
+    gate_open();
+    wait_done(3);
+    check_bitwise(&a, 0);
+    check_bitwise(&e, 2);
+    assert_int_equal(G.requests, 2); /* a, then e: d was never computed */
+    assert_int_equal(metrics_value(series(mx.rejected_total, "t", "deadline")), 1);
+    batcher_free(b);
+    slot_free(&a);
+    slot_free(&d);
+    slot_free(&e);
+    metrics_server_free(&mx);
+    free_ctxs();
+}
+
+/* A request whose client went away while queued is answered CANCELLED and
+ * not computed; a chunked request cancelled between chunks stops too. */
+static void test_cancel(void **state)
+{
+    (void)state;
+    metrics_server mx;
+    assert_int_equal(metrics_server_init(&mx, "test"), 0);
+    config_batching lim = limits(16, 100000, 0, 1);
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, &mx);
+    uint64_t s = 31;
+    slot a, f, c, big, e;
+    int c4[1] = {4}, c16[1] = {16}, c64[2] = {30, 34};
+    slot_init(&a, make_request(&s, 1, c4, 0), 1);
+    slot_init(&f, make_request(&s, 1, c16, 0), 1);
+    slot_init(&c, make_request(&s, 1, c4, 0), 0);
+    slot_init(&big, make_request(&s, 2, c64, 0), 0);
+    slot_init(&e, make_request(&s, 1, c4, 0), 1);
+    rq_status st;
+    assert_int_equal(submit(b, &a, 0, &st), 0);
+    gate_wait_arrived(1);
+    /* f fills a batch, which the dispatcher assembles ahead while a computes;
+     * what queues behind it waits for an instance */
+    assert_int_equal(submit(b, &f, 0, &st), 0);
+    assert_int_equal(submit(b, &c, 0, &st), 0);
+    assert_int_equal(submit(b, &big, 0, &st), 0);
+    assert_int_equal(submit(b, &e, 0, &st), 0);
+    atomic_store(&c.cancel, 1);
+    gate_open();
+    /* let big's first chunk start, then cancel it */
+    gate_wait_arrived(3);
+    atomic_store(&big.cancel, 1);
+    wait_done(5);
+    check_bitwise(&a, 0);
+    check_bitwise(&f, 1);
+    check_bitwise(&e, 4);
+    assert_int_equal(c.code, RQ_CANCELLED);
+    assert_non_null(strstr(c.msg, "client went away"));
+    assert_true(big.code == RQ_CANCELLED || big.code == RQ_OK);
+    assert_true(metrics_value(series(mx.rejected_total, "t", "cancelled")) >= 1);
+    batcher_free(b);
+    slot_free(&a);
+    slot_free(&f);
+    slot_free(&c);
+    slot_free(&big);
+    slot_free(&e);
+    metrics_server_free(&mx);
+    free_ctxs();
+}
+
+/* batcher_free answers everything still queued (computed, not dropped). */
+static void test_free_finishes_queue(void **state)
+{
+    (void)state;
+    config_batching lim = limits(50, 100000, 100000, 2); /* 0.1 s delay: still queued */
+    gate_reset(1);
+    reset_done();
+    batcher *b = new_batcher(&lim, NULL);
+    uint64_t s = 41;
+    enum { N = 12 };
+    slot sl[N];
+    rq_status st;
+    for (int i = 0; i < N; i++) {
+        int cnt[2] = {1 + irand_s(&s, 9), 1 + irand_s(&s, 9)};
+        slot_init(&sl[i], make_request(&s, 2, cnt, 4), 1);
+        assert_int_equal(submit(b, &sl[i], 0, &st), 0);
+    }
+    batcher_free(b);
+    assert_int_equal(g_done, N);
+    for (int i = 0; i < N; i++) check_bitwise(&sl[i], i);
+    for (int i = 0; i < N; i++) slot_free(&sl[i]);
+    free_ctxs();
+}
+
+/* batcher_resolve: server config < model.json serving; auto instances. */
+static void test_resolve(void **state)
+{
+    (void)state;
+    config_batching srv, out;
+    config_batching_default(&srv);
+    batcher_resolve(&srv, NULL, "cpu", &out);
+    assert_int_equal(out.instances, 1);
+    assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_MAX_CANDIDATES);
+    batcher_resolve(&srv, NULL, "cuda:0", &out);
+    assert_int_equal(out.instances, 2);
+    ikbo_serving sv = {.max_batch_candidates = 4096, .max_batch_users = -1,
+                       .max_queue_delay_us = 0, .instances = 3};
+    srv.max_queue_delay_us = 500;
+    batcher_resolve(&srv, &sv, "cpu", &out);
+    assert_int_equal(out.max_batch_candidates, 4096);
+    assert_int_equal(out.max_batch_users, CONFIG_BATCH_MAX_USERS);
+    assert_int_equal(out.max_queue_delay_us, 0);
+    assert_int_equal(out.instances, 3);
+    sv.instances = 1000;
+    batcher_resolve(&srv, &sv, "cpu", &out);
+    assert_int_equal(out.instances, CONFIG_BATCH_MAX_INSTANCES);
+}
+
+int main(void)
+{
+    pthread_mutex_init(&G.mu, NULL);
+    pthread_cond_init(&G.cv, NULL);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resolve),
+        cmocka_unit_test(test_bitwise_random_mixes),
+        cmocka_unit_test(test_chunking),
+        cmocka_unit_test(test_dedup_across_requests),
+        cmocka_unit_test(test_queue_limits),
+        cmocka_unit_test(test_deadline_in_queue),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_free_finishes_queue),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
