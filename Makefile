@@ -57,7 +57,7 @@ SERVER_LIBS := -lgrpc -lgpr -lprotobuf-c -levent -levent_pthreads -ljansson
 
 LIBIKBO := $(BUILD)/libikbo.a
 
-.PHONY: FORCE all run test deps deps-build unit golden integration fuzz clean help
+.PHONY: FORCE all run test deps deps-build unit golden integration fuzz tsan clean help
 .DEFAULT_GOAL := all
 # Keep generated headers and test objects between runs.
 .SECONDARY:
@@ -71,6 +71,7 @@ help:
 	@echo "make unit       cmocka unit tests only"
 	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py)"
 	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
+	@echo "make tsan       batcher unit tests under ThreadSanitizer (objects in build/tsan)"
 	@echo "make deps       install missing Debian packages (needs root)"
 	@echo "make clean      remove build/"
 
@@ -173,6 +174,16 @@ test: deps
 	@$(MAKE) --no-print-directory golden
 	@$(MAKE) --no-print-directory integration
 	@echo "make test: all passed"
+
+# ThreadSanitizer: the batcher's unit tests with every object rebuilt under
+# -fsanitize=thread in $(BUILD)/tsan (CPU only; clang when installed, else
+# gcc). CFLAGS goes through the environment so the Makefile's own flags are
+# still appended. Any report fails the run (halt_on_error).
+TSAN_CC := $(if $(shell command -v clang 2>/dev/null),clang,gcc)
+tsan:
+	@env CFLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" $(MAKE) --no-print-directory \
+	  BUILD=$(BUILD)/tsan CUDA=0 CC=$(TSAN_CC) $(BUILD)/tsan/tests/test_batcher
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(BUILD)/tsan/tests/test_batcher
 
 clean:
 	rm -rf $(BUILD)
