@@ -32,5 +32,8 @@ mk r1 --seed 2 --dim 64 --heads 2 --head-dim 32 --out-tokens 32 --user-dense-tok
 mk r2 --seed 3 --dim 128 --heads 2 --head-dim 64 --out-tokens 48 --user-dense-tokens 2 --cand-dense-tokens 8 --max-len 300 --mlp-width 128 --add vector --user-sparse 3
 mk r3 --seed 4 --dim 256 --heads 2 --head-dim 128 --out-tokens 40 --user-dense-tokens 2 --cand-dense-tokens 4 --max-len 1024 --mlp-width 64 --rows 10-500
 mk r4 --seed 5 --no-history --add tokens --dim 24 --out-tokens 7 --cand-dense-tokens 3
+# LCE wide enough for the wgmma kernel (M >= 64, D >= 64): N = 128 and N = 224 tiles.
+mk r5 --seed 6 --dim 64 --heads 2 --head-dim 64 --out-tokens 100 --user-dense-tokens 3 --cand-dense-tokens 4 --max-len 100 --mlp-width 64 --rows 10-800
+mk r6 --seed 7 --dim 128 --heads 2 --head-dim 128 --out-tokens 230 --user-dense-tokens 2 --cand-dense-tokens 3 --max-len 64 --mlp-width 64 --rows 10-400 --add vector
 if [ -f models/demo/1/model.json ]; then mkdir -p $B/models/demo && rm -rf $B/models/demo/1 && cp -r models/demo/1 $B/models/demo/1; fi
 du -sh $B
