@@ -56,7 +56,7 @@ done
 grep -h "^FAIL" "$OUT"/ops.log "$OUT"/model.log 2>/dev/null | head -n 25
 grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Internal" "$OUT"/sanitizer.log 2>/dev/null | sort | uniq -c | head -n 12
 # cuBLAS's own kernels (nvjet*) draw racecheck reports we cannot act on; ours are k_*.
-echo "racecheck hazards in our kernels: $(grep -c -E 'Race reported .* k_' "$OUT"/sanitizer.log 2>/dev/null)"
+[ -f "$OUT/sanitizer.log" ] && echo "racecheck hazards in our kernels: $(grep -c -E 'Race reported .* k_' "$OUT"/sanitizer.log)"
 [ -f "$OUT/bench.log" ] && sed -n '/==== summary/,$p' "$OUT/bench.log"
 echo "==== stages"
 printf '%s\n' "${summary[@]}"
