@@ -23,12 +23,15 @@ override CUDA := 0
 endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS ?= -O3 -lineinfo
-NVCCFLAGS += -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90a,code=compute_90a \
+NVCCFLAGS += -MMD -MP -std=c++17 -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90a,code=compute_90a \
              -Xcompiler -fPIC,-Wall -I.
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DIKBO_CUDA
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
+# GPU checks and the kernel benchmark: built (not run) wherever nvcc is, run
+# on a GPU machine by bench/kernels/run.sh.
+GPU_BINS  := $(BUILD)/gpu/test_cuda_ops $(BUILD)/gpu/test_cuda_model $(BUILD)/gpu/bench_kernels
 endif
 
 # Debian packages: what building needs, and what the tests need on top.
@@ -62,7 +65,8 @@ LIBIKBO := $(BUILD)/libikbo.a
 # Keep generated headers and test objects between runs.
 .SECONDARY:
 
-all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader
+all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader \
+     $(GPU_BINS)
 
 help:
 	@echo "make            build build/ikbo-serve, build/ikbo-score and the tests (CUDA=0: CPU only)"
@@ -149,6 +153,21 @@ $(BUILD)/fuzz_loader: $(wildcard tests/fuzz/fuzz_loader.c) $(LIBIKBO)
 	  echo "$(CC) ... tests/fuzz/fuzz_loader.c -o $@"; \
 	  $(CC) $(CPPFLAGS) $(CFLAGS) -o $@ tests/fuzz/fuzz_loader.c $(LIBIKBO) -ljansson $(CUDA_LIBS) $(LDLIBS) -lstdc++; \
 	else touch $@; fi
+
+$(BUILD)/gpu/test_cuda_ops: tests/gpu/test_cuda_ops.c $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIBIKBO) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+
+# jansson linked statically: the GPU machine has no jansson.
+$(BUILD)/gpu/test_cuda_model: tests/gpu/test_cuda_model.c $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIBIKBO) -Wl,-Bstatic -ljansson -Wl,-Bdynamic \
+	    $(CUDA_LIBS) $(LDLIBS) -lstdc++
+
+$(BUILD)/gpu/bench_kernels: bench/kernels/bench_kernels.cu $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
+	    -lcublasLt -lcublas
 
 # ---- run and test ----
 run: deps-build $(BUILD)/ikbo-serve
