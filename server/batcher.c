@@ -45,7 +45,7 @@ typedef struct breq {
     int batches;
     uint64_t last_batch; /* id of the last batch that added to compute_s */
     int segs_left;       /* segments not yet computed or dropped */
-    int queued_segs;     /* segments still in the queue */
+    int waiting_segs;    /* segments not computing yet (queued or in a ready batch) */
     int failed;          /* st holds why; the rest of its segments are dropped */
     int reason;          /* enum reject_reason when failed */
     rq_status st;
@@ -92,7 +92,10 @@ struct batcher {
     pthread_cond_t cv_disp; /* dispatcher: work queued, instance freed, stop */
     pthread_cond_t cv_inst; /* instances: batch ready, dispatcher done */
     bseg *head, *tail;
-    long long q_cands, q_rows, q_requests;
+    long long q_cands, q_rows; /* in the FIFO: what the next batch is formed from */
+    /* Admission: requests admitted and not computing yet (reserved, queued,
+     * or in an assembled batch waiting for an instance) and their candidates. */
+    long long w_requests, w_cands;
     bbatch *ready_head, *ready_tail;
     int n_ready;
     int idle_instances;
@@ -180,15 +183,22 @@ static void breq_complete(batcher *b, breq *q)
     breq_free(q);
 }
 
-/* A segment leaves the queue (popped into a batch or dropped). Locked. */
+/* A segment leaves the FIFO (popped into a batch or dropped). Locked. */
 static void unqueue_seg(batcher *b, const bseg *s)
 {
-    long long c = s->c1 - s->c0, r = s->r1 - s->r0;
-    b->q_cands -= c;
-    b->q_rows -= r;
+    b->q_cands -= s->c1 - s->c0;
+    b->q_rows -= s->r1 - s->r0;
+}
+
+/* A segment stops waiting (its batch starts computing, or it is dropped).
+ * Locked. */
+static void unwait_seg(batcher *b, const bseg *s)
+{
+    long long c = s->c1 - s->c0;
+    b->w_cands -= c;
     m_add(b->m_q_cands, -(double)c);
-    if (--s->q->queued_segs == 0) {
-        b->q_requests--;
+    if (--s->q->waiting_segs == 0) {
+        b->w_requests--;
         m_add(b->m_q_requests, -1);
     }
 }
@@ -231,6 +241,7 @@ static int64_t sweep(batcher *b, int64_t now, breq **done)
             *pp = s->next;
             if (b->tail == s) b->tail = prev;
             unqueue_seg(b, s);
+            unwait_seg(b, s);
             if (--q->segs_left == 0) {
                 q->next_done = *done;
                 *done = q;
@@ -628,14 +639,18 @@ static void complete_list(batcher *b, breq *done)
     }
 }
 
-/* Fails every request of a batch that could not be built or scored, and
- * completes those with nothing left. Takes the lock. */
-static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t t0, double dt)
+/* Accounts a computed batch to its requests (or fails them when it could
+ * not be built or scored) and completes those with nothing left. unwait: the
+ * segments still count as waiting (a batch that never reached an instance).
+ * Takes the lock. */
+static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t t0, double dt,
+                            int unwait)
 {
     breq *done = NULL;
     pthread_mutex_lock(&b->mu);
     for (int i = 0; i < bt->n_segs; i++) {
         breq *q = bt->segs[i]->q;
+        if (unwait) unwait_seg(b, bt->segs[i]);
         if (st->code != RQ_OK) {
             fail_req(q, RJ_ERROR, st->code, st->msg);
         } else {
@@ -707,7 +722,7 @@ static void *dispatcher_main(void *arg)
         rq_status st;
         rq_status_ok(&st);
         if (merge(b, bt, &st) != 0) {
-            finish_segments(b, bt, &st, 0, 0);
+            finish_segments(b, bt, &st, 0, 0, 1);
             bbatch_free(bt);
             pthread_mutex_lock(&b->mu);
             b->active--;
@@ -771,7 +786,7 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
             }
         }
     }
-    finish_segments(b, bt, &st, t0, dt);
+    finish_segments(b, bt, &st, t0, dt, 0);
     bbatch_free(bt);
 }
 
@@ -790,6 +805,7 @@ static void *instance_main(void *arg)
         b->ready_head = bt->next;
         if (!b->ready_head) b->ready_tail = NULL;
         b->n_ready--;
+        for (int i = 0; i < bt->n_segs; i++) unwait_seg(b, bt->segs[i]);
         pthread_mutex_unlock(&b->mu);
         run_batch(b, in, bt);
         pthread_mutex_lock(&b->mu);
@@ -869,72 +885,89 @@ static bseg *make_segments(breq *q, long long max_c, long long max_u, int *n_out
     return first;
 }
 
-int batcher_submit(batcher *b, const batcher_request *r, rq_status *st)
+int batcher_reserve(batcher *b, int n_cands, rq_status *st)
 {
-    const int C = r->plan->batch.n_cands, U = r->plan->batch.n_users;
-    const int T = b->n_tasks > 0 ? b->n_tasks : 1;
-    breq *q = calloc(1, sizeof *q);
-    if (!q) return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory");
-    q->r = *r;
-    q->C = C;
-    q->U = U;
-    q->scores = malloc((size_t)C * sizeof *q->scores);
-    q->task_scores = malloc((size_t)C * (size_t)T * sizeof *q->task_scores);
-    int n = 0;
-    bseg *segs = (q->scores && q->task_scores)
-                     ? make_segments(q, b->lim.max_batch_candidates, b->lim.max_batch_users, &n)
-                     : NULL;
-    if (!segs) {
-        breq_free(q);
-        return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory for %d candidates", C);
-    }
-    q->segs_left = q->queued_segs = n;
-    bseg *tail = segs;
-    while (tail->next) tail = tail->next;
-
     int rc = 0;
     pthread_mutex_lock(&b->mu);
     if (b->stopping) {
         rc = rq_status_set(st, RQ_UNAVAILABLE, "model '%s': this version is being unloaded",
                            b->label);
-    } else if (b->q_requests + 1 > b->lim.max_queue_requests) {
+    } else if (b->w_requests + 1 > b->lim.max_queue_requests) {
         rc = rq_status_set(st, RQ_RESOURCE_EXHAUSTED, "queue full: %lld requests queued, limit %lld",
-                           b->q_requests, b->lim.max_queue_requests);
-    } else if (b->q_requests > 0 && b->q_cands + C > b->lim.max_queue_candidates) {
+                           b->w_requests, b->lim.max_queue_requests);
+    } else if (b->w_requests > 0 && b->w_cands + n_cands > b->lim.max_queue_candidates) {
         rc = rq_status_set(st, RQ_RESOURCE_EXHAUSTED,
                            "queue full: %lld candidates queued with this request's %d, limit %lld",
-                           b->q_cands + C, C, b->lim.max_queue_candidates);
+                           b->w_cands + n_cands, n_cands, b->lim.max_queue_candidates);
     } else {
-        q->enq_ns = now_ns();
-        if (b->tail)
-            b->tail->next = segs;
-        else
-            b->head = segs;
-        b->tail = tail;
-        b->q_cands += C;
-        b->q_rows += U;
-        b->q_requests++;
-        m_add(b->m_q_cands, C);
+        b->w_requests++;
+        b->w_cands += n_cands;
         m_add(b->m_q_requests, 1);
-        pthread_cond_signal(&b->cv_disp);
+        m_add(b->m_q_cands, n_cands);
     }
     if (rc && st->code == RQ_RESOURCE_EXHAUSTED) m_add(b->m_rejected[RJ_QUEUE_FULL], 1);
     pthread_mutex_unlock(&b->mu);
-    if (rc) {
-        while (segs) {
-            bseg *nx = segs->next;
-            free(segs);
-            segs = nx;
-        }
-        breq_free(q);
-    }
     return rc;
+}
+
+void batcher_unreserve(batcher *b, int n_cands)
+{
+    pthread_mutex_lock(&b->mu);
+    b->w_requests--;
+    b->w_cands -= n_cands;
+    m_add(b->m_q_requests, -1);
+    m_add(b->m_q_cands, -(double)n_cands);
+    pthread_mutex_unlock(&b->mu);
+}
+
+int batcher_submit_reserved(batcher *b, const batcher_request *r, rq_status *st)
+{
+    const int C = r->plan->batch.n_cands, U = r->plan->batch.n_users;
+    const int T = b->n_tasks > 0 ? b->n_tasks : 1;
+    breq *q = calloc(1, sizeof *q);
+    bseg *segs = NULL;
+    int n = 0;
+    if (q) {
+        q->r = *r;
+        q->C = C;
+        q->U = U;
+        q->scores = malloc((size_t)C * sizeof *q->scores);
+        q->task_scores = malloc((size_t)C * (size_t)T * sizeof *q->task_scores);
+        if (q->scores && q->task_scores)
+            segs = make_segments(q, b->lim.max_batch_candidates, b->lim.max_batch_users, &n);
+    }
+    if (!segs) {
+        if (q) breq_free(q);
+        batcher_unreserve(b, C);
+        return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory for %d candidates", C);
+    }
+    q->segs_left = q->waiting_segs = n;
+    bseg *tail = segs;
+    while (tail->next) tail = tail->next;
+    pthread_mutex_lock(&b->mu);
+    q->enq_ns = now_ns();
+    if (b->tail)
+        b->tail->next = segs;
+    else
+        b->head = segs;
+    b->tail = tail;
+    b->q_cands += C;
+    b->q_rows += U;
+    pthread_cond_signal(&b->cv_disp);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+int batcher_submit(batcher *b, const batcher_request *r, rq_status *st)
+{
+    if (batcher_reserve(b, r->plan->batch.n_cands, st)) return -1;
+    return batcher_submit_reserved(b, r, st);
 }
 
 int batcher_idle(batcher *b)
 {
     pthread_mutex_lock(&b->mu);
-    int idle = !b->head && b->active == 0;
+    int idle = !b->head && b->active == 0 && b->w_requests == 0;
     pthread_mutex_unlock(&b->mu);
     return idle;
 }
@@ -942,8 +975,8 @@ int batcher_idle(batcher *b)
 void batcher_queue_depth(batcher *b, long long *requests, long long *candidates)
 {
     pthread_mutex_lock(&b->mu);
-    if (requests) *requests = b->q_requests;
-    if (candidates) *candidates = b->q_cands;
+    if (requests) *requests = b->w_requests;
+    if (candidates) *candidates = b->w_cands;
     pthread_mutex_unlock(&b->mu);
 }
 
@@ -1115,14 +1148,14 @@ static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
     return b;
 }
 
-int batcher_set_submit(batcher_set *s, registry_model *m, const batcher_request *r, rq_status *st)
+batcher *batcher_set_reserve(batcher_set *s, registry_model *m, int n_cands, rq_status *st)
 {
     pthread_rwlock_rdlock(&s->lock);
     bs_entry *e = find(s, m);
     if (e) {
-        int rc = batcher_submit(e->b, r, st);
+        batcher *b = batcher_reserve(e->b, n_cands, st) ? NULL : e->b;
         pthread_rwlock_unlock(&s->lock);
-        return rc;
+        return b;
     }
     pthread_rwlock_unlock(&s->lock);
     pthread_rwlock_wrlock(&s->lock);
@@ -1134,16 +1167,16 @@ int batcher_set_submit(batcher_set *s, registry_model *m, const batcher_request 
             if (!e) rq_status_set(st, RQ_INTERNAL, "batcher: out of memory");
             free(e);
             pthread_rwlock_unlock(&s->lock);
-            return -1;
+            return NULL;
         }
         e->m = registry_model_ref(m);
         e->b = b;
         e->next = s->head;
         s->head = e;
     }
-    int rc = batcher_submit(e->b, r, st);
+    batcher *b = batcher_reserve(e->b, n_cands, st) ? NULL : e->b;
     pthread_rwlock_unlock(&s->lock);
-    return rc;
+    return b;
 }
 
 static void reap(batcher_set *s, int all)

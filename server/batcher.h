@@ -31,14 +31,20 @@
  * requests; a batch always takes at least one request or chunk.
  *
  * Admission: a request is refused at once with RESOURCE_EXHAUSTED ("queue
- * full: 812 candidates queued, limit 800") when admitting it would put more
+ * full: 812 candidates queued with this request's 64, limit 800", "queue
+ * full: 512 requests queued, limit 512") when admitting it would put more
  * than max_queue_requests requests or max_queue_candidates candidates in the
- * queue (requests admitted and not yet popped into a batch); a request larger
- * than max_queue_candidates is admitted only into an empty queue. A queued
- * request whose deadline passes gets DEADLINE_EXCEEDED, and one whose client
- * went away (*cancelled != 0) gets CANCELLED, without being computed; the
- * dispatcher checks both whenever it wakes and wakes at the earliest
- * deadline.
+ * queue, which holds every request admitted and not computing yet (waiting
+ * in the FIFO, or in a batch assembled ahead for an instance). Admission is
+ * a reservation taken before the request is validated and planned
+ * (batcher_reserve), so a refusal costs almost nothing. A request larger
+ * than max_queue_candidates is admitted only into an empty queue. So the
+ * work ahead of an admitted request is at most the queue limits plus the
+ * batches computing: max_queue_candidates bounds its queueing delay. A
+ * queued request whose deadline passes gets DEADLINE_EXCEEDED, and one whose
+ * client went away (*cancelled != 0) gets CANCELLED, without being computed;
+ * the dispatcher checks both whenever it wakes and wakes at the earliest
+ * deadline. A request already merged into an assembled batch is computed.
  *
  * Scores are bitwise identical to scoring each request alone on the CPU
  * backend: the engine scores a candidate the same whatever else is in the
@@ -116,18 +122,28 @@ void batcher_resolve(const config_batching *server, const ikbo_serving *serving,
 batcher *batcher_new(const batcher_model *model, const config_batching *lim,
                      metrics_server *mx, const batcher_hooks *hooks, ikbo_err *err);
 
-/* Queues one request. 0: admitted, done will be called. -1 with *st set
- * (RESOURCE_EXHAUSTED queue full, INTERNAL out of memory, UNAVAILABLE
- * stopping): done will not be called. */
+/* Admission for a request of n_cands candidates: 0 and a place is held in
+ * the queue, or -1 with *st (RESOURCE_EXHAUSTED queue full, UNAVAILABLE
+ * stopping). A reservation is used by batcher_submit_reserved (with a plan
+ * of exactly n_cands candidates) or given back with batcher_unreserve. */
+int batcher_reserve(batcher *b, int n_cands, rq_status *st);
+void batcher_unreserve(batcher *b, int n_cands);
+
+/* Queues a request whose place is reserved. 0: done will be called. -1 with
+ * *st (INTERNAL, out of memory; the reservation is given back): done will
+ * not be called. */
+int batcher_submit_reserved(batcher *b, const batcher_request *r, rq_status *st);
+
+/* batcher_reserve + batcher_submit_reserved. */
 int batcher_submit(batcher *b, const batcher_request *r, rq_status *st);
 
-/* 1 when nothing is queued or being computed. */
+/* 1 when nothing is reserved, queued or being computed. */
 int batcher_idle(batcher *b);
 
 /* The limits it runs with. */
 void batcher_get_limits(const batcher *b, config_batching *out);
 
-/* Current queue depth (requests, candidates admitted and not yet batched). */
+/* Current queue depth (requests, candidates admitted and not computing). */
 void batcher_queue_depth(batcher *b, long long *requests, long long *candidates);
 
 /* Stops admitting, finishes everything queued (callbacks run), joins the
@@ -152,10 +168,11 @@ typedef struct batcher_set batcher_set;
 batcher_set *batcher_set_new(registry *reg, const config_batching *server, metrics_server *mx,
                              ikbo_err *err);
 
-/* Submits r to m's batcher (made on first use; m is a handle the caller
- * holds). Returns as batcher_submit. */
-int batcher_set_submit(batcher_set *s, registry_model *m, const batcher_request *r,
-                       rq_status *st);
+/* Reserves a place for a request of n_cands candidates in m's batcher (made
+ * on first use; m is a handle the caller holds) and returns that batcher,
+ * which stays valid while the reservation or the request is outstanding;
+ * NULL with *st as batcher_reserve. */
+batcher *batcher_set_reserve(batcher_set *s, registry_model *m, int n_cands, rq_status *st);
 
 /* Finishes and frees every batcher (releasing their references). NULL ok. */
 void batcher_set_free(batcher_set *s);

@@ -120,14 +120,19 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
                       req->n_candidates);
         goto fail;
     }
+    /* Admission first: under overload a refusal must cost next to nothing
+     * (no validation, no plan). */
+    int n_cands = req->n_candidates < (size_t)INT32_MAX ? (int)req->n_candidates : INT32_MAX;
+    batcher *b = batcher_set_reserve(env->batchers, j->m, n_cands, &st);
+    if (!b) goto fail;
     const ikbo_model_info *mi = registry_model_info(j->m);
-    if (rq_validate(req, mi, env->limits, &st) != 0) goto fail;
-    j->plan = rq_plan_build(req, mi, &st);
-    if (!j->plan) goto fail;
-    if (deadline_ns && rank_now_ns() >= deadline_ns) {
+    if (rq_validate(req, mi, env->limits, &st) == 0) j->plan = rq_plan_build(req, mi, &st);
+    if (j->plan && deadline_ns && rank_now_ns() >= deadline_ns)
         rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
                       "deadline exceeded before scoring (%zu candidates, %d unique users)",
                       req->n_candidates, j->plan->batch.n_users);
+    if (!j->plan || st.code != RQ_OK) {
+        batcher_unreserve(b, n_cands);
         goto fail;
     }
     batcher_request br = {
@@ -140,7 +145,7 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     };
     /* Once admitted, the job may complete on a batcher thread at any time:
      * nothing here touches it after a successful submit. */
-    if (batcher_set_submit(env->batchers, j->m, &br, &st) == 0) return;
+    if (batcher_submit_reserved(b, &br, &st) == 0) return;
 fail:
     job_finish(j, NULL, &st);
 }
