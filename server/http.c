@@ -204,6 +204,14 @@ static char *models_json(http_server *h, const char *only, int *found)
 
 /* ---- handlers ----------------------------------------------------------- */
 
+/* o as compact JSON (malloc'd; NULL when o is NULL); takes o. */
+static char *dump_json(json_t *o)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(o);
+    return s;
+}
+
 /* A loopback peer: 127.0.0.0/8, ::1 or ::ffff:127.x.x.x. */
 static int peer_is_local(struct evhttp_request *req)
 {
@@ -231,9 +239,8 @@ static void handle_admin(http_server *h, struct evhttp_request *req, const char 
                           : NULL;
     if (why) {
         reply_json(h, req, route, 403,
-                   json_dumps(json_pack("{s:{s:s,s:s}}", "error", "code", "PERMISSION_DENIED",
-                                        "message", why),
-                              JSON_COMPACT));
+                   dump_json(json_pack("{s:{s:s,s:s}}", "error", "code", "PERMISSION_DENIED",
+                                       "message", why)));
         return;
     }
     int64_t version = 0;
@@ -276,9 +283,8 @@ static void handle_admin(http_server *h, struct evhttp_request *req, const char 
     if (load) {
         /* Loading runs on the registry's worker: poll GET /v1/models/{name}. */
         reply_json(h, req, route, 202,
-                   json_dumps(json_pack("{s:s,s:I,s:s}", "model", name, "version",
-                                        (json_int_t)version, "status", "load requested"),
-                              JSON_COMPACT));
+                   dump_json(json_pack("{s:s,s:I,s:s}", "model", name, "version",
+                                       (json_int_t)version, "status", "load requested")));
     } else {
         int found = 0;
         reply_json(h, req, route, 200, models_json(h, name, &found));
