@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# device.sh - one device call: the whole server on the GPU.
+#
+# Why this exists: device time is scarce and the GPU machine can build
+# nothing, so binaries are built here and carried (bench/e2e/stage.sh), and
+# this script runs every whole-server GPU check in one go, full logs under
+# $OUT, a short table last:
+#   golden   the GPU engine (fp32 activations) against the PyTorch reference,
+#            demo + random models, IKBO and broadcast modes (tests/golden)
+#   grpc     the daemon on cuda:0 answering a grpcio client (tools/rank_client.py):
+#            same scores as ikbo-score --device cuda:0, health SERVING
+#   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [e2e]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/ikbo-e2e-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+B=$PWD/.devrun
+PY=${PY:-python3}
+stages=${*:-golden grpc e2e}
+summary=()
+stage() { # name log cmd...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name: $*" >> "$OUT/$log"
+  "$@" >> "$OUT/$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$log" | cut -c1-100)")")
+}
+{ date -u; cat .devrun/COMMIT 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$OUT/env.log" 2>&1
+cat "$OUT/env.log"
+
+grpc_check() {
+  local port=50551 http=8581 ex=models/demo/example_request.json
+  $B/ikbo-serve --grpc 127.0.0.1:$port --http 127.0.0.1:$http --models models --device cuda:0 \
+      --threads 2 > "$OUT/daemon_gpu.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 100); do curl -sf http://127.0.0.1:$http/readyz >/dev/null && break; sleep 0.2; done
+  IKBO_BUILD=$B $PY tools/rank_client.py --target 127.0.0.1:$port $ex > "$OUT/grpc_resp.json" || { kill $pid; return 1; }
+  $B/ikbo-score --device cuda:0 models/demo/1 $ex > "$OUT/score_gpu.json" || { kill $pid; return 1; }
+  kill -TERM $pid; wait $pid; local rc=$?
+  $PY - "$OUT/grpc_resp.json" "$OUT/score_gpu.json" <<'EOF'
+import json, sys
+resp = json.load(open(sys.argv[1])); ref = json.load(open(sys.argv[2]))
+got = [s["score"] for s in sorted(resp["scores"], key=lambda s: s.get("index", 0))]
+exp = ref["scores"]
+assert len(got) == len(exp), (len(got), len(exp))
+err = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, exp))
+assert err < 1e-6, err
+print("grpcio on cuda:0: %d scores equal ikbo-score --device cuda:0 (max rel %.1e), unique_users %s"
+      % (len(got), err, resp.get("uniqueUsers")))
+EOF
+  local prc=$?
+  [ $rc = 0 ] && [ $prc = 0 ]
+}
+
+for s in $stages; do
+  case $s in
+  golden)
+    printf '#!/bin/sh\nexec %s/ikbo-score --device cuda:0 "$@"\n' "$B" > /tmp/score-cuda
+    chmod +x /tmp/score-cuda
+    stage golden golden.log env IKBO_CUDA_DTYPE=fp32 $PY tests/golden/golden.py \
+        --score-bin /tmp/score-cuda --work /tmp/golden --tol 1e-5 ;;
+  grpc)
+    stage grpc grpc.log grpc_check ;;
+  e2e)
+    stage bench-model e2e.log $PY models/bench/make_bench_model.py
+    stage e2e e2e.log bench/e2e/run.sh --build $B --models models --model bench --device cuda:0 \
+        --server-threads 4 --concurrency 8 --loadgen-threads 2 --warmup 1 --duration 2 \
+        --out "$OUT/e2e" ;;
+  esac
+done
+[ -f "$OUT/golden.log" ] && grep -E "FAIL|mismatch" "$OUT/golden.log" | head -n 10
+[ -f "$OUT/e2e/table.md" ] && cat "$OUT/e2e/table.md"
+printf '%s\n' "${summary[@]}"
