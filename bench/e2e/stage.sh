@@ -14,5 +14,6 @@ for b in ikbo-serve ikbo-score ikbo-loadgen; do strip -o .devrun/$b build/$b; do
 cp -r build/gen .devrun/gen && rm -rf .devrun/gen/ikbo .devrun/gen/grpc
 git rev-parse HEAD > .devrun/COMMIT
 bash ../shared/device/bundle-libs.sh .devrun/ikbo-serve .devrun/ikbo-loadgen .devlibs
-for d in /.devrun/ /.devlibs/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+ex=$(git rev-parse --git-path info/exclude); mkdir -p "$(dirname "$ex")"
+for d in /.devrun/ /.devlibs/; do grep -qx "$d" "$ex" 2>/dev/null || echo "$d" >> "$ex"; done
 du -sh .devrun .devlibs
