@@ -4,9 +4,11 @@
  * wrong shape) leaving the previous version serving and retried when their
  * files change, the settle rule, explicit and latest-N policies, admin
  * load/unload and pinning, per-model config.json precedence, the memory
- * check, and 100 load/unload cycles without growth (run it under valgrind
- * or ASan for the leak check proper: tests/integration/test_reload_leaks.py
- * does). Models are MODEL_FORMAT.md's example (loader_fixture.h).
+ * check, and 100 load/unload cycles without heap growth. The leak check
+ * proper: IKBO_TEST_FILTER=test_load_unload_cycles valgrind --leak-check=full
+ * build/tests/test_registry (clean), and the daemon's 100 cycles under
+ * valgrind in tests/integration/test_reload_leaks.py. Models are
+ * MODEL_FORMAT.md's example (loader_fixture.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -619,6 +621,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_load_unload_cycles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_thread, setup, teardown),
     };
+    /* IKBO_TEST_FILTER=test_load_unload_cycles runs one test (the leak check
+     * under valgrind runs only what it needs). */
+    if (getenv("IKBO_TEST_FILTER")) cmocka_set_test_filter(getenv("IKBO_TEST_FILTER"));
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (logf) fclose(logf);
     return rc;
