@@ -418,17 +418,68 @@ int repo_estimate_memory(const char *version_dir, const char *device, uint64_t *
     return 0;
 }
 
-/* MemAvailable in bytes, or 0 when /proc/meminfo does not say. */
+static int read_u64(const char *path, uint64_t *out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    unsigned long long v;
+    int ok = fscanf(f, "%llu", &v) == 1;
+    fclose(f);
+    if (!ok) return -1; /* also cgroup v2's "max" */
+    *out = v;
+    return 0;
+}
+
+/* A "key value" line of a cgroup memory.stat. */
+static uint64_t stat_field(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256], k[128];
+    unsigned long long v, found = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%127s %llu", k, &v) == 2 && !strcmp(k, key)) {
+            found = v;
+            break;
+        }
+    fclose(f);
+    return found;
+}
+
+/* Room left under the container's memory limit (cgroup v2, else v1), not
+ * counting reclaimable file cache; UINT64_MAX when there is no limit. */
+static uint64_t cgroup_available(void)
+{
+    uint64_t max, cur, cache;
+    if (read_u64("/sys/fs/cgroup/memory.max", &max) == 0 &&
+        read_u64("/sys/fs/cgroup/memory.current", &cur) == 0) {
+        cache = stat_field("/sys/fs/cgroup/memory.stat", "inactive_file");
+    } else if (read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes", &max) == 0 &&
+               read_u64("/sys/fs/cgroup/memory/memory.usage_in_bytes", &cur) == 0) {
+        cache = stat_field("/sys/fs/cgroup/memory/memory.stat", "total_inactive_file");
+    } else {
+        return UINT64_MAX;
+    }
+    if (max >= (1ull << 60)) return UINT64_MAX; /* v1's "unlimited" */
+    uint64_t used = cur > cache ? cur - cache : 0;
+    return max > used ? max - used : 0;
+}
+
+/* What a load may use on the host: MemAvailable (/proc/meminfo), capped by
+ * the cgroup limit; 0 when nothing says. */
 static uint64_t host_available(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
     unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+        fclose(f);
+    }
+    uint64_t avail = (uint64_t)kb * 1024, cg = cgroup_available();
+    if (cg != UINT64_MAX && (!avail || cg < avail)) avail = cg ? cg : 1;
+    return avail;
 }
 
 #ifdef IKBO_CUDA
@@ -463,7 +514,7 @@ int repo_memory_check(const char *version_dir, const char *device, ikbo_err *err
     if (avail && host + HOST_RESERVE_BYTES > avail) {
         bk_seterr(err,
                   "%.300s: not loaded: needs about %.0f MiB of host memory (fp32 weights), "
-                  "%.0f MiB available (MemAvailable less a %.0f MiB reserve)",
+                  "%.0f MiB available (MemAvailable or the cgroup limit, less a %.0f MiB reserve)",
                   version_dir, mib(host), mib(avail > HOST_RESERVE_BYTES ? avail - HOST_RESERVE_BYTES : 0),
                   mib(HOST_RESERVE_BYTES));
         return -1;

@@ -68,7 +68,8 @@ int repo_estimate_memory(const char *version_dir, const char *device, uint64_t *
                          uint64_t *device_bytes);
 
 /* Refuses a load that would not fit: the estimate against MemAvailable
- * (/proc/meminfo) less a reserve, and for cuda:N against the GPU's free
+ * (/proc/meminfo) or the room under the cgroup memory limit (v2 or v1, file
+ * cache not counted), less a reserve, and for cuda:N against the GPU's free
  * memory when the CUDA runtime answers. 0 = go ahead (also when nothing can
  * be measured); -1 with *err like "<dir>: not loaded: needs about 4096 MiB
  * of host memory, 1200 MiB available". */
