@@ -1116,7 +1116,10 @@ int registry_admin_load(registry *r, const char *name, int64_t version, rq_statu
     }
     e->unloaded = 0;
     e->trust_next = 1;
-    for (int j = 0; j < e->n_v; j++) e->v[j].blocked = 0;
+    /* A plain load lifts every earlier per-version unload; a load of
+     * version N only N's. */
+    for (int j = 0; j < e->n_v; j++)
+        if (version == 0 || e->v[j].version == version) e->v[j].blocked = 0;
     if (version > 0) {
         vrec *v = find_v(e, version);
         if (!v && !(v = add_v(e, version))) {

@@ -141,7 +141,9 @@ void registry_rescan(registry *r);
 /* Admin load: (re)load a model now in the background. version 0: every
  * version the policy selects (READY ones are reloaded and swapped, FAILED
  * ones retried) and a previous admin unload is undone; version N: that
- * version, which stays served on top of the policy until unloaded. Returns
+ * version, which stays served on top of the policy until unloaded (other
+ * versions unloaded one by one stay unloaded). Both undo an admin unload of
+ * the whole model and retry FAILED versions. Returns
  * 0 when accepted, -1 with *st NOT_FOUND (no such model or version
  * directory) or INVALID_ARGUMENT. */
 int registry_admin_load(registry *r, const char *name, int64_t version, rq_status *st);

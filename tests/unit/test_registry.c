@@ -412,6 +412,18 @@ static void test_admin_load_unload(void **s)
     registry_poll_once(r, 0);
     assert_int_equal(acquired_version(r, "demo", 0), 2);
     assert_int_equal(acquired_version(r, "demo", 1), -RQ_NOT_FOUND);
+    /* Loading version 1 again does not bring back a version 2 unloaded by
+     * itself: unload 2, load 1 -> only 1 serves. */
+    assert_int_equal(registry_admin_unload(r, "demo", 2, &st), 0);
+    assert_int_equal(registry_admin_load(r, "demo", 1, &st), 0);
+    registry_poll_once(r, 0);
+    assert_int_equal(acquired_version(r, "demo", 0), 1);
+    assert_int_equal(acquired_version(r, "demo", 2), -RQ_NOT_FOUND);
+    assert_int_equal(registry_admin_load(r, "demo", 0, &st), 0); /* all back */
+    registry_poll_once(r, 0);
+    assert_int_equal(acquired_version(r, "demo", 0), 2);
+    assert_int_equal(acquired_version(r, "demo", 1), 1); /* still pinned */
+    assert_int_equal(registry_admin_unload(r, "demo", 1, &st), 0);
 
     /* Errors. */
     assert_int_equal(registry_admin_load(r, "nope", 0, &st), -1);
