@@ -36,9 +36,10 @@
  *                     changed and removed versions; 0..86400000, default
  *                     2000, 0 = never (SIGHUP and the admin endpoints still
  *                     rescan)
- *   repository_settle_ms a polled version directory is loaded once its
- *                     entries (names, sizes, mtimes) have not changed for
- *                     this long; 0..3600000, default 1000
+ *   repository_settle_ms a polled version directory is loaded once it has
+ *                     been at rest this long (no change time in it newer, or
+ *                     the same entries seen by the poller for this long;
+ *                     registry.h); 0..3600000, default 1000
  *   version_policy    which versions every model serves: {"latest": N}
  *                     (newest N, 1..64; default {"latest": 1}) or
  *                     {"versions": [N, ...]} (exactly these, 1..64 entries)

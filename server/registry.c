@@ -54,7 +54,8 @@ typedef struct vrec {
 typedef struct dver {
     int64_t version;
     uint64_t sig;
-    int64_t since_ms; /* when sig was first seen */
+    int64_t since_ms;   /* when sig was first seen (CLOCK_MONOTONIC) */
+    int64_t changed_ms; /* newest change time in the directory (CLOCK_REALTIME) */
 } dver;
 
 typedef struct entry {
@@ -166,6 +167,13 @@ static int64_t now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
@@ -400,9 +408,20 @@ static int needs_load(const vrec *v, const dver *d)
     return 0;
 }
 
+/* When d counts as at rest (CLOCK_MONOTONIC ms): settle_ms after the
+ * newest change time in it, or after the poller first saw it this way,
+ * whichever comes first (the second bounds the wait when file times are
+ * off, e.g. a file server's clock). */
+static int64_t settle_at(const registry *r, const dver *d, int64_t now)
+{
+    int64_t by_seen = d->since_ms + r->settle_ms;
+    int64_t by_change = now + (d->changed_ms + r->settle_ms - wall_ms());
+    return by_change < by_seen ? by_change : by_seen;
+}
+
 static int settled(const registry *r, const entry *e, const vrec *v, const dver *d, int64_t now)
 {
-    return e->trust || v->reload || v->retry || now - d->since_ms >= r->settle_ms;
+    return e->trust || v->reload || v->retry || settle_at(r, d, now) <= now;
 }
 
 /* The model-level problem record (version 0) for a configured name. */
@@ -448,7 +467,8 @@ static int64_t decide(registry *r, entry *e, int64_t now, relist *rel)
                 snprintf(v->message, sizeof v->message,
                          "waiting until the directory is unchanged for %d ms", r->settle_ms);
             }
-            int64_t at = d->since_ms + r->settle_ms;
+            int64_t at = settle_at(r, d, now);
+            if (at <= now) at = now + 1;
             if (!wake || at < wake) wake = at;
         }
     }
@@ -562,6 +582,7 @@ static void set_disk(entry *e, const repo_version *v, int n, int64_t now)
         d[i].sig = v[i].sig;
         const dver *old = find_disk(e, v[i].version);
         d[i].since_ms = old && old->sig == v[i].sig ? old->since_ms : now;
+        d[i].changed_ms = v[i].changed_ms;
     }
     free(e->disk);
     e->disk = d;

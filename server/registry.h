@@ -19,9 +19,16 @@
  * with an explicit version stay served on top of the policy ("pinned").
  *
  * Completeness: a version directory is a candidate once it holds model.json.
- * The poller loads it once its entries (names, sizes, mtimes) have not
- * changed for settle_ms; the initial load, SIGHUP (registry_rescan) and the
- * admin load call do not wait (the operator says the repository is at rest).
+ * The poller loads it once it has been at rest for settle_ms: nothing in it
+ * (the directory and its entries) changed for settle_ms by their change
+ * times (ctime/mtime), or the poller has seen the same entries (names,
+ * sizes, mtimes) for settle_ms, whichever comes first. A copy still being
+ * written keeps changing, so it is not loaded half-written; copying into a
+ * dot-directory and renaming it to <N> is atomic and safest. If a copy
+ * stalls for longer than settle_ms the load may fail (FAILED, the previous
+ * version serving); it is retried once the files change again. The initial
+ * load, SIGHUP (registry_rescan) and the admin load call do not wait (the
+ * operator says the repository is at rest).
  * A version that failed is retried when its directory changes, on SIGHUP and
  * on an admin load. In-place edits of a READY version are not picked up by
  * polling; an admin load reloads it.

@@ -54,11 +54,25 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+static int64_t change_ms(const struct stat *st)
+{
+    /* ctime moves on every write, rename and utimes (cp -p, rsync -t set
+     * an old mtime but cannot set ctime), so it is when the entry was last
+     * touched. */
+    int64_t c = (int64_t)st->st_ctim.tv_sec * 1000 + st->st_ctim.tv_nsec / 1000000;
+    int64_t m = (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
+    return c > m ? c : m;
+}
+
 /* Order-independent hash of a directory's entries (readdir order is not
- * promised to be stable). */
-static uint64_t dir_signature(const char *dir, int *has_model_json)
+ * promised to be stable), and the newest change time of the directory and
+ * its entries (wall clock, ms). */
+static uint64_t dir_signature(const char *dir, int *has_model_json, int64_t *last_change)
 {
     *has_model_json = 0;
+    *last_change = 0;
+    struct stat dst;
+    if (stat(dir, &dst) == 0) *last_change = change_ms(&dst);
     DIR *d = opendir(dir);
     if (!d) return 0;
     uint64_t sum = 0, count = 0;
@@ -74,6 +88,7 @@ static uint64_t dir_signature(const char *dir, int *has_model_json)
                             (int64_t)st.st_mtim.tv_nsec, (int64_t)st.st_ino};
             h = fnv(h, f, sizeof f);
             if (!strcmp(de->d_name, "model.json") && S_ISREG(st.st_mode)) *has_model_json = 1;
+            if (change_ms(&st) > *last_change) *last_change = change_ms(&st);
         }
         sum += h * 0x9e3779b97f4a7c15ull + (h >> 29);
         count++;
@@ -104,7 +119,8 @@ int repo_list_versions(const char *model_dir, repo_version **out, ikbo_err *err)
         int64_t ver = parse_version(de->d_name);
         if (ver <= 0 || join(path, sizeof path, model_dir, de->d_name) || !is_dir(path)) continue;
         int has_json;
-        uint64_t sig = dir_signature(path, &has_json);
+        int64_t changed;
+        uint64_t sig = dir_signature(path, &has_json, &changed);
         if (!has_json) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 8;
@@ -119,6 +135,7 @@ int repo_list_versions(const char *model_dir, repo_version **out, ikbo_err *err)
         }
         v[n].version = ver;
         v[n].sig = sig;
+        v[n].changed_ms = changed;
         n++;
     }
     closedir(d);

@@ -15,7 +15,8 @@
  * Completeness rule (the registry applies it; here are its inputs): a version
  * directory counts only once it holds model.json; repo_list_versions gives a
  * signature of the directory (each entry's name, type, size and mtime) that
- * the poller compares across looks to see that the directory is at rest.
+ * the poller compares across looks, and the newest change time in it, to
+ * see that the directory is at rest.
  *
  * Thread-safety: no state; every function may run on any thread.
  * Ownership: arrays returned are malloc'd and the caller's.
@@ -29,7 +30,9 @@
 
 typedef struct repo_version {
     int64_t version;
-    uint64_t sig; /* changes when any entry of the directory changes */
+    uint64_t sig;       /* changes when any entry of the directory changes */
+    int64_t changed_ms; /* newest ctime/mtime of the directory and its entries
+                           (CLOCK_REALTIME, ms) */
 } repo_version;
 
 /* Version directories of model_dir holding model.json, newest first, into

@@ -2,8 +2,8 @@
  * directory: initial load, a new version swapped in while an old handle
  * still scores, failed versions (truncated weights, bad JSON, missing file,
  * wrong shape) leaving the previous version serving and retried when their
- * files change, the settle rule, explicit and latest-N policies, admin
- * load/unload and pinning, per-model config.json precedence, the memory
+ * files change, the settle rule (by change times and by looks), explicit
+ * and latest-N policies, admin load/unload and pinning, per-model config.json precedence, the memory
  * check, and 100 load/unload cycles without heap growth. The leak check
  * proper: IKBO_TEST_FILTER=test_load_unload_cycles valgrind --leak-check=full
  * build/tests/test_registry (clean), and the daemon's 100 cycles under
@@ -309,6 +309,28 @@ static void test_settle_rule(void **s)
     registry_poll_once(r, 1);
     assert_state(r, "demo", 2, REGISTRY_READY);
     assert_state(r, "demo", 1, REGISTRY_UNLOADED);
+    registry_free(r);
+}
+
+static void test_settle_by_change_time(void **s)
+{
+    (void)s;
+    make_version("demo", 1, NULL);
+    registry *r = open_registry(300, NULL, NULL);
+    registry_poll_once(r, 1);
+    make_version("demo", 2, NULL);
+    /* Written 400 ms before the poller first sees it: at rest by its change
+     * times, so the first look loads it (no second look needed). */
+    usleep(400 * 1000);
+    registry_poll_once(r, 0);
+    assert_state(r, "demo", 2, REGISTRY_READY);
+    /* Written just now: the first look waits. */
+    make_version("demo", 3, NULL);
+    registry_poll_once(r, 0);
+    assert_state(r, "demo", 3, REGISTRY_LOADING);
+    usleep(350 * 1000);
+    registry_poll_once(r, 0);
+    assert_state(r, "demo", 3, REGISTRY_READY);
     registry_free(r);
 }
 
@@ -626,6 +648,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_swap_keeps_old_handle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_versions_keep_previous, setup, teardown),
         cmocka_unit_test_setup_teardown(test_settle_rule, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_settle_by_change_time, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_load_unload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_serving_precedence, setup, teardown),
