@@ -11,9 +11,10 @@
  * op is written to a temp dir. Run it under ThreadSanitizer with `make tsan`.
  *
  * IKBO_TEST_DEVICE=cuda:0 runs the same tests on the GPU, where batched and
- * solo scores need not be bitwise equal (kernels may pick other tiles for
- * other batch sizes): there the check is |batched - solo| <= 1e-5 and the
- * test prints how many scores were bitwise equal and the largest difference.
+ * solo scores need not be bitwise equal (cuBLAS picks its algorithm, and with
+ * it the TF32 rounding, by batch size): there the check is |batched - solo|
+ * <= 2e-3 (scores are in [0, 1.5]) and the test prints how many scores were
+ * bitwise equal and the largest absolute and relative differences.
  */
 #include <math.h>
 #include <pthread.h>
@@ -98,9 +99,9 @@ static int irand_s(uint64_t *s, int n) /* 0..n-1 */
 static char model_dir[256];
 static const char *DEVICE = "cpu";
 static int EXACT = 1;             /* CPU: bitwise; GPU: within GPU_TOL */
-#define GPU_TOL 1e-5f
+#define GPU_TOL 2e-3
 static long long n_scores, n_bitwise;
-static double max_diff;
+static double max_diff, max_rel;
 static ikbo_model *MODEL;
 static const ikbo_model_info *MI;
 static ikbo_ctx *SOLO_CTX;
@@ -174,8 +175,9 @@ static int teardown(void **state)
 {
     (void)state;
     if (!EXACT)
-        printf("[ %s ] %lld of %lld batched scores bitwise equal to solo, max |diff| %.3g\n",
-               DEVICE, n_bitwise, n_scores, max_diff);
+        printf("[ %s ] %lld of %lld batched scores bitwise equal to solo, max |diff| %.3g, "
+               "max relative %.3g\n",
+               DEVICE, n_bitwise, n_scores, max_diff, max_rel);
     ikbo_ctx_free(SOLO_CTX);
     ikbo_model_free(MODEL);
     char path[512];
@@ -410,6 +412,8 @@ static void check_bitwise(const slot *s, int idx)
         n_scores++;
         n_bitwise += !memcmp(&s->got[i], &s->solo[i], sizeof(float));
         if (d > max_diff) max_diff = d;
+        if (s->solo[i] != 0 && d / fabs((double)s->solo[i]) > max_rel)
+            max_rel = d / fabs((double)s->solo[i]);
         if (!(d <= GPU_TOL))
             fail_msg("request %d candidate %d: batched %.9g solo %.9g on %s", idx, i, s->got[i],
                      s->solo[i], DEVICE);
