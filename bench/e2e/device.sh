@@ -10,7 +10,10 @@
 #   grpc     the daemon on cuda:0 answering a grpcio client (tools/rank_client.py):
 #            same scores as ikbo-score --device cuda:0, health SERVING
 #   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [e2e]
+#   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
+#            build/gpu): one batch's time split into host work, uploads,
+#            each op's GPU time and the final download, per batch shape
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [e2e] [phases]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -64,8 +67,11 @@ for s in $stages; do
         --score-bin /tmp/score-cuda --work /tmp/golden --tol 1e-5 ;;
   grpc)
     stage grpc grpc.log grpc_check ;;
+  phases)
+    [ -f models/bench/1/model.json ] || stage bench-model phases.log $PY models/bench/make_bench_model.py
+    stage phases phases.log ${PHASES_BIN:-build/gpu/batch_phases} models/bench/1 --device cuda:0 ;;
   e2e)
-    stage bench-model e2e.log $PY models/bench/make_bench_model.py
+    [ -f models/bench/1/model.json ] || stage bench-model e2e.log $PY models/bench/make_bench_model.py
     stage e2e e2e.log bench/e2e/run.sh --build $B --models models --model bench --device cuda:0 \
         --server-threads 4 --concurrency 8 --loadgen-threads 2 --warmup 1 --duration 2 \
         --out "$OUT/e2e" ;;

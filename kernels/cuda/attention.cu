@@ -623,6 +623,7 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
                    const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                    int dh, void *o, bk_err *err)
 {
+    cu_prof_scope prof_(s, "attention");
     if (nc <= 0 || tq <= 0 || heads <= 0 || dh <= 0)
         return 0;
     if (nu <= 0) {

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/cuda/cuda_internal.h"
 
@@ -74,6 +75,140 @@ static int blas_check(cublasStatus_t st, bk_err *err, const char *what)
 static int enter(bk_backend *be, bk_err *err)
 {
     return cu_check(cudaSetDevice(cu_impl(be)->ordinal), err, "cudaSetDevice");
+}
+
+/* ------------------------------------------------------------ profile */
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static cu_prof *prof_new(void)
+{
+    const char *v = getenv("IKBO_CUDA_PROFILE");
+    if (!v || !*v || !strcmp(v, "0"))
+        return NULL;
+    cu_prof *p = (cu_prof *)calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    const char *sk = getenv("IKBO_CUDA_PROFILE_SKIP");
+    p->skip = sk && *sk ? atoi(sk) : 3;
+    for (int i = 0; i < 2 * CU_PROF_MAX; i++)
+        if (cudaEventCreate(&p->ev[i]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            for (int j = 0; j < i; j++)
+                cudaEventDestroy(p->ev[j]);
+            free(p);
+            return NULL;
+        }
+    return p;
+}
+
+cu_prof_scope::cu_prof_scope(bk_stream *st, const char *name, bool closes_batch)
+    : s(st), i(-1), closes(closes_batch), t0(0)
+{
+    cu_prof *p = s->prof;
+    if (!p || p->depth++ > 0)
+        return;
+    t0 = now_us();
+    if (p->n == 0 && p->dropped == 0)
+        p->t_first = t0;
+    if (p->n >= CU_PROF_MAX) {
+        p->dropped++;
+        return;
+    }
+    i = p->n++;
+    p->name[i] = name;
+    cudaEventRecord(p->ev[2 * i], s->st);
+}
+
+static cu_prof_stat *prof_stat(cu_prof *p, const char *name)
+{
+    for (int k = 0; k < p->nst; k++)
+        if (!strcmp(p->st[k].name, name))
+            return &p->st[k];
+    if (p->nst == CU_PROF_NAMES)
+        return NULL;
+    p->st[p->nst].name = name;
+    return &p->st[p->nst++];
+}
+
+/* The stream is idle: read the batch's events and add them up. A batch of
+ * nothing but sync calls (a second sync after download_f32) is folded into
+ * the previous batch rather than counted as one. */
+static void prof_close(cu_prof *p)
+{
+    int real = 0;
+    for (int k = 0; k < p->n; k++)
+        real |= strcmp(p->name[k], "sync") != 0;
+    if (p->skip > 0) {
+        p->skip -= real;
+        p->n = p->dropped = 0;
+        return;
+    }
+    cudaEventSynchronize(p->ev[2 * (p->n - 1) + 1]);
+    double busy = 0;
+    for (int k = 0; k < p->n; k++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[2 * k], p->ev[2 * k + 1]) != cudaSuccess)
+            ms = 0;
+        cu_prof_stat *st = prof_stat(p, p->name[k]);
+        if (st) {
+            st->calls += 1;
+            st->host_us += p->host_us[k];
+            st->gpu_us += ms * 1e3;
+        }
+        busy += ms * 1e3;
+    }
+    float span = 0;
+    if (cudaEventElapsedTime(&span, p->ev[0], p->ev[2 * (p->n - 1) + 1]) != cudaSuccess)
+        span = 0;
+    (void)cudaGetLastError();
+    p->batches += real;
+    p->wall_us += now_us() - p->t_first;
+    p->span_us += span * 1e3;
+    p->busy_us += busy;
+    p->n = p->dropped = 0;
+}
+
+cu_prof_scope::~cu_prof_scope()
+{
+    cu_prof *p = s->prof;
+    if (!p || --p->depth > 0)
+        return;
+    if (i >= 0) {
+        cudaEventRecord(p->ev[2 * i + 1], s->st);
+        p->host_us[i] = now_us() - t0;
+    }
+    if (closes && p->n > 0)
+        prof_close(p);
+}
+
+/* Per-batch means since the warm-up, to stderr: the diagnostic's output. */
+static void prof_report(bk_stream *s)
+{
+    cu_prof *p = s->prof;
+    if (!p->batches) {
+        fprintf(stderr, "cuda profile: no batches after warm-up\n");
+        return;
+    }
+    double b = (double)p->batches, host = 0;
+    fprintf(stderr, "cuda profile: %ld batches, per batch:\n", p->batches);
+    fprintf(stderr, "  %-18s %7s %10s %10s\n", "op", "calls", "host us", "gpu us");
+    for (int k = 0; k < p->nst; k++) {
+        cu_prof_stat *st = &p->st[k];
+        host += st->host_us;
+        fprintf(stderr, "  %-18s %7.1f %10.1f %10.1f\n", st->name, st->calls / b,
+                st->host_us / b, st->gpu_us / b);
+    }
+    fprintf(stderr,
+            "  backend host us %.1f | gpu busy us %.1f, span us %.1f (idle %.1f) | "
+            "wall first op -> idle us %.1f\n",
+            host / b, p->busy_us / b, p->span_us / b, (p->span_us - p->busy_us) / b,
+            p->wall_us / b);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -162,6 +297,7 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
 
 static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
 {
+    cu_prof_scope prof_(s, "upload");
     if (!bytes)
         return 0;
     if (!dst || !src) {
@@ -202,6 +338,7 @@ static unsigned grid_for(size_t n, unsigned block)
 
 static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
 {
+    cu_prof_scope prof_(s, "upload_f32");
     if (!n)
         return 0;
     if (n > SIZE_MAX / sizeof(float)) {
@@ -225,6 +362,7 @@ static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, 
 
 static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
 {
+    cu_prof_scope prof_(s, "download_f32", true);
     if (!n)
         return cu_check(cudaStreamSynchronize(s->st), err, "download_f32: stream");
     if (n > SIZE_MAX / sizeof(float)) {
@@ -270,6 +408,12 @@ static void cuda_stream_free(bk_stream *s)
     cudaSetDevice(cu_impl(s->be)->ordinal);
     if (s->st)
         cudaStreamSynchronize(s->st);
+    if (s->prof) {
+        prof_report(s);
+        for (int i = 0; i < 2 * CU_PROF_MAX; i++)
+            cudaEventDestroy(s->prof->ev[i]);
+        free(s->prof);
+    }
     cu_scratch *sc[] = {&s->stage, &s->lce_y, &s->att_tile};
     for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
         cuda_free(s->be, sc[i]->p, sc[i]->cap, sc[i]->tag);
@@ -307,6 +451,7 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
     if (!(s->ws = dev_malloc(be, WS_BYTES, err)))
         goto fail;
     s->ws_size = WS_BYTES;
+    s->prof = prof_new();
     return s;
 fail:
     cuda_stream_free(s);
@@ -315,6 +460,7 @@ fail:
 
 static int cuda_sync(bk_stream *s, bk_err *err)
 {
+    cu_prof_scope prof_(s, "sync", true);
     if (enter(s->be, err))
         return -1;
     return cu_check(cudaStreamSynchronize(s->st), err, "stream (an earlier op on it failed)");
@@ -425,6 +571,7 @@ static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_
                               const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
                               bk_err *err)
 {
+    cu_prof_scope prof_(s, "embedding_bag");
     if (n <= 0 || table->cols == 0)
         return 0;
     if (table->rows <= 0) {
@@ -468,6 +615,7 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
                                   const int32_t *actions, const int64_t *offsets, int n,
                                   void *out, bk_err *err)
 {
+    cu_prof_scope prof_(s, "history_embedding");
     if (n <= 0 || table->cols == 0)
         return 0;
     if (table->rows <= 0 || action->cols != table->cols || position->cols != table->cols) {
@@ -503,6 +651,7 @@ __global__ void k_mean_pool(const T *__restrict__ x, const int64_t *__restrict__
 static int cuda_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
                           void *out, bk_err *err)
 {
+    cu_prof_scope prof_(s, "mean_pool");
     if (n <= 0 || dim <= 0)
         return 0;
     if (enter(s->be, err))
@@ -528,6 +677,7 @@ __global__ void k_add(const T *a, const T *__restrict__ b, const int32_t *__rest
 static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n,
                     int width, void *out, bk_err *err)
 {
+    cu_prof_scope prof_(s, "add");
     if (n <= 0 || width <= 0)
         return 0;
     if (enter(s->be, err))
@@ -541,6 +691,7 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
 static int cuda_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst,
                           int ldd, bk_err *err)
 {
+    cu_prof_scope prof_(s, "copy_rows");
     if (n <= 0 || width <= 0)
         return 0;
     if (enter(s->be, err))
@@ -596,6 +747,7 @@ static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets
                        const int32_t *map, int nc, const int64_t *dst_offsets, int width,
                        void *dst, bk_err *err)
 {
+    cu_prof_scope prof_(s, "gather");
     if (nc <= 0 || width <= 0)
         return 0;
     if (enter(s->be, err))
@@ -653,6 +805,7 @@ static int align_of(const void *p, int ld, size_t es)
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
+    cu_prof_scope prof_(s, "linear");
     int out = w->rows, in = w->cols;
     if (rows <= 0 || out <= 0)
         return 0;

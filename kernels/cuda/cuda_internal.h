@@ -59,6 +59,31 @@ typedef struct cu_algo_entry {
 
 #define CU_ALGO_CACHE 64
 
+/* Where a stream's time goes (IKBO_CUDA_PROFILE=1, a diagnostic): every op
+ * records its host time and a pair of CUDA events; at each synchronization
+ * the batch's events are read and summed per op, and stream_free prints the
+ * per-batch means to stderr. Off: one branch per op. */
+#define CU_PROF_MAX 512
+#define CU_PROF_NAMES 32
+typedef struct cu_prof_stat {
+    const char *name;
+    double calls, host_us, gpu_us;
+} cu_prof_stat;
+typedef struct cu_prof {
+    int skip;    /* batches still to discard (warm-up) */
+    int depth;   /* nested scopes (upload_f32 -> upload) count once */
+    int n;       /* ops recorded in the current batch */
+    int dropped; /* ops past CU_PROF_MAX (not timed) */
+    const char *name[CU_PROF_MAX];
+    double host_us[CU_PROF_MAX];
+    cudaEvent_t ev[2 * CU_PROF_MAX];
+    double t_first; /* host clock at the batch's first op (us) */
+    long batches;
+    double wall_us, span_us, busy_us;
+    cu_prof_stat st[CU_PROF_NAMES];
+    int nst;
+} cu_prof;
+
 struct bk_stream {
     bk_backend *be;
     cudaStream_t st;
@@ -70,6 +95,7 @@ struct bk_stream {
     cu_scratch att_tile; /* attention tile table                         */
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;
+    cu_prof *prof; /* NULL unless IKBO_CUDA_PROFILE */
 };
 
 struct bk_weight {
@@ -86,6 +112,17 @@ static inline enum cu_dtype cu_dt(bk_stream *s) { return cu_impl(s->be)->dtype; 
 int cu_check(cudaError_t e, bk_err *err, const char *what);
 int cu_check_launch(bk_err *err, const char *what);
 int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err);
+
+/* Times one op while profiling (see cu_prof); `closes`: the op ends with
+ * the stream idle (download_f32, sync), so the batch's events are read. */
+struct cu_prof_scope {
+    bk_stream *s;
+    int i;
+    bool closes;
+    double t0;
+    cu_prof_scope(bk_stream *st, const char *name, bool closes_batch = false);
+    ~cu_prof_scope();
+};
 
 #define CU_TRY(call, what)                                                    \
     do {                                                                      \

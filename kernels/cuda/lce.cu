@@ -615,6 +615,7 @@ int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const
              const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
              void *z, bk_err *err)
 {
+    cu_prof_scope prof_(s, "lce");
     if (nc <= 0 || m <= 0 || d <= 0)
         return 0;
     if (ku < 0 || kc < 0 || w_user->rows != m || w_user->cols != ku || w_cand->rows != m ||
