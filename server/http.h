@@ -4,9 +4,12 @@
  * speak HTTP, not gRPC. Routes:
  *   GET  /metrics                 Prometheus text exposition 0.0.4
  *   GET  /healthz                 200 "ok" while the process runs
- *   GET  /readyz                  200 "ready" when every configured model has a
- *                                 READY version and the server is not
- *                                 draining; else 503 with the reason
+ *   GET  /readyz                  200 "ready" when every model has a READY
+ *                                 version (registry_all_ready: admin-unloaded
+ *                                 models and models added while serving that
+ *                                 have not loaded yet do not count) and the
+ *                                 server is not draining; else 503 with the
+ *                                 reason
  *   GET  /v1/models               models, versions, states, inputs, tasks (JSON)
  *   GET  /v1/models/{name}        one model (404 JSON when unknown)
  *   POST /v1/models/{name}:rank   a RankRequest in proto3 JSON -> RankResponse

@@ -67,6 +67,8 @@ typedef struct entry {
     int scanned;    /* disk holds a successful scan */
     int missing;    /* the last scan found no model directory */
     int configured; /* named in the config: listed even without a directory */
+    int initial;    /* known before the worker started: readiness waits for it */
+    int ever_ready; /* had a READY version once: readiness counts it from then */
     int unloaded;   /* admin unload in effect */
     int trust;      /* this pass: no settle wait, failed versions retried */
     int trust_next; /* the next pass trusts this model (admin load) */
@@ -835,6 +837,7 @@ static void commit(registry *r, const job *j, registry_model *m, const char *err
         v->inst = m;
         v->state = REGISTRY_READY;
         v->message[0] = '\0';
+        e->ever_ready = 1;
         log_load(j, m, "READY", secs, NULL);
     } else if (v->inst) {
         snprintf(v->message, sizeof v->message, "reload failed, previous load serving: %.460s", error);
@@ -1065,6 +1068,7 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
         relist_run(&rel);
     }
     scan_free(items, n > 0 ? n : 0);
+    for (int k = 0; k < r->n_entries; k++) r->entries[k].initial = 1;
     return r;
 oom:
     bk_seterr(err, "registry: out of memory");
@@ -1338,7 +1342,9 @@ int registry_all_ready(registry *r, char *why, size_t why_size)
     pthread_rwlock_rdlock(&r->lock);
     for (int i = 0; ok && i < r->n_entries; i++) {
         const entry *e = &r->entries[i];
-        if (e->unloaded) continue;
+        /* A model added while serving does not take the server out of
+         * rotation while it loads (or if its first load fails). */
+        if (e->unloaded || !(e->initial || e->ever_ready)) continue;
         live++;
         if (entry_ready(e)) continue;
         ok = 0;

@@ -211,7 +211,9 @@ int registry_model_ready(registry *r, const char *name);
 
 /* 1 when every model that is not admin-unloaded has a READY version (and
  * there is at least one such model); else 0 with the first reason in why
- * ("model 'demo' is loading"). */
+ * ("model 'demo' is loading"). Counted: the models known at startup, and a
+ * model added later once it first became READY (a new model that is still
+ * loading, or whose first load failed, does not make the server unready). */
 int registry_all_ready(registry *r, char *why, size_t why_size);
 
 /* ModelInfo: one model (name) or all (name NULL or ""). NOT_FOUND for an

@@ -6,7 +6,8 @@ per-model config.json serving overrides; a model directory added later is
 found by polling. (3) unloading a model over the admin endpoint: its
 requests get NOT_FOUND and its health NOT_SERVING, the other model is
 unaffected (no failed request while it happens), /readyz stays ready;
-loading it again brings it back."""
+loading it again brings it back. Models added and removed while serving;
+a broken new one does not make /readyz fail."""
 import json
 import os
 import shutil
@@ -122,6 +123,17 @@ def test_new_model_directory_is_found():
     wait_for(lambda: version_state(d, "c", 3) == ("READY", ""), 10, "model c found by polling")
     check_eq(d.rank(make_request(model_dir("b1"), seed=36, model="c")).model_version, 3, "c serves")
     check_eq(d.health("c").status, 1, "c SERVING")
+    # A broken new model shows FAILED but does not take the server out of
+    # rotation (/readyz counts models added later once they have loaded).
+    dst = os.path.join(S["repo"], "d", ".1")
+    shutil.copytree(model_dir("b1"), dst)
+    with open(os.path.join(dst, "weights.safetensors"), "r+b") as f:
+        f.truncate(1000)
+    os.rename(dst, os.path.join(S["repo"], "d", "1"))
+    wait_for(lambda: (version_state(d, "d", 1) or ("",))[0] == "FAILED", 10, "model d FAILED")
+    check_eq(d.http("GET", "/readyz")[0], 200, "/readyz with a broken new model")
+    check_eq(d.health("d").status, 2, "d NOT_SERVING")
+    shutil.rmtree(os.path.join(S["repo"], "d"))
     # Removing it: it goes away (health then answers NOT_FOUND for the name).
     shutil.rmtree(os.path.join(S["repo"], "c"))
     wait_for(lambda: "c" not in models(d), 10, "model c gone")

@@ -459,10 +459,17 @@ static void test_admin_load_unload(void **s)
     assert_int_equal(registry_admin_unload(r, "nope", 0, &st), -1);
     assert_int_equal(st.code, RQ_NOT_FOUND);
 
-    /* A model directory added later is found by the next scan. */
+    /* A model directory added later is found by the next scan; a broken
+     * new model does not make the server unready. */
+    vopts broken = {.truncate = 100};
+    make_version("new_broken", 1, &broken);
     make_version("late", 4, NULL);
     registry_poll_once(r, 0);
     assert_int_equal(acquired_version(r, "late", 0), 4);
+    assert_state(r, "new_broken", 1, REGISTRY_FAILED);
+    assert_int_equal(registry_all_ready(r, why, sizeof why), 1);
+    assert_int_equal(registry_admin_unload(r, "other", 0, &st), 0);
+    assert_int_equal(registry_all_ready(r, why, sizeof why), 1); /* demo, late */
     /* ... and one removed disappears. */
     char dir[600];
     snprintf(dir, sizeof dir, "%s/late", g_repo);
