@@ -12,6 +12,13 @@
  * bump-allocates from arenas grown to fit. The arenas persist, so steady
  * traffic allocates nothing, and the per-tag totals are the byte accounting
  * that shows no user tensor ever reaches C rows in IKBO mode.
+ *
+ * Per-batch copies: every index array of a batch (map, history, all
+ * embedding bags' ids and offsets, broadcast offsets) is written into a host
+ * mirror of the index arena and uploaded with one copy before the first op;
+ * then the two dense inputs; the logits come back with the one wait of the
+ * batch (download_f32). On the GPU each copy has a fixed cost, and an upload
+ * between kernels used to be one of ~25.
  */
 #include <errno.h>
 #include <limits.h>
@@ -55,19 +62,13 @@ struct ikbo_ctx {
     size_t last[BK_TAG_COUNT];
     int dry;
     value *vals; /* [n_layers] */
-    /* host staging, grown on demand */
-    int64_t *h_off;
-    size_t h_off_cap;
-    int64_t *h_ids;
-    size_t h_ids_cap;
-    int32_t *h_i32;
-    size_t h_i32_cap;
+    /* Host mirror of the index arena, as large as it: index arrays are
+     * written at their arena offsets and uploaded with one copy. */
+    char *h_index;
+    size_t h_index_cap;
     float *h_logits;
     size_t h_logits_cap;
-    int64_t *h_bc_off;
-    size_t h_bc_off_cap;
-    int32_t *h_ident;
-    size_t h_ident_cap;
+    const int64_t **bag_ids, **bag_off; /* [n_layers]: embedding_bag inputs */
     /* Bytes broadcast mode would have copied to C rows for the last batch
      * (0 in broadcast mode, where they were copied). */
     uint64_t avoided;
@@ -227,7 +228,14 @@ void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out) { m->be->get_stats(m->
 ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
 {
     ikbo_ctx *c = calloc(1, sizeof(*c));
-    if (!c || !(c->vals = calloc((size_t)m->def->n_layers, sizeof(value)))) {
+    size_t nl = (size_t)m->def->n_layers + 1;
+    if (!c || !(c->vals = calloc(nl, sizeof(value))) ||
+        !(c->bag_ids = calloc(nl, sizeof(*c->bag_ids))) ||
+        !(c->bag_off = calloc(nl, sizeof(*c->bag_off)))) {
+        if (c) {
+            free(c->vals);
+            free(c->bag_ids);
+        }
         free(c);
         bk_seterr(err, "out of memory");
         return NULL;
@@ -235,6 +243,8 @@ ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
     c->m = m;
     if (!(c->s = m->be->stream_new(m->be, err))) {
         free(c->vals);
+        free(c->bag_ids);
+        free(c->bag_off);
         free(c);
         return NULL;
     }
@@ -249,12 +259,10 @@ void ikbo_ctx_free(ikbo_ctx *c)
         if (c->ar[t].base) be->free(be, c->ar[t].base, c->ar[t].cap, (enum bk_tag)t);
     be->stream_free(c->s);
     free(c->vals);
-    free(c->h_off);
-    free(c->h_ids);
-    free(c->h_i32);
+    free(c->bag_ids);
+    free(c->bag_off);
+    free(c->h_index);
     free(c->h_logits);
-    free(c->h_bc_off);
-    free(c->h_ident);
     free(c);
 }
 
@@ -295,7 +303,24 @@ static int grow_arenas(ikbo_ctx *c, ikbo_err *err)
         if (!(a->base = be->alloc(be, cap, (enum bk_tag)t, err))) return -1;
         a->cap = cap;
     }
+    size_t ic = c->ar[BK_TAG_INDEX].cap;
+    if (ic > c->h_index_cap) {
+        char *p = realloc(c->h_index, ic);
+        if (!p) {
+            bk_seterr(err, "out of host memory");
+            return -1;
+        }
+        memset(p, 0, ic); /* arena padding travels too; keep it defined */
+        c->h_index = p;
+        c->h_index_cap = ic;
+    }
     return 0;
+}
+
+/* Where an index buffer's bytes sit in the host mirror (real pass only). */
+static void *mirror(ikbo_ctx *c, const void *dev)
+{
+    return c->h_index + ((const char *)dev - (const char *)c->ar[BK_TAG_INDEX].base);
 }
 
 #define GROW(ptr, cap, n)                                                     \
@@ -400,29 +425,27 @@ static int validate_batch(const ikbo_model *m, const ikbo_batch *b, ikbo_err *er
         if (!c->dry && (x) != 0) return -1;                                   \
     } while (0)
 
-/* Uploads a jagged id list; returns backend ids and offsets. */
-static int put_jagged(ikbo_ctx *c, const ikbo_jagged *j, int rows, const int64_t **ids,
-                      const int64_t **off, ikbo_err *err)
+/* Places a jagged id list in the index arena (and its host mirror);
+ * returns backend ids and offsets. */
+static void put_jagged(ikbo_ctx *c, const ikbo_jagged *j, int rows, const int64_t **ids,
+                       const int64_t **off)
 {
-    bk_backend *be = c->m->be;
     size_t nid = (size_t)j->offsets[rows];
     int64_t *di = take(c, BK_TAG_INDEX, nid * sizeof(int64_t));
     int64_t *dof = take(c, BK_TAG_INDEX, (size_t)(rows + 1) * sizeof(int64_t));
     *ids = di;
     *off = dof;
-    if (c->dry) return 0;
-    if (nid && be->upload(c->s, di, j->ids, nid * sizeof(int64_t), err)) return -1;
-    return be->upload(c->s, dof, j->offsets, (size_t)(rows + 1) * sizeof(int64_t), err);
+    if (c->dry) return;
+    if (nid) memcpy(mirror(c, di), j->ids, nid * sizeof(int64_t));
+    memcpy(mirror(c, dof), j->offsets, (size_t)(rows + 1) * sizeof(int64_t));
 }
 
-/* Cuts each user's history to its most recent max_len events (host side,
- * into ctx staging), uploads ids/actions/offsets. */
-static int put_history(ikbo_ctx *c, const ikbo_batch *b, const int64_t **ids,
-                       const int32_t **acts, const int64_t **off, int64_t *n_events,
-                       ikbo_err *err)
+/* Cuts each user's history to its most recent max_len events, straight
+ * into the index arena's host mirror (ids, actions, offsets). */
+static void put_history(ikbo_ctx *c, const ikbo_batch *b, const int64_t **ids,
+                        const int32_t **acts, const int64_t **off, int64_t *n_events)
 {
     const model_def *d = c->m->def;
-    bk_backend *be = c->m->be;
     int U = b->n_users;
     int64_t total = 0;
     for (int u = 0; u < U; u++) {
@@ -436,25 +459,21 @@ static int put_history(ikbo_ctx *c, const ikbo_batch *b, const int64_t **ids,
     *ids = dids;
     *acts = dacts;
     *off = doff;
-    if (c->dry) return 0;
-    GROW(c->h_off, c->h_off_cap, U + 1);
-    GROW(c->h_ids, c->h_ids_cap, total + 1);
-    if (b->hist_actions) GROW(c->h_i32, c->h_i32_cap, total + 1);
+    if (c->dry) return;
+    int64_t *hi = mirror(c, dids), *ho = mirror(c, doff);
+    int32_t *ha = dacts ? mirror(c, dacts) : NULL;
     int64_t k = 0;
-    c->h_off[0] = 0;
+    ho[0] = 0;
     for (int u = 0; u < U; u++) {
         int64_t beg = b->hist.offsets[u], end = b->hist.offsets[u + 1];
         if (end - beg > d->hist_max_len) beg = end - d->hist_max_len;
-        for (int64_t e = beg; e < end; e++, k++) {
-            c->h_ids[k] = b->hist.ids[e];
-            if (b->hist_actions) c->h_i32[k] = b->hist_actions[e];
+        if (end > beg) {
+            memcpy(hi + k, b->hist.ids + beg, (size_t)(end - beg) * sizeof(int64_t));
+            if (ha) memcpy(ha + k, b->hist_actions + beg, (size_t)(end - beg) * sizeof(int32_t));
+            k += end - beg;
         }
-        c->h_off[u + 1] = k;
+        ho[u + 1] = k;
     }
-    if (total && be->upload(c->s, dids, c->h_ids, (size_t)total * sizeof(int64_t), err)) return -1;
-    if (total && dacts && be->upload(c->s, dacts, c->h_i32, (size_t)total * sizeof(int32_t), err))
-        return -1;
-    return be->upload(c->s, doff, c->h_off, (size_t)(U + 1) * sizeof(int64_t), err);
 }
 
 static enum bk_tag dom_tag(enum md_domain d) { return d == MD_USER ? BK_TAG_USER : BK_TAG_CAND; }
@@ -548,14 +567,9 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
         return 0;
 
     case MD_EMBEDDING_BAG: {
-        md_ref r = l->in[0];
-        const ikbo_jagged *j =
-            r.src == MD_SRC_USER_SPARSE ? &b->user_sparse[r.index] : &b->cand_sparse[r.index];
-        const int64_t *ids, *off;
-        if (put_jagged(c, j, rows, &ids, &off, err)) return -1;
         out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
-        TRY(be->embedding_bag(c->s, c->m->table_w[l->table], ids, off, rows, l->pooling, out->p,
-                              width, err));
+        TRY(be->embedding_bag(c->s, c->m->table_w[l->table], c->bag_ids[li], c->bag_off[li], rows,
+                              l->pooling, out->p, width, err));
         return 0;
     }
 
@@ -690,9 +704,55 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
     int U = b->n_users, C = b->n_cands;
     fwd f = {.b = b};
 
+    int bc = c->m->mode == IKBO_MODE_BROADCAST;
+
+    /* Index arrays first, in arena order, into the host mirror. */
     int32_t *map = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
-    TRY(be->upload(c->s, map, b->map, (size_t)C * sizeof(int32_t), err));
+    if (!c->dry) memcpy(mirror(c, map), b->map, (size_t)C * sizeof(int32_t));
     f.map = map;
+    if (d->has_history) put_history(c, b, &f.h_ids, &f.h_acts, &f.h_off, &f.n_events);
+    for (int li = 0; li < d->n_layers; li++) {
+        const md_layer *l = &d->layers[li];
+        if (l->op != MD_EMBEDDING_BAG) continue;
+        md_ref r = l->in[0];
+        const ikbo_jagged *j =
+            r.src == MD_SRC_USER_SPARSE ? &b->user_sparse[r.index] : &b->cand_sparse[r.index];
+        put_jagged(c, j, l->domain == MD_USER ? U : C, &c->bag_ids[li], &c->bag_off[li]);
+    }
+
+    /* Per-candidate history offsets: what broadcast mode copies, and what
+     * IKBO mode reports as avoided. */
+    int32_t *id = bc ? take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t)) : NULL;
+    int64_t *bo = bc ? take(c, BK_TAG_INDEX, (size_t)(C + 1) * sizeof(int64_t)) : NULL;
+    int64_t *hbo = bc && !c->dry ? mirror(c, bo) : NULL;
+    int64_t ev = 0;
+    if (hbo) hbo[0] = 0;
+    for (int i = 0; d->has_history && i < C; i++) {
+        int u = b->map[i];
+        int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
+        ev += len < d->hist_max_len ? len : d->hist_max_len;
+        if (hbo) hbo[i + 1] = ev;
+    }
+    if (hbo && !d->has_history) memset(hbo, 0, (size_t)(C + 1) * sizeof(int64_t));
+    f.bc_events = ev;
+    if (bc) {
+        if (ev > INT32_MAX) {
+            bk_seterr(err, "batch: broadcast mode would copy %lld history events, over the engine's limit",
+                      (long long)ev);
+            return -1;
+        }
+        f.identity = id;
+        f.bc_off = bo;
+        if (!c->dry) {
+            int32_t *hid = mirror(c, id);
+            for (int i = 0; i < C; i++) hid[i] = i;
+        }
+    }
+    if (!c->dry) {
+        const arena *ix = &c->ar[BK_TAG_INDEX];
+        if (ix->used && be->upload(c->s, ix->base, c->h_index, ix->used, err)) return -1;
+    }
+
     if (d->user_dense) {
         void *p = take(c, BK_TAG_USER, act_bytes(c, (size_t)U, (size_t)d->user_dense));
         TRY(be->upload_f32(c->s, p, b->user_dense, (size_t)U * d->user_dense, err));
@@ -702,48 +762,6 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
         void *p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)d->cand_dense));
         TRY(be->upload_f32(c->s, p, b->cand_dense, (size_t)C * d->cand_dense, err));
         f.cand_dense = p;
-    }
-    if (d->has_history && put_history(c, b, &f.h_ids, &f.h_acts, &f.h_off, &f.n_events, err))
-        return -1;
-
-    /* Per-candidate history offsets: what broadcast mode copies, and what
-     * IKBO mode reports as avoided. */
-    int64_t ev = 0;
-    if (d->has_history) {
-        if (!c->dry) GROW(c->h_bc_off, c->h_bc_off_cap, (size_t)C + 1);
-        if (!c->dry) c->h_bc_off[0] = 0;
-        for (int i = 0; i < C; i++) {
-            int u = b->map[i];
-            int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
-            ev += len < d->hist_max_len ? len : d->hist_max_len;
-            if (!c->dry) c->h_bc_off[i + 1] = ev;
-        }
-    }
-    f.bc_events = ev;
-    if (c->m->mode == IKBO_MODE_BROADCAST) {
-        if (ev > INT32_MAX) {
-            bk_seterr(err, "batch: broadcast mode would copy %lld history events, over the engine's limit",
-                      (long long)ev);
-            return -1;
-        }
-        int32_t *id = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
-        int64_t *bo = take(c, BK_TAG_INDEX, (size_t)(C + 1) * sizeof(int64_t));
-        f.identity = id;
-        f.bc_off = bo;
-        if (!c->dry) {
-            GROW(c->h_ident, c->h_ident_cap, C);
-            for (int i = 0; i < C; i++) c->h_ident[i] = i;
-            if (be->upload(c->s, id, c->h_ident, (size_t)C * sizeof(int32_t), err)) return -1;
-            if (d->has_history) {
-                if (be->upload(c->s, bo, c->h_bc_off, (size_t)(C + 1) * sizeof(int64_t), err))
-                    return -1;
-            } else {
-                GROW(c->h_bc_off, c->h_bc_off_cap, (size_t)C + 1);
-                memset(c->h_bc_off, 0, (size_t)(C + 1) * sizeof(int64_t));
-                if (be->upload(c->s, bo, c->h_bc_off, (size_t)(C + 1) * sizeof(int64_t), err))
-                    return -1;
-            }
-        }
     }
 
     for (int li = 0; li < d->n_layers; li++)
@@ -775,8 +793,8 @@ int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scor
     int C = b->n_cands, T = d->n_tasks;
     GROW(c->h_logits, c->h_logits_cap, (size_t)C * T);
     const value *lv = &c->vals[d->logits_layer];
+    /* The batch's one wait: download_f32 returns with the stream idle. */
     if (m->be->download_f32(c->s, c->h_logits, lv->p, (size_t)C * T, err)) return -1;
-    if (m->be->sync(c->s, err)) return -1;
     for (int i = 0; i < C; i++) {
         double s = 0;
         for (int t = 0; t < T; t++) {

@@ -554,9 +554,8 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
     dim3 grid((unsigned)cap, (unsigned)heads);
     if constexpr (WG && (DH == 64 || DH == 128)) {
         auto kern = k_att_wg<T, DH>;
-        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)attw_cfg<DH>::SMEM),
-               "attention: shared memory limit");
+        if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
+            return -1;
         /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
          * groups 1024 bytes apart (SBO); the swapped assignment was checked
          * on the H200 and faults. */
@@ -566,9 +565,8 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         return cu_check_launch(err, "attention (wgmma)");
     } else {
         auto kern = k_att_tc<T, DH>;
-        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)att_cfg<DH>::SMEM),
-               "attention: shared memory limit");
+        if (cu_smem_limit(s, (const void *)kern, (int)att_cfg<DH>::SMEM, err))
+            return -1;
         kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
                                                       scale_log2, o);
         return cu_check_launch(err, "attention (tensor cores)");
@@ -630,7 +628,7 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
         bk_seterr(err, "attention: %d candidates but no users", nc);
         return -1;
     }
-    if (cu_check(cudaSetDevice(cu_impl(s->be)->ordinal), err, "cudaSetDevice"))
+    if (cu_enter(s, err))
         return -1;
     int rc = 0;
     CU_DISPATCH(cu_dt(s), rc = attention_t<T>(s, q, k, v, offsets, nu, map, nc, tq, heads, dh, o,

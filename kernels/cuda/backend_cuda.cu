@@ -10,8 +10,15 @@
  *
  * Byte accounting: buffers from alloc carry the caller's tag. Stream-private
  * scratch is accounted too: the LCE user term (U rows) as BK_TAG_USER, the
- * attention tile table and the fp32 conversion staging as BK_TAG_INDEX. The
- * cuBLASLt workspace (fixed size, one per stream) is not tagged.
+ * attention tile table as BK_TAG_INDEX. The cuBLASLt workspace (fixed size,
+ * one per stream) is not tagged.
+ *
+ * Per-batch fixed costs (measured with IKBO_CUDA_PROFILE, bench/e2e/
+ * batch_phases.c): host copies go through a pinned staging buffer per stream
+ * (truly asynchronous; fp32 <-> activation dtype conversion on the host, no
+ * conversion kernels); a linear shape's cuBLASLt descriptors and algorithm
+ * are made once; a kernel's shared memory limit is raised once; the stream
+ * waits only in download_f32 and sync.
  *
  * Errors: every CUDA and cuBLAS status is checked and becomes a bk_err that
  * names the step. A kernel fault is reported by the next call that waits on
@@ -295,6 +302,101 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
     return 0;
 }
 
+int cu_enter(bk_stream *s, bk_err *err) { return enter(s->be, err); }
+
+static unsigned grid_for(size_t n, unsigned block)
+{
+    size_t g = (n + block - 1) / block;
+    if (g > 65536u * 16)
+        g = 65536u * 16;
+    return g ? (unsigned)g : 1;
+}
+
+int cu_smem_limit(bk_stream *s, const void *fn, int bytes, bk_err *err)
+{
+    cuda_backend *cb = cu_impl(s->be);
+    int k, done = 0;
+    pthread_mutex_lock(&cb->lock);
+    for (k = 0; k < cb->n_smem && cb->smem_fn[k] != fn; k++)
+        ;
+    done = k < cb->n_smem && cb->smem_bytes[k] >= bytes;
+    pthread_mutex_unlock(&cb->lock);
+    if (done)
+        return 0;
+    CU_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+           "raising a kernel's shared memory limit");
+    pthread_mutex_lock(&cb->lock);
+    for (k = 0; k < cb->n_smem && cb->smem_fn[k] != fn; k++)
+        ;
+    if (k == cb->n_smem && k < (int)(sizeof cb->smem_fn / sizeof cb->smem_fn[0])) {
+        cb->smem_fn[k] = fn;
+        cb->smem_bytes[k] = 0;
+        cb->n_smem++;
+    }
+    if (k < cb->n_smem && cb->smem_bytes[k] < bytes)
+        cb->smem_bytes[k] = bytes;
+    pthread_mutex_unlock(&cb->lock);
+    return 0;
+}
+
+/* ------------------------------------------------------------ host staging */
+
+static int pinned_resize(cu_pinned *h, size_t cap, bk_err *err)
+{
+    if (h->p)
+        cudaFreeHost(h->p);
+    h->p = NULL;
+    h->cap = h->used = 0;
+    if (!cap)
+        return 0;
+    cudaError_t e = cudaHostAlloc((void **)&h->p, cap, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        h->p = NULL;
+        bk_seterr(err, "out of pinned host memory allocating %zu bytes of copy staging: %s", cap,
+                  cudaGetErrorString(e));
+        return -1;
+    }
+    h->cap = cap;
+    return 0;
+}
+
+/* Room for bytes in the stream's pinned staging (64-byte aligned). Copies
+ * queued earlier may still read the buffer, so running out means waiting
+ * for the stream before reusing it from the start (or growing it). */
+static char *host_stage(bk_stream *s, size_t bytes, bk_err *err)
+{
+    cu_pinned *h = &s->host;
+    size_t off = (h->used + 63) & ~(size_t)63;
+    h->peak += off - h->used + bytes;
+    if (!h->p || off + bytes > h->cap) {
+        if (cu_check(cudaStreamSynchronize(s->st), err, "waiting to reuse copy staging"))
+            return NULL;
+        off = 0;
+        if (bytes > h->cap) {
+            size_t want = h->peak > bytes ? h->peak : bytes;
+            if (pinned_resize(h, want + want / 4 + 4096, err))
+                return NULL;
+        }
+    }
+    h->used = off + bytes;
+    return h->p + off;
+}
+
+/* The stream is idle: staging is free again, sized to the last batch's
+ * high-water so steady traffic never waits for it. */
+static void host_idle(bk_stream *s)
+{
+    cu_pinned *h = &s->host;
+    if (h->peak > h->cap) {
+        bk_err ignore;
+        size_t want = h->peak + h->peak / 4 + 4096;
+        (void)pinned_resize(h, want, &ignore); /* on failure the next stage() retries */
+    }
+    h->used = 0;
+    h->peak = 0;
+}
+
 static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
 {
     cu_prof_scope prof_(s, "upload");
@@ -306,34 +408,28 @@ static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, b
     }
     if (enter(s->be, err))
         return -1;
-    /* From pageable memory the call returns once src has been read, so the
-     * caller may reuse its host buffer at once. */
-    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->st), "upload");
+    /* Through pinned staging: asynchronous, and the caller may reuse src at
+     * once. */
+    char *h = host_stage(s, bytes, err);
+    if (!h)
+        return -1;
+    memcpy(h, src, bytes);
+    CU_TRY(cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, s->st), "upload");
     return 0;
 }
 
-template <typename T>
-__global__ void k_from_f32(const float *__restrict__ src, T *__restrict__ dst, size_t n)
+template <typename T> static void host_from_f32(const float *src, void *dst, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = cu_fromf<T>(src[i]);
+    T *d = (T *)dst;
+    for (size_t i = 0; i < n; i++)
+        d[i] = cu_fromf<T>(src[i]);
 }
 
-template <typename T>
-__global__ void k_to_f32(const T *__restrict__ src, float *__restrict__ dst, size_t n)
+template <typename T> static void host_to_f32(const void *src, float *dst, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = cu_tof<T>(src[i]);
-}
-
-static unsigned grid_for(size_t n, unsigned block)
-{
-    size_t g = (n + block - 1) / block;
-    if (g > 65536u * 16)
-        g = 65536u * 16;
-    return g ? (unsigned)g : 1;
+    const T *x = (const T *)src;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = cu_tof<T>(x[i]);
 }
 
 static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
@@ -345,26 +441,33 @@ static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, 
         bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
         return -1;
     }
-    if (cu_dt(s) == CU_F32)
-        return cuda_upload(s, dst, src, n * sizeof(float), err);
     if (!dst || !src) {
         bk_seterr(err, "upload_f32: NULL buffer for %zu elements", n);
         return -1;
     }
-    if (enter(s->be, err) || cu_scratch_get(s, &s->stage, n * sizeof(float), err))
+    if (enter(s->be, err))
         return -1;
-    CU_TRY(cudaMemcpyAsync(s->stage.p, src, n * sizeof(float), cudaMemcpyHostToDevice, s->st),
-           "upload_f32");
-    CU_DISPATCH(cu_dt(s), (k_from_f32<T><<<grid_for(n, 256), 256, 0, s->st>>>(
-                              (const float *)s->stage.p, (T *)dst, n)));
-    return cu_check_launch(err, "upload_f32 conversion");
+    /* Converted on the host into the staging: one copy, no kernel. */
+    size_t bytes = n * s->be->act_size;
+    char *h = host_stage(s, bytes, err);
+    if (!h)
+        return -1;
+    CU_DISPATCH(cu_dt(s), host_from_f32<T>(src, h, n));
+    CU_TRY(cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, s->st), "upload_f32");
+    return 0;
 }
 
 static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
 {
     cu_prof_scope prof_(s, "download_f32", true);
-    if (!n)
-        return cu_check(cudaStreamSynchronize(s->st), err, "download_f32: stream");
+    if (enter(s->be, err))
+        return -1;
+    if (!n) {
+        if (cu_check(cudaStreamSynchronize(s->st), err, "download_f32: stream"))
+            return -1;
+        host_idle(s);
+        return 0;
+    }
     if (n > SIZE_MAX / sizeof(float)) {
         bk_seterr(err, "download_f32: %zu elements overflow size_t", n);
         return -1;
@@ -373,21 +476,16 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
         bk_seterr(err, "download_f32: NULL buffer for %zu elements", n);
         return -1;
     }
-    if (enter(s->be, err))
+    /* Raw activations into pinned staging, the stream's one wait, then the
+     * conversion on the host. */
+    size_t bytes = n * s->be->act_size;
+    char *h = host_stage(s, bytes, err);
+    if (!h)
         return -1;
-    const void *from = src;
-    if (cu_dt(s) != CU_F32) {
-        if (cu_scratch_get(s, &s->stage, n * sizeof(float), err))
-            return -1;
-        CU_DISPATCH(cu_dt(s), (k_to_f32<T><<<grid_for(n, 256), 256, 0, s->st>>>(
-                                  (const T *)src, (float *)s->stage.p, n)));
-        if (cu_check_launch(err, "download_f32 conversion"))
-            return -1;
-        from = s->stage.p;
-    }
-    CU_TRY(cudaMemcpyAsync(dst, from, n * sizeof(float), cudaMemcpyDeviceToHost, s->st),
-           "download_f32");
+    CU_TRY(cudaMemcpyAsync(h, src, bytes, cudaMemcpyDeviceToHost, s->st), "download_f32");
     CU_TRY(cudaStreamSynchronize(s->st), "download_f32: stream (an earlier op on it failed)");
+    CU_DISPATCH(cu_dt(s), host_to_f32<T>(h, dst, n));
+    host_idle(s);
     return 0;
 }
 
@@ -400,6 +498,8 @@ static void cuda_get_stats(bk_backend *be, bk_stats *out)
 }
 
 /* ------------------------------------------------------------ streams */
+
+static void algo_release(cu_algo_entry *e);
 
 static void cuda_stream_free(bk_stream *s)
 {
@@ -414,9 +514,13 @@ static void cuda_stream_free(bk_stream *s)
             cudaEventDestroy(s->prof->ev[i]);
         free(s->prof);
     }
-    cu_scratch *sc[] = {&s->stage, &s->lce_y, &s->att_tile};
+    cu_scratch *sc[] = {&s->lce_y, &s->att_tile};
     for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
         cuda_free(s->be, sc[i]->p, sc[i]->cap, sc[i]->tag);
+    bk_err ignore;
+    (void)pinned_resize(&s->host, 0, &ignore);
+    for (int i = 0; i < CU_ALGO_CACHE; i++)
+        algo_release(&s->algos[i]);
     if (s->ws)
         cudaFree(s->ws);
     if (s->lt)
@@ -437,7 +541,6 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
         return NULL;
     }
     s->be = be;
-    s->stage.tag = BK_TAG_INDEX;
     s->lce_y.tag = BK_TAG_USER;
     s->att_tile.tag = BK_TAG_INDEX;
     cublasStatus_t bs;
@@ -463,7 +566,10 @@ static int cuda_sync(bk_stream *s, bk_err *err)
     cu_prof_scope prof_(s, "sync", true);
     if (enter(s->be, err))
         return -1;
-    return cu_check(cudaStreamSynchronize(s->st), err, "stream (an earlier op on it failed)");
+    if (cu_check(cudaStreamSynchronize(s->st), err, "stream (an earlier op on it failed)"))
+        return -1;
+    host_idle(s);
+    return 0;
 }
 
 /* ------------------------------------------------------------ weights */
@@ -586,7 +692,9 @@ static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_
     return cu_check_launch(err, "embedding_bag");
 }
 
-/* One block per user; threads across (event, column) pairs of that user. */
+/* Blocks (user, slice): the gridDim.y slices of one user split its (event,
+ * column) pairs, so a few users with long histories still fill the GPU (one
+ * block per user left a single user's 1024 x 256 lookups on one SM). */
 template <typename T>
 __global__ void k_history_embedding(const T *__restrict__ table, int rows, int tld,
                                     const T *__restrict__ action, int ald,
@@ -598,7 +706,8 @@ __global__ void k_history_embedding(const T *__restrict__ table, int rows, int t
     int u = blockIdx.x;
     int64_t s = off[u], e = off[u + 1];
     int64_t total = (e - s) * dim;
-    for (int64_t t = threadIdx.x; t < total; t += blockDim.x) {
+    for (int64_t t = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.y * blockDim.x) {
         int64_t p = t / dim;
         int j = (int)(t - p * dim);
         int64_t ev = s + p;
@@ -608,6 +717,14 @@ __global__ void k_history_embedding(const T *__restrict__ table, int rows, int t
         v += cu_tof<T>(position[p * pld + j]);
         out[ev * dim + j] = cu_fromf<T>(v);
     }
+}
+
+/* Slices per row for the jagged kernels: about 8 blocks per SM over the
+ * batch, at most 128 per row (the backend does not know the lengths). */
+static unsigned slices_for(bk_stream *s, int n)
+{
+    long want = (8L * cu_impl(s->be)->sm_count + n - 1) / n;
+    return (unsigned)(want < 1 ? 1 : want > 128 ? 128 : want);
 }
 
 static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
@@ -625,23 +742,45 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
     }
     if (enter(s->be, err))
         return -1;
-    CU_DISPATCH(cu_dt(s), (k_history_embedding<T><<<n, 256, 0, s->st>>>(
+    dim3 grid((unsigned)n, slices_for(s, n));
+    CU_DISPATCH(cu_dt(s), (k_history_embedding<T><<<grid, 256, 0, s->st>>>(
                               (const T *)table->data, table->rows, table->ld,
                               (const T *)action->data, action->ld, (const T *)position->data,
                               position->ld, ids, actions, offsets, table->cols, (T *)out)));
     return cu_check_launch(err, "history_embedding");
 }
 
+/* Block (row, 32 columns): 32 x MP_LANES threads, lane y sums events y,
+ * y + MP_LANES, ... with several loads in flight, then the lanes are added in
+ * shared memory. One block per row with one thread per column serialized a
+ * 1024-event history into 1024 dependent steps. */
+#define MP_LANES 16
 template <typename T>
 __global__ void k_mean_pool(const T *__restrict__ x, const int64_t *__restrict__ off, int dim,
                             T *__restrict__ out)
 {
-    int r = blockIdx.x;
+    __shared__ float part[MP_LANES][33];
+    int r = blockIdx.x, j = blockIdx.y * 32 + threadIdx.x, ty = threadIdx.y;
     int64_t s = off[r], e = off[r + 1];
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    if (j < dim) {
+        int64_t i = s + ty;
+        for (; i + 3 * MP_LANES < e; i += 4 * MP_LANES) {
+            a0 += cu_tof<T>(x[i * dim + j]);
+            a1 += cu_tof<T>(x[(i + MP_LANES) * dim + j]);
+            a2 += cu_tof<T>(x[(i + 2 * MP_LANES) * dim + j]);
+            a3 += cu_tof<T>(x[(i + 3 * MP_LANES) * dim + j]);
+        }
+        for (; i < e; i += MP_LANES)
+            a0 += cu_tof<T>(x[i * dim + j]);
+    }
+    part[ty][threadIdx.x] = (a0 + a1) + (a2 + a3);
+    __syncthreads();
+    if (ty == 0 && j < dim) {
         float acc = 0.0f;
-        for (int64_t i = s; i < e; i++)
-            acc += cu_tof<T>(x[i * dim + j]);
+#pragma unroll
+        for (int k = 0; k < MP_LANES; k++)
+            acc += part[k][threadIdx.x];
         if (e > s)
             acc /= (float)(e - s);
         out[(size_t)r * dim + j] = cu_fromf<T>(acc);
@@ -656,7 +795,8 @@ static int cuda_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, i
         return 0;
     if (enter(s->be, err))
         return -1;
-    CU_DISPATCH(cu_dt(s), (k_mean_pool<T><<<n, block_for(dim), 0, s->st>>>(
+    dim3 grid((unsigned)n, (unsigned)((dim + 31) / 32)), block(32, MP_LANES);
+    CU_DISPATCH(cu_dt(s), (k_mean_pool<T><<<grid, block, 0, s->st>>>(
                               (const T *)x, offsets, dim, (T *)out)));
     return cu_check_launch(err, "mean_pool");
 }
@@ -802,6 +942,72 @@ static int align_of(const void *p, int ld, size_t es)
     return (int)(v & (~v + 1));
 }
 
+static void algo_release(cu_algo_entry *e)
+{
+    if (e->op) cublasLtMatmulDescDestroy(e->op);
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->ld) cublasLtMatrixLayoutDestroy(e->ld);
+    memset(e, 0, sizeof *e);
+}
+
+/* Makes e's descriptors and asks the heuristic once for its shape:
+ * column-major view y^T [m, n] = W (col-major [k, m])^T x^T. */
+static int algo_plan(bk_stream *s, cu_algo_entry *e, bk_err *err)
+{
+    enum cu_dtype dt = (enum cu_dtype)e->dtype;
+    cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)e->epi;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    uint32_t a32 = (uint32_t)e->align_a, b32 = (uint32_t)e->align_b, d32 = (uint32_t)e->align_d;
+    e->op = NULL;
+    e->la = e->lb = e->ld = NULL;
+    BLAS_TRY(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+             "transa");
+    BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+             "transb");
+    BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+             "epilogue");
+    BLAS_TRY(cublasLtMatrixLayoutCreate(&e->la, ty, e->k, e->m, e->lda), "layout W");
+    BLAS_TRY(cublasLtMatrixLayoutCreate(&e->lb, ty, e->k, e->n, e->ldb), "layout x");
+    BLAS_TRY(cublasLtMatrixLayoutCreate(&e->ld, ty, e->m, e->n, e->ldd), "layout y");
+    BLAS_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &s->ws_size, sizeof s->ws_size),
+             "workspace preference");
+    BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &a32, sizeof a32),
+             "alignment A");
+    BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &b32, sizeof b32),
+             "alignment B");
+    BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &d32, sizeof d32),
+             "alignment C");
+    BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &d32, sizeof d32),
+             "alignment D");
+    BLAS_TRY(cublasLtMatmulAlgoGetHeuristic(s->lt, e->op, e->la, e->lb, e->ld, e->ld, pref, 1, &res,
+                                            &found),
+             "heuristic");
+    if (found < 1) {
+        bk_seterr(err, "cublasLt: no algorithm for linear [%d x %d] x [%d x %d]^T", e->n, e->k,
+                  e->m, e->k);
+        goto fail;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    e->algo = res.algo;
+    return 0;
+fail:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    algo_release(e);
+    return -1;
+}
+
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
@@ -833,90 +1039,42 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         if (cu_check_launch(err, "linear bias"))
             return -1;
     } else {
-        cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        /* Column-major view: y^T [out, rows] = W (col-major [in, out])^T x^T. */
         cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
                                                             : CUBLASLT_EPILOGUE_BIAS)
                                       : (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU
                                                             : CUBLASLT_EPILOGUE_DEFAULT);
         int aa = align_of(w->data, w->ld, es), ab = align_of(x, ldx, es), ad = align_of(y, ldy, es);
-        cublasLtMatmulDesc_t op = NULL;
-        cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-        cublasLtMatmulPreference_t pref = NULL;
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        float alpha = 1.0f, beta = 0.0f;
-        int rc = -1;
+        cu_algo_entry key = {1, out, rows, in, w->ld, ldx, ldy, (int)epi, aa, ab, ad, (int)dt,
+                             NULL, NULL, NULL, NULL, {}};
         cu_algo_entry *hit = NULL;
-        BLAS_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-        BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
-                 "transa");
-        BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
-                 "transb");
-        BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
-                 "epilogue");
-        if (bias) {
-            const void *bp = bias->data;
-            BLAS_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                                    sizeof bp),
-                     "bias");
-        }
-        BLAS_TRY(cublasLtMatrixLayoutCreate(&la, ty, in, out, w->ld), "layout W");
-        BLAS_TRY(cublasLtMatrixLayoutCreate(&lb, ty, in, rows, ldx), "layout x");
-        BLAS_TRY(cublasLtMatrixLayoutCreate(&ld, ty, out, rows, ldy), "layout y");
-        for (int i = 0; i < CU_ALGO_CACHE; i++) {
+        for (int i = 0; i < CU_ALGO_CACHE && !hit; i++) {
             cu_algo_entry *e = &s->algos[i];
-            if (e->valid && e->m == out && e->n == rows && e->k == in && e->lda == w->ld &&
-                e->ldb == ldx && e->ldd == ldy && e->epi == (int)epi && e->align_a == aa &&
-                e->align_b == ab && e->align_d == ad && e->dtype == (int)dt) {
+            if (e->valid && e->m == key.m && e->n == key.n && e->k == key.k && e->lda == key.lda &&
+                e->ldb == key.ldb && e->ldd == key.ldd && e->epi == key.epi &&
+                e->align_a == key.align_a && e->align_b == key.align_b &&
+                e->align_d == key.align_d && e->dtype == key.dtype)
                 hit = e;
-                break;
-            }
         }
         if (!hit) {
-            cublasLtMatmulHeuristicResult_t res;
-            int found = 0;
-            uint32_t a32 = (uint32_t)aa, b32 = (uint32_t)ab, d32 = (uint32_t)ad;
-            BLAS_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
-            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s->ws_size,
-                         sizeof s->ws_size),
-                     "workspace preference");
-            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof a32),
-                     "alignment A");
-            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof b32),
-                     "alignment B");
-            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &d32, sizeof d32),
-                     "alignment C");
-            BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-                         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &d32, sizeof d32),
-                     "alignment D");
-            BLAS_TRY(cublasLtMatmulAlgoGetHeuristic(s->lt, op, la, lb, ld, ld, pref, 1, &res,
-                                                    &found),
-                     "heuristic");
-            if (found < 1) {
-                bk_seterr(err, "cublasLt: no algorithm for linear [%d x %d] x [%d x %d]^T", rows,
-                          in, out, in);
-                goto fail;
-            }
+            if (algo_plan(s, &key, err))
+                return -1;
             hit = &s->algos[s->algo_next];
             s->algo_next = (s->algo_next + 1) % CU_ALGO_CACHE;
-            *hit = (cu_algo_entry){1, out, rows, in, w->ld, ldx, ldy, (int)epi, aa, ab, ad,
-                                   (int)dt, res.algo};
+            algo_release(hit);
+            *hit = key;
         }
-        BLAS_TRY(cublasLtMatmul(s->lt, op, &alpha, w->data, la, x, lb, &beta, y, ld, y, ld,
-                                &hit->algo, s->ws, s->ws_size, s->st),
-                 "matmul");
-        rc = 0;
-    fail:
-        if (pref) cublasLtMatmulPreferenceDestroy(pref);
-        if (la) cublasLtMatrixLayoutDestroy(la);
-        if (lb) cublasLtMatrixLayoutDestroy(lb);
-        if (ld) cublasLtMatrixLayoutDestroy(ld);
-        if (op) cublasLtMatmulDescDestroy(op);
-        if (rc)
+        float alpha = 1.0f, beta = 0.0f;
+        if (bias) {
+            /* Layers of one shape share a plan; the bias is each call's own. */
+            const void *bp = bias->data;
+            if (blas_check(cublasLtMatmulDescSetAttribute(hit->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                          &bp, sizeof bp),
+                           err, "bias"))
+                return -1;
+        }
+        if (blas_check(cublasLtMatmul(s->lt, hit->op, &alpha, w->data, hit->la, x, hit->lb, &beta,
+                                      y, hit->ld, y, hit->ld, &hit->algo, s->ws, s->ws_size, s->st),
+                       err, "matmul"))
             return -1;
     }
     if (act == BK_ACT_SIGMOID) {

@@ -38,8 +38,13 @@ typedef struct cuda_backend {
      * and benchmarks compare variants): 0 automatic, 1 the SIMT kernel
      * everywhere, 2 the tensor-core kernel wherever it applies. */
     int lce_variant, att_variant;
-    pthread_mutex_t lock; /* guards stats */
+    pthread_mutex_t lock; /* guards stats and smem_fn */
     bk_stats stats;
+    /* Kernels whose dynamic shared memory limit was already raised on this
+     * device (cudaFuncSetAttribute once, not per launch). */
+    const void *smem_fn[64];
+    int smem_bytes[64];
+    int n_smem;
 } cuda_backend;
 
 /* A grow-only device buffer private to a stream (op scratch). Growing waits
@@ -50,14 +55,30 @@ typedef struct cu_scratch {
     enum bk_tag tag;
 } cu_scratch;
 
-/* Cached cuBLASLt algorithm for one linear shape (see backend_cuda.cu). */
+/* One linear shape's cuBLASLt plan (see backend_cuda.cu): the descriptors
+ * and the heuristic's algorithm, made on the shape's first call and reused,
+ * so a steady-state linear is one cublasLtMatmul. */
 typedef struct cu_algo_entry {
     int valid;
     int m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, dtype;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
 } cu_algo_entry;
 
-#define CU_ALGO_CACHE 64
+#define CU_ALGO_CACHE 128
+
+/* Pinned host staging, one per stream: every host<->device copy goes through
+ * it, so copies are truly asynchronous (a pageable copy may wait for the
+ * stream, and pageable D2H always does). Bump-allocated between
+ * synchronizations; reset when the stream is known idle (sync,
+ * download_f32). Grown on demand: a batch that outgrows it waits for the
+ * stream once and the next idle point sizes it to the batch's high-water. */
+typedef struct cu_pinned {
+    char *p;
+    size_t cap, used;
+    size_t peak; /* bytes this batch asked for, wrap-arounds included */
+} cu_pinned;
 
 /* Where a stream's time goes (IKBO_CUDA_PROFILE=1, a diagnostic): every op
  * records its host time and a pair of CUDA events; at each synchronization
@@ -90,7 +111,7 @@ struct bk_stream {
     cublasLtHandle_t lt;
     void *ws; /* cuBLASLt workspace */
     size_t ws_size;
-    cu_scratch stage;    /* fp32 staging for upload_f32 / download_f32 */
+    cu_pinned host;      /* pinned staging for every host copy            */
     cu_scratch lce_y;    /* LCE user term at nu user rows, fp32 (lce.cu)  */
     cu_scratch att_tile; /* attention tile table                         */
     cu_algo_entry algos[CU_ALGO_CACHE];
@@ -112,6 +133,11 @@ static inline enum cu_dtype cu_dt(bk_stream *s) { return cu_impl(s->be)->dtype; 
 int cu_check(cudaError_t e, bk_err *err, const char *what);
 int cu_check_launch(bk_err *err, const char *what);
 int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err);
+/* Binds the stream's device; the start of every op. */
+int cu_enter(bk_stream *s, bk_err *err);
+/* Raises fn's dynamic shared memory limit to bytes, once per backend and
+ * kernel rather than before every launch. */
+int cu_smem_limit(bk_stream *s, const void *fn, int bytes, bk_err *err);
 
 /* Times one op while profiling (see cu_prof); `closes`: the op ends with
  * the stream idle (download_f32, sync), so the batch's events are read. */

@@ -489,8 +489,8 @@ static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
                      const float *y, const int32_t *map, OutT *z, bk_err *err)
 {
     auto kern = k_lce_tc<T, OutT, ADD, CFG>;
-    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CFG::SMEM),
-           "lce: shared memory limit");
+    if (cu_smem_limit(s, (const void *)kern, (int)CFG::SMEM, err))
+        return -1;
     long blocks = (long)((M + CFG::BM - 1) / CFG::BM) * ((D + CFG::BN - 1) / CFG::BN) * nb;
     kern<<<(unsigned)blocks, CFG::THREADS, CFG::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, y, map, z);
     return cu_check_launch(err, "lce (tensor cores)");
@@ -504,9 +504,8 @@ static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
      * epilogue stores. */
     auto kern = cu_impl(s->be)->lce_variant == 8 ? k_lce_wg<T, MODE, BNM, false>
                                                   : k_lce_wg<T, MODE, BNM, true>;
-    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)lcew_cfg<BNM>::SMEM),
-           "lce: shared memory limit");
+    if (cu_smem_limit(s, (const void *)kern, (int)lcew_cfg<BNM>::SMEM, err))
+        return -1;
     long ntiles = (long)((M + BNM - 1) / BNM) * ((D + 127) / 128) * nb;
     if (ntiles >= (1L << 30)) {
         bk_seterr(err, "lce: %d x %d x %d is too large for one launch", nb, M, D);
@@ -628,7 +627,7 @@ int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const
         bk_seterr(err, "lce: %d candidates but no users", nc);
         return -1;
     }
-    if (cu_check(cudaSetDevice(cu_impl(s->be)->ordinal), err, "cudaSetDevice"))
+    if (cu_enter(s, err))
         return -1;
     int rc = 0;
     CU_DISPATCH(cu_dt(s), rc = lce_t<T>(s, eu, nu, ec, nc, map, w_user, w_cand, ku, kc, m, d, z,
