@@ -44,10 +44,9 @@ def test_scores_match_offline():
 def test_example_request_matches_offline():
     import json
     import os
-    path = os.path.join(os.path.dirname(DEMO), "..", "example_request.json")
-    if not os.path.exists(path):
-        print("  (no models/demo/example_request.json; skipped)")
-        return
+    # models/demo/<N> -> models/demo/example_request.json (committed with the demo)
+    path = os.path.join(os.path.dirname(DEMO.rstrip("/")), "example_request.json")
+    check(os.path.exists(path), "%s exists" % path)
     with open(path) as f:
         req = json.load(f)
     req["topK"] = 0
