@@ -173,6 +173,7 @@ int main(int argc, char **argv)
         goto out;
     }
     metrics_family_set_collect(mx.model_loaded, collect_loaded, reg);
+    metrics_family_set_collect(mx.model_memory_bytes, registry_collect_memory, reg);
     /* After the repository check, so a config error stays one line. */
     {
         char *cj = config_to_json(&cfg);

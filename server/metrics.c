@@ -559,13 +559,23 @@ int metrics_server_init(metrics_server *m, const char *version)
     m->rejected_total = metrics_family_new(
         r, METRICS_COUNTER, "ikbo_rejected_total",
         "Rank requests the batcher did not compute, by reason (queue_full, deadline, cancelled, "
-        "shutdown).",
+        "error: their batch could not be built or scored).",
         2, model_reason, 0, NULL);
     m->model_load_failures_total = metrics_family_new(
         r, METRICS_COUNTER, "ikbo_model_load_failures_total",
         "Model version loads that failed (bad files, validation, warm-up, memory check); the "
         "previous version keeps serving.",
         1, model, 0, NULL);
+    static const char *const mvdk[] = {"model", "version", "device", "kind"};
+    m->model_memory_bytes = metrics_family_new(
+        r, METRICS_GAUGE, "ikbo_model_memory_bytes",
+        "Memory the engine holds per READY model version, from its backend's byte accounting: "
+        "kind=weights is the weights; user, candidate, broadcast and index are the execution "
+        "contexts' workspace by tensor kind (grown to the largest batch seen, kept between "
+        "batches; broadcast is 0 in IKBO mode). GPU memory when device is cuda:N, host memory "
+        "when device is cpu. Not counted: the CUDA context, per-stream cuBLASLt workspaces and "
+        "pinned host staging.",
+        4, mvdk, 0, NULL);
 #undef NB
     const char *const vv[] = {version ? version : ""};
     metrics_family *all[] = {m->requests_total,      m->request_duration_seconds,
@@ -578,7 +588,7 @@ int metrics_server_init(metrics_server *m, const char *version)
                              m->batch_users,         m->batch_candidates,
                              m->batch_candidates_per_user, m->queue_requests,
                              m->queue_candidates,    m->rejected_total,
-                             m->model_load_failures_total};
+                             m->model_load_failures_total, m->model_memory_bytes};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!all[i]) goto fail;
     m->inflight = metrics_series_get(m->inflight_requests, NULL);

@@ -98,6 +98,14 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   model_loaded{model,version,state} gauge 1 per known model version
  *   model_load_failures_total{model} counter: version loads that failed
  *                                   (validation, warm-up, memory check)
+ *   model_memory_bytes{model,version,device,kind} gauge per READY version,
+ *                                   refreshed at scrape by a collect hook
+ *                                   (registry_collect_memory): kind "weights"
+ *                                   (bk_stats.weight_bytes), "user",
+ *                                   "candidate", "broadcast", "index"
+ *                                   (bytes_live by bk_tag: the contexts'
+ *                                   workspace). GPU memory on cuda:N, host
+ *                                   memory on cpu.
  *   build_info{version}             gauge 1
  *   broadcast_bytes_avoided_total{model} user-tensor bytes broadcast mode would
  *                                   have copied to candidate rows, per scored batch
@@ -114,7 +122,7 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   batch_candidates_per_user       histogram per batch: C / U
  *   queue_requests, queue_candidates  gauges: admitted, not yet in a batch
  *   rejected_total{model,reason}    counter: queue_full, deadline, cancelled,
- *                                   shutdown (not computed)
+ *                                   error (batch not built or not scored)
  *   grpc_requests_total{method,code} every gRPC call by full method name
  *                                   (unknown methods as "unknown")
  *   http_requests_total{path,code}  every HTTP request by route and status
@@ -142,6 +150,7 @@ typedef struct metrics_server {
     metrics_family *queue_candidates;
     metrics_family *rejected_total;
     metrics_family *model_load_failures_total;
+    metrics_family *model_memory_bytes;
     metrics_series *inflight; /* the one inflight series */
 } metrics_server;
 

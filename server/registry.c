@@ -1319,6 +1319,63 @@ void registry_foreach(registry *r, registry_visit_fn fn, void *ctx)
     pthread_rwlock_unlock(&r->lock);
 }
 
+int registry_acquire_ready(registry *r, registry_model ***out)
+{
+    *out = NULL;
+    pthread_rwlock_rdlock(&r->lock);
+    int n = 0;
+    for (int i = 0; i < r->n_entries; i++)
+        for (int j = 0; j < r->entries[i].n_v; j++)
+            n += r->entries[i].v[j].state == REGISTRY_READY && r->entries[i].v[j].inst;
+    registry_model **hs = n ? malloc((size_t)n * sizeof *hs) : NULL;
+    if (n && !hs) {
+        pthread_rwlock_unlock(&r->lock);
+        return -1;
+    }
+    int k = 0;
+    for (int i = 0; i < r->n_entries; i++)
+        for (int j = 0; j < r->entries[i].n_v; j++) {
+            const vrec *v = &r->entries[i].v[j];
+            if (v->state == REGISTRY_READY && v->inst) hs[k++] = registry_model_ref(v->inst);
+        }
+    pthread_rwlock_unlock(&r->lock);
+    *out = hs;
+    return k;
+}
+
+void registry_model_stats(const registry_model *m, ikbo_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (m->model) ikbo_get_stats(m->model, out);
+}
+
+void registry_collect_memory(metrics_family *f, void *reg)
+{
+    static const char *const tag_kind[BK_TAG_COUNT] = {
+        [BK_TAG_USER] = "user", [BK_TAG_CAND] = "candidate",
+        [BK_TAG_BROADCAST] = "broadcast", [BK_TAG_INDEX] = "index"};
+    registry_model **hs;
+    int n = registry_acquire_ready(reg, &hs);
+    metrics_family_clear(f);
+    for (int i = 0; i < n; i++) {
+        ikbo_stats st;
+        registry_model_stats(hs[i], &st);
+        const ikbo_model_info *mi = registry_model_info(hs[i]);
+        char ver[32];
+        snprintf(ver, sizeof ver, "%lld", (long long)registry_model_version(hs[i]));
+        const char *dev = mi && mi->device ? mi->device : hs[i]->serving.device;
+        const char *labels[] = {registry_model_name(hs[i]), ver, dev, "weights"};
+        metrics_set_l(f, labels, (double)st.weight_bytes);
+        for (int t = 0; t < BK_TAG_COUNT; t++) {
+            labels[3] = tag_kind[t];
+            metrics_set_l(f, labels, (double)st.bytes_live[t]);
+        }
+    }
+    /* Releasing may free a version retired meanwhile: outside every lock. */
+    for (int i = 0; i < n; i++) registry_release(hs[i]);
+    free(hs);
+}
+
 static int entry_ready(const entry *e)
 {
     if (e->unloaded) return 0;

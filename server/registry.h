@@ -205,6 +205,25 @@ typedef struct registry_entry_view {
 typedef void (*registry_visit_fn)(const registry_entry_view *e, void *ctx);
 void registry_foreach(registry *r, registry_visit_fn fn, void *ctx);
 
+/* References to every READY version (models in name order, versions newest
+ * first), taken under the read lock and held by the caller afterwards, so
+ * that slow work on them (reading the backend's byte accounting, rendering)
+ * runs outside the lock while a hot reload may retire them. *out is malloc'd
+ * (NULL when there are none): registry_release each handle, then free(*out).
+ * Returns the count, or -1 when memory runs out (nothing held). */
+int registry_acquire_ready(registry *r, registry_model ***out);
+
+/* The engine's byte accounting of the handle's version (ikbo_get_stats):
+ * weights plus the live workspace of its execution contexts by bk_tag. */
+void registry_model_stats(const registry_model *m, ikbo_stats *out);
+
+/* A metrics_collect_fn (ctx: the registry) for ikbo_model_memory_bytes
+ * {model,version,device,kind}: clears the family and sets, for every READY
+ * version, kind "weights" (bk_stats.weight_bytes) and "user", "candidate",
+ * "broadcast", "index" (bytes_live by bk_tag). Holds the registry lock only
+ * while taking the handles (registry_acquire_ready). */
+void registry_collect_memory(metrics_family *f, void *reg);
+
 /* 1: the model has a READY version; 0: known but none ready (or unloaded);
  * -1: unknown. */
 int registry_model_ready(registry *r, const char *name);

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """grpc.health.v1 Check and the HTTP endpoints: /healthz, /readyz,
 /v1/models, /metrics (parsed with prometheus_client, counts checked
-exactly), POST :rank, unknown paths and methods."""
+exactly, model memory by kind), POST :rank, unknown paths and methods."""
 import json
+import os
 
 import grpc
 
@@ -160,7 +161,39 @@ def test_metrics_count_exactly():
     check(delta("ikbo_broadcast_bytes_avoided_total", model="demo") > 0, "bytes avoided")
 
 
+def test_model_memory_metrics():
+    """ikbo_model_memory_bytes{model,version,device,kind}: the engine's byte
+    accounting per READY version, refreshed at every scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+    D.rank(make_request(DEMO, users=2, cands_per_user=5, seed=23))
+    code, body = D.http("GET", "/metrics")
+    check_eq(code, 200, "status")
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    fam = fams.get("ikbo_model_memory_bytes")
+    check(fam is not None, "family ikbo_model_memory_bytes missing")
+    check_eq(fam.type, "gauge", "type")
+    check("GPU memory" in fam.documentation and "host memory" in fam.documentation,
+          "HELP says what memory: %r" % fam.documentation)
+    by = {}
+    for s in fam.samples:
+        check_eq(set(s.labels), {"model", "version", "device", "kind"}, "labels")
+        by[(s.labels["model"], s.labels["version"], s.labels["device"], s.labels["kind"])] = s.value
+    kinds = {"weights", "user", "candidate", "broadcast", "index"}
+    demo = {k[3]: v for k, v in by.items() if k[:3] == ("demo", str(VERSION), "cpu")}
+    check_eq(set(demo), kinds, "demo's kinds")
+    weights = demo["weights"]
+    size = os.path.getsize(os.path.join(DEMO, "weights.safetensors"))
+    # The file is fp32; the CPU backend holds the fp32 copy plus, once a
+    # linear layer ran, the GEMM's packed copy of its weight: at most twice.
+    check(0 < weights <= 2 * size, "weights %s bytes, file %d" % (weights, size))
+    check(demo["candidate"] > 0 and demo["user"] > 0 and demo["index"] > 0,
+          "workspace after scoring: %s" % demo)
+    check_eq(demo["broadcast"], 0, "IKBO mode materializes no broadcast copy")
+    check({k[3] for k in by if k[0] == "nohist"} == kinds, "nohist listed too: %s" % sorted(by))
+
+
 if __name__ == "__main__":
     run([test_health_check, test_healthz_readyz, test_models_json, test_rank_over_http,
-         test_unknown_paths, test_metrics_exposition, test_metrics_count_exactly],
+         test_unknown_paths, test_metrics_exposition, test_metrics_count_exactly,
+         test_model_memory_metrics],
         daemon=D, repo=REPO)

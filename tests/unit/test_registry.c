@@ -4,8 +4,9 @@
  * wrong shape) leaving the previous version serving and retried when their
  * files change, the settle rule (by change times and by looks), explicit
  * and latest-N policies, admin load/unload and pinning, per-model config.json precedence, the memory
- * check, and 100 load/unload cycles without heap growth. The leak check
- * proper: IKBO_TEST_FILTER=test_load_unload_cycles valgrind --leak-check=full
+ * check, the ikbo_model_memory_bytes collector (registry_collect_memory),
+ * and 100 load/unload cycles without heap growth. The leak check proper:
+ * IKBO_TEST_FILTER=test_load_unload_cycles valgrind --leak-check=full
  * build/tests/test_registry (clean), and the daemon's 100 cycles under
  * valgrind in tests/integration/test_reload_leaks.py. Models are
  * MODEL_FORMAT.md's example (loader_fixture.h).
@@ -610,6 +611,80 @@ static void test_load_unload_cycles(void **s)
     registry_free(r);
 }
 
+/* The rendered value of name{model,version,device="cpu",kind}; -1 when the
+ * scrape has no such series. */
+static double series_value(metrics_registry *mr, const char *name, const char *model,
+                           const char *version, const char *kind)
+{
+    size_t len;
+    char *text = metrics_render(mr, &len);
+    assert_non_null(text);
+    char want[300];
+    snprintf(want, sizeof want, "%s{model=\"%s\",version=\"%s\",device=\"cpu\",kind=\"%s\"} ",
+             name, model, version, kind);
+    const char *p = strstr(text, want);
+    double v = p ? strtod(p + strlen(want), NULL) : -1;
+    free(text);
+    return v;
+}
+
+/* ikbo_model_memory_bytes from registry_collect_memory: every READY version,
+ * weights > 0, workspace by tag once a context has scored (0 broadcast in
+ * IKBO mode), a swapped-out version gone from the family while a held
+ * handle keeps it alive, and handles released after the collect. */
+static void test_memory_metrics(void **s)
+{
+    (void)s;
+    metrics_registry *mr = metrics_registry_new();
+    const char *const lbl[] = {"model", "version", "device", "kind"};
+    metrics_family *f =
+        metrics_family_new(mr, METRICS_GAUGE, "mem_bytes", "h", 4, lbl, 0, NULL);
+    make_version("demo", 1, NULL);
+    make_version("other", 1, NULL);
+    registry *r = open_registry(0, NULL, NULL);
+    metrics_family_set_collect(f, registry_collect_memory, r);
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "weights") < 0); /* loading */
+    assert_int_equal(registry_poll_once(r, 1), 2);
+
+    registry_model **hs;
+    assert_int_equal(registry_acquire_ready(r, &hs), 2);
+    assert_string_equal(registry_model_name(hs[0]), "demo");
+    assert_string_equal(registry_model_name(hs[1]), "other");
+    ikbo_stats st;
+    registry_model_stats(hs[0], &st);
+    assert_true(st.weight_bytes > 0);
+    for (int i = 0; i < 2; i++) registry_release(hs[i]);
+    free(hs);
+
+    double w = series_value(mr, "mem_bytes", "demo", "1", "weights");
+    assert_true(w == (double)st.weight_bytes);
+    assert_true(series_value(mr, "mem_bytes", "other", "1", "weights") > 0);
+    /* The warm-up context's workspace is live; nothing is broadcast. */
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "candidate") > 0);
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "user") > 0);
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "index") > 0);
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "broadcast") == 0);
+
+    /* Scoring on another slot makes a second context: more live bytes. */
+    rq_status rs;
+    registry_model *old = registry_acquire(r, "demo", 1, &rs);
+    assert_non_null(old);
+    double cand0 = series_value(mr, "mem_bytes", "demo", "1", "candidate");
+    score_ok(old);
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "candidate") > cand0);
+
+    /* v2 replaces v1: v1 leaves the family though the handle keeps it. */
+    make_version("demo", 2, NULL);
+    registry_poll_once(r, 0);
+    assert_state(r, "demo", 2, REGISTRY_READY);
+    assert_true(series_value(mr, "mem_bytes", "demo", "1", "weights") < 0);
+    assert_true(series_value(mr, "mem_bytes", "demo", "2", "weights") > 0);
+    score_ok(old);
+    registry_release(old); /* the last reference: the collect took none */
+    registry_free(r);
+    metrics_registry_free(mr);
+}
+
 static void test_worker_thread(void **s)
 {
     (void)s;
@@ -661,6 +736,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_serving_precedence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_check_refuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_unload_cycles, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_metrics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_worker_thread, setup, teardown),
     };
     /* IKBO_TEST_FILTER=test_load_unload_cycles runs one test (the leak check
