@@ -17,7 +17,7 @@ hanging, and the server's counters equal the clients' (nothing lost), on
 every attempt; admitted calls keep p99 within 2x the unloaded p99, refusals
 are fast (probe p99 below the unloaded p99) and the server does not
 collapse (>= 30% of capacity answered): these timing checks are re-measured
-(all phases) up to 3 times when the machine is shared and noisy (each
+(all phases) up to 4 times when the machine is shared and noisy (each
 attempt is printed). Latency under CPU contention measures the other jobs,
 not the server: an attempt during which other processes used more than 25%
 of the CPUs (from /proc: the machine's busy time minus this test's, its
