@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hash.h"
 #include "log.h"
 
 static int64_t now_ns(void)
@@ -281,25 +282,6 @@ static void bbatch_free(bbatch *bt)
     free(bt);
 }
 
-static inline uint64_t mix64(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 31);
-}
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *c = p;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, c + i, 8);
-        h = mix64(h, w);
-    }
-    uint64_t t = 0;
-    for (size_t k = 0; i + k < n; k++) t |= (uint64_t)c[i + k] << (8 * k);
-    return mix64(h, t ^ ((uint64_t)n << 56));
-}
 
 /* One user row of a segment's plan, as the merge sees it. */
 typedef struct urow {
@@ -334,7 +316,7 @@ static uint64_t urow_hash(const urow *u, const ikbo_model_info *mi)
     if (B->hist_actions)
         for (int64_t k = h0; k < h1; k++)
             if (B->hist_actions[k])
-                h = mix64(mix64(h, (uint64_t)(k - h0)), (uint64_t)(uint32_t)B->hist_actions[k]);
+                h = hash_mix64(hash_mix64(h, (uint64_t)(k - h0)), (uint64_t)(uint32_t)B->hist_actions[k]);
     return h;
 }
 

@@ -16,6 +16,8 @@
 
 #include <jansson.h>
 
+#include "hash.h"
+
 /* ======================================================================
  * status
  * ====================================================================== */
@@ -905,26 +907,6 @@ static int bags_by_model(Ikbo__V1__SparseFeature *const *sp, size_t n, const cha
     return 0;
 }
 
-static inline uint64_t mix64(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 31);
-}
-static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        h = mix64(h, w);
-    }
-    uint64_t t = 0;
-    for (size_t k = 0; i + k < n; k++)
-        t |= (uint64_t)b[i + k] << (8 * k);
-    return mix64(h, t ^ ((uint64_t)n << 56));
-}
 
 /* Per-row dedup state: the representative user and its bags in model order. */
 typedef struct urow {
@@ -948,7 +930,7 @@ static uint64_t user_hash(const Ikbo__V1__User *u, const Ikbo__V1__SparseFeature
     /* absent actions == all zero: hash only the nonzero ones with positions */
     for (size_t k = 0; k < u->n_history_actions; k++)
         if (u->history_actions[k])
-            h = mix64(mix64(h, k), (uint64_t)(uint32_t)u->history_actions[k]);
+            h = hash_mix64(hash_mix64(h, k), (uint64_t)(uint32_t)u->history_actions[k]);
     return h;
 }
 
