@@ -67,8 +67,10 @@ def test_failed_model_is_visible_and_others_serve():
         f.write('{"format": "ikbo-model/1", "inputs": ')  # truncated JSON
     d = Daemon(repo, wait_ready=False, models=["demo", "broken", "ghost"])
     try:
+        # Models load one after another, in no promised order: wait for all three.
         t_end = time.time() + 15
-        while "model_load model=broken" not in d.logs() and time.time() < t_end:
+        while time.time() < t_end and not all(
+                "model_load model=%s " % n in d.logs() for n in ("broken", "demo", "ghost")):
             time.sleep(0.05)
         logs = d.logs()
         check(" error model_load model=broken version=3 state=FAILED" in logs, "load failure logged")
