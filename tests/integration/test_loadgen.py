@@ -40,36 +40,6 @@ LOADGEN = os.path.join(BUILD, "ikbo-loadgen")
 GEN_PY = os.path.join(BUILD, "gen", "py")
 MAX_CANDIDATES = 300
 
-# MODEL_FORMAT.md's example (the demo model's architecture).
-DEMO_SPEC = {
-    "format": "ikbo-model/1",
-    "inputs": {"user": {"dense": 8, "sparse": ["country", "lang"], "history": {"max_len": 64, "actions": 4}},
-               "candidate": {"dense": 4, "sparse": ["item", "author"]}},
-    "tables": {"item": {"rows": 5000, "dim": 32}, "author": {"rows": 500, "dim": 32},
-               "country": {"rows": 64, "dim": 32}, "lang": {"rows": 16, "dim": 32}},
-    "layers": [
-        {"name": "u_country", "op": "embedding_bag", "input": "user.sparse.country", "table": "country", "pooling": "sum"},
-        {"name": "u_lang", "op": "embedding_bag", "input": "user.sparse.lang", "table": "lang", "pooling": "mean"},
-        {"name": "u_dense1", "op": "linear", "input": "user.dense", "out": 64, "activation": "relu"},
-        {"name": "u_dense2", "op": "linear", "input": "u_dense1", "out": 64, "activation": "none"},
-        {"name": "u_dense", "op": "reshape", "input": "u_dense2", "tokens": 2},
-        {"name": "hist", "op": "history_embedding", "input": "user.history", "table": "item"},
-        {"name": "hist_mean", "op": "mean_pool", "input": "hist"},
-        {"name": "e_user", "op": "stack", "inputs": ["u_country", "u_lang", "u_dense", "hist_mean"]},
-        {"name": "c_item", "op": "embedding_bag", "input": "candidate.sparse.item", "table": "item", "pooling": "sum"},
-        {"name": "c_author", "op": "embedding_bag", "input": "candidate.sparse.author", "table": "author", "pooling": "sum"},
-        {"name": "c_dense1", "op": "linear", "input": "candidate.dense", "out": 64, "activation": "relu"},
-        {"name": "c_dense", "op": "reshape", "input": "c_dense1", "tokens": 2},
-        {"name": "x_cand", "op": "stack", "inputs": ["c_item", "c_author", "c_dense"]},
-        {"name": "ta", "op": "target_attention", "query": "x_cand", "history": "hist", "heads": 2, "head_dim": 16},
-        {"name": "e_cand", "op": "stack", "inputs": ["x_cand", "ta"]},
-        {"name": "lce", "op": "lce", "user": "e_user", "candidate": "e_cand", "out_tokens": 6},
-        {"name": "flat", "op": "flatten", "input": "lce"},
-        {"name": "top1", "op": "linear", "input": "flat", "out": 64, "activation": "relu"},
-        {"name": "logits", "op": "linear", "input": "top1", "out": 2, "activation": "none"}],
-    "output": {"logits": "logits", "tasks": ["click", "like"], "score_weights": [1.0, 0.5]},
-}
-
 # ghz's documented config keys (runner.Config's JSON names).
 GHZ_KEYS = {
     "proto", "protoset", "call", "import-paths", "cacert", "cert", "key", "cname", "skip-verify",
@@ -114,17 +84,10 @@ def run(args, timeout=30):
 def make_models(repo):
     sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
     sys.path.insert(0, os.path.join(ROOT, "models", "bench"))
-    demo = os.path.join(ROOT, "models", "demo", "1")
-    if os.path.exists(os.path.join(demo, "model.json")):
-        os.makedirs(os.path.join(repo, "demo"))
-        os.symlink(demo, os.path.join(repo, "demo", "1"))
-        ok("demo model: models/demo/1")
-    else:
-        import export
-        m = export.IkboModule(DEMO_SPEC, seed=0)
-        export.save(m, os.path.join(repo, "demo", "1"))
-        ok("demo model: models/demo/1 is missing, using a random model with its architecture "
-           "(MODEL_FORMAT.md example)")
+    demo = os.path.join(ROOT, "models", "demo", "1")  # committed with the repository
+    os.makedirs(os.path.join(repo, "demo"))
+    os.symlink(demo, os.path.join(repo, "demo", "1"))
+    ok("demo model: models/demo/1")
     import make_bench_model
     # the seed-scale bench model's inputs, tiny inside (payload check only)
     make_bench_model.main(["--out", os.path.join(repo, "bench", "1"), "--dtype", "F32",
