@@ -32,6 +32,9 @@
 #include <time.h>
 
 #include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/tma_util.cuh"
+
+#include <cudaTypedefs.h>
 
 #define WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace per stream (Hopper advice) */
 #define MIN_ALLOC 256
@@ -337,6 +340,48 @@ int cu_smem_limit(bk_stream *s, const void *fn, int bytes, bk_err *err)
         cb->smem_bytes[k] = bytes;
     pthread_mutex_unlock(&cb->lock);
     return 0;
+}
+
+/* Tensor maps for the TMA kernels (tma_util.cuh). The driver's encoder is
+ * looked up once through the runtime (no link against libcuda). */
+static PFN_cuTensorMapEncodeTiled_v12000 tmap_encode_fn(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 fn;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    struct lookup {
+        static void run(void)
+        {
+            void *p = NULL;
+            cudaDriverEntryPointQueryResult q;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                 cudaEnableDefault, &q) == cudaSuccess &&
+                q == cudaDriverEntryPointSuccess)
+                fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+        }
+    };
+    pthread_once(&once, lookup::run);
+    return fn;
+}
+
+int cu_tmap_encode(CUtensorMap *map, CUtensorMapDataType dt, int rank, const void *base,
+                   const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                   CUtensorMapSwizzle swizzle)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 fn = tmap_encode_fn();
+    if (!fn)
+        return (int)CUDA_ERROR_NOT_SUPPORTED;
+    cuuint64_t d[5], st[4];
+    cuuint32_t b[5], es[5];
+    for (int i = 0; i < rank; i++) {
+        d[i] = dims[i];
+        b[i] = box[i];
+        es[i] = 1;
+        if (i + 1 < rank)
+            st[i] = strides[i];
+    }
+    return (int)fn(map, dt, (cuuint32_t)rank, (void *)base, d, st, b, es,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 /* ------------------------------------------------------------ host staging */

@@ -7,6 +7,7 @@ too long to write by hand).
 """
 SHAPES_RS = [64, 128, 224]   # A from registers (lce: W^T tiles; attention: P V)
 SHAPES_SS = [128]            # A and B from shared memory (attention: Q K^T)
+SHAPES_SS_TA = [64, 128, 224]  # A MN-major in shared memory, B K-major (lce: E^T W^T)
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
 out = []
@@ -17,7 +18,8 @@ w(" * Why this exists: one wgmma.mma_async per call, m64nNk16, fp32 accumulate,"
 w(" * scale-d = 1 (accumulate into d). RS: A is this thread's 4-register")
 w(" * fragment (mma.m16n8k16 A layout, warp w of the warpgroup owning rows")
 w(" * 16w..16w+15); SS: A is a shared-memory descriptor. B is always a")
-w(" * descriptor; TB = 1 reads B as MN-major (transposed). */")
+w(" * descriptor; TB = 1 reads B as MN-major (transposed). SS_TA: A is an")
+w(" * MN-major (transposed) shared-memory descriptor, B K-major. */")
 w("#ifndef IKBO_WGMMA_GEN_CUH")
 w("#define IKBO_WGMMA_GEN_CUH")
 w("#include <cuda_bf16.h>")
@@ -26,6 +28,7 @@ w("#include <stdint.h>")
 w("")
 w("template <typename T, int N, int TB> struct wgmma_rs;")
 w("template <typename T, int N, int TB> struct wgmma_ss;")
+w("template <typename T, int N> struct wgmma_ss_ta;")
 w("")
 for T, ptx in TYPES:
     for N in SHAPES_RS:
@@ -59,6 +62,20 @@ for T, ptx in TYPES:
             w("                     : \"l\"(da), \"l\"(db), \"r\"(1));")
             w("    }")
             w("};")
+    for N in SHAPES_SS_TA:
+        nd = N // 2
+        dl = ",".join("%%%d" % i for i in range(nd))
+        w("template <> struct wgmma_ss_ta<%s, %d> {" % (T, N))
+        w("    static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db)")
+        w("    {")
+        w("        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (nd + 2))
+        w("                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (N, ptx, ptx))
+        w("                     \"{%s}, %%%d, %%%d, p, 1, 1, 1, 0;\\n}\\n\"" % (dl, nd, nd + 1))
+        outs = ", ".join('"+f"(d[%d])' % i for i in range(nd))
+        w("                     : %s" % outs)
+        w("                     : \"l\"(da), \"l\"(db), \"r\"(1));")
+        w("    }")
+        w("};")
 w("")
 w("#endif")
 print("\n".join(out))

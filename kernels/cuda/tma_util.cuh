@@ -1,0 +1,121 @@
+/* tma_util.cuh - the warp-specialized pipeline primitives of the Hopper
+ * kernels: mbarriers, TMA tensor loads and stores, named barriers, and the
+ * host-side tensor-map encoder.
+ *
+ * Why this exists: a producer warp that issues TMA copies into a ring of
+ * shared-memory stages, and consumer warpgroups that wait on a stage's
+ * "full" mbarrier and release it through its "empty" mbarrier, keep the
+ * tensor cores fed without block-wide barriers (lce.cu). One copy of the
+ * inline PTX (PTX ISA: mbarrier, cp.async.bulk.tensor, bar.sync), used by
+ * every kernel that pipelines this way.
+ *
+ * Phases: a stage's barrier completes once per fill; the k-th use of a
+ * stage waits for parity (k & 1). Transaction bytes count the whole box,
+ * including the zeros TMA writes for out-of-bounds elements.
+ */
+#ifndef IKBO_TMA_UTIL_CUH
+#define IKBO_TMA_UTIL_CUH
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/cuda/mma_util.cuh"
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+/* Makes initialized barriers visible to the async proxy (TMA). */
+__device__ __forceinline__ void mbar_fence_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* One arrival that also announces `bytes` of TMA transactions. */
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t ok;
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    while (!mbar_try_wait(bar, parity)) {
+    }
+}
+
+/* TMA tensor loads into shared memory, completing on `bar`; coordinates
+ * are element indices, innermost first. */
+__device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                            int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                            int c1, int c2)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
+/* TMA tensor store from shared memory (bulk group: bulk_commit, then
+ * bulk_wait_read before the buffer is rewritten). Out-of-bounds elements
+ * of the box are not written. */
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1,
+                                             int c2)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                     (uint64_t)map),
+                 "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map)
+{
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+/* Barrier `id` (1..15; 0 is __syncthreads) among `n` threads (a multiple
+ * of 32), e.g. one warpgroup. */
+__device__ __forceinline__ void named_bar_sync(int id, int n)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* ------------------------------------------------------------------ host */
+
+/* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
+ * runtime so that nothing links libcuda directly). dims/strides innermost
+ * first; strides[i] is the byte stride of dimension i + 1 (rank - 1 of
+ * them, multiples of 16). Returns 0 or a CUresult. */
+int cu_tmap_encode(CUtensorMap *map, CUtensorMapDataType dt, int rank, const void *base,
+                   const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                   CUtensorMapSwizzle swizzle);
+
+#endif
