@@ -19,7 +19,7 @@
  * Every time is the median of repeated runs timed with CUDA events after
  * warm-up. A short table is printed last.
  *
- *   bench_kernels [--quick]
+ *   bench_kernels [--quick] [--only lce|att]
  */
 #include <algorithm>
 #include <functional>
@@ -62,6 +62,7 @@
 
 static bk_err berr;
 static int quick, profile;
+static const char *only; /* --only lce|att: one kernel family */
 static std::vector<std::string> table;
 
 template <typename T>
@@ -499,6 +500,8 @@ int main(int argc, char **argv)
             quick = 1;
         else if (!strcmp(argv[i], "--profile"))
             profile = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, %.0f MB L2, cc %d.%d\n", prop.name, prop.multiProcessorCount,
@@ -520,14 +523,18 @@ int main(int argc, char **argv)
     }
     ceilings(st, h);
     int ratios[] = {70, 2, 10, 1000};
-    for (int r = 0; r < 4; r++)
-        bench_lce<__nv_bfloat16>("bf16", g_rate_bf16, ratios[r], h, st);
-    bench_lce<__half>("fp16", g_rate_f16, 70, h, st);
+    if (!only || !strcmp(only, "lce")) {
+        for (int r = 0; r < 4; r++)
+            bench_lce<__nv_bfloat16>("bf16", g_rate_bf16, ratios[r], h, st);
+        bench_lce<__half>("fp16", g_rate_f16, 70, h, st);
+    }
     int Ls[] = {512, 1024, 2048};
-    for (int i = 0; i < 3; i++)
-        bench_attention<__half>("fp16", g_rate_f16, Ls[i], 0);
-    bench_attention<__half>("fp16", g_rate_f16, 1024, 1);
-    bench_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024, 0);
+    if (!only || !strcmp(only, "att")) {
+        for (int i = 0; i < 3; i++)
+            bench_attention<__half>("fp16", g_rate_f16, Ls[i], 0);
+        bench_attention<__half>("fp16", g_rate_f16, 1024, 1);
+        bench_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024, 0);
+    }
     cublasDestroy(h);
     printf("\n==== summary (%s) ====\n", prop.name);
     for (auto &l : table)

@@ -12,7 +12,7 @@
 #   bench    bench/kernels/bench_kernels.cu                 -> $OUT/bench.log
 #   profile  ncu on the LCE and attention kernels (not in the default set)
 #                                                           -> $OUT/profile.log
-# Usage (device): bench/kernels/run.sh [ops] [sanitize] [model] [bench]
+# Usage (device): [BENCH_ARGS="--only lce"] bench/kernels/run.sh [ops] [sanitize] [model] [bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-gpu-out}
@@ -46,7 +46,7 @@ for s in $stages; do
     stage model-fp32 model.log env IKBO_CUDA_DTYPE=fp32 $B/test_cuda_model $models
     stage model-bf16 model.log env IKBO_CUDA_DTYPE=bf16 $B/test_cuda_model $models ;;
   bench)
-    stage bench bench.log $B/bench_kernels ;;
+    stage bench bench.log $B/bench_kernels ${BENCH_ARGS:-} ;;
   profile)
     secs="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SourceCounters"
     stage ncu-lce profile.log ncu --clock-control none -k regex:k_lce_wg --launch-skip 3 -c 1 $secs --print-details all --import-source no -f -o "$OUT/lce" $B/bench_kernels --profile
