@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-gpu-out}
 mkdir -p "$OUT"
-B=build/gpu
+B=${B:-build/gpu}
 stages=${*:-ops sanitize model bench}
 summary=()
 { date -u; git log -1 --format='commit %H' 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; } > "$OUT/env.log" 2>&1
