@@ -23,8 +23,11 @@
  * Numerics: user and candidate partial sums are each accumulated in fp32 and
  * added in fp32 before the one rounding to the activation dtype.
  */
+#include <type_traits>
+
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/tma_util.cuh"
 #include "kernels/cuda/wgmma_gen.cuh"
 
 /* ---------------------------------------------------------- tensor cores */
@@ -418,6 +421,210 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
         bulk_wait<0>();
 }
 
+/* ------------------------------------------- wgmma, warp-specialized */
+
+/* The same transposed product as k_lce_wg (Z[b]^T = E[b]^T W^T: D is the
+ * warpgroups' 64-row dimension, M is wgmma's N), restructured so that the
+ * tensor cores never wait on a block-wide barrier:
+ * - warpgroup 0 is the producer: one thread issues TMA loads of each 64-deep
+ *   K slice (W tile BNM x 64, 128B-swizzled, K-major; E tile 64 k x 64 d per
+ *   consumer, 128B-swizzled, d innermost) into a ring of STAGES slots, each
+ *   with a "full" mbarrier (TMA transaction bytes) and an "empty" one
+ *   (one arrival per consumer warp);
+ * - warpgroups 1 and 2 are consumers, 64 d rows each of a 128 x BNM tile:
+ *   both operands straight from shared memory (A = E^T read MN-major by its
+ *   descriptor, no ldmatrix), one wgmma group in flight while the previous
+ *   slot is released, so loads, barriers and MMAs overlap;
+ * - epilogue per consumer: accumulators (seeded with the user term in
+ *   fragment order, as in k_lce_wg) are rounded, staged half a tile at a
+ *   time in a 128B-swizzled buffer of the warpgroup's own, and written with
+ *   one TMA tensor store per half (rows past M clipped by TMA); meanwhile the
+ *   producer is already filling the ring with the next tile's slices.
+ * Persistent CTAs walk tiles blockIdx.x, + gridDim.x, ...; tile order
+ * (m tile fastest, then d block, then batch item) keeps W and the current
+ * candidates' E in L2. */
+template <int BNM> struct lcews_cfg {
+    static constexpr int BK = 64, STAGES = 4, THREADS = 384;
+    static constexpr int W_BYTES = BNM * 128;     /* BNM rows of 64 k       */
+    static constexpr int E_BYTES = 64 * 128;      /* 64 k rows of 64 d      */
+    static constexpr int STAGE_BYTES = W_BYTES + 2 * E_BYTES;
+    static constexpr int HALF = BNM / 2;          /* output rows per store  */
+    static constexpr int STG_BYTES = HALF * 128;  /* one half tile, 64 d    */
+    static constexpr int STG_OFF = STAGES * STAGE_BYTES;
+    static constexpr int BAR_OFF = STG_OFF + 2 * ((STG_BYTES + 1023) & ~1023);
+    static constexpr size_t SMEM = (size_t)BAR_OFF + 2 * STAGES * 8 + 1024;
+    static_assert(STAGE_BYTES % 1024 == 0, "stages stay 1024-aligned (128B swizzle)");
+    static_assert(HALF % 8 == 0 && HALF <= 256, "a half tile is one TMA box");
+};
+
+template <typename T, int MODE, int BNM, bool EPI = true>
+__global__ void __launch_bounds__(384, 1)
+k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te,
+         const __grid_constant__ CUtensorMap tz, int K, int M, int D, float *__restrict__ yf,
+         const int32_t *__restrict__ map, int ntiles)
+{
+    typedef lcews_cfg<BNM> CFG;
+    constexpr int STAGES = CFG::STAGES, NQ = BNM / 8, HALF = CFG::HALF;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem =
+        (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint64_t *full = (uint64_t *)(smem + CFG::BAR_OFF), *empty = full + STAGES;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int MT = (M + BNM - 1) / BNM, DT = (D + 127) / 128;
+    const int KT = K > 0 ? (K + 63) / 64 : 1;
+    const int mine = ((int)blockIdx.x < ntiles) ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+
+    if (tid == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(&full[i], 1);
+            mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (warp < 4) {
+        /* ---- producer: one thread; the warpgroup gives registers back ---- */
+        wg_reg_dealloc<40>();
+        if (tid != 0)
+            return;
+        tma_prefetch_desc(&tw);
+        tma_prefetch_desc(&te);
+        int slot = 0;
+        uint32_t phase = 0;
+        for (int i = 0; i < mine; i++) {
+            int tt = (int)blockIdx.x + i * (int)gridDim.x;
+            const int m0 = (tt % MT) * BNM;
+            tt /= MT;
+            const int d0 = (tt % DT) * 128, b = tt / DT;
+            for (int ks = 0; ks < KT; ks++) {
+                mbar_wait(&empty[slot], phase ^ 1);
+                unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
+                mbar_expect_tx(&full[slot], CFG::STAGE_BYTES);
+                tma_load_2d(Ws, &tw, &full[slot], ks * 64, m0);
+                tma_load_3d(Ws + CFG::W_BYTES, &te, &full[slot], d0, ks * 64, b);
+                tma_load_3d(Ws + CFG::W_BYTES + CFG::E_BYTES, &te, &full[slot], d0 + 64, ks * 64, b);
+                if (++slot == STAGES) {
+                    slot = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    /* ---- consumers: warpgroup cw (0/1) owns d rows d0 + 64 cw .. + 63 ---- */
+    wg_reg_alloc<232>();
+    const int ct = tid - 128, cw = ct >> 7, wq = (ct >> 5) & 3, g = lane >> 2, t = lane & 3;
+    const bool lead = (ct & 127) == 0;
+    unsigned char *stg = smem + CFG::STG_OFF + cw * ((CFG::STG_BYTES + 1023) & ~1023);
+    if (MODE != MODE_USER && lead)
+        tma_prefetch_desc(&tz);
+    float acc[BNM / 2];
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int i = 0; i < mine; i++) {
+        int tt = (int)blockIdx.x + i * (int)gridDim.x;
+        const int tile = tt, mt = tt % MT;
+        tt /= MT;
+        const int dt = tt % DT, b = tt / DT;
+        if (MODE == MODE_ADD) {
+            int ut = (map[b] * DT + dt) * MT + mt;
+            const float4 *src = (const float4 *)yf + (size_t)ut * NQ * 256 + ct;
+#pragma unroll
+            for (int q = 0; q < NQ; q++) {
+                float4 v4 = __ldg(src + (size_t)q * 256);
+                acc[4 * q] = v4.x;
+                acc[4 * q + 1] = v4.y;
+                acc[4 * q + 2] = v4.z;
+                acc[4 * q + 3] = v4.w;
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < BNM / 2; q++)
+                acc[q] = 0.0f;
+        }
+        int prev = -1;
+        for (int ks = 0; ks < KT; ks++) {
+            mbar_wait(&full[slot], phase);
+            const unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
+            const unsigned char *Es = Ws + CFG::W_BYTES + cw * CFG::E_BYTES;
+            wg_fence();
+            wg_fence_regs<BNM / 2>(acc);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wgmma_ss_ta<T, BNM>::run(acc, wg_desc(Es + kk * 2048, 8192, 1024),
+                                         wg_desc(Ws + kk * 32, 16, 1024));
+            wg_commit();
+            wg_wait<1>();
+            wg_fence_regs<BNM / 2>(acc);
+            if (prev >= 0 && lane == 0)
+                mbar_arrive(&empty[prev]);
+            prev = slot;
+            if (++slot == STAGES) {
+                slot = 0;
+                phase ^= 1;
+            }
+        }
+        wg_wait<0>();
+        wg_fence_regs<BNM / 2>(acc);
+        if (lane == 0)
+            mbar_arrive(&empty[prev]);
+
+        if (!EPI) {
+            /* Keeps the accumulators live (K < 0 never happens). */
+            float sum = 0.0f;
+#pragma unroll
+            for (int q = 0; q < BNM / 2; q++)
+                sum += acc[q];
+            if (K < 0)
+                yf[ct] = sum;
+            continue;
+        }
+        if (MODE == MODE_USER) {
+            float4 *dst = (float4 *)yf + (size_t)tile * NQ * 256 + ct;
+#pragma unroll
+            for (int q = 0; q < NQ; q++)
+                dst[(size_t)q * 256] =
+                    make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+            continue;
+        }
+        const int dc = dt * 128 + cw * 64, m0 = mt * BNM;
+        if (dc >= D)
+            continue; /* a d block narrower than 128: this half is all padding */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            /* The staging buffer is free once the last store read it. */
+            if (lead)
+                bulk_wait_read<0>();
+            named_bar_sync(1 + cw, 128);
+#pragma unroll
+            for (int j = r * (NQ / 2); j < (r + 1) * (NQ / 2); j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    /* Lanes g, g^1 hold d, d+1 of columns m, m+1: swap one
+                     * value so each lane owns (d, d+1) of one column. */
+                    float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+                    float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+                    float p0 = (g & 1) ? recv : v0, p1 = (g & 1) ? v1 : recv;
+                    int ml = 8 * j + 2 * t + (g & 1) - r * HALF;
+                    int dl = wq * 16 + (g & ~1) + 8 * h;
+                    *(uint32_t *)(stg + ml * 128 + (((dl >> 3) ^ (ml & 7)) << 4) + (dl & 7) * 2) =
+                        pack2<T>(p0, p1);
+                }
+            fence_proxy_async();
+            named_bar_sync(1 + cw, 128);
+            if (lead) {
+                tma_store_3d(&tz, stg, dc, m0 + r * HALF, b);
+                bulk_commit();
+            }
+        }
+    }
+    if (MODE != MODE_USER && lead)
+        bulk_wait<0>();
+}
+
 /* ---------------------------------------------------------------- SIMT */
 
 /* Any dtype, any shape: 64 x 64 tile of Z[b], 16-deep K slices in shared
@@ -518,6 +725,66 @@ static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     return cu_check_launch(err, "lce (wgmma)");
 }
 
+/* Tensor maps of one warp-specialized launch: W [M, ldw] K-major in 64 x
+ * BNM boxes; E [nb, K, D] in 64 d x 64 k boxes; Z [nb, M, D] in 64 d x
+ * BNM/2 boxes (all 128B-swizzled). */
+template <typename T>
+static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int D, const T *z,
+                     int bnm, CUtensorMap *tw, CUtensorMap *te, CUtensorMap *tz, bk_err *err)
+{
+    CUtensorMapDataType dt = sizeof(T) == 2 && std::is_same<T, __half>::value
+                                 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const uint64_t es = sizeof(T);
+    uint64_t wd[2] = {(uint64_t)ldw, (uint64_t)M}, ws[1] = {ldw * es};
+    uint32_t wb[2] = {64, (uint32_t)bnm};
+    uint64_t ed[3] = {(uint64_t)D, (uint64_t)K, (uint64_t)nb}, est[2] = {D * es, (uint64_t)K * D * es};
+    uint32_t eb[3] = {64, 64, 1};
+    int rc = cu_tmap_encode(tw, dt, 2, w, wd, ws, wb, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (!rc)
+        rc = cu_tmap_encode(te, dt, 3, e, ed, est, eb, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (!rc && z) {
+        uint64_t zd[3] = {(uint64_t)D, (uint64_t)M, (uint64_t)nb},
+                 zs[2] = {D * es, (uint64_t)M * D * es};
+        uint32_t zb[3] = {64, (uint32_t)(bnm / 2), 1};
+        rc = cu_tmap_encode(tz, dt, 3, z, zd, zs, zb, CU_TENSOR_MAP_SWIZZLE_128B);
+    }
+    if (rc) {
+        bk_seterr(err, "lce: encoding a TMA tensor map failed (CUresult %d; %d x %d x %d, K %d)",
+                  rc, nb, M, D, K);
+        return -1;
+    }
+    return 0;
+}
+
+template <typename T, int MODE, int BNM>
+static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
+                     float *yf, const int32_t *map, T *z, bk_err *err)
+{
+    /* Variant 10 is a timing diagnostic with wrong results (bench only): no
+     * epilogue. */
+    auto kern = cu_impl(s->be)->lce_variant == 10 ? k_lce_ws<T, MODE, BNM, false>
+                                                   : k_lce_ws<T, MODE, BNM, true>;
+    long ntiles = (long)((M + BNM - 1) / BNM) * ((D + 127) / 128) * nb;
+    if (ntiles >= (1L << 30)) {
+        bk_seterr(err, "lce: %d x %d x %d is too large for one launch", nb, M, D);
+        return -1;
+    }
+    CUtensorMap tw, te, tz;
+    if (lce_tmaps<T>(w, ldw, e, nb, K, M, D, MODE == MODE_USER ? nullptr : z, BNM, &tw, &te, &tz,
+                     err))
+        return -1;
+    if (MODE == MODE_USER)
+        tz = te; /* unused */
+    if (cu_smem_limit(s, (const void *)kern, (int)lcews_cfg<BNM>::SMEM, err))
+        return -1;
+    int sms = cu_impl(s->be)->sm_count;
+    unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
+    kern<<<grid, lcews_cfg<BNM>::THREADS, lcews_cfg<BNM>::SMEM, s->st>>>(tw, te, tz, K, M, D, yf,
+                                                                          map, (int)ntiles);
+    return cu_check_launch(err, "lce (wgmma, warp-specialized)");
+}
+
 /* Both GEMMs on wgmma: the user term in fragment order (see k_lce_wg). */
 template <typename T, int BNM>
 static int lce_wg(bk_stream *s, const T *eu, int nu, const T *ec, int nc, const int32_t *map,
@@ -525,19 +792,31 @@ static int lce_wg(bk_stream *s, const T *eu, int nu, const T *ec, int nc, const 
                   T *z, bk_err *err)
 {
     const T *wu = (const T *)w_user->data, *wc = (const T *)w_cand->data;
-    if (ku > 0 && cu_impl(s->be)->lce_variant != 7) {
+    const int variant = cu_impl(s->be)->lce_variant;
+    /* The warp-specialized kernel (auto, 9, 10) or the older one (6, 7, 8). */
+    const bool ws = variant == 0 || variant >= 9;
+    auto launch = [&](auto mode, const T *w, int ldw, const T *e, int nb, int K, float *yf,
+                      const int32_t *mp, T *zz) {
+        constexpr int MODE = decltype(mode)::value;
+        /* K = 0 has no tensor to map: the older kernel (same fragment order
+         * of the user term) writes the user term or zeros. */
+        return ws && K > 0 ? launch_ws<T, MODE, BNM>(s, w, ldw, e, nb, K, m, d, yf, mp, zz, err)
+                  : launch_wg<T, MODE, BNM>(s, w, ldw, e, nb, K, m, d, yf, mp, zz, err);
+    };
+    typedef std::integral_constant<int, MODE_USER> user_t;
+    typedef std::integral_constant<int, MODE_ADD> add_t;
+    typedef std::integral_constant<int, MODE_PLAIN> plain_t;
+    if (ku > 0 && variant != 7) {
         size_t tiles = (size_t)((m + BNM - 1) / BNM) * ((d + 127) / 128) * nu;
         if (cu_scratch_get(s, &s->lce_y, tiles * 256 * (BNM / 2) * sizeof(float), err))
             return -1;
         float *yf = (float *)s->lce_y.p;
-        if (launch_wg<T, MODE_USER, BNM>(s, wu, w_user->ld, eu, nu, ku, m, d, yf, nullptr,
-                                         nullptr, err))
+        if (launch(user_t(), wu, w_user->ld, eu, nu, ku, yf, nullptr, nullptr))
             return -1;
-        return launch_wg<T, MODE_ADD, BNM>(s, wc, w_cand->ld, ec, nc, kc, m, d, yf, map, z, err);
+        return launch(add_t(), wc, w_cand->ld, ec, nc, kc, yf, map, z);
     }
     /* No user tokens (or variant 7, a diagnostic that skips the user term). */
-    return launch_wg<T, MODE_PLAIN, BNM>(s, wc, w_cand->ld, ec, nc, kc, m, d, nullptr, nullptr, z,
-                                         err);
+    return launch(plain_t(), wc, w_cand->ld, ec, nc, kc, nullptr, nullptr, z);
 }
 
 /* One batched GEMM on mma.sync or SIMT: Z[b] = W @ E[b] (+ Y[map[b]]),
@@ -569,11 +848,13 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
     return cu_check_launch(err, "lce (SIMT)");
 }
 
-/* Variants (IKBO_CUDA_LCE): 0 automatic (wgmma where M and D are large
- * enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile), 3/4/5
- * mma.sync 112x256 / 128x128 / 64x128, 6 wgmma wherever it applies; 7 and 8
- * are bench-only timing diagnostics (wgmma without the user term / without
- * the epilogue), with wrong results. */
+/* Variants (IKBO_CUDA_LCE): 0 automatic (warp-specialized wgmma where M and
+ * D are large enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile),
+ * 3/4/5 mma.sync 112x256 / 128x128 / 64x128, 6 the older wgmma kernel
+ * (k_lce_wg) wherever it applies, 9 the warp-specialized one wherever it
+ * applies; 7, 8 and 10 are bench-only timing diagnostics with wrong results
+ * (k_lce_wg without the user term / without the epilogue; k_lce_ws without
+ * the epilogue). */
 template <typename T>
 static int lce_t(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
                  const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,

@@ -108,6 +108,17 @@ __device__ __forceinline__ void named_bar_sync(int id, int n)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* Warpgroup register reallocation (sm_90a): needs a register cap at entry
+ * (__launch_bounds__(threads, 1)); every warp of the warpgroup executes it. */
+template <int N> __device__ __forceinline__ void wg_reg_dealloc()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void wg_reg_alloc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 /* ------------------------------------------------------------------ host */
 
 /* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
@@ -117,5 +128,36 @@ __device__ __forceinline__ void named_bar_sync(int id, int n)
 int cu_tmap_encode(CUtensorMap *map, CUtensorMapDataType dt, int rank, const void *base,
                    const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
                    CUtensorMapSwizzle swizzle);
+
+
+/* ---- appended for attention.cu (warp-specialized flash kernel) ---- */
+
+/* Arrival on `bar` once all of this thread's earlier cp.async copies have
+ * landed; .noinc: the arrival counts against the barrier's expected count
+ * (init it with the number of threads that do this). */
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+                 : "memory");
+}
+
+/* Arrives at named barrier `id` (1..15) without waiting; with
+ * named_bar_sync(id, n) in other threads, n counts both. */
+__device__ __forceinline__ void named_bar_arrive(int id, int n)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+
+/* Register budget of this warpgroup (all its threads execute it); takes
+ * effect under a register cap at entry (__launch_bounds__(n, 1)). */
+template <int N> __device__ __forceinline__ void setmaxnreg_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 #endif
