@@ -26,9 +26,12 @@
  * A user with no events gives zeros.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/tma_util.cuh"
 #include "kernels/cuda/wgmma_gen.cuh"
 
 #define ATT_BM 128 /* query rows per tile */
@@ -285,110 +288,201 @@ k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
 
 /* -------------------------------------------------------- wgmma (Hopper) */
 
-/* Two warpgroups of 64 query rows share each K/V block of 128 keys:
- *   S = Q K^T  wgmma m64n128k16, A = Q and B = K both K-major (head dim
- *              contiguous) 128B-swizzled shared tiles;
- *   O += P V   wgmma m64n{DH}k16, A = P in registers (the S accumulator
- *              layout repacked to bf16/fp16), B = V read MN-major (the
- *              descriptor's transpose bit) from its swizzled tile.
+/* Warp-specialized, persistent, ping-pong (the FA3 recipe):
+ * - 384 threads: warpgroup 0 is the producer (56 registers), warpgroups 1
+ *   and 2 are consumers (224 registers) that each own 64 query rows of a
+ *   128-row tile. One CTA per SM loops
+ *   over (tile, head) work items w = blockIdx.x, + gridDim.x, ... in tile
+ *   table order (w = tile * heads + head), so the CTAs in flight cover a
+ *   few users' K/V at a time and share it through L2.
+ * - The producer copies K/V blocks of 128 keys into a ring of STAGES
+ *   shared stages with cp.async (zero-filling keys past L_u, so nothing
+ *   past a user's history, or past the tensor, is read) and the tile's Q
+ *   (rows past the tile zero-filled); each copy batch completes on a
+ *   "full" mbarrier through cp.async.mbarrier.arrive.noinc. Consumers free
+ *   a stage through its "empty" mbarrier once their P V on it is done, and
+ *   Q through "qempty" after the tile's last S GEMM; no block barrier.
+ * - Each consumer iteration is one turn on the tensor cores:
+ *     S_j = Q K_j^T (commit);  O += P_{j-1} V_{j-1} (commit)
+ *   then the exponentials of S_j while that P V still runs, then (P V
+ *   done) the rescale of O and P_j packed for the next turn. Turns
+ *   alternate between the two warpgroups through named barriers 1 and 2,
+ *   so one's softmax runs under the other's GEMMs (and under its own
+ *   P V). A tile takes nkb + 1 turns (S_0 alone, P V alone last);
+ *   both warpgroups always take the same turns (rows past the tile are
+ *   computed on zero Q and not stored), so the alternation never stalls.
+ *   S = Q K^T: wgmma m64n128k16, A = Q and B = K both K-major 128B-swizzled
+ *   shared tiles; O += P V: wgmma m64n{DH}k16, A = P in registers (the S
+ *   accumulator layout repacked to bf16/fp16), B = V read MN-major (the
+ *   descriptor's transpose bit) from its swizzled tile.
  * Tiles are stored as DH/64 column blocks of [rows][64] (128-byte rows).
  * lbo_v / sbo_v: byte offsets of V's MN-major descriptor (column-block
  * stride and 8-key-group stride); passed in so a test can confirm them. */
+/* 2^x on the special-function unit alone (exp2f adds a denormal-range
+ * fix-up: three more instructions per element); x <= 0 here, -inf -> 0. */
+__device__ __forceinline__ float att_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 template <int DH> struct attw_cfg {
-    static constexpr int BM = 128, BN = 128;
+    static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
-    static constexpr size_t SMEM = (size_t)Q_BYTES + 4 * KV_BYTES + 1024;
+    static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
+    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
 };
 
-template <typename T, int DH>
-__global__ void __launch_bounds__(256, 1)
+#define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
+
+template <typename T, int DH, bool PP, bool OV>
+__global__ void __launch_bounds__(384, 1)
 k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
          const int64_t *__restrict__ off, const int4 *__restrict__ tiles,
-         const int *__restrict__ ntiles, int hd, float scale_log2, T *__restrict__ o,
-         uint32_t lbo_v, uint32_t sbo_v)
+         const int *__restrict__ ntiles, int heads, float scale_log2, T *__restrict__ o,
+         uint32_t lbo_v, uint32_t sbo_v, int prefetch_q)
 {
     typedef attw_cfg<DH> CFG;
-    constexpr int BM = CFG::BM, BN = CFG::BN, CH = DH / 8;
-    if ((int)blockIdx.x >= *ntiles)
-        return;
-    const int4 ti = tiles[blockIdx.x];
-    const int row0 = ti.x, row_end = ti.y, u = ti.z, h = blockIdx.y;
-    const int64_t kv0 = off[u];
-    const int L = (int)(off[u + 1] - kv0);
+    constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
+    static_assert(BM == BN, "Q and K/V tiles share the copy layout");
+    const int hd = heads * DH;
+    const long W = (long)*ntiles * heads;
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char *Ks = Qs + CFG::Q_BYTES;          /* [2][KV_BYTES] */
-    unsigned char *Vs = Ks + 2 * CFG::KV_BYTES;     /* [2][KV_BYTES] */
+    unsigned char *Ks = Qs + CFG::Q_BYTES;            /* [ST][KV_BYTES] */
+    unsigned char *Vs = Ks + ST * CFG::KV_BYTES;      /* [ST][KV_BYTES] */
+    uint64_t *full = (uint64_t *)(Qs + CFG::BAR_OFS); /* [ST] */
+    uint64_t *empty = full + ST;                      /* [ST] */
+    uint64_t *qfull = empty + ST, *qempty = qfull + 1;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
 
-    /* Chunk c of row r of a [rows][DH] tile: column block c / 8, swizzled. */
-    for (int i = tid; i < BM * CH; i += 256) {
-        int r = i / CH, c = i % CH, row = row0 + r;
-        bool ok = row < row_end;
-        cp_async16(Qs + (c >> 3) * (BM * 128) + sw128(r, c & 7),
-                   ok ? q + (size_t)row * hd + h * DH + c * 8 : q, ok);
-    }
-    /* This thread's chunks of a K/V block: rows tid / CH + n * (256 / CH),
-     * chunk tid % CH - fixed offsets, only the key index moves. */
-    constexpr int RSTEP = 256 / CH;
-    static_assert(RSTEP % 8 == 0 && BN % RSTEP == 0, "fixed swizzle phase per thread");
-    const int lr = tid / CH, lc = tid % CH;
-    const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
-    const T *kbase = k + (size_t)kv0 * hd + h * DH + lc * 8;
-    const T *vbase = v + (size_t)kv0 * hd + h * DH + lc * 8;
-    auto load_kv = [&](int buf, int kb) {
-        unsigned char *kd = Ks + buf * CFG::KV_BYTES, *vd = Vs + buf * CFG::KV_BYTES;
-#pragma unroll
-        for (int n = 0; n < BN / RSTEP; n++) {
-            int j = kb * BN + lr + n * RSTEP;
-            bool ok = j < L;
-            size_t gofs = ok ? (size_t)j * hd : 0;
-            /* rows lr + n*RSTEP keep lr's swizzle phase (RSTEP % 8 == 0) */
-            uint32_t so = lso + n * RSTEP * 128;
-            cp_async16(kd + so, ok ? kbase + gofs : k, ok);
-            cp_async16(vd + so, ok ? vbase + gofs : v, ok);
+    if (tid == 0) {
+        for (int i = 0; i < ST; i++) {
+            mbar_init(&full[i], 128); /* the producer warpgroup's threads */
+            mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
         }
+        mbar_init(qfull, 128);
+        mbar_init(qempty, 8);
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (warp < 4) {
+        /* ---- producer: chunk lc of rows lr, lr + RSTEP, ...; RSTEP is a
+         * multiple of 8, so one swizzle phase per thread ---- */
+        setmaxnreg_dec<56>();
+        constexpr int RSTEP = 128 / CH, NR = BN / RSTEP;
+        static_assert(RSTEP % 8 == 0, "fixed swizzle phase per thread");
+        const int lr = tid / CH, lc = tid % CH;
+        const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
+        int it = 0, qt = 0;
+        for (long w = blockIdx.x; w < W; w += gridDim.x) {
+            const int4 ti = tiles[w / heads];
+            const int h = (int)(w % heads);
+            const int64_t kv0 = off[ti.z];
+            const int L = (int)(off[ti.z + 1] - kv0);
+            const int nkb = (L + BN - 1) / BN;
+            if (nkb == 0)
+                continue;
+            const T *kb_ = k + (size_t)kv0 * hd + h * DH + lc * 8;
+            const T *vb_ = v + (size_t)kv0 * hd + h * DH + lc * 8;
+            for (int kb = 0; kb < nkb; kb++, it++) {
+                const int st = it % ST;
+                mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
+                unsigned char *kd = Ks + st * CFG::KV_BYTES, *vd = Vs + st * CFG::KV_BYTES;
+#pragma unroll
+                for (int n = 0; n < NR; n++) {
+                    const int j = kb * BN + lr + n * RSTEP;
+                    const bool ok = j < L;
+                    const size_t g = ok ? (size_t)j * hd : 0;
+                    const uint32_t so = lso + n * RSTEP * 128;
+                    cp_async16(kd + so, kb_ + g, ok);
+                    cp_async16(vd + so, vb_ + g, ok);
+                }
+                cp_async_mbar_arrive_noinc(&full[st]);
+                if (kb == 0) {
+                    /* Q after the first K/V block: that one only needed a
+                     * free stage, Q waits for the last tile's last S. */
+                    mbar_wait(qempty, (qt & 1) ^ 1);
+                    const T *qb = q + h * DH + lc * 8;
+#pragma unroll
+                    for (int n = 0; n < NR; n++) {
+                        const int row = ti.x + lr + n * RSTEP;
+                        const bool ok = row < ti.y;
+                        cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : q, ok);
+                    }
+                    cp_async_mbar_arrive_noinc(qfull);
+                    qt++;
+                    /* The next work item's Q rows into L2 (one row each),
+                     * so its copy into shared memory waits on L2, not HBM. */
+                    const long w2 = w + gridDim.x;
+                    if (prefetch_q && w2 < W) {
+                        const int4 tn = tiles[w2 / heads];
+                        const int row = tn.x + tid;
+                        if (row < tn.y)
+                            bulk_prefetch_l2(q + (size_t)row * hd + (int)(w2 % heads) * DH, DH * 2);
+                    }
+                }
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
+
+    /* ---- consumers ---- */
+    setmaxnreg_inc<224>();
+    const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
+    const bool lead = lane == 0;
+    const int my_bar = ATTW_PP_BAR + wg, other_bar = ATTW_PP_BAR + (wg ^ 1);
+    const unsigned char *Qw = Qs + wg * 64 * 128;
+    int it = 0, qt = 0;
+    if (PP && wg == 1)
+        named_bar_arrive(ATTW_PP_BAR, 256); /* warpgroup 0 takes the first turn */
+    auto turn_begin = [&]() {
+        if (PP)
+            named_bar_sync(my_bar, 256);
     };
-    const int nkb = (L + BN - 1) / BN;
-    if (nkb > 0)
-        load_kv(0, 0);
-    cp_async_commit();
+    auto turn_end = [&]() {
+        if (PP)
+            named_bar_arrive(other_bar, 256);
+    };
 
     float oacc[DH / 2], s[BN / 2];
-#pragma unroll
-    for (int i = 0; i < DH / 2; i++)
-        oacc[i] = 0.0f;
+    uint32_t pa[BN / 16][4];
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
 
-    for (int kb = 0; kb < nkb; kb++) {
-        cp_async_wait<0>();
-        __syncthreads();
-        const unsigned char *Kb = Ks + (kb & 1) * CFG::KV_BYTES;
-        const unsigned char *Vb = Vs + (kb & 1) * CFG::KV_BYTES;
-
+    /* s = 0, before the turn's wgmma.fence. */
+    auto zero_s = [&]() {
 #pragma unroll
         for (int i = 0; i < BN / 2; i++)
             s[i] = 0.0f;
-        wg_fence();
-        wg_fence_regs<BN / 2>(s);
+    };
+    /* S += Q K^T (issued, not committed). */
+    auto issue_s = [&](const unsigned char *Kb) {
 #pragma unroll
         for (int kk = 0; kk < DH / 16; kk++) {
-            uint64_t da = wg_desc(Qs + (kk >> 2) * (BM * 128) + wg * 64 * 128 + (kk & 3) * 32, 16, 1024);
+            uint64_t da = wg_desc(Qw + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
             uint64_t db = wg_desc(Kb + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
             wgmma_ss<T, BN, 0>::run(s, da, db);
         }
-        wg_commit();
-        /* The next block's copies issue while the tensor cores work; the
-         * buffer they fill was last read before this iteration's barrier. */
-        if (kb + 1 < nkb)
-            load_kv((kb + 1) & 1, kb + 1);
-        cp_async_commit();
-        wg_wait<0>();
-        wg_fence_regs<BN / 2>(s);
-
-        /* s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1). */
+    };
+    auto issue_pv = [&](const unsigned char *Vb) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, lbo_v, sbo_v));
+    };
+    /* Online softmax of block kb (base 2), in two parts so that the first
+     * can run while this warpgroup's previous P V is still on the tensor
+     * cores: softmax_p turns s into P in place (masked keys -> 0) and
+     * updates mrow, lrow; softmax_o (after that P V is done) rescales oacc
+     * and packs P into pa.
+     * s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1).
+     * Every block has at least one valid key, so the max is finite. */
+    float corr[2];
+    auto softmax_p = [&](int kb, int L) {
         if ((kb + 1) * BN > L) {
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
@@ -403,16 +497,27 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
             mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
-        float corr[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             float mnew = fmaxf(mrow[r], mx[r] * scale_log2);
-            corr[r] = exp2f(mrow[r] - mnew);
+            corr[r] = att_ex2(mrow[r] - mnew);
             mrow[r] = mnew;
-            lrow[r] *= corr[r];
         }
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                float p = att_ex2(fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]));
+                s[4 * j + x] = p;
+                ls[x >> 1] += p;
+            }
+        lrow[0] = fmaf(lrow[0], corr[0], ls[0]);
+        lrow[1] = fmaf(lrow[1], corr[1], ls[1]);
+    };
+    auto softmax_o = [&]() {
         /* Once the row maxima settle, most blocks change none of them. */
         if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
@@ -423,48 +528,132 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                 oacc[4 * j + 3] *= corr[1];
             }
         }
-        uint32_t pa[BN / 16][4];
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
-            float p0 = exp2f(s[4 * j] * scale_log2 - mrow[0]);
-            float p1 = exp2f(s[4 * j + 1] * scale_log2 - mrow[0]);
-            float p2 = exp2f(s[4 * j + 2] * scale_log2 - mrow[1]);
-            float p3 = exp2f(s[4 * j + 3] * scale_log2 - mrow[1]);
-            lrow[0] += p0 + p1;
-            lrow[1] += p2 + p3;
-            pa[j >> 1][(j & 1) * 2] = pack2<T>(p0, p1);
-            pa[j >> 1][(j & 1) * 2 + 1] = pack2<T>(p2, p3);
+            pa[j >> 1][(j & 1) * 2] = pack2<T>(s[4 * j], s[4 * j + 1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack2<T>(s[4 * j + 2], s[4 * j + 3]);
         }
-        wg_fence();
-        wg_fence_regs<DH / 2>(oacc);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, lbo_v, sbo_v));
-        wg_commit();
-        wg_wait<0>();
-        wg_fence_regs<DH / 2>(oacc);
-    }
-    cp_async_wait<0>();
+    };
 
-    float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float l = lrow[r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    /* The next work item's tile and history length are loaded a tile ahead. */
+    int4 ti_n = make_int4(0, 0, 0, 0);
+    int L_n = 0;
+    if ((long)blockIdx.x < W) {
+        ti_n = tiles[blockIdx.x / heads];
+        L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
     }
+    for (long w = blockIdx.x; w < W; w += gridDim.x) {
+        const int4 ti = ti_n;
+        const int h = (int)(w % heads);
+        const int L = L_n;
+        const int nkb = (L + BN - 1) / BN;
+        const long w2 = w + gridDim.x;
+        if (w2 < W)
+            ti_n = tiles[w2 / heads];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + wg * 64 + wq * 16 + g + r * 8;
-        if (row >= row_end)
-            continue;
-        T *orow = o + (size_t)row * hd + h * DH;
+        for (int i = 0; i < DH / 2; i++)
+            oacc[i] = 0.0f;
+        mrow[0] = mrow[1] = -INFINITY;
+        lrow[0] = lrow[1] = 0.0f;
+        if (nkb > 0) {
+            mbar_wait(qfull, qt & 1);
+            /* turn 0: S_0 */
+            mbar_wait(&full[it % ST], (it / ST) & 1);
+            zero_s();
+            turn_begin();
+            wg_fence();
+            wg_fence_regs<BN / 2>(s);
+            issue_s(Ks + (it % ST) * CFG::KV_BYTES);
+            wg_commit();
+            turn_end();
+            wg_wait<0>();
+            wg_fence_regs<BN / 2>(s);
+            if (nkb == 1 && lead)
+                mbar_arrive(qempty);
+            softmax_p(0, L);
+            softmax_o();
+            /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
+            for (int kb = 1; kb < nkb; kb++) {
+                const int sp = it % ST;
+                it++;
+                const int sn = it % ST;
+                mbar_wait(&full[sn], (it / ST) & 1);
+                zero_s();
+                turn_begin();
+                wg_fence();
+                wg_fence_regs<DH / 2>(oacc);
+                wg_fence_regs<BN / 2>(s);
+                issue_s(Ks + sn * CFG::KV_BYTES);
+                if (OV)
+                    wg_commit();
+                issue_pv(Vs + sp * CFG::KV_BYTES);
+                wg_commit();
+                turn_end();
+                if (OV) {
+                    wg_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+                    wg_fence_regs<BN / 2>(s);
+                } else {
+                    wg_wait<0>();
+                    wg_fence_regs<BN / 2>(s);
+                    wg_fence_regs<DH / 2>(oacc);
+                }
+                if (kb == nkb - 1 && lead)
+                    mbar_arrive(qempty);
+                if (kb == 1 && w2 < W)
+                    L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+                softmax_p(kb, L);
+                if (OV) {
+                    wg_wait<0>();
+                    wg_fence_regs<DH / 2>(oacc);
+                }
+                if (lead)
+                    mbar_arrive(&empty[sp]);
+                softmax_o();
+            }
+            /* turn nkb: P V of the last block */
+            const int sp = it % ST;
+            it++;
+            turn_begin();
+            wg_fence();
+            wg_fence_regs<DH / 2>(oacc);
+            issue_pv(Vs + sp * CFG::KV_BYTES);
+            wg_commit();
+            turn_end();
+            if (nkb == 1 && w2 < W)
+                L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+            wg_wait<0>();
+            wg_fence_regs<DH / 2>(oacc);
+            if (lead)
+                mbar_arrive(&empty[sp]);
+            qt++;
+        } else if (w2 < W) {
+            L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+        }
+
+        float inv[2];
 #pragma unroll
-        for (int j = 0; j < DH / 8; j++)
-            *(uint32_t *)(orow + j * 8 + 2 * t) =
-                pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+        for (int r = 0; r < 2; r++) {
+            float l = lrow[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
+            if (row >= ti.y)
+                continue;
+            T *orow = o + (size_t)row * hd + h * DH;
+#pragma unroll
+            for (int j = 0; j < DH / 8; j++)
+                *(uint32_t *)(orow + j * 8 + 2 * t) =
+                    pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+        }
     }
+    /* Warpgroup 1's arrivals at barrier 1 outnumber warpgroup 0's waits by
+     * the opening one: take it, so no barrier is left half-arrived. */
+    if (PP && wg == 0)
+        named_bar_sync(ATTW_PP_BAR, 256);
 }
 
 /* ------------------------------------------------------------------ SIMT */
@@ -553,15 +742,26 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
     float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
     dim3 grid((unsigned)cap, (unsigned)heads);
     if constexpr (WG && (DH == 64 || DH == 128)) {
-        auto kern = k_att_wg<T, DH>;
+        /* IKBO_ATT_WG_DIAG (diagnostics; timing comparisons): 'p' no
+         * ping-pong between the consumer warpgroups, 'o' no overlap of
+         * softmax with the warpgroup's own P V, 'f' no L2 prefetch of Q. */
+        const char *dg = getenv("IKBO_ATT_WG_DIAG");
+        bool no_pp = dg && strchr(dg, 'p'), no_ov = dg && strchr(dg, 'o');
+        int prefetch_q = !(dg && strchr(dg, 'f'));
+        auto kern = no_pp ? (no_ov ? k_att_wg<T, DH, false, false> : k_att_wg<T, DH, false, true>)
+                          : (no_ov ? k_att_wg<T, DH, true, false> : k_att_wg<T, DH, true, true>);
         if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
             return -1;
         /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
          * groups 1024 bytes apart (SBO); the swapped assignment was checked
          * on the H200 and faults. */
         uint32_t lbo = attw_cfg<DH>::BN * 128, sbo = 1024;
-        kern<<<grid, 256, attw_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
-                                                       scale_log2, o, lbo, sbo);
+        /* Persistent: one CTA per SM (or per work item, if fewer). */
+        long work = cap * heads, sms = cu_impl(s->be)->sm_count;
+        unsigned pgrid = (unsigned)(work < sms ? work : sms);
+        kern<<<pgrid, attw_cfg<DH>::NT, attw_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles,
+                                                                     heads, scale_log2, o, lbo, sbo,
+                                                                     prefetch_q);
         return cu_check_launch(err, "attention (wgmma)");
     } else {
         auto kern = k_att_tc<T, DH>;

@@ -160,4 +160,11 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc()
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+
+/* Bulk prefetch of `bytes` (a multiple of 16, 16-byte aligned) into L2. */
+__device__ __forceinline__ void bulk_prefetch_l2(const void *g, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes) : "memory");
+}
+
 #endif
