@@ -335,13 +335,15 @@ template <int DH> struct attw_cfg {
 };
 
 #define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
+#define ATTW_PREFETCH_Q 1 /* flags: the next tile's Q rows into L2 */
+#define ATTW_VEC_STORE 2  /* flags: o is 16-byte aligned, store 16 bytes at a time */
 
 template <typename T, int DH, bool PP, bool OV>
 __global__ void __launch_bounds__(384, 1)
 k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
          const int64_t *__restrict__ off, const int4 *__restrict__ tiles,
          const int *__restrict__ ntiles, int heads, float scale_log2, T *__restrict__ o,
-         uint32_t lbo_v, uint32_t sbo_v, int prefetch_q)
+         uint32_t lbo_v, uint32_t sbo_v, int flags)
 {
     typedef attw_cfg<DH> CFG;
     constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
@@ -418,7 +420,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                     /* The next work item's Q rows into L2 (one row each),
                      * so its copy into shared memory waits on L2, not HBM. */
                     const long w2 = w + gridDim.x;
-                    if (prefetch_q && w2 < W) {
+                    if ((flags & ATTW_PREFETCH_Q) && w2 < W) {
                         const int4 tn = tiles[w2 / heads];
                         const int row = tn.x + tid;
                         if (row < tn.y)
@@ -638,16 +640,62 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
         }
+        if (flags & ATTW_VEC_STORE) {
+            /* 16-byte stores: the quad (t = 0..3) holds 4 chunks of 8
+             * columns as a 4 x 4 matrix of words (thread t, word b = its
+             * columns 2t, 2t+1 of chunk 4a + b); two butterfly exchanges
+             * transpose it so thread t holds all of chunk 4a + t. A quarter
+             * of the store instructions of the 4-byte path below. */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
-            if (row >= ti.y)
-                continue;
-            T *orow = o + (size_t)row * hd + h * DH;
+            for (int r = 0; r < 2; r++) {
+                const int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
+                T *orow = o + (size_t)row * hd + h * DH;
 #pragma unroll
-            for (int j = 0; j < DH / 8; j++)
-                *(uint32_t *)(orow + j * 8 + 2 * t) =
-                    pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+                for (int a = 0; a < DH / 32; a++) {
+                    uint32_t w4[4];
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const int j = 4 * a + b;
+                        w4[b] = pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+                    }
+                    const bool o1 = t & 1, o2 = t & 2;
+                    uint32_t s0 = o1 ? w4[0] : w4[1], s1 = o1 ? w4[2] : w4[3];
+                    s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+                    s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+                    if (o1) {
+                        w4[0] = s0;
+                        w4[2] = s1;
+                    } else {
+                        w4[1] = s0;
+                        w4[3] = s1;
+                    }
+                    s0 = o2 ? w4[0] : w4[2];
+                    s1 = o2 ? w4[1] : w4[3];
+                    s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
+                    s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+                    if (o2) {
+                        w4[0] = s0;
+                        w4[1] = s1;
+                    } else {
+                        w4[2] = s0;
+                        w4[3] = s1;
+                    }
+                    if (row < ti.y)
+                        *(uint4 *)(orow + 8 * (4 * a + t)) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
+                if (row >= ti.y)
+                    continue;
+                T *orow = o + (size_t)row * hd + h * DH;
+#pragma unroll
+                for (int j = 0; j < DH / 8; j++)
+                    *(uint32_t *)(orow + j * 8 + 2 * t) =
+                        pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+            }
         }
     }
     /* Warpgroup 1's arrivals at barrier 1 outnumber warpgroup 0's waits by
@@ -744,10 +792,12 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
     if constexpr (WG && (DH == 64 || DH == 128)) {
         /* IKBO_ATT_WG_DIAG (diagnostics; timing comparisons): 'p' no
          * ping-pong between the consumer warpgroups, 'o' no overlap of
-         * softmax with the warpgroup's own P V, 'f' no L2 prefetch of Q. */
+         * softmax with the warpgroup's own P V, 'f' no L2 prefetch of Q, 's'
+         * 4-byte output stores even where 16-byte ones could be used. */
         const char *dg = getenv("IKBO_ATT_WG_DIAG");
         bool no_pp = dg && strchr(dg, 'p'), no_ov = dg && strchr(dg, 'o');
-        int prefetch_q = !(dg && strchr(dg, 'f'));
+        int flags = (dg && strchr(dg, 'f') ? 0 : ATTW_PREFETCH_Q) |
+                    ((uintptr_t)o % 16 == 0 && !(dg && strchr(dg, 's')) ? ATTW_VEC_STORE : 0);
         auto kern = no_pp ? (no_ov ? k_att_wg<T, DH, false, false> : k_att_wg<T, DH, false, true>)
                           : (no_ov ? k_att_wg<T, DH, true, false> : k_att_wg<T, DH, true, true>);
         if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
@@ -761,7 +811,7 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         unsigned pgrid = (unsigned)(work < sms ? work : sms);
         kern<<<pgrid, attw_cfg<DH>::NT, attw_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles,
                                                                      heads, scale_log2, o, lbo, sbo,
-                                                                     prefetch_q);
+                                                                     flags);
         return cu_check_launch(err, "attention (wgmma)");
     } else {
         auto kern = k_att_tc<T, DH>;
