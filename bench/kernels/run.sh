@@ -10,7 +10,7 @@
 #            wgmma kernels excluded: racecheck cannot follow them) -> $OUT/sanitizer.log
 #   model    tests/gpu/test_cuda_model, fp32 + bf16         -> $OUT/model.log
 #   bench    bench/kernels/bench_kernels.cu                 -> $OUT/bench.log
-#   profile  ncu on the LCE and attention kernels (not in the default set)
+#   profile  ncu on the LCE candidate kernel (k_lce_ws; not in the default set)
 #                                                           -> $OUT/profile.log
 # Usage (device): [BENCH_ARGS="--only lce"] bench/kernels/run.sh [ops] [sanitize] [model] [bench]
 set -uo pipefail
@@ -49,7 +49,7 @@ for s in $stages; do
     stage bench bench.log $B/bench_kernels ${BENCH_ARGS:-} ;;
   profile)
     secs="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SourceCounters"
-    stage ncu-lce profile.log ncu --clock-control none -k regex:k_lce_wg --launch-skip 3 -c 1 $secs --print-details all --import-source no -f -o "$OUT/lce" $B/bench_kernels --profile
+    stage ncu-lce profile.log ncu --clock-control none -k regex:k_lce_ws --launch-skip 3 -c 1 $secs --print-details all --import-source no -f -o "$OUT/lce" $B/bench_kernels --profile
     stage ncu-lce-sass profile.log sh -c "ncu -i '$OUT/lce.ncu-rep' $secs --print-details all > '$OUT/lce_sections.txt' 2>&1; ncu -i '$OUT/lce.ncu-rep' --page source --print-source sass --csv > '$OUT/lce_sass.csv' 2>&1; rm -f '$OUT/lce.ncu-rep'; wc -l '$OUT/lce_sass.csv'" ;;
   esac
 done

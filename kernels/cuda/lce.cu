@@ -440,6 +440,8 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
  *   time in a 128B-swizzled buffer of the warpgroup's own, and written with
  *   one TMA tensor store per half (rows past M clipped by TMA); meanwhile the
  *   producer is already filling the ring with the next tile's slices.
+ *   (A fifth ring stage in place of the staging buffers, with stores from
+ *   registers, measured slower: bench/kernels/NOTES.md.)
  * Persistent CTAs walk tiles blockIdx.x, + gridDim.x, ...; tile order
  * (m tile fastest, then d block, then batch item) keeps W and the current
  * candidates' E in L2. */
@@ -457,7 +459,7 @@ template <int BNM> struct lcews_cfg {
     static_assert(HALF % 8 == 0 && HALF <= 256, "a half tile is one TMA box");
 };
 
-template <typename T, int MODE, int BNM, bool EPI = true>
+template <typename T, int MODE, int BNM, bool EPI, int CL>
 __global__ void __launch_bounds__(384, 1)
 k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te,
          const __grid_constant__ CUtensorMap tz, int K, int M, int D, float *__restrict__ yf,
@@ -473,20 +475,35 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int MT = (M + BNM - 1) / BNM, DT = (D + 127) / 128;
     const int KT = K > 0 ? (K + 63) / 64 : 1;
-    const int mine = ((int)blockIdx.x < ntiles) ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    /* CL = 2: a cluster of two CTAs takes the two d blocks of one (b, m
+     * tile) "unit"; each CTA loads half of the W tile and multicasts it to
+     * both, so W crosses L2 once per unit. ntiles counts units. */
+    const int rank = CL == 2 ? (int)cluster_rank() : 0;
+    const int unit0 = (int)blockIdx.x / CL, nunits = (int)gridDim.x / CL;
+    const int mine = unit0 < ntiles ? (ntiles - 1 - unit0) / nunits + 1 : 0;
+    auto decode = [&](int i, int &mt, int &dt, int &b) {
+        int tt = unit0 + i * nunits;
+        mt = tt % MT;
+        tt /= MT;
+        dt = CL == 2 ? 2 * (tt % (DT / 2)) + rank : tt % DT;
+        b = CL == 2 ? tt / (DT / 2) : tt / DT;
+    };
 
     if (tid == 0) {
         for (int i = 0; i < STAGES; i++) {
             mbar_init(&full[i], 1);
-            mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
+            mbar_init(&empty[i], 8 * CL); /* lane 0 of each consumer warp of the cluster */
         }
         mbar_fence_init();
     }
-    __syncthreads();
+    if (CL == 2)
+        cluster_sync();
+    else
+        __syncthreads();
 
     if (warp < 4) {
         /* ---- producer: one thread; the warpgroup gives registers back ---- */
-        wg_reg_dealloc<40>();
+        setmaxnreg_dec<40>();
         if (tid != 0)
             return;
         tma_prefetch_desc(&tw);
@@ -494,15 +511,18 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         int slot = 0;
         uint32_t phase = 0;
         for (int i = 0; i < mine; i++) {
-            int tt = (int)blockIdx.x + i * (int)gridDim.x;
-            const int m0 = (tt % MT) * BNM;
-            tt /= MT;
-            const int d0 = (tt % DT) * 128, b = tt / DT;
+            int mt, dt, b;
+            decode(i, mt, dt, b);
+            const int m0 = mt * BNM, d0 = dt * 128;
             for (int ks = 0; ks < KT; ks++) {
                 mbar_wait(&empty[slot], phase ^ 1);
                 unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
                 mbar_expect_tx(&full[slot], CFG::STAGE_BYTES);
-                tma_load_2d(Ws, &tw, &full[slot], ks * 64, m0);
+                if (CL == 2)
+                    tma_load_2d_mc(Ws + rank * (CFG::W_BYTES / 2), &tw, &full[slot], ks * 64,
+                                   m0 + rank * (BNM / 2), (uint16_t)3);
+                else
+                    tma_load_2d(Ws, &tw, &full[slot], ks * 64, m0);
                 tma_load_3d(Ws + CFG::W_BYTES, &te, &full[slot], d0, ks * 64, b);
                 tma_load_3d(Ws + CFG::W_BYTES + CFG::E_BYTES, &te, &full[slot], d0 + 64, ks * 64, b);
                 if (++slot == STAGES) {
@@ -515,7 +535,7 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     }
 
     /* ---- consumers: warpgroup cw (0/1) owns d rows d0 + 64 cw .. + 63 ---- */
-    wg_reg_alloc<232>();
+    setmaxnreg_inc<232>();
     const int ct = tid - 128, cw = ct >> 7, wq = (ct >> 5) & 3, g = lane >> 2, t = lane & 3;
     const bool lead = (ct & 127) == 0;
     unsigned char *stg = smem + CFG::STG_OFF + cw * ((CFG::STG_BYTES + 1023) & ~1023);
@@ -524,11 +544,20 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     float acc[BNM / 2];
     int slot = 0;
     uint32_t phase = 0;
+    /* A slot is free once every consumer warp that reads it (both CTAs'
+     * with CL = 2: the W half of each came from both producers) is done. */
+    auto release = [&](int sl) {
+        if (CL == 2) {
+            mbar_arrive_cluster(&empty[sl], 0);
+            mbar_arrive_cluster(&empty[sl], 1);
+        } else {
+            mbar_arrive(&empty[sl]);
+        }
+    };
     for (int i = 0; i < mine; i++) {
-        int tt = (int)blockIdx.x + i * (int)gridDim.x;
-        const int tile = tt, mt = tt % MT;
-        tt /= MT;
-        const int dt = tt % DT, b = tt / DT;
+        int mt, dt, b;
+        decode(i, mt, dt, b);
+        const int tile = (b * DT + dt) * MT + mt;
         if (MODE == MODE_ADD) {
             int ut = (map[b] * DT + dt) * MT + mt;
             const float4 *src = (const float4 *)yf + (size_t)ut * NQ * 256 + ct;
@@ -560,7 +589,7 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
             wg_wait<1>();
             wg_fence_regs<BNM / 2>(acc);
             if (prev >= 0 && lane == 0)
-                mbar_arrive(&empty[prev]);
+                release(prev);
             prev = slot;
             if (++slot == STAGES) {
                 slot = 0;
@@ -570,7 +599,7 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
         if (lane == 0)
-            mbar_arrive(&empty[prev]);
+            release(prev);
 
         if (!EPI) {
             /* Keeps the accumulators live (K < 0 never happens). */
@@ -623,6 +652,10 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     }
     if (MODE != MODE_USER && lead)
         bulk_wait<0>();
+    /* No CTA of a cluster leaves while its peer may still arrive on its
+     * barriers. */
+    if (CL == 2)
+        cluster_sync();
 }
 
 /* ---------------------------------------------------------------- SIMT */
@@ -726,18 +759,20 @@ static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
 }
 
 /* Tensor maps of one warp-specialized launch: W [M, ldw] K-major in 64 x
- * BNM boxes; E [nb, K, D] in 64 d x 64 k boxes; Z [nb, M, D] in 64 d x
- * BNM/2 boxes (all 128B-swizzled). */
+ * BNM / cl boxes (cl = CTAs per cluster sharing the W tile); E [nb, K, D]
+ * in 64 d x 64 k boxes; Z [nb, M, D] in 64 d x BNM/2 boxes (all
+ * 128B-swizzled). */
 template <typename T>
 static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int D, const T *z,
-                     int bnm, CUtensorMap *tw, CUtensorMap *te, CUtensorMap *tz, bk_err *err)
+                     int bnm, int cl, CUtensorMap *tw, CUtensorMap *te, CUtensorMap *tz,
+                     bk_err *err)
 {
     CUtensorMapDataType dt = sizeof(T) == 2 && std::is_same<T, __half>::value
                                  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     const uint64_t es = sizeof(T);
     uint64_t wd[2] = {(uint64_t)ldw, (uint64_t)M}, ws[1] = {ldw * es};
-    uint32_t wb[2] = {64, (uint32_t)bnm};
+    uint32_t wb[2] = {64, (uint32_t)(bnm / cl)};
     uint64_t ed[3] = {(uint64_t)D, (uint64_t)K, (uint64_t)nb}, est[2] = {D * es, (uint64_t)K * D * es};
     uint32_t eb[3] = {64, 64, 1};
     int rc = cu_tmap_encode(tw, dt, 2, w, wd, ws, wb, CU_TENSOR_MAP_SWIZZLE_128B);
@@ -757,32 +792,90 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
     return 0;
 }
 
+/* How many clusters of two CTAs of `kern` fit on the device at once (the
+ * persistent grid's size), asked once per kernel. */
+static int max_pairs(const void *kern, size_t smem, int sms)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 2;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)(sms & ~1));
+    cfg.blockDim = dim3(384);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    return n;
+}
+
 template <typename T, int MODE, int BNM>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      float *yf, const int32_t *map, T *z, bk_err *err)
 {
-    /* Variant 10 is a timing diagnostic with wrong results (bench only): no
-     * epilogue. */
-    auto kern = cu_impl(s->be)->lce_variant == 10 ? k_lce_ws<T, MODE, BNM, false>
-                                                   : k_lce_ws<T, MODE, BNM, true>;
-    long ntiles = (long)((M + BNM - 1) / BNM) * ((D + 127) / 128) * nb;
+    const int variant = cu_impl(s->be)->lce_variant, DT = (D + 127) / 128;
+    /* Variant 11: pairs of d blocks share W through a cluster of two CTAs
+     * (where D has an even number of 128-wide blocks). Measured slower on
+     * the H200 (0.66 vs 0.44 ms at the seed shape, also with one cluster
+     * per SM pair whatever the occupancy query says; bench/kernels/NOTES.md),
+     * so not the default. Variant 10 is a timing diagnostic with wrong results
+     * (bench only): no epilogue. */
+    const bool pair = variant == 11 && DT % 2 == 0;
+    void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, float *, const int32_t *, int);
+    if (variant == 10)
+        kern = pair ? k_lce_ws<T, MODE, BNM, false, 2> : k_lce_ws<T, MODE, BNM, false, 1>;
+    else
+        kern = pair ? k_lce_ws<T, MODE, BNM, true, 2> : k_lce_ws<T, MODE, BNM, true, 1>;
+    const size_t smem = lcews_cfg<BNM>::SMEM;
+    long ntiles = (long)((M + BNM - 1) / BNM) * DT * nb;
     if (ntiles >= (1L << 30)) {
         bk_seterr(err, "lce: %d x %d x %d is too large for one launch", nb, M, D);
         return -1;
     }
     CUtensorMap tw, te, tz;
-    if (lce_tmaps<T>(w, ldw, e, nb, K, M, D, MODE == MODE_USER ? nullptr : z, BNM, &tw, &te, &tz,
-                     err))
+    if (lce_tmaps<T>(w, ldw, e, nb, K, M, D, MODE == MODE_USER ? nullptr : z, BNM, pair ? 2 : 1,
+                     &tw, &te, &tz, err))
         return -1;
     if (MODE == MODE_USER)
         tz = te; /* unused */
-    if (cu_smem_limit(s, (const void *)kern, (int)lcews_cfg<BNM>::SMEM, err))
+    if (cu_smem_limit(s, (const void *)kern, (int)smem, err))
         return -1;
-    int sms = cu_impl(s->be)->sm_count;
-    unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
-    kern<<<grid, lcews_cfg<BNM>::THREADS, lcews_cfg<BNM>::SMEM, s->st>>>(tw, te, tz, K, M, D, yf,
-                                                                          map, (int)ntiles);
-    return cu_check_launch(err, "lce (wgmma, warp-specialized)");
+    const int sms = cu_impl(s->be)->sm_count;
+    if (!pair) {
+        unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
+        kern<<<grid, lcews_cfg<BNM>::THREADS, smem, s->st>>>(tw, te, tz, K, M, D, yf, map,
+                                                              (int)ntiles);
+        return cu_check_launch(err, "lce (wgmma, warp-specialized)");
+    }
+    static int fit; /* per instantiation; a benign race writes the same value */
+    if (!fit)
+        fit = max_pairs((const void *)kern, smem, sms);
+    if (fit <= 0) {
+        bk_seterr(err, "lce: no cluster of two %zu-byte CTAs fits on the device", smem);
+        return -1;
+    }
+    long units = ntiles / 2;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 2;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)(2 * (units < fit ? units : fit)));
+    cfg.blockDim = dim3(lcews_cfg<BNM>::THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s->st;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, te, tz, K, M, D, yf, map, (int)units),
+           "lce (wgmma, warp-specialized, clusters of 2)");
+    return cu_check_launch(err, "lce (wgmma, warp-specialized, clusters of 2)");
 }
 
 /* Both GEMMs on wgmma: the user term in fragment order (see k_lce_wg). */
@@ -852,7 +945,7 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
  * D are large enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile),
  * 3/4/5 mma.sync 112x256 / 128x128 / 64x128, 6 the older wgmma kernel
  * (k_lce_wg) wherever it applies, 9 the warp-specialized one wherever it
- * applies; 7, 8 and 10 are bench-only timing diagnostics with wrong results
+ * applies, 11 the same with W shared by clusters of two CTAs; 7, 8 and 10 are bench-only timing diagnostics with wrong results
  * (k_lce_wg without the user term / without the epilogue; k_lce_ws without
  * the epilogue). */
 template <typename T>

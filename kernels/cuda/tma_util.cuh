@@ -84,6 +84,40 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, u
                  : "memory");
 }
 
+/* The same 2D load, written to the same offset of every CTA in `mask`
+ * (cluster ranks), each completing on its own barrier at `bar`'s offset. */
+__device__ __forceinline__ void tma_load_2d_mc(void *dst, const CUtensorMap *map, uint64_t *bar,
+                                               int c0, int c1, uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+                 : "memory");
+}
+
+/* Clusters: this CTA's rank, an arrival on the barrier at `bar`'s offset
+ * in CTA `rank`, and a barrier among all (non-exited) threads of the
+ * cluster. */
+__device__ __forceinline__ uint32_t cluster_rank()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank)
+{
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 /* TMA tensor store from shared memory (bulk group: bulk_commit, then
  * bulk_wait_read before the buffer is rewritten). Out-of-bounds elements
  * of the box are not written. */
@@ -106,17 +140,6 @@ __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap *map)
 __device__ __forceinline__ void named_bar_sync(int id, int n)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-/* Warpgroup register reallocation (sm_90a): needs a register cap at entry
- * (__launch_bounds__(threads, 1)); every warp of the warpgroup executes it. */
-template <int N> __device__ __forceinline__ void wg_reg_dealloc()
-{
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void wg_reg_alloc()
-{
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 /* ------------------------------------------------------------------ host */

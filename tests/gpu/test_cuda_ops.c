@@ -633,7 +633,8 @@ static int make_backends(const char *dtype, const char *lce_v, const char *att_v
     /* Under racecheck (which cannot follow wgmma's asynchronous shared-memory
      * reads), IKBO_TEST_NO_WGMMA maps the wgmma variants to mma.sync. */
     if (getenv("IKBO_TEST_NO_WGMMA")) {
-        if (!strcmp(lce_v, "0") || !strcmp(lce_v, "6") || !strcmp(lce_v, "9"))
+        if (!strcmp(lce_v, "0") || !strcmp(lce_v, "6") || !strcmp(lce_v, "9") ||
+            !strcmp(lce_v, "11"))
             lce_v = "2";
         if (!strcmp(att_v, "0"))
             att_v = "2";
@@ -684,8 +685,8 @@ int main(int argc, char **argv)
             oom_check(); /* a deliberate failed cudaMalloc: skipped under compute-sanitizer */
         free_gpu();
         /* Every kernel variant on the IKBO ops (see lce.cu / attention.cu). */
-        const char *lv[] = {"1", "2", "3", "4", "5", "6", "9"};
-        for (int v = 0; v < 7; v++) {
+        const char *lv[] = {"1", "2", "3", "4", "5", "6", "9", "11"};
+        for (int v = 0; v < 8; v++) {
             make_backends(dtype_name, lv[v], "0");
             suite_lce();
             free_gpu();
