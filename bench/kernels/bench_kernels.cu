@@ -276,12 +276,13 @@ static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t
     int warm = profile ? 1 : 3, reps = profile ? 1 : quick ? 5 : 20;
 
     /* ours (each tile-shape variant; backend weights give cuBLAS its W too) */
-    const char *vars[] = {"0", "6", "11", "10", "8", "2", "1"};
-    const char *vname[] = {"auto (warp-specialized wgmma)", "wgmma k_lce_wg (older)",
-                           "warp-specialized, W shared by 2-CTA clusters",
-                           "diag: warp-specialized, no epilogue", "diag: k_lce_wg, no epilogue",
+    const char *vars[] = {"0", "6", "9", "13", "10", "8", "2", "1"};
+    const char *vname[] = {"auto (warp-specialized wgmma, 2-CTA clusters)", "wgmma k_lce_wg (older)",
+                           "warp-specialized, no clusters",
+                           "warp-specialized, 4-CTA clusters (W and E shared)",
+                           "diag: auto without epilogue", "diag: k_lce_wg, no epilogue",
                            "mma.sync 112x256", "simt"};
-    const int NV = 7;
+    const int NV = 8;
     double ours_ms[NV] = {0};
     double ours_err[NV] = {0};
     bk_backend *be0 = NULL;

@@ -435,8 +435,8 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
  *   both operands straight from shared memory (A = E^T read MN-major by its
  *   descriptor, no ldmatrix), one wgmma group in flight while the previous
  *   slot is released, so loads, barriers and MMAs overlap;
- * - epilogue per consumer: accumulators (seeded with the user term in
- *   fragment order, as in k_lce_wg) are rounded, staged half a tile at a
+ * - epilogue per consumer: accumulators plus the user term (fragment
+ *   order, as in k_lce_wg, loaded under the last MMAs) are rounded, staged half a tile at a
  *   time in a 128B-swizzled buffer of the warpgroup's own, and written with
  *   one TMA tensor store per half (rows past M clipped by TMA); meanwhile the
  *   producer is already filling the ring with the next tile's slices.
@@ -477,26 +477,36 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     const int KT = K > 0 ? (K + 63) / 64 : 1;
     /* CL = 2: a cluster of two CTAs takes the two d blocks of one (b, m
      * tile) "unit"; each CTA loads half of the W tile and multicasts it to
-     * both, so W crosses L2 once per unit. ntiles counts units. */
-    const int rank = CL == 2 ? (int)cluster_rank() : 0;
+     * both, so W crosses L2 once per unit. CL = 4: two d blocks x two m
+     * tiles; rank bit 0 picks the d block, bit 1 the m tile; W halves go to
+     * the CTA pair of one m tile, E halves (one warpgroup's 64 d each) to
+     * the pair of one d block. ntiles counts units. */
+    const int rank = CL > 1 ? (int)cluster_rank() : 0;
+    const int dr = rank & 1, mr = rank >> 1;
     const int unit0 = (int)blockIdx.x / CL, nunits = (int)gridDim.x / CL;
     const int mine = unit0 < ntiles ? (ntiles - 1 - unit0) / nunits + 1 : 0;
     auto decode = [&](int i, int &mt, int &dt, int &b) {
         int tt = unit0 + i * nunits;
-        mt = tt % MT;
-        tt /= MT;
-        dt = CL == 2 ? 2 * (tt % (DT / 2)) + rank : tt % DT;
-        b = CL == 2 ? tt / (DT / 2) : tt / DT;
+        if (CL == 4) {
+            mt = 2 * (tt % (MT / 2)) + mr;
+            tt /= MT / 2;
+        } else {
+            mt = tt % MT;
+            tt /= MT;
+        }
+        dt = CL > 1 ? 2 * (tt % (DT / 2)) + dr : tt % DT;
+        b = CL > 1 ? tt / (DT / 2) : tt / DT;
     };
 
     if (tid == 0) {
         for (int i = 0; i < STAGES; i++) {
             mbar_init(&full[i], 1);
-            mbar_init(&empty[i], 8 * CL); /* lane 0 of each consumer warp of the cluster */
+            /* lane 0 of each consumer warp of every CTA this one writes to */
+            mbar_init(&empty[i], CL == 4 ? 24 : 8 * CL);
         }
         mbar_fence_init();
     }
-    if (CL == 2)
+    if (CL > 1)
         cluster_sync();
     else
         __syncthreads();
@@ -518,13 +528,19 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
                 mbar_wait(&empty[slot], phase ^ 1);
                 unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
                 mbar_expect_tx(&full[slot], CFG::STAGE_BYTES);
-                if (CL == 2)
-                    tma_load_2d_mc(Ws + rank * (CFG::W_BYTES / 2), &tw, &full[slot], ks * 64,
-                                   m0 + rank * (BNM / 2), (uint16_t)3);
+                if (CL > 1)
+                    tma_load_2d_mc(Ws + dr * (CFG::W_BYTES / 2), &tw, &full[slot], ks * 64,
+                                   m0 + dr * (BNM / 2), (uint16_t)(3u << (2 * mr)));
                 else
                     tma_load_2d(Ws, &tw, &full[slot], ks * 64, m0);
-                tma_load_3d(Ws + CFG::W_BYTES, &te, &full[slot], d0, ks * 64, b);
-                tma_load_3d(Ws + CFG::W_BYTES + CFG::E_BYTES, &te, &full[slot], d0 + 64, ks * 64, b);
+                if (CL == 4) {
+                    tma_load_3d_mc(Ws + CFG::W_BYTES + mr * CFG::E_BYTES, &te, &full[slot],
+                                   d0 + 64 * mr, ks * 64, b, (uint16_t)(5u << dr));
+                } else {
+                    tma_load_3d(Ws + CFG::W_BYTES, &te, &full[slot], d0, ks * 64, b);
+                    tma_load_3d(Ws + CFG::W_BYTES + CFG::E_BYTES, &te, &full[slot], d0 + 64,
+                                ks * 64, b);
+                }
                 if (++slot == STAGES) {
                     slot = 0;
                     phase ^= 1;
@@ -547,33 +563,25 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     /* A slot is free once every consumer warp that reads it (both CTAs'
      * with CL = 2: the W half of each came from both producers) is done. */
     auto release = [&](int sl) {
-        if (CL == 2) {
-            mbar_arrive_cluster(&empty[sl], 0);
-            mbar_arrive_cluster(&empty[sl], 1);
-        } else {
-            mbar_arrive(&empty[sl]);
-        }
+        mbar_arrive(&empty[sl]);
+        if (CL > 1)
+            mbar_arrive_cluster(&empty[sl], (uint32_t)(rank ^ 1));
+        if (CL == 4)
+            mbar_arrive_cluster(&empty[sl], (uint32_t)(rank ^ 2));
     };
     for (int i = 0; i < mine; i++) {
         int mt, dt, b;
         decode(i, mt, dt, b);
         const int tile = (b * DT + dt) * MT + mt;
-        if (MODE == MODE_ADD) {
-            int ut = (map[b] * DT + dt) * MT + mt;
-            const float4 *src = (const float4 *)yf + (size_t)ut * NQ * 256 + ct;
+        /* The user term's tile (fragment order) is added after the MMAs, its
+         * loads issued under the last slice's wgmmas and the first half's
+         * stores, so no tile starts waiting on them. */
+        const float4 *ysrc =
+            MODE == MODE_ADD ? (const float4 *)yf + (size_t)((map[b] * DT + dt) * MT + mt) * NQ * 256 + ct
+                             : nullptr;
 #pragma unroll
-            for (int q = 0; q < NQ; q++) {
-                float4 v4 = __ldg(src + (size_t)q * 256);
-                acc[4 * q] = v4.x;
-                acc[4 * q + 1] = v4.y;
-                acc[4 * q + 2] = v4.z;
-                acc[4 * q + 3] = v4.w;
-            }
-        } else {
-#pragma unroll
-            for (int q = 0; q < BNM / 2; q++)
-                acc[q] = 0.0f;
-        }
+        for (int q = 0; q < BNM / 2; q++)
+            acc[q] = 0.0f;
         int prev = -1;
         for (int ks = 0; ks < KT; ks++) {
             mbar_wait(&full[slot], phase);
@@ -595,6 +603,12 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
                 slot = 0;
                 phase ^= 1;
             }
+        }
+        float4 u[NQ / 2];
+        if (MODE == MODE_ADD && EPI) {
+#pragma unroll
+            for (int q = 0; q < NQ / 2; q++)
+                u[q] = __ldg(ysrc + (size_t)q * 256);
         }
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
@@ -624,6 +638,21 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
             continue; /* a d block narrower than 128: this half is all padding */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
+            if (MODE == MODE_ADD) {
+#pragma unroll
+                for (int q = 0; q < NQ / 2; q++) {
+                    const int c = 4 * (r * (NQ / 2) + q);
+                    acc[c] += u[q].x;
+                    acc[c + 1] += u[q].y;
+                    acc[c + 2] += u[q].z;
+                    acc[c + 3] += u[q].w;
+                }
+                if (r == 0) {
+#pragma unroll
+                    for (int q = 0; q < NQ / 2; q++)
+                        u[q] = __ldg(ysrc + (size_t)(NQ / 2 + q) * 256);
+                }
+            }
             /* The staging buffer is free once the last store read it. */
             if (lead)
                 bulk_wait_read<0>();
@@ -654,7 +683,7 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         bulk_wait<0>();
     /* No CTA of a cluster leaves while its peer may still arrive on its
      * barriers. */
-    if (CL == 2)
+    if (CL > 1)
         cluster_sync();
 }
 
@@ -792,17 +821,17 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
     return 0;
 }
 
-/* How many clusters of two CTAs of `kern` fit on the device at once (the
+/* How many clusters of `cl` CTAs of `kern` fit on the device at once (the
  * persistent grid's size), asked once per kernel. */
-static int max_pairs(const void *kern, size_t smem, int sms)
+static int max_clusters(const void *kern, size_t smem, int sms, int cl)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = 2;
+    at.val.clusterDim.x = (unsigned)cl;
     at.val.clusterDim.y = 1;
     at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(sms & ~1));
+    cfg.gridDim = dim3((unsigned)(sms / cl * cl));
     cfg.blockDim = dim3(384);
     cfg.dynamicSmemBytes = smem;
     cfg.attrs = &at;
@@ -815,31 +844,42 @@ static int max_pairs(const void *kern, size_t smem, int sms)
     return n;
 }
 
+template <typename T, int MODE, int BNM, bool EPI>
+static void *ws_kernel(int cl)
+{
+    return cl == 4   ? (void *)k_lce_ws<T, MODE, BNM, EPI, 4>
+           : cl == 2 ? (void *)k_lce_ws<T, MODE, BNM, EPI, 2>
+                     : (void *)k_lce_ws<T, MODE, BNM, EPI, 1>;
+}
+
 template <typename T, int MODE, int BNM>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      float *yf, const int32_t *map, T *z, bk_err *err)
 {
     const int variant = cu_impl(s->be)->lce_variant, DT = (D + 127) / 128;
-    /* Variant 11: pairs of d blocks share W through a cluster of two CTAs
-     * (where D has an even number of 128-wide blocks). Measured slower on
-     * the H200 (0.66 vs 0.44 ms at the seed shape, also with one cluster
-     * per SM pair whatever the occupancy query says; bench/kernels/NOTES.md),
-     * so not the default. Variant 10 is a timing diagnostic with wrong results
-     * (bench only): no epilogue. */
-    const bool pair = variant == 11 && DT % 2 == 0;
-    void (*kern)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, float *, const int32_t *, int);
-    if (variant == 10)
-        kern = pair ? k_lce_ws<T, MODE, BNM, false, 2> : k_lce_ws<T, MODE, BNM, false, 1>;
-    else
-        kern = pair ? k_lce_ws<T, MODE, BNM, true, 2> : k_lce_ws<T, MODE, BNM, true, 1>;
+    const int MT = (M + BNM - 1) / BNM;
+    /* Clusters share operand tiles through TMA multicast: where D has an
+     * even number of 128-wide blocks, pairs of d blocks share W (auto, 10,
+     * 11): 0.44 -> 0.38 ms at the seed shape on the H200 (bench/RESULTS.md);
+     * variant 13 also pairs m tiles (clusters of 4, W and E shared); 9 never.
+     * Variant 10 is a timing diagnostic with wrong results (bench only): no
+     * epilogue. */
+    const int cl = variant == 9         ? 1
+                   : DT % 2 != 0         ? 1
+                   : variant == 13       ? (MT % 2 == 0 ? 4 : 2)
+                                         : 2;
+    typedef void (*kern_t)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, float *,
+                           const int32_t *, int);
+    kern_t kern = (kern_t)(variant == 10 ? ws_kernel<T, MODE, BNM, false>(cl)
+                                         : ws_kernel<T, MODE, BNM, true>(cl));
     const size_t smem = lcews_cfg<BNM>::SMEM;
-    long ntiles = (long)((M + BNM - 1) / BNM) * DT * nb;
+    long ntiles = (long)MT * DT * nb;
     if (ntiles >= (1L << 30)) {
         bk_seterr(err, "lce: %d x %d x %d is too large for one launch", nb, M, D);
         return -1;
     }
     CUtensorMap tw, te, tz;
-    if (lce_tmaps<T>(w, ldw, e, nb, K, M, D, MODE == MODE_USER ? nullptr : z, BNM, pair ? 2 : 1,
+    if (lce_tmaps<T>(w, ldw, e, nb, K, M, D, MODE == MODE_USER ? nullptr : z, BNM, cl > 1 ? 2 : 1,
                      &tw, &te, &tz, err))
         return -1;
     if (MODE == MODE_USER)
@@ -847,35 +887,35 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     if (cu_smem_limit(s, (const void *)kern, (int)smem, err))
         return -1;
     const int sms = cu_impl(s->be)->sm_count;
-    if (!pair) {
+    if (cl == 1) {
         unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
         kern<<<grid, lcews_cfg<BNM>::THREADS, smem, s->st>>>(tw, te, tz, K, M, D, yf, map,
                                                               (int)ntiles);
         return cu_check_launch(err, "lce (wgmma, warp-specialized)");
     }
-    static int fit; /* per instantiation; a benign race writes the same value */
-    if (!fit)
-        fit = max_pairs((const void *)kern, smem, sms);
-    if (fit <= 0) {
-        bk_seterr(err, "lce: no cluster of two %zu-byte CTAs fits on the device", smem);
+    static int fit[5]; /* per instantiation and cluster size; benign race, same value */
+    if (!fit[cl])
+        fit[cl] = max_clusters((const void *)kern, smem, sms, cl);
+    if (fit[cl] <= 0) {
+        bk_seterr(err, "lce: no cluster of %d %zu-byte CTAs fits on the device", cl, smem);
         return -1;
     }
-    long units = ntiles / 2;
+    long units = ntiles / cl;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = 2;
+    at.val.clusterDim.x = (unsigned)cl;
     at.val.clusterDim.y = 1;
     at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(2 * (units < fit ? units : fit)));
+    cfg.gridDim = dim3((unsigned)(cl * (units < fit[cl] ? units : fit[cl])));
     cfg.blockDim = dim3(lcews_cfg<BNM>::THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s->st;
     cfg.attrs = &at;
     cfg.numAttrs = 1;
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, te, tz, K, M, D, yf, map, (int)units),
-           "lce (wgmma, warp-specialized, clusters of 2)");
-    return cu_check_launch(err, "lce (wgmma, warp-specialized, clusters of 2)");
+           "lce (wgmma, warp-specialized, clusters)");
+    return cu_check_launch(err, "lce (wgmma, warp-specialized, clusters)");
 }
 
 /* Both GEMMs on wgmma: the user term in fragment order (see k_lce_wg). */
@@ -942,10 +982,12 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
 }
 
 /* Variants (IKBO_CUDA_LCE): 0 automatic (warp-specialized wgmma where M and
- * D are large enough, else mma.sync), 1 SIMT, 2 mma.sync (automatic tile),
- * 3/4/5 mma.sync 112x256 / 128x128 / 64x128, 6 the older wgmma kernel
- * (k_lce_wg) wherever it applies, 9 the warp-specialized one wherever it
- * applies, 11 the same with W shared by clusters of two CTAs; 7, 8 and 10 are bench-only timing diagnostics with wrong results
+ * D are large enough, with W shared by 2-CTA clusters where D has an even
+ * number of 128-wide blocks; else mma.sync), 1 SIMT, 2 mma.sync (automatic
+ * tile), 3/4/5 mma.sync 112x256 / 128x128 / 64x128, 6 the older wgmma kernel
+ * (k_lce_wg) wherever it applies, 9 the warp-specialized one without
+ * clusters wherever it applies, 11 the same with clusters, 13 with
+ * clusters of 4 where M also has an even number of tiles; 7, 8 and 10 are bench-only timing diagnostics with wrong results
  * (k_lce_wg without the user term / without the epilogue; k_lce_ws without
  * the epilogue). */
 template <typename T>

@@ -95,6 +95,15 @@ __device__ __forceinline__ void tma_load_2d_mc(void *dst, const CUtensorMap *map
                  : "memory");
 }
 
+__device__ __forceinline__ void tma_load_3d_mc(void *dst, const CUtensorMap *map, uint64_t *bar,
+                                               int c0, int c1, int c2, uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
+                 "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+                 : "memory");
+}
+
 /* Clusters: this CTA's rank, an arrival on the barrier at `bar`'s offset
  * in CTA `rank`, and a barrier among all (non-exited) threads of the
  * cluster. */
@@ -105,12 +114,15 @@ __device__ __forceinline__ uint32_t cluster_rank()
     return r;
 }
 
+/* Default (.release.cta) semantics: enough for "slot empty" signals, whose
+ * reads were async-proxy wgmma reads already waited for. The .release.cluster
+ * form costs a MEMBAR.ALL.GPU per arrival (ncu: over half of the LCE
+ * cluster kernel's warp samples). */
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, uint32_t rank)
 {
     uint32_t remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(bar)), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-                 : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 __device__ __forceinline__ void cluster_sync()

@@ -575,6 +575,9 @@ static void suite_lce(void)
         int c5[] = {7, 1, 9};
         test_lce(3, c5, 70, 130, 300, 96);
         test_lce(3, c5, 65, 3, 64, 136);
+        /* Two m tiles x four d blocks (clusters of 2 and 4), a user with no
+         * candidates. */
+        test_lce(4, c4, 30, 20, 250, 512);
     }
 }
 
@@ -634,7 +637,7 @@ static int make_backends(const char *dtype, const char *lce_v, const char *att_v
      * reads), IKBO_TEST_NO_WGMMA maps the wgmma variants to mma.sync. */
     if (getenv("IKBO_TEST_NO_WGMMA")) {
         if (!strcmp(lce_v, "0") || !strcmp(lce_v, "6") || !strcmp(lce_v, "9") ||
-            !strcmp(lce_v, "11"))
+            !strcmp(lce_v, "11") || !strcmp(lce_v, "13"))
             lce_v = "2";
         if (!strcmp(att_v, "0"))
             att_v = "2";
@@ -685,8 +688,8 @@ int main(int argc, char **argv)
             oom_check(); /* a deliberate failed cudaMalloc: skipped under compute-sanitizer */
         free_gpu();
         /* Every kernel variant on the IKBO ops (see lce.cu / attention.cu). */
-        const char *lv[] = {"1", "2", "3", "4", "5", "6", "9", "11"};
-        for (int v = 0; v < 8; v++) {
+        const char *lv[] = {"1", "2", "3", "4", "5", "6", "9", "11", "13"};
+        for (int v = 0; v < 9; v++) {
             make_backends(dtype_name, lv[v], "0");
             suite_lce();
             free_gpu();
