@@ -41,14 +41,29 @@
 
 /* One block. A run is a maximal range of candidates with one user; each run
  * gives ceil(run_rows / bm) tiles. Runs are found where map changes, their
- * ends by binary search (map is sorted), and tile slots by a block scan. */
+ * ends by binary search (map is sorted), and tile slots by a block scan.
+ * With map_smem (nc <= ATT_MAP_SMEM) the map is first copied to shared
+ * memory, so the searches' dependent loads do not go to L2 (at C = 2048 the
+ * table took a visible share of the attention op: bench/kernels/NOTES.md).
+ * The attention kernel is launched as its programmatic dependent: it may
+ * start (barrier setup) while this runs and waits for it before reading the
+ * table (griddepcontrol). */
+#define ATT_MAP_SMEM 12288 /* ints: 48 KiB, the default dynamic limit */
 __global__ void __launch_bounds__(1024)
-k_att_tiles(const int32_t *__restrict__ map, int nc, int tq, int bm, int4 *__restrict__ tiles,
-            int *__restrict__ ntiles, int cap)
+k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__restrict__ tiles,
+            int *__restrict__ ntiles, int cap, int map_smem)
 {
+    extern __shared__ int map_s[];
     __shared__ int warp_sum[32];
     __shared__ int carry_s;
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+    const int32_t *map = map_g;
+    if (map_smem) {
+        for (int i = tid; i < nc; i += blockDim.x)
+            map_s[i] = map_g[i];
+        map = map_s;
+    }
     if (tid == 0)
         carry_s = 0;
     __syncthreads();
@@ -349,6 +364,9 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
     constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
     static_assert(BM == BN, "Q and K/V tiles share the copy layout");
     const int hd = heads * DH;
+    /* Launched as the tile table's programmatic dependent: wait for it (a
+     * no-op when launched plainly). */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     const long W = (long)*ntiles * heads;
 
     extern __shared__ unsigned char smem_raw[];
@@ -784,7 +802,9 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         return -1;
     int *ntiles = (int *)s->att_tile.p;
     int4 *tiles = (int4 *)((char *)s->att_tile.p + 16);
-    k_att_tiles<<<1, 1024, 0, s->st>>>(map, nc, tq, ATT_BM, tiles, ntiles, (int)cap);
+    const int map_smem = nc <= ATT_MAP_SMEM;
+    k_att_tiles<<<1, 1024, map_smem ? (size_t)nc * sizeof(int) : 0, s->st>>>(
+        map, nc, tq, ATT_BM, tiles, ntiles, (int)cap, map_smem);
     if (cu_check_launch(err, "attention tile table"))
         return -1;
     float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
@@ -809,9 +829,19 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         /* Persistent: one CTA per SM (or per work item, if fewer). */
         long work = cap * heads, sms = cu_impl(s->be)->sm_count;
         unsigned pgrid = (unsigned)(work < sms ? work : sms);
-        kern<<<pgrid, attw_cfg<DH>::NT, attw_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles,
-                                                                     heads, scale_log2, o, lbo, sbo,
-                                                                     flags);
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at.val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3(pgrid);
+        cfg.blockDim = dim3(attw_cfg<DH>::NT);
+        cfg.dynamicSmemBytes = attw_cfg<DH>::SMEM;
+        cfg.stream = s->st;
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        CU_TRY(cudaLaunchKernelEx(&cfg, kern, q, k, v, off, (const int4 *)tiles,
+                                  (const int *)ntiles, heads, scale_log2, o, lbo, sbo, flags),
+               "attention (wgmma)");
         return cu_check_launch(err, "attention (wgmma)");
     } else {
         auto kern = k_att_tc<T, DH>;
