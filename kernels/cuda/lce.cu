@@ -12,9 +12,14 @@
  * whole batch, one E block per batch item).
  *
  * Kernels, fastest first (IKBO_CUDA_LCE picks one for tests and benches):
- * - wgmma (Hopper, bf16/fp16, M >= 64 and D >= 64, D % 8 == 0, 16-byte
- *   aligned operands): see k_lce_wg; the user term is kept in the
- *   accumulator fragment order and seeds the candidate accumulators.
+ * - warp-specialized wgmma (Hopper, bf16/fp16, M >= 64 and D >= 64,
+ *   D % 8 == 0, 16-byte aligned operands): see k_lce_ws; a TMA producer
+ *   thread and two consumer warpgroups, W shared by 2-CTA clusters where D
+ *   has an even number of 128-wide blocks; the user term is kept in the
+ *   accumulator fragment order and added before the one rounding.
+ * - the older wgmma kernel (same conditions): see k_lce_wg; copies issued
+ *   by the compute warps, block-wide barrier per slice; the user term seeds
+ *   the candidate accumulators. It also serves launches with K = 0.
  * - mma.sync m16n8k16 (bf16/fp16, D % 8 == 0): 4-stage cp.async pipeline,
  *   padded shared rows for conflict-free ldmatrix; user term dense
  *   [U, M, D] fp32, added in the epilogue.
