@@ -225,6 +225,19 @@ typedef lce_cfg<2, 4, 2, 4, 2> cfg_s;
  * consumed (two halves) and writes Z with coalesced 16-byte stores. */
 enum { MODE_USER = 0, MODE_ADD = 1, MODE_PLAIN = 2 };
 
+/* Epilogue helper of both wgmma kernels. In an m64nN fp32 accumulator
+ * fragment, lanes g and g^1 (g = lane / 4) hold rows d, d+1 of columns m,
+ * m+1 (n8 block j, row half h); one swap gives each lane (d, d+1) of one
+ * column: m = 8j + 2t + (g & 1), d = 16 * warp + (g & ~1) + 8h. */
+__device__ __forceinline__ void col_pair(const float *acc, int j, int h, int g, float &p0,
+                                         float &p1)
+{
+    float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+    float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
+    p0 = (g & 1) ? recv : v0;
+    p1 = (g & 1) ? v1 : recv;
+}
+
 template <int BNM> struct lcew_cfg {
     static constexpr int BD = 128, BK = 64, STAGES = 4, THREADS = 256;
     static constexpr int LDE = BD + 8;                  /* [k][d] rows, 272 B */
@@ -395,11 +408,8 @@ k_lce_wg(const T *__restrict__ w, int ldw, const T *__restrict__ e, int nb, int 
                 for (int j = r * (BNM / 16); j < (r + 1) * (BNM / 16); j++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        /* Lanes g, g^1 hold d, d+1 of columns m, m+1: swap one
-                         * value so each lane owns (d, d+1) of one column. */
-                        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                        float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
-                        float p0 = (g & 1) ? recv : v0, p1 = (g & 1) ? v1 : recv;
+                        float p0, p1;
+                        col_pair(acc, j, h, g, p0, p1);
                         int ml = 8 * j + 2 * t + (g & 1) - r * (BNM / 2);
                         int dl = wg * 64 + wq * 16 + (g & ~1) + 8 * h;
                         *(uint32_t *)(Ws + (ml * LDO + dl) * 2) = pack2<T>(p0, p1);
@@ -666,11 +676,8 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
             for (int j = r * (NQ / 2); j < (r + 1) * (NQ / 2); j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    /* Lanes g, g^1 hold d, d+1 of columns m, m+1: swap one
-                     * value so each lane owns (d, d+1) of one column. */
-                    float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                    float recv = __shfl_xor_sync(0xffffffffu, (g & 1) ? v0 : v1, 4);
-                    float p0 = (g & 1) ? recv : v0, p1 = (g & 1) ? v1 : recv;
+                    float p0, p1;
+                    col_pair(acc, j, h, g, p0, p1);
                     int ml = 8 * j + 2 * t + (g & 1) - r * HALF;
                     int dl = wq * 16 + (g & ~1) + 8 * h;
                     *(uint32_t *)(stg + ml * 128 + (((dl >> 3) ^ (ml & 7)) << 4) + (dl & 7) * 2) =
