@@ -814,10 +814,10 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
          * ping-pong between the consumer warpgroups, 'o' no overlap of
          * softmax with the warpgroup's own P V, 'f' no L2 prefetch of Q, 's'
          * 4-byte output stores even where 16-byte ones could be used. */
-        const char *dg = getenv("IKBO_ATT_WG_DIAG");
-        bool no_pp = dg && strchr(dg, 'p'), no_ov = dg && strchr(dg, 'o');
-        int flags = (dg && strchr(dg, 'f') ? 0 : ATTW_PREFETCH_Q) |
-                    ((uintptr_t)o % 16 == 0 && !(dg && strchr(dg, 's')) ? ATTW_VEC_STORE : 0);
+        const char *dg = cu_impl(s->be)->att_diag; /* read at backend creation */
+        bool no_pp = strchr(dg, 'p'), no_ov = strchr(dg, 'o');
+        int flags = (strchr(dg, 'f') ? 0 : ATTW_PREFETCH_Q) |
+                    ((uintptr_t)o % 16 == 0 && !strchr(dg, 's') ? ATTW_VEC_STORE : 0);
         auto kern = no_pp ? (no_ov ? k_att_wg<T, DH, false, false> : k_att_wg<T, DH, false, true>)
                           : (no_ov ? k_att_wg<T, DH, true, false> : k_att_wg<T, DH, true, true>);
         if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))

@@ -1200,6 +1200,8 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     cb->smem_optin = prop.sharedMemPerBlockOptin;
     cb->lce_variant = env_int("IKBO_CUDA_LCE", 0);
     cb->att_variant = env_int("IKBO_CUDA_ATTN", 0);
+    const char *diag = getenv("IKBO_ATT_WG_DIAG");
+    snprintf(cb->att_diag, sizeof cb->att_diag, "%s", diag ? diag : "");
     be->name = "cuda";
     be->act_size = dt == CU_F32 ? 4 : 2;
     be->impl = cb;

@@ -35,9 +35,12 @@ typedef struct cuda_backend {
     int sm_count;
     size_t smem_optin; /* max dynamic shared memory per block */
     /* Kernel choice, from IKBO_CUDA_LCE / IKBO_CUDA_ATTN at creation (tests
-     * and benchmarks compare variants): 0 automatic, 1 the SIMT kernel
-     * everywhere, 2 the tensor-core kernel wherever it applies. */
+     * and benchmarks compare variants; lce.cu and attention.cu list them):
+     * 0 automatic, 1 the SIMT kernel everywhere, 2 the tensor-core kernel
+     * wherever it applies. att_diag: IKBO_ATT_WG_DIAG at creation, the
+     * letters of the wgmma attention kernel's timing diagnostics. */
     int lce_variant, att_variant;
+    char att_diag[16];
     pthread_mutex_t lock; /* guards stats and smem_fn */
     bk_stats stats;
     /* Kernels whose dynamic shared memory limit was already raised on this
