@@ -31,10 +31,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <cudaTypedefs.h>
+
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/tma_util.cuh"
-
-#include <cudaTypedefs.h>
 
 #define WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace per stream (Hopper advice) */
 #define MIN_ALLOC 256

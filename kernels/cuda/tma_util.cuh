@@ -5,7 +5,7 @@
  * Why this exists: a producer warp that issues TMA copies into a ring of
  * shared-memory stages, and consumer warpgroups that wait on a stage's
  * "full" mbarrier and release it through its "empty" mbarrier, keep the
- * tensor cores fed without block-wide barriers (lce.cu). One copy of the
+ * tensor cores fed without block-wide barriers (lce.cu, attention.cu). One copy of the
  * inline PTX (PTX ISA: mbarrier, cp.async.bulk.tensor, bar.sync), used by
  * every kernel that pipelines this way.
  *
@@ -154,19 +154,6 @@ __device__ __forceinline__ void named_bar_sync(int id, int n)
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-/* ------------------------------------------------------------------ host */
-
-/* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
- * runtime so that nothing links libcuda directly). dims/strides innermost
- * first; strides[i] is the byte stride of dimension i + 1 (rank - 1 of
- * them, multiples of 16). Returns 0 or a CUresult. */
-int cu_tmap_encode(CUtensorMap *map, CUtensorMapDataType dt, int rank, const void *base,
-                   const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
-                   CUtensorMapSwizzle swizzle);
-
-
-/* ---- appended for attention.cu (warp-specialized flash kernel) ---- */
-
 /* Arrival on `bar` once all of this thread's earlier cp.async copies have
  * landed; .noinc: the arrival counts against the barrier's expected count
  * (init it with the number of threads that do this). */
@@ -183,7 +170,6 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n)
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
-
 /* Register budget of this warpgroup (all its threads execute it); takes
  * effect under a register cap at entry (__launch_bounds__(n, 1)). */
 template <int N> __device__ __forceinline__ void setmaxnreg_dec()
@@ -195,11 +181,20 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc()
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-
 /* Bulk prefetch of `bytes` (a multiple of 16, 16-byte aligned) into L2. */
 __device__ __forceinline__ void bulk_prefetch_l2(const void *g, uint32_t bytes)
 {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes) : "memory");
 }
+
+/* ------------------------------------------------------------------ host */
+
+/* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
+ * runtime so that nothing links libcuda directly). dims/strides innermost
+ * first; strides[i] is the byte stride of dimension i + 1 (rank - 1 of
+ * them, multiples of 16). Returns 0 or a CUresult. */
+int cu_tmap_encode(CUtensorMap *map, CUtensorMapDataType dt, int rank, const void *base,
+                   const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                   CUtensorMapSwizzle swizzle);
 
 #endif
