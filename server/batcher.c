@@ -665,6 +665,7 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ns
 static void *dispatcher_main(void *arg)
 {
     batcher *b = arg;
+    log_thread_name("ikbo-batch", -1);
     pthread_mutex_lock(&b->mu);
     for (;;) {
         int64_t now = now_ns();
@@ -776,6 +777,7 @@ static void *instance_main(void *arg)
 {
     instance *in = arg;
     batcher *b = in->b;
+    log_thread_name("ikbo-inst", in->index);
     pthread_mutex_lock(&b->mu);
     for (;;) {
         b->idle_instances++;
@@ -1193,6 +1195,7 @@ static void reap(batcher_set *s, int all)
 static void *reaper_main(void *arg)
 {
     batcher_set *s = arg;
+    log_thread_name("ikbo-reaper", -1);
     pthread_mutex_lock(&s->rmu);
     while (!s->stop) {
         int64_t until = now_ns() + (int64_t)REAP_INTERVAL_MS * 1000000;

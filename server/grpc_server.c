@@ -349,6 +349,7 @@ static void handle_unknown(call *c)
 static void *worker_main(void *arg)
 {
     worker *w = arg;
+    log_thread_name("ikbo-grpc", w->index);
     for (;;) {
         grpc_event ev =
             grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);

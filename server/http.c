@@ -463,6 +463,7 @@ not_allowed:
 static void *http_main(void *arg)
 {
     http_server *h = arg;
+    log_thread_name("ikbo-http", -1);
     event_base_dispatch(h->base);
     return NULL;
 }

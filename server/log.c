@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 /* Process log settings: written once by log_setup before threads start,
@@ -266,4 +267,14 @@ void log_msg(enum log_level level, const char *event, const char *fmt, ...)
     va_end(ap);
     log_str(&ln, "msg", v);
     log_end(&ln);
+}
+
+void log_thread_name(const char *prefix, int index)
+{
+    char name[16];
+    if (index < 0)
+        snprintf(name, sizeof name, "%s", prefix);
+    else
+        snprintf(name, sizeof name, "%s%d", prefix, index);
+    (void)prctl(PR_SET_NAME, name, 0, 0, 0);
 }

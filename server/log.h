@@ -59,4 +59,9 @@ void log_msg(enum log_level level, const char *event, const char *fmt, ...)
 
 const char *log_level_name(enum log_level level);
 
+/* Names the calling thread "<prefix><index>" (index < 0: no number; cut to
+ * the kernel's 15 bytes), so top -H, ps -L and /proc/<pid>/task/<tid>/comm
+ * tell the server's threads apart. Best effort: failure is ignored. */
+void log_thread_name(const char *prefix, int index);
+
 #endif

@@ -925,6 +925,7 @@ int registry_poll_once(registry *r, int trusted) { return pass(r, trusted); }
 static void *worker_main(void *p)
 {
     registry *r = p;
+    log_thread_name("ikbo-models", -1);
     int ready = pass(r, 1);
     char why[600];
     if (registry_all_ready(r, why, sizeof why))

@@ -94,6 +94,15 @@ def main():
         client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
         overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
         outside_server = (1 - server_ms / client_ms) if (server_ms is not None and client_ms) else None
+        busiest = None
+        tpath = os.path.join(a.dir, tag + ".closed.threads.json")
+        if os.path.exists(tpath):
+            procs = json.load(open(tpath))["processes"]
+            # server threads over 20% of a core, then the loadgen's total
+            busiest = ", ".join("%s %.0f%%" % (t["thread"], t["cpu_pct"])
+                                for t in procs[0]["threads"] if t["cpu_pct"] >= 20) or "none over 20%"
+            if len(procs) > 1:
+                busiest += "; loadgen %.0f%%" % procs[1]["cpu_pct"]
         errors = sum(v for k, v in cj["codes"].items() if k != "OK") + \
             sum(v for k, v in oj["codes"].items() if k != "OK")
         rows.append(dict(mode=mode, users=int(u), cands=int(c), cands_per_req=cj["shape"]["mean_candidates"],
@@ -105,7 +114,7 @@ def main():
                          p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
                          server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
                          overhead=overhead, outside_server=outside_server, errors=errors,
-                         unsent=oj.get("unsent", 0)))
+                         unsent=oj.get("unsent", 0), busiest=busiest))
     order = {"ikbo": 0, "broadcast": 1}
     rows.sort(key=lambda r: (order.get(r["mode"], 9), r["users"], r["cands"]))
     out = []
@@ -141,6 +150,12 @@ def main():
                 out.append("| %d | %d | %.0f | %.0f | %.2fx | %.2f | %.2f |" % (
                     p[0], p[1], i["sat_cps"], b["sat_cps"], i["sat_cps"] / b["sat_cps"] if b["sat_cps"] else 0,
                     i["p99"], b["p99"]))
+        out.append("")
+    if any(r["busiest"] for r in rows):
+        out.append("| mode | users/req | cands/user | threads at saturation (CPU % of one core) |")
+        out.append("|---|---:|---:|---|")
+        for r in rows:
+            out.append("| %s | %d | %d | %s |" % (r["mode"], r["users"], r["cands"], r["busiest"] or "n/a"))
         out.append("")
     notes = []
     if compute_name is None:

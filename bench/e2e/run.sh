@@ -8,6 +8,8 @@
 #      at saturation (requests/s, candidates/s);
 #   2. open loop at --fraction (default 0.5) of that throughput: p50/p99
 #      latency from the intended send times (no coordinated omission);
+#      During it, bench/e2e/thread_cpu.py samples the CPU use of every
+#      server and loadgen thread (which one is the bottleneck);
 #   3. /metrics before/after each run: mean server time per request and, when
 #      the daemon exports a forward-pass (compute) time histogram, the share
 #      of request latency spent outside the forward pass (server overhead).
@@ -106,9 +108,17 @@ start_daemon() { # mode -> sets GRPC, HTTP
 loadgen() { # tag, args... -> $OUT/tag.json, metrics snapshots around it
   local tag=$1; shift
   curl -fs "http://$HTTP/metrics" >"$OUT/$tag.before.prom"
-  local rc=0
+  local rc=0 lpid spid=""
   "$LOADGEN" --target "$GRPC" --model "$MODEL" --json --timeout-ms "$TIMEOUT_MS" \
-    --threads "$LG_THREADS" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" || rc=$?
+    --threads "$LG_THREADS" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" &
+  lpid=$!
+  if [ "${tag%.closed}" != "$tag" ]; then  # at saturation: CPU per thread, server and loadgen
+    ( sleep "$WARMUP"; exec $PY "$ROOT/bench/e2e/thread_cpu.py" --seconds "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')" \
+        --json "$OUT/$tag.threads.json" "$SERVE_PID" "$lpid" >/dev/null 2>&1 ) &
+    spid=$!
+  fi
+  wait "$lpid" || rc=$?
+  [ -z "$spid" ] || wait "$spid" || true
   curl -fs "http://$HTTP/metrics" >"$OUT/$tag.after.prom"
   if [ $rc -ge 2 ]; then cat "$OUT/$tag.err" >&2; die "ikbo-loadgen failed for $tag"; fi
   [ $rc -eq 0 ] || echo "  note: $tag had failed calls: $($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["codes"], j["first_error"])' "$OUT/$tag.json")" >&2

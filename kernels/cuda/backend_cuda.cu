@@ -146,6 +146,21 @@ static cu_prof_stat *prof_stat(cu_prof *p, const char *name)
     return &p->st[p->nst++];
 }
 
+/* The profile's name for one shape of an op: interned, so the report keeps
+ * each shape apart; the plain op name once the table is full. */
+static const char *prof_shape_name(cu_prof *p, const char *op, int rows, int in, int out)
+{
+    char nm[40];
+    snprintf(nm, sizeof nm, "%s %dx%d>%d", op, rows, in, out);
+    for (int k = 0; k < p->n_shape; k++)
+        if (!strcmp(p->shape_name[k], nm))
+            return p->shape_name[k];
+    if (p->n_shape == CU_PROF_NAMES)
+        return op;
+    memcpy(p->shape_name[p->n_shape], nm, sizeof nm);
+    return p->shape_name[p->n_shape++];
+}
+
 /* The stream is idle: read the batch's events and add them up. A batch of
  * nothing but sync calls (a second sync after download_f32) is folded into
  * the previous batch rather than counted as one. */
@@ -207,11 +222,11 @@ static void prof_report(bk_stream *s)
     }
     double b = (double)p->batches, host = 0;
     fprintf(stderr, "cuda profile: %ld batches, per batch:\n", p->batches);
-    fprintf(stderr, "  %-18s %7s %10s %10s\n", "op", "calls", "host us", "gpu us");
+    fprintf(stderr, "  %-28s %7s %10s %10s\n", "op", "calls", "host us", "gpu us");
     for (int k = 0; k < p->nst; k++) {
         cu_prof_stat *st = &p->st[k];
         host += st->host_us;
-        fprintf(stderr, "  %-18s %7.1f %10.1f %10.1f\n", st->name, st->calls / b,
+        fprintf(stderr, "  %-28s %7.1f %10.1f %10.1f\n", st->name, st->calls / b,
                 st->host_us / b, st->gpu_us / b);
     }
     fprintf(stderr,
@@ -996,17 +1011,53 @@ static void algo_release(cu_algo_entry *e)
     memset(e, 0, sizeof *e);
 }
 
+#define LT_TUNE_MAX 16
+
+/* Times one candidate algorithm on the call's own operands (y is written,
+ * the real call follows): the mean of 3 runs after one warm-up, in us, or
+ * -1 when cuBLASLt refuses it. */
+static float algo_time(bk_stream *s, cu_algo_entry *e, const cublasLtMatmulAlgo_t *algo,
+                       const void *w, const void *x, void *y)
+{
+    float alpha = 1.0f, beta = 0.0f, ms = -1.0f;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess)
+        goto out;
+    for (int r = 0; r < 4; r++) {
+        if (r == 1)
+            cudaEventRecord(ev[0], s->st);
+        if (cublasLtMatmul(s->lt, e->op, &alpha, w, e->la, x, e->lb, &beta, y, e->ld, y, e->ld,
+                           algo, s->ws, s->ws_size, s->st) != CUBLAS_STATUS_SUCCESS)
+            goto out;
+    }
+    cudaEventRecord(ev[1], s->st);
+    if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&ms, ev[0], ev[1]))
+        ms = -1.0f;
+    else
+        ms = ms * 1e3f / 3.0f;
+out:
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    (void)cudaGetLastError();
+    return ms;
+}
+
 /* Makes e's descriptors and asks the heuristic once for its shape:
- * column-major view y^T [m, n] = W (col-major [k, m])^T x^T. */
-static int algo_plan(bk_stream *s, cu_algo_entry *e, bk_err *err)
+ * column-major view y^T [m, n] = W (col-major [k, m])^T x^T. With
+ * IKBO_CUDA_LT_TUNE = N > 1 it times the heuristic's first N candidates on
+ * this call's operands (bias already set) and keeps the fastest. */
+static int algo_plan(bk_stream *s, cu_algo_entry *e, const void *bias, const void *w,
+                     const void *x, void *y, bk_err *err)
 {
     enum cu_dtype dt = (enum cu_dtype)e->dtype;
     cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)e->epi;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
+    cublasLtMatmulHeuristicResult_t res[LT_TUNE_MAX];
+    int tune = cu_impl(s->be)->lt_tune, found = 0, best = 0;
+    if (tune < 1) tune = 1;
+    if (tune > LT_TUNE_MAX) tune = LT_TUNE_MAX;
     uint32_t a32 = (uint32_t)e->align_a, b32 = (uint32_t)e->align_b, d32 = (uint32_t)e->align_d;
     e->op = NULL;
     e->la = e->lb = e->ld = NULL;
@@ -1017,6 +1068,10 @@ static int algo_plan(bk_stream *s, cu_algo_entry *e, bk_err *err)
              "transb");
     BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
              "epilogue");
+    if (bias)
+        BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias),
+                 "bias");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->la, ty, e->k, e->m, e->lda), "layout W");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->lb, ty, e->k, e->n, e->ldb), "layout x");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->ld, ty, e->m, e->n, e->ldd), "layout y");
@@ -1036,8 +1091,8 @@ static int algo_plan(bk_stream *s, cu_algo_entry *e, bk_err *err)
     BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &d32, sizeof d32),
              "alignment D");
-    BLAS_TRY(cublasLtMatmulAlgoGetHeuristic(s->lt, e->op, e->la, e->lb, e->ld, e->ld, pref, 1, &res,
-                                            &found),
+    BLAS_TRY(cublasLtMatmulAlgoGetHeuristic(s->lt, e->op, e->la, e->lb, e->ld, e->ld, pref, tune,
+                                            res, &found),
              "heuristic");
     if (found < 1) {
         bk_seterr(err, "cublasLt: no algorithm for linear [%d x %d] x [%d x %d]^T", e->n, e->k,
@@ -1045,7 +1100,23 @@ static int algo_plan(bk_stream *s, cu_algo_entry *e, bk_err *err)
         goto fail;
     }
     cublasLtMatmulPreferenceDestroy(pref);
-    e->algo = res.algo;
+    if (found > 1) {
+        float t_best = -1.0f, t[LT_TUNE_MAX];
+        for (int i = 0; i < found; i++) {
+            t[i] = algo_time(s, e, &res[i].algo, w, x, y);
+            if (t[i] >= 0 && (t_best < 0 || t[i] < t_best)) {
+                t_best = t[i];
+                best = i;
+            }
+        }
+        if (s->prof) {
+            fprintf(stderr, "lt tune linear %dx%d>%d:", e->n, e->k, e->m);
+            for (int i = 0; i < found; i++)
+                fprintf(stderr, " %s%.1f", i == best ? "*" : "", t[i]);
+            fprintf(stderr, " us\n");
+        }
+    }
+    e->algo = res[best].algo;
     return 0;
 fail:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -1056,8 +1127,8 @@ fail:
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
-    cu_prof_scope prof_(s, "linear");
     int out = w->rows, in = w->cols;
+    cu_prof_scope prof_(s, s->prof ? prof_shape_name(s->prof, "linear", rows, in, out) : "linear");
     if (rows <= 0 || out <= 0)
         return 0;
     if (act != BK_ACT_NONE && act != BK_ACT_RELU && act != BK_ACT_SIGMOID) {
@@ -1101,7 +1172,7 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
                 hit = e;
         }
         if (!hit) {
-            if (algo_plan(s, &key, err))
+            if (algo_plan(s, &key, bias ? bias->data : NULL, w->data, x, y, err))
                 return -1;
             hit = &s->algos[s->algo_next];
             s->algo_next = (s->algo_next + 1) % CU_ALGO_CACHE;
@@ -1200,6 +1271,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     cb->smem_optin = prop.sharedMemPerBlockOptin;
     cb->lce_variant = env_int("IKBO_CUDA_LCE", 0);
     cb->att_variant = env_int("IKBO_CUDA_ATTN", 0);
+    cb->lt_tune = env_int("IKBO_CUDA_LT_TUNE", 0);
     const char *diag = getenv("IKBO_ATT_WG_DIAG");
     snprintf(cb->att_diag, sizeof cb->att_diag, "%s", diag ? diag : "");
     be->name = "cuda";

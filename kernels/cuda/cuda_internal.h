@@ -41,6 +41,10 @@ typedef struct cuda_backend {
      * letters of the wgmma attention kernel's timing diagnostics. */
     int lce_variant, att_variant;
     char att_diag[16];
+    /* IKBO_CUDA_LT_TUNE at creation: how many of cuBLASLt's heuristic
+     * candidates a new linear shape times before keeping the fastest
+     * (0/1 = the heuristic's first, no timing). */
+    int lt_tune;
     pthread_mutex_t lock; /* guards stats and smem_fn */
     bk_stats stats;
     /* Kernels whose dynamic shared memory limit was already raised on this
@@ -88,7 +92,7 @@ typedef struct cu_pinned {
  * the batch's events are read and summed per op, and stream_free prints the
  * per-batch means to stderr. Off: one branch per op. */
 #define CU_PROF_MAX 512
-#define CU_PROF_NAMES 32
+#define CU_PROF_NAMES 64
 typedef struct cu_prof_stat {
     const char *name;
     double calls, host_us, gpu_us;
@@ -106,6 +110,10 @@ typedef struct cu_prof {
     double wall_us, span_us, busy_us;
     cu_prof_stat st[CU_PROF_NAMES];
     int nst;
+    /* Per-shape op names ("linear 1120x16>190464"), so a batch's linears
+     * are reported one by one; they live as long as the profile. */
+    char shape_name[CU_PROF_NAMES][40];
+    int n_shape;
 } cu_prof;
 
 struct bk_stream {
