@@ -66,7 +66,7 @@ LIBIKBO := $(BUILD)/libikbo.a
 .SECONDARY:
 
 all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader \
-     $(GPU_BINS)
+     $(BUILD)/host_path $(GPU_BINS)
 
 help:
 	@echo "make            build build/ikbo-serve, build/ikbo-score and the tests (CUDA=0: CPU only)"
@@ -142,6 +142,11 @@ $(BUILD)/ikbo-score: $(BUILD)/obj/tools/ikbo_score.o $(SERVER_OBJS) $(GEN_OBJS) 
 LOADGEN_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/loadgen/*.c))
 $(BUILD)/ikbo-loadgen: $(LOADGEN_OBJS) $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
 	$(CC) $(CFLAGS) -o $@ $^ -lgrpc -lgpr -lprotobuf-c -ljansson $(LDLIBS)
+
+# The server's per-request CPU cost, step by step (bench/e2e/host_path.c).
+$(BUILD)/host_path: $(BUILD)/obj/bench/e2e/host_path.o $(BUILD)/obj/tools/loadgen/shape.o \
+                    $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
 	@mkdir -p $(dir $@)

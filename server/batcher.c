@@ -113,6 +113,13 @@ struct batcher {
     int dispatcher_started;
     instance *inst;
     int n_inst;
+    /* Completion: requests whose last segment an instance scored wait here
+     * for a completer thread, which runs their callbacks (response build,
+     * protobuf pack, send), so an instance goes straight to its next batch. */
+    pthread_cond_t cv_done;
+    breq *done_head, *done_tail;
+    pthread_t *completer;
+    int n_completers, completers_started, completers_stop;
 
     /* metrics series (NULL without metrics) */
     metrics_series *m_queue_s, *m_req_compute_s, *m_batch_compute_s, *m_batch_requests,
@@ -312,12 +319,8 @@ static uint64_t urow_hash(const urow *u, const ikbo_model_info *mi)
     }
     int64_t h0 = B->hist.offsets[r], h1 = B->hist.offsets[r + 1];
     h = hash_bytes(h, B->hist.ids + h0, (size_t)(h1 - h0) * sizeof(int64_t));
-    /* absent actions == all zero: hash only the nonzero ones with positions */
-    if (B->hist_actions)
-        for (int64_t k = h0; k < h1; k++)
-            if (B->hist_actions[k])
-                h = hash_mix64(hash_mix64(h, (uint64_t)(k - h0)), (uint64_t)(uint32_t)B->hist_actions[k]);
-    return h;
+    /* absent actions == all zero (hash.h) */
+    return B->hist_actions ? hash_actions(h, B->hist_actions + h0, (size_t)(h1 - h0)) : h;
 }
 
 /* request.h's rule: same key and same content (dense bits, bags in order,
@@ -626,7 +629,7 @@ static void complete_list(batcher *b, breq *done)
  * segments still count as waiting (a batch that never reached an instance).
  * Takes the lock. */
 static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t t0, double dt,
-                            int unwait)
+                            int unwait, int to_completers)
 {
     breq *done = NULL;
     pthread_mutex_lock(&b->mu);
@@ -647,6 +650,21 @@ static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t
             q->next_done = done;
             done = q;
         }
+    }
+    if (to_completers && done && b->n_completers > 0) {
+        /* FIFO onto the completers' list (done is in reverse batch order;
+         * the order among one batch's requests does not matter). */
+        while (done) {
+            breq *q = done;
+            done = q->next_done;
+            q->next_done = NULL;
+            if (b->done_tail)
+                b->done_tail->next_done = q;
+            else
+                b->done_head = q;
+            b->done_tail = q;
+        }
+        pthread_cond_signal(&b->cv_done);
     }
     pthread_mutex_unlock(&b->mu);
     complete_list(b, done);
@@ -705,7 +723,7 @@ static void *dispatcher_main(void *arg)
         rq_status st;
         rq_status_ok(&st);
         if (merge(b, bt, &st) != 0) {
-            finish_segments(b, bt, &st, 0, 0, 1);
+            finish_segments(b, bt, &st, 0, 0, 1, 0);
             bbatch_free(bt);
             pthread_mutex_lock(&b->mu);
             b->active--;
@@ -769,7 +787,7 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
             }
         }
     }
-    finish_segments(b, bt, &st, t0, dt, 0);
+    finish_segments(b, bt, &st, t0, dt, 0, 1);
     bbatch_free(bt);
 }
 
@@ -794,6 +812,30 @@ static void *instance_main(void *arg)
         run_batch(b, in, bt);
         pthread_mutex_lock(&b->mu);
         b->active--;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Runs the callbacks of requests the instances finished, in order. Exits
+ * once told to stop and the list is empty: no request is left behind. */
+static void *completer_main(void *arg)
+{
+    batcher *b = arg;
+    pthread_mutex_lock(&b->mu);
+    int index = b->completers_started++;
+    pthread_mutex_unlock(&b->mu);
+    log_thread_name("ikbo-done", index);
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->done_head && !b->completers_stop) pthread_cond_wait(&b->cv_done, &b->mu);
+        breq *q = b->done_head;
+        if (!q) break;
+        b->done_head = q->next_done;
+        if (!b->done_head) b->done_tail = NULL;
+        pthread_mutex_unlock(&b->mu);
+        breq_complete(b, q);
+        pthread_mutex_lock(&b->mu);
     }
     pthread_mutex_unlock(&b->mu);
     return NULL;
@@ -979,6 +1021,13 @@ static void stop_threads(batcher *b)
     if (b->dispatcher_started) pthread_join(b->dispatcher, NULL);
     for (int i = 0; i < b->n_inst; i++)
         if (b->inst[i].started) pthread_join(b->inst[i].thread, NULL);
+    /* The instances are gone, so the completers' list only shrinks now. */
+    pthread_mutex_lock(&b->mu);
+    b->completers_stop = 1;
+    pthread_cond_broadcast(&b->cv_done);
+    pthread_mutex_unlock(&b->mu);
+    for (int i = 0; i < b->n_completers; i++) pthread_join(b->completer[i], NULL);
+    b->n_completers = 0;
 }
 
 static void destroy(batcher *b)
@@ -986,6 +1035,8 @@ static void destroy(batcher *b)
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv_disp);
     pthread_cond_destroy(&b->cv_inst);
+    pthread_cond_destroy(&b->cv_done);
+    free(b->completer);
     free(b->inst);
     free(b->label);
     free(b);
@@ -1015,7 +1066,9 @@ batcher *batcher_new(const batcher_model *model, const config_batching *lim, met
     pthread_cond_init(&b->cv_disp, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&b->cv_inst, NULL);
-    if (!b->label || !b->inst) {
+    pthread_cond_init(&b->cv_done, NULL);
+    b->completer = calloc((size_t)b->n_inst, sizeof *b->completer);
+    if (!b->label || !b->inst || !b->completer) {
         bk_seterr(err, "batcher: out of memory");
         destroy(b);
         return NULL;
@@ -1036,6 +1089,18 @@ batcher *batcher_new(const batcher_model *model, const config_batching *lim, met
             const char *const mr[] = {b->label, REJECT_NAME[i]};
             b->m_rejected[i] = metrics_series_get(mx->rejected_total, mr);
         }
+    }
+    /* One completer per instance: completing a request (response build,
+     * pack, send) costs a fraction of scoring it. Started first, so an
+     * instance never finishes a batch with nobody to complete it. */
+    for (int i = 0; i < b->n_inst; i++) {
+        if (pthread_create(&b->completer[i], NULL, completer_main, b) != 0) {
+            bk_seterr(err, "batcher: cannot start completion thread %d", i);
+            stop_threads(b);
+            destroy(b);
+            return NULL;
+        }
+        b->n_completers++;
     }
     for (int i = 0; i < b->n_inst; i++) {
         b->inst[i].b = b;

@@ -18,8 +18,12 @@
  *   every instance computes it assembles at most one more batch, and only a
  *   full one (a batch that cannot grow loses nothing by closing early);
  * - `instances` instance threads, each with its own ikbo_ctx (workspace and,
- *   on GPU, stream), run ikbo_score, copy each request's scores out of the
- *   batch and call its completion callback.
+ *   on GPU, stream), run ikbo_score and copy each request's scores out of
+ *   the batch;
+ * - as many completion threads take the requests whose last segment was
+ *   scored and run their callbacks (on the server: response build, protobuf
+ *   pack, send, request free), so an instance starts its next batch at once
+ *   instead of spending a share of its time on answers.
  *
  * A request is never split across batches unless it alone exceeds
  * max_batch_candidates or max_batch_users: then it is cut into chunks at
@@ -58,9 +62,11 @@
  * Ownership: the request and the plan given to batcher_submit are only read
  * and must stay valid until the callback has run. The result passed to the
  * callback (and its score arrays) is valid during the callback only.
- * Thread-safety: batcher_submit from any thread; the callback runs on an
- * instance thread or the dispatcher (never under a batcher lock, never inside
- * batcher_submit); batcher_free from one thread once no submit can start.
+ * Thread-safety: batcher_submit from any thread; the callback runs on a
+ * completion thread (scored requests, and those failed by a scoring error)
+ * or the dispatcher (requests dropped before scoring), never under a batcher
+ * lock, never inside batcher_submit; batcher_free from one thread once no
+ * submit can start, and every callback has run when it returns.
  */
 #ifndef IKBO_SERVER_BATCHER_H
 #define IKBO_SERVER_BATCHER_H

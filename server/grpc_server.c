@@ -27,6 +27,7 @@
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,6 +36,7 @@
 #include "health.h"
 #include "ikbo/v1/ranker.pb-c.h"
 #include "log.h"
+#include "pb_arena.h"
 
 enum method { M_RANK = 0, M_MODEL_INFO = 1, M_HEALTH_CHECK = 2, M_UNKNOWN = 3, M_COUNT = 4 };
 
@@ -74,6 +76,7 @@ typedef struct call {
     atomic_int gone;
     int close_cancelled; /* written by gRPC core for the close op */
     Ikbo__V1__RankRequest *rank_req; /* a Rank call's request, until answered */
+    pb_arena *rank_arena;            /* ... whose memory this arena holds */
     grpc_call *call;
     gpr_timespec deadline;
     grpc_call_details details; /* M_UNKNOWN only */
@@ -160,7 +163,7 @@ static void call_free(call *c)
     if (c->method == M_UNKNOWN) grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->md);
     if (c->call) grpc_call_unref(c->call);
-    rq_request_free(c->rank_req);
+    pb_arena_free(c->rank_arena); /* the request, if still held */
     free(c);
 }
 
@@ -225,8 +228,11 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
     not_busy(s);
 }
 
-/* Reads the whole request message and unpacks it; NULL with *st set. */
-static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, rq_status *st)
+/* Reads the whole request message and unpacks it; NULL with *st set. With
+ * arena, the message's memory comes from a new arena returned there (free
+ * that, not the message); else from malloc (protobuf_c_message_free_unpacked). */
+static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb_arena **arena,
+                                rq_status *st)
 {
     if (!c->payload)
         return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: no request message", d->name), NULL;
@@ -235,11 +241,28 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, rq
         return rq_status_set(st, RQ_INTERNAL, "cannot read the request message"), NULL;
     grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
     grpc_byte_buffer_reader_destroy(&rd);
-    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(all),
-                                                    GRPC_SLICE_START_PTR(all));
+    size_t len = GRPC_SLICE_LENGTH(all);
+    ProtobufCAllocator *al = NULL;
+    if (arena) {
+        /* Unpacked, the message takes ~1.5-2x its wire size (int64 varints
+         * widen to 8 bytes, each submessage adds its struct): one chunk
+         * usually holds it all. */
+        if (len > (SIZE_MAX - 4096) / 2 || !(*arena = pb_arena_new(2 * len + 4096))) {
+            grpc_slice_unref(all);
+            return rq_status_set(st, RQ_INTERNAL, "out of memory for a %zu-byte request", len),
+                   NULL;
+        }
+        al = pb_arena_allocator(*arena);
+    }
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, al, len, GRPC_SLICE_START_PTR(all));
     grpc_slice_unref(all);
-    if (!m)
+    if (!m) {
         rq_status_set(st, RQ_INVALID_ARGUMENT, "request is not a valid %s message", d->name);
+        if (arena) {
+            pb_arena_free(*arena);
+            *arena = NULL;
+        }
+    }
     return m;
 }
 
@@ -260,11 +283,12 @@ static int64_t deadline_ns(const call *c)
 static void rank_done(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *st)
 {
     call *c = arg;
-    Ikbo__V1__RankRequest *req = c->rank_req;
+    pb_arena *arena = c->rank_arena;
     c->rank_req = NULL;
+    c->rank_arena = NULL;
     finish(c, resp ? RQ_OK : st->code, st->msg, resp ? &resp->base : NULL);
     rq_response_free(resp);
-    rq_request_free(req);
+    pb_arena_free(arena); /* the request */
 }
 
 static void handle_rank(call *c)
@@ -279,8 +303,9 @@ static void handle_rank(call *c)
         finish(c, RQ_UNAVAILABLE, "server is shutting down", NULL);
         return;
     }
+    pb_arena *arena = NULL;
     Ikbo__V1__RankRequest *req =
-        (Ikbo__V1__RankRequest *)unpack(c, &ikbo__v1__rank_request__descriptor, &st);
+        (Ikbo__V1__RankRequest *)unpack(c, &ikbo__v1__rank_request__descriptor, &arena, &st);
     if (!req) {
         const char *const mc[] = {"", rq_code_name(st.code)};
         metrics_add_l(s->metrics->requests_total, mc, 1);
@@ -288,6 +313,7 @@ static void handle_rank(call *c)
         return;
     }
     c->rank_req = req;
+    c->rank_arena = arena;
     rank_submit(s->rank, req, deadline_ns(c), &c->gone, "grpc", rank_done, c);
 }
 
@@ -301,7 +327,7 @@ static void handle_model_info(call *c)
         return;
     }
     Ikbo__V1__ModelInfoRequest *req = (Ikbo__V1__ModelInfoRequest *)unpack(
-        c, &ikbo__v1__model_info_request__descriptor, &st);
+        c, &ikbo__v1__model_info_request__descriptor, NULL, &st);
     if (!req) {
         finish(c, st.code, st.msg, NULL);
         return;
@@ -318,7 +344,7 @@ static void handle_health(call *c)
     rq_status st;
     rq_status_ok(&st);
     Grpc__Health__V1__HealthCheckRequest *req = (Grpc__Health__V1__HealthCheckRequest *)unpack(
-        c, &grpc__health__v1__health_check_request__descriptor, &st);
+        c, &grpc__health__v1__health_check_request__descriptor, NULL, &st);
     if (!req) {
         finish(c, st.code, st.msg, NULL);
         return;

@@ -927,11 +927,8 @@ static uint64_t user_hash(const Ikbo__V1__User *u, const Ikbo__V1__SparseFeature
                     : hash_bytes(h, NULL, 0);
     }
     h = hash_bytes(h, u->history_ids, u->n_history_ids * sizeof(int64_t));
-    /* absent actions == all zero: hash only the nonzero ones with positions */
-    for (size_t k = 0; k < u->n_history_actions; k++)
-        if (u->history_actions[k])
-            h = hash_mix64(hash_mix64(h, k), (uint64_t)(uint32_t)u->history_actions[k]);
-    return h;
+    /* absent actions == all zero (hash.h) */
+    return hash_actions(h, u->history_actions, u->n_history_actions);
 }
 
 static int user_equal(const Ikbo__V1__User *a, const Ikbo__V1__SparseFeature **ba,
