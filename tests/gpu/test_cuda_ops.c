@@ -545,6 +545,9 @@ static void suite_plain(void)
     test_copy_rows(1, 1, 1, 1);
     test_copy_rows(50, 17, 20, 61);
     test_copy_rows(300, 256, 256, 512);
+    test_copy_rows(37, 64, 72, 200);       /* 16-byte path (bf16/fp16), pitched */
+    test_copy_rows(1120, 2048, 2048, 6144); /* a bench-model stack copy */
+    test_copy_rows(9, 3000, 3000, 3000);   /* rows wider than one pass of a block */
     int cnt[] = {3, 0, 1, 5}, lens[] = {4, 2, 0, 7};
     test_gather(4, cnt, lens, 16, 0);
     test_gather(4, cnt, lens, 16, 1);
