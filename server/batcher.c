@@ -148,7 +148,13 @@ void batcher_resolve(const config_batching *server, const ikbo_serving *sv, cons
         if (sv->max_queue_delay_us >= 0) out->max_queue_delay_us = sv->max_queue_delay_us;
         if (sv->instances >= 0) out->instances = (int)sv->instances;
     }
-    if (out->instances <= 0) out->instances = device && !strncmp(device, "cuda", 4) ? 2 : 1;
+    const int gpu = device && !strncmp(device, "cuda", 4);
+    if (out->instances <= 0) out->instances = gpu ? 2 : 1;
+    if (out->max_batch_candidates <= 0)
+        out->max_batch_candidates = gpu ? CONFIG_BATCH_AUTO_CANDIDATES_GPU
+                                        : CONFIG_BATCH_AUTO_CANDIDATES_CPU;
+    if (out->max_batch_users <= 0)
+        out->max_batch_users = gpu ? CONFIG_BATCH_AUTO_USERS_GPU : CONFIG_BATCH_AUTO_USERS_CPU;
     if (out->instances > CONFIG_BATCH_MAX_INSTANCES) out->instances = CONFIG_BATCH_MAX_INSTANCES;
     if (out->max_batch_candidates < 1) out->max_batch_candidates = 1;
     if (out->max_batch_users < 1) out->max_batch_users = 1;

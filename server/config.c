@@ -342,8 +342,8 @@ static int apply_batching(config *c, const json_t *o, ikbo_err *err)
         long long *dst;
         long long lo, hi;
     } keys[] = {
-        {"max_batch_candidates", &b->max_batch_candidates, 1, 100000000},
-        {"max_batch_users", &b->max_batch_users, 1, 1000000},
+        {"max_batch_candidates", &b->max_batch_candidates, 0, 100000000},
+        {"max_batch_users", &b->max_batch_users, 0, 1000000},
         {"max_queue_delay_us", &b->max_queue_delay_us, 0, 10000000},
         {"instances", &inst, 0, CONFIG_BATCH_MAX_INSTANCES},
         {"max_queue_candidates", &b->max_queue_candidates, 1, 1000000000},

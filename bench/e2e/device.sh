@@ -10,6 +10,7 @@
 #   grpc     the daemon on cuda:0 answering a grpcio client (tools/rank_client.py):
 #            same scores as ikbo-score --device cuda:0, health SERVING
 #   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast
+#            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70")
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
 #            each op's GPU time and the final download, per batch shape
@@ -72,9 +73,14 @@ for s in $stages; do
     stage phases phases.log ${PHASES_BIN:-build/gpu/batch_phases} models/bench/1 --device cuda:0 ;;
   e2e)
     [ -f models/bench/1/model.json ] || stage bench-model e2e.log $PY models/bench/make_bench_model.py
+    # Saturation = the best of 8 and 32 calls in flight; the queue limits are
+    # raised so that 32 large requests in flight measure throughput, not
+    # admission (bench/overload.sh measures admission).
+    printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000}}\n' \
+        > "$OUT/e2e-server.json"
     stage e2e e2e.log bench/e2e/run.sh --build $B --models models --model bench --device cuda:0 \
-        --server-threads 4 --concurrency 8 --loadgen-threads 2 --warmup 1 --duration 2 \
-        --out "$OUT/e2e" ;;
+        --server-threads 4 --concurrency "${E2E_CONCURRENCY:-8 32}" --loadgen-threads 2 --warmup 1 \
+        --duration 2 --server-config "$OUT/e2e-server.json" ${E2E_ARGS:-} --out "$OUT/e2e" ;;
   esac
 done
 [ -f "$OUT/golden.log" ] && grep -E "FAIL|mismatch" "$OUT/golden.log" | head -n 10

@@ -122,18 +122,18 @@ def main():
                % (run["date"], run["commit"], run["device"], model, run["models"], run["host"], run["cpus"],
                   run["loadavg"]))
     out.append("")
-    out.append("Command: `%s` (server threads %d, closed loop %d in flight, open loop at %.0f%% of "
+    out.append("Command: `%s` (server threads %d, closed loop %s in flight, open loop at %.0f%% of "
                "saturation, %.1f s warm-up, %.1f s measured per run)."
                % (run["command"].strip(), run["server_threads"], run["concurrency"], 100 * run["fraction"],
                   run["warmup_s"], run["duration_s"]))
     out.append("")
-    out.append("| mode | users/req | cands/user | cands/req | saturation req/s | saturation cands/s "
+    out.append("| mode | users/req | cands/user | cands/req | in flight | saturation req/s | saturation cands/s "
                "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | outside server | forward ms "
                "| overhead |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        out.append("| %s | %d | %d | %.0f | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s | %s |" % (
-            r["mode"], r["users"], r["cands"], r["cands_per_req"], r["sat_rps"], r["sat_cps"], r["open_rate"],
+        out.append("| %s | %d | %d | %.0f | %d | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s | %s |" % (
+            r["mode"], r["users"], r["cands"], r["cands_per_req"], r["concurrency"], r["sat_rps"], r["sat_cps"], r["open_rate"],
             fmt(r["p50"]), fmt(r["p99"]), r["open_calls"], fmt(r["server_ms"]), fmt(r["client_ms"]),
             fmt(None if r["outside_server"] is None else 100 * r["outside_server"], "%.0f%%"),
             fmt(r["compute_ms"]), fmt(None if r["overhead"] is None else 100 * r["overhead"], "%.1f%%")))

@@ -4,8 +4,9 @@
 #
 # For each mode (a fresh daemon per mode, free ports) and each point of the
 # sweep (users per request x candidates per user):
-#   1. closed loop at --concurrency (default 2 x server threads): throughput
-#      at saturation (requests/s, candidates/s);
+#   1. closed loop at each --concurrency (default 2 x server threads; a list
+#      such as "8 32 128" runs each and keeps the best): throughput at
+#      saturation (requests/s, candidates/s);
 #   2. open loop at --fraction (default 0.5) of that throughput: p50/p99
 #      latency from the intended send times (no coordinated omission);
 #      During it, bench/e2e/thread_cpu.py samples the CPU use of every
@@ -29,7 +30,7 @@
 #   --cands "N ..."      candidates per user [10 70 500]
 #   --history N          history events per user [the model's max_len]
 #   --server-threads N   daemon gRPC worker threads [2]
-#   --concurrency N      closed-loop calls in flight [2 x server threads]
+#   --concurrency "N ..." closed-loop calls in flight; several: the best is saturation [2 x server threads]
 #   --loadgen-threads N  loadgen worker threads [1]
 #   --fraction F         open-loop rate as a fraction of saturation [0.5]
 #   --warmup S           seconds before each measured window [1]
@@ -37,6 +38,8 @@
 #   --min-open-calls N   lengthen an open-loop run to schedule at least N calls (at most 60 s) [20]
 #   --timeout-ms MS      per-call deadline [60000]
 #   --compute-metric M   histogram of forward-pass seconds in /metrics [auto-detect]
+#   --server-config FILE the daemon's --config (e.g. a larger batching.max_queue_candidates,
+#                        so a high --concurrency measures throughput, not admission) [none]
 #   --out DIR            where results go [build/e2e/<date>-<device>]
 # Needs: bash, curl, /usr/bin/python3. Exit 0 when every point ran.
 set -euo pipefail
@@ -44,7 +47,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$ROOT/build MODELS=$ROOT/models MODEL=demo DEVICE=cpu MODES="ikbo broadcast"
 USERS="1 16" CANDS="10 70 500" HISTORY="" SERVER_THREADS=2 CONCURRENCY="" LG_THREADS=1
-FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=20 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT=""
+FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=20 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT="" SERVER_CONFIG=""
 CMDLINE="bench/e2e/run.sh$(printf ' %q' "$@")"
 
 die() { echo "run.sh: error: $*" >&2; exit 2; }
@@ -55,7 +58,7 @@ while [ $# -gt 0 ]; do
     --server-threads) SERVER_THREADS=$2 ;; --concurrency) CONCURRENCY=$2 ;;
     --loadgen-threads) LG_THREADS=$2 ;; --fraction) FRACTION=$2 ;; --warmup) WARMUP=$2 ;;
     --duration) DURATION=$2 ;; --min-open-calls) MIN_OPEN=$2 ;; --timeout-ms) TIMEOUT_MS=$2 ;;
-    --compute-metric) COMPUTE_METRIC=$2 ;; --out) OUT=$2 ;;
+    --compute-metric) COMPUTE_METRIC=$2 ;; --out) OUT=$2 ;; --server-config) SERVER_CONFIG=$2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown flag '$1' (see --help)" ;;
   esac
@@ -84,7 +87,7 @@ trap stop_daemon EXIT
 
 start_daemon() { # mode -> sets GRPC, HTTP
   local mode=$1 log=$OUT/serve-$1.log
-  "$SERVE" --grpc 127.0.0.1:0 --http 127.0.0.1:0 --models "$MODELS" --device "$DEVICE" \
+  "$SERVE" ${SERVER_CONFIG:+--config "$SERVER_CONFIG"} --grpc 127.0.0.1:0 --http 127.0.0.1:0 --models "$MODELS" --device "$DEVICE" \
     --mode "$mode" --threads "$SERVER_THREADS" --log-level info >"$log" 2>&1 &
   SERVE_PID=$!
   GRPC="" HTTP=""
@@ -112,7 +115,7 @@ loadgen() { # tag, args... -> $OUT/tag.json, metrics snapshots around it
   "$LOADGEN" --target "$GRPC" --model "$MODEL" --json --timeout-ms "$TIMEOUT_MS" \
     --threads "$LG_THREADS" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" &
   lpid=$!
-  if [ "${tag%.closed}" != "$tag" ]; then  # at saturation: CPU per thread, server and loadgen
+  if [ "${tag%.closed-c*}" != "$tag" ]; then  # at saturation: CPU per thread, server and loadgen
     ( sleep "$WARMUP"; exec $PY "$ROOT/bench/e2e/thread_cpu.py" --seconds "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')" \
         --json "$OUT/$tag.threads.json" "$SERVE_PID" "$lpid" >/dev/null 2>&1 ) &
     spid=$!
@@ -133,7 +136,7 @@ import json, sys
 json.dump({"command": r"""$CMDLINE""", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "commit": "$commit",
            "host": "$(uname -n)", "cpus": $(nproc), "loadavg": "$(cut -d' ' -f1-3 /proc/loadavg)",
            "device": "$DEVICE", "model": "$MODEL", "models": "$MODELS", "server_threads": $SERVER_THREADS,
-           "concurrency": $CONCURRENCY, "loadgen_threads": $LG_THREADS, "fraction": $FRACTION,
+           "concurrency": "$CONCURRENCY", "loadgen_threads": $LG_THREADS, "fraction": $FRACTION,
            "warmup_s": $WARMUP, "duration_s": $DURATION, "compute_metric": "$COMPUTE_METRIC"},
           open(sys.argv[1], "w"), indent=1)
 PY
@@ -145,8 +148,19 @@ for mode in $MODES; do
     for c in $CANDS; do
       tag=$mode-u$u-c$c
       distinct=$(( u * c > 2000 ? 16 : 64 ))
-      loadgen "$tag.closed" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
-        --concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION"
+      best=""
+      for n in $CONCURRENCY; do  # saturation: the best of the closed loops
+        loadgen "$tag.closed-c$n" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
+          --concurrency "$n" --warmup "$WARMUP" --duration "$DURATION"
+        best=$($PY - "$OUT" "$tag" "$n" "$best" <<'PY'
+import json, sys
+out, tag, n, best = sys.argv[1:5]
+rate = lambda k: json.load(open("%s/%s.closed-c%s.json" % (out, tag, k)))["measured"]["ok_per_s"]
+print(n if not best or rate(n) > rate(best) else best)
+PY
+)
+      done
+      for f in "$OUT/$tag.closed-c$best".*; do cp "$f" "$OUT/$tag.closed.${f#"$OUT/$tag.closed-c$best".}"; done
       read -r rate dur < <($PY - "$OUT/$tag.closed.json" "$FRACTION" "$DURATION" "$MIN_OPEN" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))

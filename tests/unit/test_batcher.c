@@ -894,15 +894,24 @@ static void test_resolve(void **state)
     config_batching_default(&srv);
     batcher_resolve(&srv, NULL, "cpu", &out);
     assert_int_equal(out.instances, 1);
-    assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_MAX_CANDIDATES);
+    assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_CPU);
+    assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_CPU);
     batcher_resolve(&srv, NULL, "cuda:0", &out);
     assert_int_equal(out.instances, 2);
+    assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_GPU);
+    assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_GPU);
+    /* An explicit server value is kept on every device. */
+    srv.max_batch_candidates = 700;
+    batcher_resolve(&srv, NULL, "cuda:0", &out);
+    assert_int_equal(out.max_batch_candidates, 700);
+    assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_GPU);
+    srv.max_batch_candidates = CONFIG_BATCH_MAX_CANDIDATES;
     ikbo_serving sv = {.max_batch_candidates = 4096, .max_batch_users = -1,
                        .max_queue_delay_us = 0, .instances = 3};
     srv.max_queue_delay_us = 500;
     batcher_resolve(&srv, &sv, "cpu", &out);
     assert_int_equal(out.max_batch_candidates, 4096);
-    assert_int_equal(out.max_batch_users, CONFIG_BATCH_MAX_USERS);
+    assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_CPU);
     assert_int_equal(out.max_queue_delay_us, 0);
     assert_int_equal(out.instances, 3);
     sv.instances = 1000;

@@ -236,8 +236,8 @@ static void test_batching(void **s)
     free(j);
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
-    apply_err("{\"batching\":{\"max_batch_candidates\":0}}",
-              "batching.max_batch_candidates: expected integer 1..100000000, got 0");
+    apply_err("{\"batching\":{\"max_batch_candidates\":-1}}",
+              "batching.max_batch_candidates: expected integer 0..100000000, got -1");
     apply_err("{\"batching\":{\"max_queue_delay_us\":-1}}",
               "batching.max_queue_delay_us: expected integer 0..10000000, got -1");
     apply_err("{\"batching\":{\"instances\":65}}", "batching.instances: expected integer 0..64");
