@@ -12,8 +12,8 @@
  *   build/host_path [--users N] [--cands N] [--history N] [--iters N]
  *
  * Prints the mean microseconds per request of each step, unpacking with
- * malloc (protobuf-c's default) and with the server's arena (pb_arena.h),
- * which is what the gRPC path uses.
+ * protobuf-c and malloc, protobuf-c into an arena (pb_arena.h), and the
+ * server's gRPC path: the fast decoder (rank_wire.h) into an arena.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "server/pb_arena.h"
+#include "server/rank_wire.h"
 #include "server/request.h"
 #include "tools/loadgen/shape.h"
 
@@ -40,8 +41,10 @@ static char *cand_sparse[2] = {"item", "author"};
 static const char *tasks[2] = {"click", "like"};
 static const float weights[2] = {1.0f, 0.5f};
 
-/* Times every step over iters requests (the first 10% unmeasured); t[P_N]. */
-static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int arena, double *t)
+/* Times every step over iters requests (the first 10% unmeasured); t[P_N].
+ * how: 0 protobuf-c with malloc, 1 protobuf-c into an arena, 2 the server's
+ * path (rank_wire's decoder into an arena, protobuf-c where it declines). */
+static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int how, double *t)
 {
     float *scores = calloc((size_t)b->b[0].n_cands * 4 + 64, sizeof *scores);
     float *task_scores = calloc((size_t)b->b[0].n_cands * 8 + 64, sizeof *task_scores);
@@ -56,9 +59,10 @@ static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int are
         if (!wire) return -1;
         memcpy(wire, x->data, x->len);
         ts[1] = now_us();
-        pb_arena *a = arena ? pb_arena_new(2 * x->len + 4096) : NULL;
-        Ikbo__V1__RankRequest *q =
-            ikbo__v1__rank_request__unpack(a ? pb_arena_allocator(a) : NULL, x->len, wire);
+        pb_arena *a = how ? pb_arena_new(2 * x->len + 4096) : NULL;
+        Ikbo__V1__RankRequest *q = how == 2 ? rank_wire_decode(wire, x->len, a) : NULL;
+        if (!q)
+            q = ikbo__v1__rank_request__unpack(a ? pb_arena_allocator(a) : NULL, x->len, wire);
         ts[2] = now_us();
         rq_status st;
         if (!q || rq_validate(q, mi, NULL, &st)) {
@@ -160,18 +164,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "host_path: %s\n", err);
         return 1;
     }
-    double tm[P_N], ta[P_N];
-    if (run(&b, &mi, iters, 0, tm) || run(&b, &mi, iters, 1, ta)) return 1;
+    double t[3][P_N], sum[3] = {0, 0, 0};
+    for (int h = 0; h < 3; h++)
+        if (run(&b, &mi, iters, h, t[h])) return 1;
     printf("host_path: %d users x %s candidates, history %s, %.0f-byte requests, %d iterations\n",
            users, cands, history, b.mean_bytes, iters);
-    printf("  %-16s %12s %12s\n", "step (us)", "malloc", "arena");
-    double sm = 0, sa = 0;
+    printf("  %-16s %14s %14s %14s\n", "step (us)", "protobuf-c", "+ arena", "server path");
     for (int k = 0; k < P_N; k++) {
-        printf("  %-16s %12.1f %12.1f\n", PHASE[k], tm[k], ta[k]);
-        sm += tm[k];
-        sa += ta[k];
+        printf("  %-16s %14.1f %14.1f %14.1f\n", PHASE[k], t[0][k], t[1][k], t[2][k]);
+        for (int h = 0; h < 3; h++) sum[h] += t[h][k];
     }
-    printf("  %-16s %12.1f %12.1f\n", "total", sm, sa);
+    printf("  %-16s %14.1f %14.1f %14.1f\n", "total", sum[0], sum[1], sum[2]);
     lg_bodies_free(&b);
     return 0;
 }

@@ -1,0 +1,332 @@
+/* rank_wire.c - RankRequest straight from the wire (see rank_wire.h).
+ *
+ * Each message is read in two passes over its bytes: the first counts the
+ * elements of every repeated field (so each array is allocated once, at its
+ * size), the second fills them; submessages are decoded in the second pass
+ * of their parent, each with its own two passes. Any byte sequence outside
+ * the known fields' encodings makes the whole decode return NULL.
+ */
+#include "rank_wire.h"
+
+#include <string.h>
+
+enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
+
+typedef struct rd {
+    const uint8_t *p, *end;
+} rd;
+
+static inline int get_varint(rd *r, uint64_t *v)
+{
+    const uint8_t *p = r->p;
+    if (p < r->end && *p < 0x80) { /* the common one-byte case */
+        *v = *p;
+        r->p = p + 1;
+        return 0;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= r->end) return -1;
+        uint8_t b = *p++;
+        x |= (uint64_t)(b & 0x7f) << (7 * i); /* bits past 64 drop, as in protobuf-c */
+        if (!(b & 0x80)) {
+            r->p = p;
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Next field: its number and wire type; LEN fields also get their body. */
+static inline int get_field(rd *r, uint32_t *num, int *wt, rd *body)
+{
+    uint64_t k;
+    if (get_varint(r, &k) || (k >> 3) == 0 || (k >> 3) > 0x1fffffff) return -1;
+    *num = (uint32_t)(k >> 3);
+    *wt = (int)(k & 7);
+    if (*wt == WT_LEN) {
+        uint64_t n;
+        if (get_varint(r, &n) || n > (uint64_t)(r->end - r->p)) return -1;
+        body->p = r->p;
+        body->end = r->p + n;
+        r->p += n;
+    } else if (*wt != WT_VARINT && *wt != WT_I32) {
+        return -1; /* no known field is fixed64 or a group */
+    }
+    return 0;
+}
+
+/* Varints in a packed body; -1 when it ends inside one. */
+static inline int64_t count_varints(rd b)
+{
+    int64_t n = 0;
+    for (const uint8_t *p = b.p; p < b.end; p++) n += !(*p & 0x80);
+    return b.p < b.end && (b.end[-1] & 0x80) ? -1 : n;
+}
+
+static void *alloc(pb_arena *a, size_t n)
+{
+    ProtobufCAllocator *al = pb_arena_allocator(a);
+    return al->alloc(al->allocator_data, n);
+}
+
+/* Arrays of n elements (NULL for none, as protobuf-c leaves them). */
+static int alloc_array(pb_arena *a, void **out, size_t n, size_t elem)
+{
+    *out = NULL;
+    if (n == 0) return 0;
+    if (n > SIZE_MAX / elem) return -1;
+    return (*out = alloc(a, n * elem)) ? 0 : -1;
+}
+
+static int set_string(pb_arena *a, char **dst, rd b)
+{
+    size_t n = (size_t)(b.end - b.p);
+    char *s = alloc(a, n + 1);
+    if (!s) return -1;
+    memcpy(s, b.p, n);
+    s[n] = 0;
+    *dst = s;
+    return 0;
+}
+
+/* A repeated scalar field, one occurrence. count: add its elements to *n;
+ * else append them at dst[*n]. kind: 'f' float, 'l' int64, 'i' int32. */
+static int rep_scalar(rd *r, int wt, rd body, char kind, int count, size_t *n, void *dst)
+{
+    if (kind == 'f') {
+        if (wt == WT_LEN) {
+            size_t bytes = (size_t)(body.end - body.p);
+            if (bytes % 4) return -1;
+            if (!count) memcpy((float *)dst + *n, body.p, bytes);
+            *n += bytes / 4;
+            return 0;
+        }
+        if (wt != WT_I32 || r->end - r->p < 4) return -1;
+        if (!count) memcpy((float *)dst + *n, r->p, 4);
+        r->p += 4;
+        (*n)++;
+        return 0;
+    }
+    if (wt == WT_VARINT) {
+        uint64_t v;
+        if (get_varint(r, &v)) return -1;
+        if (!count) {
+            if (kind == 'l')
+                ((int64_t *)dst)[*n] = (int64_t)v;
+            else
+                ((int32_t *)dst)[*n] = (int32_t)(uint32_t)v;
+        }
+        (*n)++;
+        return 0;
+    }
+    if (wt != WT_LEN) return -1;
+    if (count) {
+        int64_t k = count_varints(body);
+        if (k < 0) return -1;
+        *n += (size_t)k;
+        return 0;
+    }
+    while (body.p < body.end) {
+        uint64_t v;
+        if (get_varint(&body, &v)) return -1;
+        if (kind == 'l')
+            ((int64_t *)dst)[(*n)++] = (int64_t)v;
+        else
+            ((int32_t *)dst)[(*n)++] = (int32_t)(uint32_t)v;
+    }
+    return 0;
+}
+
+static int dec_sparse(rd r, pb_arena *a, Ikbo__V1__SparseFeature *m)
+{
+    ikbo__v1__sparse_feature__init(m);
+    for (int pass = 0; pass < 2; pass++) {
+        rd it = r;
+        size_t n = 0;
+        while (it.p < it.end) {
+            uint32_t f;
+            int wt;
+            rd b = {0, 0};
+            if (get_field(&it, &f, &wt, &b)) return -1;
+            if (f == 1 && wt == WT_LEN) {
+                if (pass && set_string(a, &m->name, b)) return -1;
+            } else if (f == 2) {
+                if (rep_scalar(&it, wt, b, 'l', !pass, &n, m->ids)) return -1;
+            } else {
+                return -1;
+            }
+        }
+        if (!pass && alloc_array(a, (void **)&m->ids, n, sizeof *m->ids)) return -1;
+        m->n_ids = n;
+    }
+    return 0;
+}
+
+/* The sparse bags of a user or candidate: one pointer array, the structs in
+ * one block. */
+static int alloc_bags(pb_arena *a, size_t n, Ikbo__V1__SparseFeature ***out)
+{
+    Ikbo__V1__SparseFeature *blk;
+    if (alloc_array(a, (void **)out, n, sizeof **out) ||
+        alloc_array(a, (void **)&blk, n, sizeof *blk))
+        return -1;
+    for (size_t i = 0; i < n; i++) (*out)[i] = blk + i;
+    return 0;
+}
+
+static int dec_user(rd r, pb_arena *a, Ikbo__V1__User *m)
+{
+    ikbo__v1__user__init(m);
+    size_t nd = 0, ns = 0, nh = 0, na = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        rd it = r;
+        nd = ns = nh = na = 0;
+        while (it.p < it.end) {
+            uint32_t f;
+            int wt;
+            rd b = {0, 0};
+            if (get_field(&it, &f, &wt, &b)) return -1;
+            switch (f) {
+            case 1:
+                if (wt != WT_LEN || (pass && set_string(a, &m->key, b))) return -1;
+                break;
+            case 2:
+                if (rep_scalar(&it, wt, b, 'f', !pass, &nd, m->dense)) return -1;
+                break;
+            case 3:
+                if (wt != WT_LEN || (pass && dec_sparse(b, a, m->sparse[ns]))) return -1;
+                ns++;
+                break;
+            case 4:
+                if (rep_scalar(&it, wt, b, 'l', !pass, &nh, m->history_ids)) return -1;
+                break;
+            case 5:
+                if (rep_scalar(&it, wt, b, 'i', !pass, &na, m->history_actions)) return -1;
+                break;
+            default:
+                return -1;
+            }
+        }
+        if (!pass && (alloc_array(a, (void **)&m->dense, nd, sizeof *m->dense) ||
+                      alloc_bags(a, ns, &m->sparse) ||
+                      alloc_array(a, (void **)&m->history_ids, nh, sizeof *m->history_ids) ||
+                      alloc_array(a, (void **)&m->history_actions, na,
+                                  sizeof *m->history_actions)))
+            return -1;
+    }
+    m->n_dense = nd;
+    m->n_sparse = ns;
+    m->n_history_ids = nh;
+    m->n_history_actions = na;
+    return 0;
+}
+
+static int dec_candidate(rd r, pb_arena *a, Ikbo__V1__Candidate *m)
+{
+    ikbo__v1__candidate__init(m);
+    size_t nd = 0, ns = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        rd it = r;
+        nd = ns = 0;
+        while (it.p < it.end) {
+            uint32_t f;
+            int wt;
+            rd b = {0, 0};
+            uint64_t v;
+            if (get_field(&it, &f, &wt, &b)) return -1;
+            switch (f) {
+            case 1:
+                if (wt != WT_VARINT || get_varint(&it, &v)) return -1;
+                m->id = (int64_t)v;
+                break;
+            case 2:
+                if (wt != WT_VARINT || get_varint(&it, &v)) return -1;
+                m->user = (uint32_t)v;
+                break;
+            case 3:
+                if (rep_scalar(&it, wt, b, 'f', !pass, &nd, m->dense)) return -1;
+                break;
+            case 4:
+                if (wt != WT_LEN || (pass && dec_sparse(b, a, m->sparse[ns]))) return -1;
+                ns++;
+                break;
+            default:
+                return -1;
+            }
+        }
+        if (!pass && (alloc_array(a, (void **)&m->dense, nd, sizeof *m->dense) ||
+                      alloc_bags(a, ns, &m->sparse)))
+            return -1;
+    }
+    m->n_dense = nd;
+    m->n_sparse = ns;
+    return 0;
+}
+
+Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena *a)
+{
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    (void)buf, (void)len, (void)a;
+    return NULL; /* floats are copied as wire bytes: little-endian hosts only */
+#else
+    if (!a || (len && !buf)) return NULL;
+    Ikbo__V1__RankRequest *m = alloc(a, sizeof *m);
+    if (!m) return NULL;
+    ikbo__v1__rank_request__init(m);
+    const rd r = {buf, buf + len};
+    size_t nu = 0, nc = 0;
+    Ikbo__V1__User *ublk = NULL;
+    Ikbo__V1__Candidate *cblk = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        rd it = r;
+        nu = nc = 0;
+        while (it.p < it.end) {
+            uint32_t f;
+            int wt;
+            rd b = {0, 0};
+            uint64_t v;
+            if (get_field(&it, &f, &wt, &b)) return NULL;
+            switch (f) {
+            case 1:
+                if (wt != WT_LEN || (pass && set_string(a, &m->model, b))) return NULL;
+                break;
+            case 2:
+                if (wt != WT_VARINT || get_varint(&it, &v)) return NULL;
+                m->model_version = (int64_t)v;
+                break;
+            case 3:
+                if (wt != WT_LEN || (pass && dec_user(b, a, &ublk[nu]))) return NULL;
+                nu++;
+                break;
+            case 4:
+                if (wt != WT_LEN || (pass && dec_candidate(b, a, &cblk[nc]))) return NULL;
+                nc++;
+                break;
+            case 5:
+                if (wt != WT_VARINT || get_varint(&it, &v)) return NULL;
+                m->top_k = (uint32_t)v;
+                break;
+            case 6:
+                if (wt != WT_LEN || (pass && set_string(a, &m->request_id, b))) return NULL;
+                break;
+            default:
+                return NULL;
+            }
+        }
+        if (!pass) {
+            if (alloc_array(a, (void **)&m->users, nu, sizeof *m->users) ||
+                alloc_array(a, (void **)&ublk, nu, sizeof *ublk) ||
+                alloc_array(a, (void **)&m->candidates, nc, sizeof *m->candidates) ||
+                alloc_array(a, (void **)&cblk, nc, sizeof *cblk))
+                return NULL;
+            for (size_t i = 0; i < nu; i++) m->users[i] = ublk + i;
+            for (size_t i = 0; i < nc; i++) m->candidates[i] = cblk + i;
+        }
+    }
+    m->n_users = nu;
+    m->n_candidates = nc;
+    return m;
+#endif
+}
