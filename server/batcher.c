@@ -659,7 +659,9 @@ static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t
     }
     if (to_completers && done && b->n_completers > 0) {
         /* FIFO onto the completers' list (done is in reverse batch order;
-         * the order among one batch's requests does not matter). */
+         * the order among one batch's requests does not matter). Several
+         * requests: wake every completer, they take one at a time. */
+        int n = 0;
         while (done) {
             breq *q = done;
             done = q->next_done;
@@ -669,8 +671,12 @@ static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t
             else
                 b->done_head = q;
             b->done_tail = q;
+            n++;
         }
-        pthread_cond_signal(&b->cv_done);
+        if (n > 1)
+            pthread_cond_broadcast(&b->cv_done);
+        else
+            pthread_cond_signal(&b->cv_done);
     }
     pthread_mutex_unlock(&b->mu);
     complete_list(b, done);
