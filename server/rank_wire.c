@@ -38,6 +38,22 @@ static inline int get_varint(rd *r, uint64_t *v)
     return -1;
 }
 
+/* One varint with at least 10 bytes readable at p (no bounds checks): the
+ * packed-array loop's fast path. NULL past 10 bytes. */
+static inline const uint8_t *varint_unchecked(const uint8_t *p, uint64_t *v)
+{
+    uint64_t x = 0;
+    for (int i = 0; i < 10; i++) {
+        uint64_t b = p[i];
+        x |= (b & 0x7f) << (7 * i);
+        if (b < 0x80) {
+            *v = x;
+            return p + i + 1;
+        }
+    }
+    return NULL;
+}
+
 /* Next field: its number and wire type; LEN fields also get their body. */
 static inline int get_field(rd *r, uint32_t *num, int *wt, rd *body)
 {
@@ -128,14 +144,33 @@ static int rep_scalar(rd *r, int wt, rd body, char kind, int count, size_t *n, v
         *n += (size_t)k;
         return 0;
     }
-    while (body.p < body.end) {
-        uint64_t v;
-        if (get_varint(&body, &v)) return -1;
-        if (kind == 'l')
-            ((int64_t *)dst)[(*n)++] = (int64_t)v;
-        else
-            ((int32_t *)dst)[(*n)++] = (int32_t)(uint32_t)v;
+    size_t k = *n;
+    if (kind == 'l') {
+        int64_t *o = dst;
+        while (body.end - body.p >= 10) {
+            uint64_t v;
+            if (!(body.p = varint_unchecked(body.p, &v))) return -1;
+            o[k++] = (int64_t)v;
+        }
+        while (body.p < body.end) {
+            uint64_t v;
+            if (get_varint(&body, &v)) return -1;
+            o[k++] = (int64_t)v;
+        }
+    } else {
+        int32_t *o = dst;
+        while (body.end - body.p >= 10) {
+            uint64_t v;
+            if (!(body.p = varint_unchecked(body.p, &v))) return -1;
+            o[k++] = (int32_t)(uint32_t)v;
+        }
+        while (body.p < body.end) {
+            uint64_t v;
+            if (get_varint(&body, &v)) return -1;
+            o[k++] = (int32_t)(uint32_t)v;
+        }
     }
+    *n = k;
     return 0;
 }
 
