@@ -76,8 +76,7 @@ typedef struct call {
      * deadline passed): a queued Rank is then not computed. */
     atomic_int gone;
     int close_cancelled; /* written by gRPC core for the close op */
-    Ikbo__V1__RankRequest *rank_req; /* a Rank call's request, until answered */
-    pb_arena *rank_arena;            /* ... whose memory this arena holds */
+    pb_arena *rank_arena; /* a Rank call's request (all its memory), until answered */
     grpc_call *call;
     gpr_timespec deadline;
     grpc_call_details details; /* M_UNKNOWN only */
@@ -300,7 +299,6 @@ static void rank_done(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *
 {
     call *c = arg;
     pb_arena *arena = c->rank_arena;
-    c->rank_req = NULL;
     c->rank_arena = NULL;
     finish(c, resp ? RQ_OK : st->code, st->msg, resp ? &resp->base : NULL);
     rq_response_free(resp);
@@ -328,7 +326,6 @@ static void handle_rank(call *c)
         finish(c, st.code, st.msg, NULL);
         return;
     }
-    c->rank_req = req;
     c->rank_arena = arena;
     rank_submit(s->rank, req, deadline_ns(c), &c->gone, "grpc", rank_done, c);
 }

@@ -29,7 +29,8 @@ static inline uint64_t hash_mix64(uint64_t h, uint64_t v)
  * differing only in trailing zero bytes hash apart. Long inputs (a user's
  * 1024 history ids) run four independent lanes over 32-byte blocks, folded
  * together at the end: one lane's mix is a chain of dependent multiplies,
- * four lanes keep the multiplier busy (4x faster on a 16 x 1024 request). */
+ * four lanes keep the multiplier busy (with hash_actions, the plan of a
+ * 16 x 70 bench request went from 198 to 79 us: build/host_path). */
 static inline uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;

@@ -46,8 +46,11 @@ static const float weights[2] = {1.0f, 0.5f};
  * path (rank_wire's decoder into an arena, protobuf-c where it declines). */
 static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int how, double *t)
 {
-    float *scores = calloc((size_t)b->b[0].n_cands * 4 + 64, sizeof *scores);
-    float *task_scores = calloc((size_t)b->b[0].n_cands * 8 + 64, sizeof *task_scores);
+    size_t max_c = 1;
+    for (int i = 0; i < b->n; i++)
+        if (b->b[i].n_cands > max_c) max_c = b->b[i].n_cands;
+    float *scores = calloc(max_c, sizeof *scores);
+    float *task_scores = calloc(max_c * (size_t)mi->n_tasks, sizeof *task_scores);
     if (!scores || !task_scores) return -1;
     int warm = iters / 10, measured = 0;
     memset(t, 0, P_N * sizeof *t);

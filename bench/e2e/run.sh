@@ -6,11 +6,11 @@
 # sweep (users per request x candidates per user):
 #   1. closed loop at each --concurrency (default 2 x server threads; a list
 #      such as "8 32 128" runs each and keeps the best): throughput at
-#      saturation (requests/s, candidates/s);
+#      saturation (requests/s, candidates/s). During each, bench/e2e/
+#      thread_cpu.py samples the CPU use of every server and loadgen thread
+#      (which one is the bottleneck);
 #   2. open loop at --fraction (default 0.5) of that throughput: p50/p99
 #      latency from the intended send times (no coordinated omission);
-#      During it, bench/e2e/thread_cpu.py samples the CPU use of every
-#      server and loadgen thread (which one is the bottleneck);
 #   3. /metrics before/after each run: mean server time per request and, when
 #      the daemon exports a forward-pass (compute) time histogram, the share
 #      of request latency spent outside the forward pass (server overhead).
