@@ -342,6 +342,18 @@ __device__ __forceinline__ float att_ex2(float x)
     return y;
 }
 
+/* One butterfly step of a transpose across lanes l and l ^ m: the lane
+ * with the bit set (hi) trades its x for its partner's y, the other trades
+ * its y for the partner's x. */
+__device__ __forceinline__ void lane_swap(uint32_t &x, uint32_t &y, bool hi, int m)
+{
+    uint32_t s = __shfl_xor_sync(0xffffffffu, hi ? x : y, m);
+    if (hi)
+        x = s;
+    else
+        y = s;
+}
+
 template <int DH> struct attw_cfg {
     static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
@@ -677,27 +689,10 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                         w4[b] = pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
                     }
                     const bool o1 = t & 1, o2 = t & 2;
-                    uint32_t s0 = o1 ? w4[0] : w4[1], s1 = o1 ? w4[2] : w4[3];
-                    s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-                    s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-                    if (o1) {
-                        w4[0] = s0;
-                        w4[2] = s1;
-                    } else {
-                        w4[1] = s0;
-                        w4[3] = s1;
-                    }
-                    s0 = o2 ? w4[0] : w4[2];
-                    s1 = o2 ? w4[1] : w4[3];
-                    s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
-                    s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-                    if (o2) {
-                        w4[0] = s0;
-                        w4[1] = s1;
-                    } else {
-                        w4[2] = s0;
-                        w4[3] = s1;
-                    }
+                    lane_swap(w4[0], w4[1], o1, 1);
+                    lane_swap(w4[2], w4[3], o1, 1);
+                    lane_swap(w4[0], w4[2], o2, 2);
+                    lane_swap(w4[1], w4[3], o2, 2);
                     if (row < ti.y)
                         *(uint4 *)(orow + 8 * (4 * a + t)) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
                 }
