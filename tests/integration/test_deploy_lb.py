@@ -44,8 +44,8 @@ import grpc  # noqa: E402
 
 LB = os.path.join(dc.DEPLOY, "lb")
 N_WARM = 300      # calls with both replicas up
-N_DRAIN = 400     # calls across the drain; the replica is stopped after DRAIN_AT
-DRAIN_AT = 100
+DRAIN_AT = 100    # calls completed before replica A is stopped
+AFTER_EXIT = 40   # calls issued after A exited, before the drain run ends
 CONCURRENCY = 8
 
 
@@ -187,12 +187,30 @@ def rank_stub(ch):
                           response_deserializer=R.RankResponse.FromString)
 
 
-def run_calls(call, reqs, n, on_done=None):
-    """n Rank calls over CONCURRENCY threads; returns [(index, code, detail)]
-    of the failures. on_done(count) runs after each completed call."""
+def run_calls(call, reqs, n=None, until=None, on_done=None, limit_s=120):
+    """Rank calls over CONCURRENCY threads: n of them, or, with until, as
+    many as it takes for until() to hold (checked before each call is
+    issued; bounded by limit_s, past which the test fails naming what it
+    waited for). on_done(count) runs after each completed call. Returns
+    (calls issued, [(index, code, detail)] of the failures)."""
     failures = []
     lock = threading.Lock()
-    done = [0]
+    state = {"issued": 0, "done": 0, "stop": False}
+    t_end = time.time() + limit_s
+
+    def next_index():
+        with lock:
+            if state["stop"]:
+                return None
+            if (n is not None and state["issued"] >= n) or (until is not None and until()):
+                state["stop"] = True
+                return None
+            if time.time() > t_end:
+                state["stop"] = True
+                raise AssertionError("%s not reached in %d s (%d calls issued)" % (
+                    getattr(until, "__doc__", None) or "the call count", limit_s, state["issued"]))
+            state["issued"] += 1
+            return state["issued"] - 1
 
     def one(i):
         req = reqs[i % len(reqs)]
@@ -205,14 +223,22 @@ def run_calls(call, reqs, n, on_done=None):
             with lock:
                 failures.append((i, e.code().name, e.details()))
         with lock:
-            done[0] += 1
-            c = done[0]
+            state["done"] += 1
+            c = state["done"]
         if on_done:
             on_done(c)
 
+    def worker():
+        while True:
+            i = next_index()
+            if i is None:
+                return
+            one(i)
+
     with ThreadPoolExecutor(CONCURRENCY) as ex:
-        list(ex.map(one, range(n)))
-    return failures
+        for f in [ex.submit(worker) for _ in range(CONCURRENCY)]:
+            f.result()
+    return state["issued"], failures
 
 
 class Scenario:
@@ -280,7 +306,7 @@ class Scenario:
         a0, b0 = self.a.ok_requests(), self.b.ok_requests()
         ch = channel(self.lb.addr)
         stub = rank_stub(ch)
-        fails = run_calls(lambda r: stub(r, timeout=20), self.reqs, N_WARM)
+        _, fails = run_calls(lambda r: stub(r, timeout=20), self.reqs, n=N_WARM)
         ch.close()
         assert not fails, "%d of %d calls failed, first: %s" % (len(fails), N_WARM, fails[:3])
         da, db = self.a.ok_requests() - a0, self.b.ok_requests() - b0
@@ -289,8 +315,10 @@ class Scenario:
         return "%d calls OK; replica A served %d, replica B %d" % (N_WARM, da, db)
 
     def check_stop_a_mid_run(self, before_sigterm=None):
-        """N_DRAIN calls; after DRAIN_AT of them, before_sigterm() (if any)
-        then SIGTERM to replica A."""
+        """Calls until replica A has exited and AFTER_EXIT calls were issued
+        after that (bounded in time, never a fixed count: how long the drain
+        takes depends on the machine); after DRAIN_AT of them completed,
+        before_sigterm() (if any) then SIGTERM to replica A."""
         b0 = self.b.ok_requests()
         log0 = len(self.lb.calls())
         ch = channel(self.lb.addr)
@@ -315,13 +343,17 @@ class Scenario:
                     after_exit[0] += 1
             return stub(req, timeout=20)
 
+        def enough():
+            return after_exit[0] >= AFTER_EXIT
+        enough.__doc__ = "replica A's exit followed by %d calls" % AFTER_EXIT
+
         t0 = time.time()
-        fails = run_calls(call, self.reqs, N_DRAIN, on_done)
+        n_calls, fails = run_calls(call, self.reqs, until=enough, on_done=on_done)
         took = time.time() - t0
         ch.close()
         rc = self.a.stop(timeout=15)
         assert not fails, "%d of %d calls failed across the drain, first: %s" % (
-            len(fails), N_DRAIN, fails[:5])
+            len(fails), n_calls, fails[:5])
         assert rc == 0, "stopped replica exited %s" % rc
         alog = self.a.logs()
         assert " draining " in alog and " drained " in alog, "replica A log shows no drain"
@@ -343,13 +375,13 @@ class Scenario:
                 ok[who] += 1
             else:
                 retried["%s from %s" % (gs, who)] += 1
-        assert ok["A"] + ok["B"] == N_DRAIN, "%s logged %d OK calls (%s), client made %d" % (
-            self.kind, ok["A"] + ok["B"], dict(ok), N_DRAIN)
+        assert ok["A"] + ok["B"] == n_calls, "%s logged %d OK calls (%s), client made %d" % (
+            self.kind, ok["A"] + ok["B"], dict(ok), n_calls)
         assert ok["B"] == db, "%s says B answered %d OK, B's /metrics says %d" % (self.kind, ok["B"], db)
         return ("%d calls OK in %.1fs across SIGTERM of replica A (exit 0, drain %s); A served %d, "
                 "B %d; %d calls issued after A exited, all served by B; %d moved to the other "
                 "replica by the balancer; answers the client retried: %s"
-                % (N_DRAIN, took, drain, ok["A"], ok["B"], after_exit[0], moved,
+                % (n_calls, took, drain, ok["A"], ok["B"], after_exit[0], moved,
                    ", ".join("%s x%d" % kv for kv in sorted(retried.items())) or "none"))
 
     def nginx_take_out_a(self):
