@@ -58,7 +58,7 @@ def test_new_version_under_load():
     wait_for(lambda: load.count() >= 20, 10, "traffic on version 1")
     t_done = slow_copy(repo, "a", 2, "a2")
     wait_for(lambda: any(r[2] == 2 for r in load.snapshot()), 10, "a response from version 2")
-    time.sleep(0.5)
+    wait_for(lambda: sum(r[2] == 2 for r in load.snapshot()) >= 20, 20, "20 answers from version 2")
     res = load.snapshot()
     errors = [r for r in res if r[3]]
     check_eq(errors[:3], [], "failed requests")
