@@ -38,7 +38,7 @@ static int cuda_ordinal(const char *s)
     return (int)v;
 }
 
-bk_backend *bk_backend_new(const char *device, bk_err *err)
+static bk_backend *backend_create(const char *device, bk_err *err)
 {
     if (!device || !*device) {
         bk_seterr(err, "no device given (expected \"cpu\" or \"cuda:N\")");
@@ -63,4 +63,15 @@ bk_backend *bk_backend_new(const char *device, bk_err *err)
     }
     bk_seterr(err, "unknown device \"%.64s\" (expected \"cpu\" or \"cuda:N\")", device);
     return NULL;
+}
+
+bk_backend *bk_backend_new(const char *device, bk_err *err)
+{
+    bk_fault f;
+    if (bk_fault_next_backend(&f, err))
+        return NULL;
+    bk_backend *be = backend_create(device, err);
+    if (be)
+        be->fault = f;
+    return be;
 }

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/fault.h"
+
 typedef struct bk_backend bk_backend;
 typedef struct bk_weight bk_weight;
 typedef struct bk_stream bk_stream;
@@ -66,6 +68,7 @@ struct bk_backend {
     const char *name;       /* "cpu", "cuda"                         */
     size_t act_size;        /* bytes per activation element           */
     void *impl;             /* backend private state                  */
+    bk_fault fault;         /* IKBO_FAULT injection (kernels/fault.h); zero = off */
 
     void (*destroy)(bk_backend *be);
 
@@ -158,7 +161,8 @@ struct bk_backend {
 };
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
- * device is unknown or unavailable in this build. */
+ * device is unknown or unavailable in this build. bk_backend_new also arms
+ * the backend's fault injection from IKBO_FAULT (kernels/fault.h). */
 bk_backend *bk_backend_new(const char *device, bk_err *err);
 bk_backend *bk_cpu_new(bk_err *err);
 bk_backend *bk_cuda_new(int ordinal, bk_err *err); /* kernels/cuda; absent with CUDA=0 */

@@ -11,10 +11,13 @@
 #            same scores as ikbo-score --device cuda:0, health SERVING
 #   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast
 #            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70")
+#   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
+#            failing cudaMalloc while a version loads, a failing stream wait
+#            and a failing launch mid-batch (kernels/fault.h)
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
 #            each op's GPU time and the final download, per batch shape
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [e2e] [phases]
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [e2e] [phases]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -68,6 +71,9 @@ for s in $stages; do
         --score-bin /tmp/score-cuda --work /tmp/golden --tol 1e-5 ;;
   grpc)
     stage grpc grpc.log grpc_check ;;
+  faults)
+    stage faults faults.log env IKBO_BUILD=$B IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 \
+        $PY tests/integration/test_faults.py ;;
   phases)
     [ -f models/bench/1/model.json ] || stage bench-model phases.log $PY models/bench/make_bench_model.py
     stage phases phases.log ${PHASES_BIN:-build/gpu/batch_phases} models/bench/1 --device cuda:0 ;;

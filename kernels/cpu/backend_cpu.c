@@ -60,6 +60,10 @@ void *cpu_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err)
         bk_seterr(err, "alloc: bad buffer tag %d", (int)tag);
         return NULL;
     }
+    if (bk_fault_hit(&be->fault, BK_FAULT_ALLOC)) {
+        bk_seterr(err, "out of host memory allocating %zu bytes" BK_FAULT_INJECTED, bytes);
+        return NULL;
+    }
     void *p = aligned_bytes(bytes);
     if (!p) {
         bk_seterr(err, "out of host memory allocating %zu bytes", bytes);
@@ -108,6 +112,10 @@ static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n,
         bk_seterr(err, "download_f32: %zu elements overflow size_t", n);
         return -1;
     }
+    if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
+        bk_seterr(err, "download_f32: stream failed" BK_FAULT_INJECTED);
+        return -1;
+    }
     return cpu_upload(s, dst, src, n * sizeof(float), err);
 }
 
@@ -136,8 +144,10 @@ static void cpu_stream_free(bk_stream *s) { free(s); }
 
 static int cpu_sync(bk_stream *s, bk_err *err)
 {
-    (void)s;
-    (void)err;
+    if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
+        bk_seterr(err, "sync: stream failed" BK_FAULT_INJECTED);
+        return -1;
+    }
     return 0;
 }
 
@@ -162,6 +172,11 @@ static bk_weight *cpu_weight_new(bk_backend *be, const float *w, int rows, int c
     }
     if (n > SIZE_MAX / sizeof(float) / 2) { /* /2: room for the packed copy */
         bk_seterr(err, "weight_new: [%d, %d] is too large", rows, cols);
+        return NULL;
+    }
+    if (bk_fault_hit(&be->fault, BK_FAULT_ALLOC)) {
+        bk_seterr(err, "out of host memory allocating %zu bytes" BK_FAULT_INJECTED,
+                  n * sizeof(float));
         return NULL;
     }
     bk_weight *h = malloc(sizeof *h);

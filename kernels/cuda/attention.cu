@@ -800,7 +800,7 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
     const int map_smem = nc <= ATT_MAP_SMEM;
     k_att_tiles<<<1, 1024, map_smem ? (size_t)nc * sizeof(int) : 0, s->st>>>(
         map, nc, tq, ATT_BM, tiles, ntiles, (int)cap, map_smem);
-    if (cu_check_launch(err, "attention tile table"))
+    if (cu_check_launch(s, err, "attention tile table"))
         return -1;
     float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
     dim3 grid((unsigned)cap, (unsigned)heads);
@@ -837,14 +837,14 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         CU_TRY(cudaLaunchKernelEx(&cfg, kern, q, k, v, off, (const int4 *)tiles,
                                   (const int *)ntiles, heads, scale_log2, o, lbo, sbo, flags),
                "attention (wgmma)");
-        return cu_check_launch(err, "attention (wgmma)");
+        return cu_check_launch(s, err, "attention (wgmma)");
     } else {
         auto kern = k_att_tc<T, DH>;
         if (cu_smem_limit(s, (const void *)kern, (int)att_cfg<DH>::SMEM, err))
             return -1;
         kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
                                                       scale_log2, o);
-        return cu_check_launch(err, "attention (tensor cores)");
+        return cu_check_launch(s, err, "attention (tensor cores)");
     }
 }
 
@@ -889,7 +889,7 @@ static int attention_t(bk_stream *s, const void *q, const void *k, const void *v
     k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(
         (const T *)q, (const T *)k, (const T *)v, off, map, (long)nc * tq, tq, heads, dh,
         (float)(1.0 / sqrt((double)dh)), (T *)o);
-    return cu_check_launch(err, "attention (SIMT)");
+    return cu_check_launch(s, err, "attention (SIMT)");
 }
 
 int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,

@@ -50,7 +50,25 @@ int cu_check(cudaError_t e, bk_err *err, const char *what)
     return -1;
 }
 
-int cu_check_launch(bk_err *err, const char *what) { return cu_check(cudaGetLastError(), err, what); }
+int cu_check_launch(bk_stream *s, bk_err *err, const char *what)
+{
+    if (bk_fault_hit(&s->be->fault, BK_FAULT_LAUNCH)) {
+        (void)cudaGetLastError();
+        bk_seterr(err, "cuda: %s: launch failed" BK_FAULT_INJECTED, what);
+        return -1;
+    }
+    return cu_check(cudaGetLastError(), err, what);
+}
+
+/* cudaStreamSynchronize, or the failure IKBO_FAULT injects at this wait. */
+static int stream_wait(bk_stream *s, bk_err *err, const char *what)
+{
+    if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
+        bk_seterr(err, "cuda: %s: stream failed" BK_FAULT_INJECTED, what);
+        return -1;
+    }
+    return cu_check(cudaStreamSynchronize(s->st), err, what);
+}
 
 static const char *blas_status_name(cublasStatus_t st)
 {
@@ -264,6 +282,11 @@ static void *dev_malloc(bk_backend *be, size_t bytes, bk_err *err)
 {
     void *p = NULL;
     size_t n = bytes < MIN_ALLOC ? MIN_ALLOC : bytes;
+    if (bk_fault_hit(&be->fault, BK_FAULT_ALLOC)) {
+        bk_seterr(err, "out of device memory on cuda:%d allocating %zu bytes" BK_FAULT_INJECTED,
+                  cu_impl(be)->ordinal, bytes);
+        return NULL;
+    }
     cudaError_t e = cudaMalloc(&p, n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -523,7 +546,7 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
     if (enter(s->be, err))
         return -1;
     if (!n) {
-        if (cu_check(cudaStreamSynchronize(s->st), err, "download_f32: stream"))
+        if (stream_wait(s, err, "download_f32: stream"))
             return -1;
         host_idle(s);
         return 0;
@@ -543,7 +566,8 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
     if (!h)
         return -1;
     CU_TRY(cudaMemcpyAsync(h, src, bytes, cudaMemcpyDeviceToHost, s->st), "download_f32");
-    CU_TRY(cudaStreamSynchronize(s->st), "download_f32: stream (an earlier op on it failed)");
+    if (stream_wait(s, err, "download_f32: stream (an earlier op on it failed)"))
+        return -1;
     CU_DISPATCH(cu_dt(s), host_to_f32<T>(h, dst, n));
     host_idle(s);
     return 0;
@@ -626,7 +650,7 @@ static int cuda_sync(bk_stream *s, bk_err *err)
     cu_prof_scope prof_(s, "sync", true);
     if (enter(s->be, err))
         return -1;
-    if (cu_check(cudaStreamSynchronize(s->st), err, "stream (an earlier op on it failed)"))
+    if (stream_wait(s, err, "stream (an earlier op on it failed)"))
         return -1;
     host_idle(s);
     return 0;
@@ -749,7 +773,7 @@ static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_
     CU_DISPATCH(cu_dt(s), (k_embedding_bag<T><<<n, block_for(table->cols), 0, s->st>>>(
                               (const T *)table->data, table->rows, table->ld, table->cols, ids,
                               offsets, pool == BK_POOL_MEAN, (T *)out, ld)));
-    return cu_check_launch(err, "embedding_bag");
+    return cu_check_launch(s, err, "embedding_bag");
 }
 
 /* Blocks (user, slice): the gridDim.y slices of one user split its (event,
@@ -807,7 +831,7 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
                               (const T *)table->data, table->rows, table->ld,
                               (const T *)action->data, action->ld, (const T *)position->data,
                               position->ld, ids, actions, offsets, table->cols, (T *)out)));
-    return cu_check_launch(err, "history_embedding");
+    return cu_check_launch(s, err, "history_embedding");
 }
 
 /* Block (row, 32 columns): 32 x MP_LANES threads, lane y sums events y,
@@ -858,7 +882,7 @@ static int cuda_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, i
     dim3 grid((unsigned)n, (unsigned)((dim + 31) / 32)), block(32, MP_LANES);
     CU_DISPATCH(cu_dt(s), (k_mean_pool<T><<<grid, block, 0, s->st>>>(
                               (const T *)x, offsets, dim, (T *)out)));
-    return cu_check_launch(err, "mean_pool");
+    return cu_check_launch(s, err, "mean_pool");
 }
 
 template <typename T>
@@ -885,7 +909,7 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
     size_t total = (size_t)n * width;
     CU_DISPATCH(cu_dt(s), (k_add<T><<<grid_for(total, 256), 256, 0, s->st>>>(
                               (const T *)a, (const T *)b, map, (size_t)n, width, (T *)out)));
-    return cu_check_launch(err, "add");
+    return cu_check_launch(s, err, "add");
 }
 
 /* Row copy in 16-byte units (rows, pitches and pointers 16-byte aligned):
@@ -925,7 +949,7 @@ static int cuda_copy_rows(bk_stream *s, const void *src, int lds, int n, int wid
         int cap = cu_impl(s->be)->sm_count * 8;
         k_copy_rows16<<<n < cap ? n : cap, 256, 0, s->st>>>(
             (const uint4 *)src, sb / 16, (uint4 *)dst, db / 16, n, (int)(wb / 16));
-        return cu_check_launch(err, "copy_rows");
+        return cu_check_launch(s, err, "copy_rows");
     }
     CU_TRY(cudaMemcpy2DAsync(dst, db, src, sb, wb, (size_t)n, cudaMemcpyDeviceToDevice, s->st),
            "copy_rows");
@@ -993,7 +1017,7 @@ static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets
         k_gather_jagged<<<nc, 256, 0, s->st>>>((const char *)src, src_offsets, map, dst_offsets,
                                                (size_t)width * s->be->act_size, (char *)dst);
     }
-    return cu_check_launch(err, "gather");
+    return cu_check_launch(s, err, "gather");
 }
 
 /* ------------------------------------------------------------ linear */
@@ -1181,7 +1205,7 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         CU_DISPATCH(dt, (k_bias_rows<T><<<grid_for(total, 256), 256, 0, s->st>>>(
                             (T *)y, ldy, (size_t)rows, out, bias ? (const T *)bias->data : NULL,
                             act == BK_ACT_RELU)));
-        if (cu_check_launch(err, "linear bias"))
+        if (cu_check_launch(s, err, "linear bias"))
             return -1;
     } else {
         cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
@@ -1226,7 +1250,7 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         size_t total = (size_t)rows * out;
         CU_DISPATCH(dt, (k_sigmoid_rows<T><<<grid_for(total, 256), 256, 0, s->st>>>(
                             (T *)y, ldy, (size_t)rows, out)));
-        return cu_check_launch(err, "linear sigmoid");
+        return cu_check_launch(s, err, "linear sigmoid");
     }
     return 0;
 }

@@ -142,7 +142,7 @@ static inline enum cu_dtype cu_dt(bk_stream *s) { return cu_impl(s->be)->dtype; 
 
 /* Error helpers: every CUDA status becomes a bk_err message naming the step. */
 int cu_check(cudaError_t e, bk_err *err, const char *what);
-int cu_check_launch(bk_err *err, const char *what);
+int cu_check_launch(bk_stream *s, bk_err *err, const char *what); /* also IKBO_FAULT launch */
 int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err);
 /* Binds the stream's device; the start of every op. */
 int cu_enter(bk_stream *s, bk_err *err);

@@ -774,7 +774,7 @@ static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
         return -1;
     long blocks = (long)((M + CFG::BM - 1) / CFG::BM) * ((D + CFG::BN - 1) / CFG::BN) * nb;
     kern<<<(unsigned)blocks, CFG::THREADS, CFG::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, y, map, z);
-    return cu_check_launch(err, "lce (tensor cores)");
+    return cu_check_launch(s, err, "lce (tensor cores)");
 }
 
 template <typename T, int MODE, int BNM>
@@ -796,7 +796,7 @@ static int launch_wg(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
     kern<<<grid, 256, lcew_cfg<BNM>::SMEM, s->st>>>(w, ldw, e, nb, K, M, D, yf, map, z,
                                                     (int)ntiles);
-    return cu_check_launch(err, "lce (wgmma)");
+    return cu_check_launch(s, err, "lce (wgmma)");
 }
 
 /* Tensor maps of one warp-specialized launch: W [M, ldw] K-major in 64 x
@@ -902,7 +902,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
         unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
         kern<<<grid, lcews_cfg<BNM>::THREADS, smem, s->st>>>(tw, te, tz, K, M, D, yf, map,
                                                               (int)ntiles);
-        return cu_check_launch(err, "lce (wgmma, warp-specialized)");
+        return cu_check_launch(s, err, "lce (wgmma, warp-specialized)");
     }
     static int fit[5]; /* per instantiation and cluster size; benign race, same value */
     if (!fit[cl])
@@ -926,7 +926,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     cfg.numAttrs = 1;
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, te, tz, K, M, D, yf, map, (int)units),
            "lce (wgmma, warp-specialized, clusters)");
-    return cu_check_launch(err, "lce (wgmma, warp-specialized, clusters)");
+    return cu_check_launch(s, err, "lce (wgmma, warp-specialized, clusters)");
 }
 
 /* Both GEMMs on wgmma: the user term in fragment order (see k_lce_wg). */
@@ -989,7 +989,7 @@ static int lce_gemm(bk_stream *s, const bk_weight *wt, const T *e, int nb, int K
     }
     k_lce_simt<T, OutT, ADD><<<(unsigned)blocks_max, 256, 0, s->st>>>(w, wt->ld, e, nb, K, M, D, y,
                                                                       map, z);
-    return cu_check_launch(err, "lce (SIMT)");
+    return cu_check_launch(s, err, "lce (SIMT)");
 }
 
 /* Variants (IKBO_CUDA_LCE): 0 automatic (warp-specialized wgmma where M and

@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+"""Device faults, injected with IKBO_FAULT (kernels/fault.h), against the
+real daemon:
+  - an allocation that fails while a new model version loads: that version
+    is FAILED with the backend's message, the previous version keeps
+    serving, and the next version loads and serves;
+  - a stream wait that fails mid-batch: exactly that call is answered
+    INTERNAL, every later call is scored, the server stays ready, and
+    /metrics counts the INTERNAL;
+  - (CUDA only) a kernel launch that fails mid-batch: the same;
+  - a malformed IKBO_FAULT: every load fails naming it, /readyz says why.
+On the CPU in `make test`; on the GPU machine with IKBO_TEST_DEVICE=cuda:0
+(tests/gpu/run_faults.sh)."""
+import os
+import re
+import shutil
+import tempfile
+
+from ikbo_itest import ROOT, Daemon, check, check_eq, make_request, run, to_proto
+from reload_common import version_state, wait_for
+
+DEVICE = os.environ.get("IKBO_TEST_DEVICE", "cpu")
+DEMO = os.path.join(ROOT, "models", "demo", "1")
+
+
+def repo_with(*versions):
+    repo = tempfile.mkdtemp(prefix="ikbo-faults-repo-")
+    for v in versions:
+        install(repo, v)
+    return repo
+
+
+def install(repo, version):
+    """models/demo/1 as demo/<version>, atomically (copy beside, rename)."""
+    tmp = os.path.join(repo, "demo", ".%d.incoming" % version)
+    shutil.copytree(DEMO, tmp)
+    os.rename(tmp, os.path.join(repo, "demo", str(version)))
+
+
+def daemon(repo, fault, **cfg):
+    """A daemon with IKBO_FAULT=fault in its environment only."""
+    old = os.environ.get("IKBO_FAULT")
+    os.environ["IKBO_FAULT"] = fault
+    try:
+        return Daemon(repo, device=DEVICE, repository_poll_ms=100, **cfg)
+    finally:
+        if old is None:
+            del os.environ["IKBO_FAULT"]
+        else:
+            os.environ["IKBO_FAULT"] = old
+
+
+def request(seed):
+    return to_proto(make_request(DEMO, users=2, cands_per_user=6, seed=seed))
+
+
+def test_failed_load_keeps_previous_version():
+    # Backend 1 is version 1; the second backend created (version 2's load)
+    # fails its 2nd allocation; version 3's load is backend 3 and succeeds.
+    repo = repo_with(1)
+    d = daemon(repo, "alloc:2@2")
+    try:
+        check_eq(d.rank(request(1)).model_version, 1, "version 1 serves")
+        install(repo, 2)
+        st = wait_for(lambda: version_state(d, "demo", 2) if (version_state(d, "demo", 2) or ("",))[0]
+                      in ("FAILED", "READY") else None, 20, "version 2 to finish loading")
+        check_eq(st[0], "FAILED", "version 2 state")
+        check("injected by IKBO_FAULT" in st[1] and "out of" in st[1], "load message: %r" % st[1])
+        for seed in range(2, 6):
+            check_eq(d.rank(request(seed)).model_version, 1, "version 1 still serves")
+        check_eq(d.http("GET", "/readyz")[0], 200, "/readyz while version 2 failed")
+        install(repo, 3)
+        wait_for(lambda: version_state(d, "demo", 3) == ("READY", ""), 20, "version 3 READY")
+        check_eq(d.rank(request(7)).model_version, 3, "version 3 serves")
+        check_eq(d.stop(), 0, "exit status")
+    except Exception:
+        print(d.logs()[-4000:])
+        raise
+    finally:
+        d.close()
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def internal_count(d):
+    """ikbo_requests_total{model="demo",code="INTERNAL"} (a regex, not
+    prometheus_client: the GPU machine runs this test too)."""
+    code, body = d.http("GET", "/metrics")
+    check_eq(code, 200, "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("ikbo_requests_total{") and 'model="demo"' in line and \
+                'code="INTERNAL"' in line:
+            return float(re.split(r"\s+", line.strip())[-1])
+    return 0.0
+
+
+def one_failed_batch(fault):
+    """Sequential calls (one batch each) on a daemon with `fault` armed on
+    its only backend: exactly one INTERNAL naming the injection, every call
+    after it scored."""
+    repo = repo_with(1)
+    d = daemon(repo, fault)
+    try:
+        codes = []
+        for seed in range(24):
+            req = request(seed)
+            try:
+                resp = d.rank(req)
+                check_eq(len(resp.scores), len(req.candidates), "scores")
+                codes.append("OK")
+            except Exception as e:  # grpc.RpcError
+                code, detail = e.code().name, e.details()
+                check_eq(code, "INTERNAL", "failed call's code")
+                check("injected by IKBO_FAULT" in detail, "failed call's message: %r" % detail)
+                codes.append(code)
+        check_eq(codes.count("INTERNAL"), 1, "failed calls (%s)" % codes)
+        check(codes.index("INTERNAL") < len(codes) - 1, "a call followed the failed one")
+        check_eq(d.http("GET", "/readyz")[0], 200, "/readyz after the failed batch")
+        check_eq(internal_count(d), 1, "ikbo_requests_total{code=\"INTERNAL\"}")
+        check_eq(d.stop(), 0, "exit status")
+    except Exception:
+        print(d.logs()[-4000:])
+        raise
+    finally:
+        d.close()
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def test_failed_stream_wait_fails_one_batch():
+    # The load's warm-up batch waits once; the 8th wait is a request's.
+    one_failed_batch("sync:8@1")
+
+
+def test_failed_launch_fails_one_batch():
+    if not DEVICE.startswith("cuda"):
+        print("     (launch faults exist on CUDA only; IKBO_TEST_DEVICE=%s)" % DEVICE)
+        return
+    one_failed_batch("launch:40@1")
+
+
+def test_malformed_fault_spec():
+    repo = repo_with(1)
+    d = daemon(repo, "alloc:zero", wait_ready=False)
+    try:
+        st = wait_for(lambda: version_state(d, "demo", 1) if (version_state(d, "demo", 1) or ("",))[0]
+                      == "FAILED" else None, 20, "version 1 FAILED")
+        check("IKBO_FAULT: rule \"alloc:zero\"" in st[1], "message: %r" % st[1])
+        code, body = d.http("GET", "/readyz")
+        check_eq(code, 503, "/readyz")
+        check_eq(d.stop(), 0, "exit status")
+    finally:
+        d.close()
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    run([test_failed_load_keeps_previous_version, test_failed_stream_wait_fails_one_batch,
+         test_failed_launch_fails_one_batch, test_malformed_fault_spec])
