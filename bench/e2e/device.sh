@@ -13,11 +13,12 @@
 #            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70")
 #   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
 #            failing cudaMalloc while a version loads, a failing stream wait
-#            and a failing launch mid-batch (kernels/fault.h)
+#            and a failing launch mid-batch (kernels/fault.h); faults-memcheck
+#            runs the same with the daemon under compute-sanitizer memcheck
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
 #            each op's GPU time and the final download, per batch shape
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [e2e] [phases]
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -62,6 +63,20 @@ EOF
   [ $rc = 0 ] && [ $prc = 0 ]
 }
 
+# test_faults.py with the daemon under memcheck: a wrapper build dir whose
+# ikbo-serve runs the real one under compute-sanitizer (nonzero exit on any
+# error, which the test checks), one log per daemon.
+faults_memcheck() {
+  local w=/tmp/ikbo-memcheck-bin
+  rm -rf $w && mkdir -p $w && ln -s $B/gen $w/gen
+  printf '#!/bin/sh\nexec compute-sanitizer --tool memcheck --error-exitcode 86 --log-file %s/memcheck.%%p.log %s/ikbo-serve "$@"\n' \
+      "$OUT" "$B" > $w/ikbo-serve
+  chmod +x $w/ikbo-serve
+  env IKBO_BUILD=$w IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 $PY tests/integration/test_faults.py || return 1
+  grep -h "ERROR SUMMARY" "$OUT"/memcheck.*.log
+  ! grep -L "ERROR SUMMARY: 0 errors" "$OUT"/memcheck.*.log | grep -q .
+}
+
 for s in $stages; do
   case $s in
   golden)
@@ -74,6 +89,8 @@ for s in $stages; do
   faults)
     stage faults faults.log env IKBO_BUILD=$B IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 \
         $PY tests/integration/test_faults.py ;;
+  faults-memcheck)
+    stage faults-memcheck faults_memcheck.log faults_memcheck ;;
   phases)
     [ -f models/bench/1/model.json ] || stage bench-model phases.log $PY models/bench/make_bench_model.py
     stage phases phases.log ${PHASES_BIN:-build/gpu/batch_phases} models/bench/1 --device cuda:0 ;;
