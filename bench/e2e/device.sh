@@ -63,16 +63,14 @@ EOF
   [ $rc = 0 ] && [ $prc = 0 ]
 }
 
-# test_faults.py with the daemon under memcheck: a wrapper build dir whose
-# ikbo-serve runs the real one under compute-sanitizer (nonzero exit on any
-# error, which the test checks), one log per daemon.
+# test_faults.py with the daemon under memcheck (tests/gpu/memcheck_serve.sh
+# as ikbo-serve in a wrapper build dir; any error fails the daemon's exit
+# status, which the test checks), one log per daemon.
 faults_memcheck() {
   local w=/tmp/ikbo-memcheck-bin
-  rm -rf $w && mkdir -p $w && ln -s $B/gen $w/gen
-  printf '#!/bin/sh\nexec compute-sanitizer --tool memcheck --error-exitcode 86 --log-file %s/memcheck.%%p.log %s/ikbo-serve "$@"\n' \
-      "$OUT" "$B" > $w/ikbo-serve
-  chmod +x $w/ikbo-serve
-  env IKBO_BUILD=$w IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 $PY tests/integration/test_faults.py || return 1
+  rm -rf $w && mkdir -p $w && ln -s $B/gen $w/gen && cp tests/gpu/memcheck_serve.sh $w/ikbo-serve
+  env IKBO_REAL_SERVE=$B/ikbo-serve IKBO_MEMCHECK_LOG="$OUT/memcheck.%p.log" IKBO_BUILD=$w \
+      IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 $PY tests/integration/test_faults.py || return 1
   grep -h "ERROR SUMMARY" "$OUT"/memcheck.*.log
   ! grep -L "ERROR SUMMARY: 0 errors" "$OUT"/memcheck.*.log | grep -q .
 }
