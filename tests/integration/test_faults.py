@@ -11,6 +11,7 @@ real daemon:
   - a malformed IKBO_FAULT: every load fails naming it, /readyz says why.
 On the CPU in `make test`; on the GPU machine with IKBO_TEST_DEVICE=cuda:0
 (tests/gpu/run_faults.sh)."""
+import contextlib
 import os
 import re
 import shutil
@@ -37,17 +38,29 @@ def install(repo, version):
     os.rename(tmp, os.path.join(repo, "demo", str(version)))
 
 
-def daemon(repo, fault, **cfg):
-    """A daemon with IKBO_FAULT=fault in its environment only."""
+@contextlib.contextmanager
+def serving(fault, wait_ready=True):
+    """(repo, daemon): a repository with demo/1 and a daemon with
+    IKBO_FAULT=fault in its environment only; the daemon's log tail is
+    printed when the body fails, and both are cleaned up."""
+    repo = repo_with(1)
     old = os.environ.get("IKBO_FAULT")
     os.environ["IKBO_FAULT"] = fault
     try:
-        return Daemon(repo, device=DEVICE, repository_poll_ms=100, **cfg)
+        d = Daemon(repo, device=DEVICE, repository_poll_ms=100, wait_ready=wait_ready)
     finally:
         if old is None:
             del os.environ["IKBO_FAULT"]
         else:
             os.environ["IKBO_FAULT"] = old
+    try:
+        yield repo, d
+    except Exception:
+        print(d.logs()[-4000:])
+        raise
+    finally:
+        d.close()
+        shutil.rmtree(repo, ignore_errors=True)
 
 
 def request(seed):
@@ -57,9 +70,7 @@ def request(seed):
 def test_failed_load_keeps_previous_version():
     # Backend 1 is version 1; the second backend created (version 2's load)
     # fails its 2nd allocation; version 3's load is backend 3 and succeeds.
-    repo = repo_with(1)
-    d = daemon(repo, "alloc:2@2")
-    try:
+    with serving("alloc:2@2") as (repo, d):
         check_eq(d.rank(request(1)).model_version, 1, "version 1 serves")
         install(repo, 2)
         st = wait_for(lambda: version_state(d, "demo", 2) if (version_state(d, "demo", 2) or ("",))[0]
@@ -73,12 +84,6 @@ def test_failed_load_keeps_previous_version():
         wait_for(lambda: version_state(d, "demo", 3) == ("READY", ""), 20, "version 3 READY")
         check_eq(d.rank(request(7)).model_version, 3, "version 3 serves")
         check_eq(d.stop(), 0, "exit status")
-    except Exception:
-        print(d.logs()[-4000:])
-        raise
-    finally:
-        d.close()
-        shutil.rmtree(repo, ignore_errors=True)
 
 
 def internal_count(d):
@@ -97,9 +102,7 @@ def one_failed_batch(fault):
     """Sequential calls (one batch each) on a daemon with `fault` armed on
     its only backend: exactly one INTERNAL naming the injection, every call
     after it scored."""
-    repo = repo_with(1)
-    d = daemon(repo, fault)
-    try:
+    with serving(fault) as (_, d):
         codes = []
         for seed in range(24):
             req = request(seed)
@@ -117,12 +120,6 @@ def one_failed_batch(fault):
         check_eq(d.http("GET", "/readyz")[0], 200, "/readyz after the failed batch")
         check_eq(internal_count(d), 1, "ikbo_requests_total{code=\"INTERNAL\"}")
         check_eq(d.stop(), 0, "exit status")
-    except Exception:
-        print(d.logs()[-4000:])
-        raise
-    finally:
-        d.close()
-        shutil.rmtree(repo, ignore_errors=True)
 
 
 def test_failed_stream_wait_fails_one_batch():
@@ -138,18 +135,13 @@ def test_failed_launch_fails_one_batch():
 
 
 def test_malformed_fault_spec():
-    repo = repo_with(1)
-    d = daemon(repo, "alloc:zero", wait_ready=False)
-    try:
+    with serving("alloc:zero", wait_ready=False) as (_, d):
         st = wait_for(lambda: version_state(d, "demo", 1) if (version_state(d, "demo", 1) or ("",))[0]
                       == "FAILED" else None, 20, "version 1 FAILED")
         check("IKBO_FAULT: rule \"alloc:zero\"" in st[1], "message: %r" % st[1])
         code, body = d.http("GET", "/readyz")
         check_eq(code, 503, "/readyz")
         check_eq(d.stop(), 0, "exit status")
-    finally:
-        d.close()
-        shutil.rmtree(repo, ignore_errors=True)
 
 
 if __name__ == "__main__":
