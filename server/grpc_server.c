@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/compression.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -63,6 +64,16 @@ _Static_assert(CONFIG_MAX_METADATA_BYTES_CAP <= GRPCSRV_METADATA_CEILING / 4,
 
 /* HTTP/2's per-entry overhead in a header list's size (RFC 9113 6.5.2). */
 #define HTTP2_ENTRY_OVERHEAD 32
+
+/* gRPC core 1.51 tells whether a received message still has its compressed
+ * flag (core did not decompress it) only through this test-only function,
+ * declared with C++ linkage in its internal src/core/lib/surface/
+ * call_test_only.h; libgrpc.so.29 exports it under this name (a core without
+ * it fails at link time, not silently). The flag bit is core's
+ * GRPC_WRITE_INTERNAL_COMPRESS (src/core/lib/transport/transport.h). */
+extern uint32_t core_message_flags(grpc_call *call)
+    __asm__("_Z37grpc_call_test_only_get_message_flagsP9grpc_call");
+#define CORE_WRITE_INTERNAL_COMPRESS 0x80000000u
 
 enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
 
@@ -117,6 +128,7 @@ struct grpcsrv {
     metrics_server *metrics;
     const atomic_int *draining;
     uint32_t max_metadata_bytes;
+    char encodings[64]; /* "identity, deflate, gzip": what core decompresses */
     /* CLOCK_MONOTONIC ms of the last Rank/ModelInfo/unknown call to reach a
      * worker: the drain's lame-duck phase waits for it to go quiet. */
     atomic_llong last_call_ms;
@@ -418,8 +430,9 @@ static void refuse(call *c, int code, const char *msg)
     finish(c, code, msg, NULL);
 }
 
-/* Metadata over max_metadata_bytes (see grpc_server.h): refused here, for
- * this call alone. Returns 1 when the call has been answered. */
+/* Metadata over max_metadata_bytes, or a message whose compressed flag is
+ * set but that core did not decompress (see grpc_server.h): refused here,
+ * for this call alone. Returns 1 when the call has been answered. */
 static int check_call(call *c)
 {
     grpcsrv *s = c->w->srv;
@@ -431,6 +444,14 @@ static int check_call(call *c)
                  "each entry counts its name + value + 32)",
                  md, s->max_metadata_bytes);
         refuse(c, RQ_RESOURCE_EXHAUSTED, msg);
+        return 1;
+    }
+    if (c->payload && (core_message_flags(c->call) & CORE_WRITE_INTERNAL_COMPRESS)) {
+        snprintf(msg, sizeof msg,
+                 "the message's compressed flag is set, but the call's grpc-encoding is absent, "
+                 "identity or not one this server decodes (%s)",
+                 s->encodings);
+        refuse(c, RQ_INTERNAL, msg);
         return 1;
     }
     return 0;
@@ -578,6 +599,13 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
                   GRPCSRV_METADATA_CEILING / 4);
         free(s);
         return NULL;
+    }
+    for (int a = 0; a < GRPC_COMPRESS_ALGORITHMS_COUNT; a++) {
+        const char *name = NULL;
+        if (!grpc_compression_algorithm_name((grpc_compression_algorithm)a, &name)) continue;
+        size_t used = strlen(s->encodings);
+        snprintf(s->encodings + used, sizeof s->encodings - used, "%s%s", used ? ", " : "",
+                 name);
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);

@@ -25,6 +25,13 @@
  * HTTP/2 counts a header list, over what core hands the application) is
  * over max_metadata_bytes with RESOURCE_EXHAUSTED, alone. A header block over
  * the ceiling still closes its connection.
+ * Compression: core decompresses gzip and deflate. A message whose
+ * compressed flag is set but which core did not decompress (grpc-encoding
+ * absent or identity; core 1.51 also reads a grpc-encoding it does not know,
+ * e.g. snappy, as identity) is refused INTERNAL. The flag is read through
+ * core's test-only grpc_call_test_only_get_message_flags, the only place the
+ * C API exposes it. A message with flag 0 is served whatever grpc-encoding
+ * says (flag 0 means not compressed).
  * Draining: once *draining is set, Rank and ModelInfo calls that reach a
  * worker are answered UNAVAILABLE; Health/Check keeps answering
  * (NOT_SERVING). grpcsrv_shutdown first waits, with the port still open,
