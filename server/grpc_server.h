@@ -32,6 +32,10 @@
  * core's test-only grpc_call_test_only_get_message_flags, the only place the
  * C API exposes it. A message with flag 0 is served whatever grpc-encoding
  * says (flag 0 means not compressed).
+ * Deadlines: core rounds grpc-timeout up to whole milliseconds (1n, 1u ->
+ * 1m) on a millisecond clock, so a sub-millisecond timeout leaves the call up
+ * to 1 ms; a Rank whose deadline passed when it is submitted, before scoring
+ * or while queued is answered DEADLINE_EXCEEDED without being computed.
  * Draining: once *draining is set, Rank and ModelInfo calls that reach a
  * worker are answered UNAVAILABLE; Health/Check keeps answering
  * (NOT_SERVING). grpcsrv_shutdown first waits, with the port still open,

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """Hostile input on the gRPC endpoint, below what grpcio lets a client send:
-oversized request metadata and the compressed flag / grpc-encoding
-combinations, some sent as raw HTTP/2 frames (python3-h2's hpack and
-hyperframe over a plain socket).
+oversized request metadata, sub-millisecond grpc-timeout values, and the
+compressed flag / grpc-encoding combinations, some sent as raw HTTP/2 frames
+(python3-h2's hpack and hyperframe over a plain socket).
 
 The daemon's batcher is held: a batch closes only at BATCH candidates (or
 after 10 s), so a 15-candidate request stays queued, in flight, until the
 test sends the candidates that fill the batch. That makes "calls in flight on
-the connection" a condition the test sets up, not timing it hopes for; a
-75-candidate request is a batch by itself and is answered at once."""
+the connection" and "a deadline passes before the answer" conditions the test
+sets up, not timing it hopes for; a 75-candidate request is a batch by
+itself and is answered at once."""
 import gzip
 import socket
 import struct
@@ -49,6 +50,10 @@ def wait_until(cond, what, timeout=20):
 
 def queued():
     return metric(D.metrics(), "ikbo_queue_requests", model="demo")
+
+
+def batches():
+    return metric(D.metrics(), "ikbo_batch_candidates_count", model="demo")
 
 
 # ---------------------------------------------------------------- raw HTTP/2
@@ -172,6 +177,30 @@ def test_metadata_limit_configurable():
         check_eq(len(d.rank(full(3), timeout=20).scores), BATCH, "next call")
 
 
+# ---------------------------------------------------------------- deadlines
+
+def test_sub_millisecond_timeouts():
+    """gRPC core rounds grpc-timeout up to 1 ms (1n, 1u -> 1m); a call still
+    queued when that millisecond passes is DEADLINE_EXCEEDED, not computed:
+    the daemon drops it at its deadline (well before the 10 s hold), as a
+    deadline, not as a client gone."""
+    m0 = D.metrics()
+    b0 = batches()
+    for t in ("1n", "1u"):
+        got, seen = raw_call(small(40).SerializeToString(), [("grpc-timeout", t)])
+        check_eq(grpc_status(got, seen), 4, "grpc-timeout %s" % t)
+    try:
+        D.rank_stub()(small(41), timeout=1e-6)
+        raise AssertionError("grpcio timeout=1e-6 answered OK")
+    except grpc.RpcError as e:
+        check_eq(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED, "grpcio timeout=1e-6")
+    wait_until(lambda: queued() == 0, "expired calls dropped from the queue", timeout=5)
+    check_eq(batches(), b0, "batches computed for expired calls")
+    cancelled = [metric(m, "ikbo_rejected_total", model="demo", reason="cancelled")
+                 for m in (m0, D.metrics())]
+    check_eq(cancelled[1], cancelled[0], "expired calls dropped as cancelled")
+
+
 # ---------------------------------------------------------------- compression
 
 def test_compressed_flag_without_encoding():
@@ -211,5 +240,5 @@ def test_gzip_still_served():
 
 if __name__ == "__main__":
     run([test_metadata_over_limit_fails_alone, test_metadata_limit_configurable,
-         test_compressed_flag_without_encoding,
+         test_sub_millisecond_timeouts, test_compressed_flag_without_encoding,
          test_unknown_encoding, test_gzip_still_served], daemon=D, repo=REPO)
