@@ -38,6 +38,7 @@ endif
 DEPS_BUILD := gcc make pkg-config libevent-dev libprotobuf-c-dev protobuf-c-compiler \
               libgrpc-dev libjansson-dev
 DEPS_TEST  := libcmocka-dev protobuf-compiler python3-torch python3-numpy python3-grpcio \
+              python3-hpack python3-hyperframe \
               python3-protobuf python3-prometheus-client openssl curl
 # deploy/ tests: balancers, linters, promtool/prometheus, systemd-analyze; kubectl from
 # Debian's kubernetes-client unless one is already installed (another kubectl package

@@ -193,6 +193,7 @@ int config_defaults(config *c, ikbo_err *err)
     c->mode = IKBO_MODE_IKBO;
     c->threads = DEFAULT_THREADS;
     rq_limits_default(&c->limits);
+    c->max_metadata_bytes = CONFIG_DEFAULT_MAX_METADATA_BYTES;
     c->log_level = CONFIG_LOG_INFO;
     c->log_format = CONFIG_LOG_PLAIN;
     c->drain_timeout_ms = DEFAULT_DRAIN_TIMEOUT_MS;
@@ -308,6 +309,7 @@ static int apply_limits(config *c, const json_t *o, ikbo_err *err)
         {"max_history", &c->limits.max_history, 100000000},
         {"max_sparse_features", &c->limits.max_sparse_features, 65536},
         {"max_message_bytes", &c->limits.max_message_bytes, MAX_MESSAGE_BYTES_CAP},
+        {"max_metadata_bytes", &c->max_metadata_bytes, CONFIG_MAX_METADATA_BYTES_CAP},
     };
     const char *key;
     json_t *v;
@@ -321,7 +323,7 @@ static int apply_limits(config *c, const json_t *o, ikbo_err *err)
         if (i == sizeof keys / sizeof keys[0])
             return fail(err, "%s: unknown key (known: max_users, max_candidates, "
                              "max_ids_per_bag, max_history, max_sparse_features, "
-                             "max_message_bytes)",
+                             "max_message_bytes, max_metadata_bytes)",
                         path);
         long long x;
         if (want_int(v, path, 1, keys[i].hi, &x, err))
@@ -901,7 +903,7 @@ char *config_to_json(const config *c)
                                   jstr_or_null(c->tls_client_ca_file))
                       : json_null();
     json_t *o = json_pack(
-        "{s:o,s:s,s:s,s:s,s:o,s:s,s:s,s:i,s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:s},s:i,s:o}",
+        "{s:o,s:s,s:s,s:s,s:o,s:s,s:s,s:i,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:s},s:i,s:o}",
         "config_file", jstr_or_null(c->config_file), "grpc_listen", c->grpc_listen ? c->grpc_listen : "",
         "http_listen", c->http_listen ? c->http_listen : "", "model_repository",
         c->model_repository ? c->model_repository : "", "models", models, "device",
@@ -910,7 +912,8 @@ char *config_to_json(const config *c)
         (json_int_t)c->limits.max_candidates, "max_ids_per_bag",
         (json_int_t)c->limits.max_ids_per_bag, "max_history", (json_int_t)c->limits.max_history,
         "max_sparse_features", (json_int_t)c->limits.max_sparse_features, "max_message_bytes",
-        (json_int_t)c->limits.max_message_bytes, "log", "level",
+        (json_int_t)c->limits.max_message_bytes, "max_metadata_bytes",
+        (json_int_t)c->max_metadata_bytes, "log", "level",
         config_log_level_name(c->log_level), "format", config_log_format_name(c->log_format),
         "drain_timeout_ms", c->drain_timeout_ms, "tls", tls);
     if (!o)

@@ -18,7 +18,9 @@
  *   threads           gRPC worker threads, 1..1024, default 2
  *   limits            {max_users 1024, max_candidates 10000, max_ids_per_bag
  *                      1024, max_history 10000, max_sparse_features 64,
- *                      max_message_bytes 4194304}  (each >= 1; see request.h)
+ *                      max_message_bytes 4194304}  (each >= 1; see request.h),
+ *                     and max_metadata_bytes 8192 (1..CONFIG_MAX_METADATA_BYTES_CAP:
+ *                     a gRPC call's request metadata, grpc_server.h)
  *   log               {level: "debug"|"info"|"warn"|"error" (info),
  *                      format: "plain"|"json" (plain)}
  *   drain_timeout_ms  0..3600000, default 10000
@@ -89,6 +91,13 @@ enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
 #define CONFIG_BATCH_MAX_QUEUE_REQUESTS 1024     /* 1..10000000 */
 #define CONFIG_BATCH_MAX_INSTANCES 64
 
+/* limits.max_metadata_bytes: a gRPC call's request metadata, counted as
+ * HTTP/2 counts a header list (name + value + 32 per entry). Its cap leaves
+ * gRPC core's own, connection-wide limit (GRPCSRV_METADATA_CEILING) room
+ * for the headers the daemon does not see (pseudo-headers, grpc-timeout...). */
+#define CONFIG_DEFAULT_MAX_METADATA_BYTES 8192u
+#define CONFIG_MAX_METADATA_BYTES_CAP (256u << 10)
+
 typedef struct config_batching {
     long long max_batch_candidates; /* a batch closes at this many candidates */
     long long max_batch_users;      /* ... or this many user rows (before cross-request dedup) */
@@ -126,6 +135,7 @@ typedef struct config {
     enum ikbo_mode mode;
     int threads;
     rq_limits limits;
+    uint32_t max_metadata_bytes; /* "limits.max_metadata_bytes" (gRPC only) */
     enum config_log_level log_level;
     enum config_log_format log_format;
     int drain_timeout_ms;

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/compression.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "health.h"
 #include "ikbo/v1/ranker.pb-c.h"
@@ -55,6 +57,23 @@ static const char *const method_path[M_COUNT] = {
 /* Drain: how long no call must arrive before shutdown proper (see
  * grpcsrv_shutdown). */
 #define LAME_DUCK_QUIET_MS 200
+
+/* The metadata limit a config may ask for stays well under core's ceiling. */
+_Static_assert(CONFIG_MAX_METADATA_BYTES_CAP <= GRPCSRV_METADATA_CEILING / 4,
+               "limits.max_metadata_bytes cap must leave room under gRPC core's ceiling");
+
+/* HTTP/2's per-entry overhead in a header list's size (RFC 9113 6.5.2). */
+#define HTTP2_ENTRY_OVERHEAD 32
+
+/* gRPC core 1.51 tells whether a received message still has its compressed
+ * flag (core did not decompress it) only through this test-only function,
+ * declared with C++ linkage in its internal src/core/lib/surface/
+ * call_test_only.h; libgrpc.so.29 exports it under this name (a core without
+ * it fails at link time, not silently). The flag bit is core's
+ * GRPC_WRITE_INTERNAL_COMPRESS (src/core/lib/transport/transport.h). */
+extern uint32_t core_message_flags(grpc_call *call)
+    __asm__("_Z37grpc_call_test_only_get_message_flagsP9grpc_call");
+#define CORE_WRITE_INTERNAL_COMPRESS 0x80000000u
 
 enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
 
@@ -108,6 +127,8 @@ struct grpcsrv {
     registry *reg;
     metrics_server *metrics;
     const atomic_int *draining;
+    uint32_t max_metadata_bytes;
+    char encodings[64]; /* "identity, deflate, gzip": what core decompresses */
     /* CLOCK_MONOTONIC ms of the last Rank/ModelInfo/unknown call to reach a
      * worker: the drain's lame-duck phase waits for it to go quiet. */
     atomic_llong last_call_ms;
@@ -383,6 +404,59 @@ static void handle_unknown(call *c)
     finish(c, RQ_UNIMPLEMENTED, msg, NULL);
 }
 
+/* ---- refusals every method shares ---------------------------------------- */
+
+/* The call's request metadata as HTTP/2 sizes a header list: name + value +
+ * 32 per entry, over what core hands the application (custom keys,
+ * user-agent, ...; not the pseudo-headers nor the grpc-* headers core
+ * consumes). */
+static size_t metadata_bytes(const grpc_metadata_array *md)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < md->count; i++)
+        n += GRPC_SLICE_LENGTH(md->metadata[i].key) + GRPC_SLICE_LENGTH(md->metadata[i].value) +
+             HTTP2_ENTRY_OVERHEAD;
+    return n;
+}
+
+/* Answers a call refused before its handler ran (a Rank counts in
+ * requests_total, as the handler's own early errors do). */
+static void refuse(call *c, int code, const char *msg)
+{
+    if (c->method == M_RANK) {
+        const char *const mc[] = {"", rq_code_name(code)};
+        metrics_add_l(c->w->srv->metrics->requests_total, mc, 1);
+    }
+    finish(c, code, msg, NULL);
+}
+
+/* Metadata over max_metadata_bytes, or a message whose compressed flag is
+ * set but that core did not decompress (see grpc_server.h): refused here,
+ * for this call alone. Returns 1 when the call has been answered. */
+static int check_call(call *c)
+{
+    grpcsrv *s = c->w->srv;
+    char msg[300];
+    size_t md = metadata_bytes(&c->md);
+    if (md > s->max_metadata_bytes) {
+        snprintf(msg, sizeof msg,
+                 "request metadata is %zu bytes, over the limit of %u (limits.max_metadata_bytes; "
+                 "each entry counts its name + value + 32)",
+                 md, s->max_metadata_bytes);
+        refuse(c, RQ_RESOURCE_EXHAUSTED, msg);
+        return 1;
+    }
+    if (c->payload && (core_message_flags(c->call) & CORE_WRITE_INTERNAL_COMPRESS)) {
+        snprintf(msg, sizeof msg,
+                 "the message's compressed flag is set, but the call's grpc-encoding is absent, "
+                 "identity or not one this server decodes (%s)",
+                 s->encodings);
+        refuse(c, RQ_INTERNAL, msg);
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- workers ------------------------------------------------------------ */
 
 static void *worker_main(void *arg)
@@ -431,6 +505,7 @@ static void *worker_main(void *arg)
         close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
         if (grpc_call_start_batch(c->call, &close_op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
             atomic_store(&c->refs, 1);
+        if (check_call(c)) continue;
         switch (c->method) {
         case M_RANK: handle_rank(c); break;
         case M_MODEL_INFO: handle_model_info(c); break;
@@ -517,10 +592,25 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
     s->metrics = o->metrics;
     s->draining = o->draining;
     s->n_workers = o->threads > 0 ? o->threads : 1;
+    s->max_metadata_bytes =
+        o->max_metadata_bytes ? o->max_metadata_bytes : CONFIG_DEFAULT_MAX_METADATA_BYTES;
+    if (s->max_metadata_bytes > GRPCSRV_METADATA_CEILING / 4) {
+        bk_seterr(err, "grpc: max_metadata_bytes %u is over %u", s->max_metadata_bytes,
+                  GRPCSRV_METADATA_CEILING / 4);
+        free(s);
+        return NULL;
+    }
+    for (int a = 0; a < GRPC_COMPRESS_ALGORITHMS_COUNT; a++) {
+        const char *name = NULL;
+        if (!grpc_compression_algorithm_name((grpc_compression_algorithm)a, &name)) continue;
+        size_t used = strlen(s->encodings);
+        snprintf(s->encodings + used, sizeof s->encodings - used, "%s%s", used ? ", " : "",
+                 name);
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
 
-    grpc_arg args[2];
+    grpc_arg args[3];
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[0].value.integer =
@@ -530,7 +620,11 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = -1;
-    grpc_channel_args ch_args = {.num_args = 2, .args = args};
+    /* Core's connection-wide ceiling; the per-call limit is ours (refused). */
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_MAX_METADATA_SIZE;
+    args[2].value.integer = (int)GRPCSRV_METADATA_CEILING;
+    grpc_channel_args ch_args = {.num_args = 3, .args = args};
     s->server = grpc_server_create(&ch_args, NULL);
     if (!s->server) {
         bk_seterr(err, "grpc: cannot create the server");

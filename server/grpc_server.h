@@ -16,7 +16,26 @@
  * Functions use the prefix grpcsrv_: grpc_server_* is gRPC core's namespace.
  *
  * Limits: a request over max_message_bytes is refused by gRPC core with
- * RESOURCE_EXHAUSTED before it reaches a worker.
+ * RESOURCE_EXHAUSTED before it reaches a worker. Request metadata is limited
+ * per call: gRPC core 1.51's own limit (GRPC_ARG_MAX_METADATA_SIZE) fails
+ * the whole connection when one header block exceeds it (the HPACK parser's
+ * error carries no stream id, so chttp2 closes the transport and every call
+ * on it), so core's is set to GRPCSRV_METADATA_CEILING, a hard ceiling, and
+ * a worker refuses a call whose metadata (name + value + 32 per entry, as
+ * HTTP/2 counts a header list, over what core hands the application) is
+ * over max_metadata_bytes with RESOURCE_EXHAUSTED, alone. A header block over
+ * the ceiling still closes its connection.
+ * Compression: core decompresses gzip and deflate. A message whose
+ * compressed flag is set but which core did not decompress (grpc-encoding
+ * absent or identity; core 1.51 also reads a grpc-encoding it does not know,
+ * e.g. snappy, as identity) is refused INTERNAL. The flag is read through
+ * core's test-only grpc_call_test_only_get_message_flags, the only place the
+ * C API exposes it. A message with flag 0 is served whatever grpc-encoding
+ * says (flag 0 means not compressed).
+ * Deadlines: core rounds grpc-timeout up to whole milliseconds (1n, 1u ->
+ * 1m) on a millisecond clock, so a sub-millisecond timeout leaves the call up
+ * to 1 ms; a Rank whose deadline passed when it is submitted, before scoring
+ * or while queued is answered DEADLINE_EXCEEDED without being computed.
  * Draining: once *draining is set, Rank and ModelInfo calls that reach a
  * worker are answered UNAVAILABLE; Health/Check keeps answering
  * (NOT_SERVING). grpcsrv_shutdown first waits, with the port still open,
@@ -45,12 +64,20 @@
 #include "rank.h"
 #include "registry.h"
 
+/* gRPC core's metadata limit (GRPC_ARG_MAX_METADATA_SIZE, HTTP/2
+ * SETTINGS_MAX_HEADER_LIST_SIZE): a header block over it closes the
+ * connection. A quarter of it at most is left to max_metadata_bytes, the
+ * rest to the headers core consumes itself (:path, grpc-timeout, ...). */
+#define GRPCSRV_METADATA_CEILING (1u << 20)
+
 typedef struct grpcsrv grpcsrv;
 
 typedef struct grpcsrv_opts {
     const char *listen; /* "host:port"; port 0 picks a free port */
     int threads;        /* worker threads (receive, validate, plan, submit) */
     uint32_t max_message_bytes;
+    /* Request metadata per call, 1..GRPCSRV_METADATA_CEILING / 4 (0 = 8192). */
+    uint32_t max_metadata_bytes;
     /* TLS: both NULL = plaintext; cert+key = TLS; + client CA = mutual TLS. */
     const char *tls_cert_file, *tls_key_file, *tls_client_ca_file;
     const rank_env *rank;
@@ -60,7 +87,8 @@ typedef struct grpcsrv_opts {
 } grpcsrv_opts;
 
 /* Binds, starts the server and its workers. NULL with *err when the port
- * cannot be bound or a TLS file cannot be read. */
+ * cannot be bound, a TLS file cannot be read or max_metadata_bytes is out of
+ * range. */
 grpcsrv *grpcsrv_start(const grpcsrv_opts *opts, ikbo_err *err);
 
 /* The bound port (useful with port 0). */

@@ -198,6 +198,7 @@ int main(int argc, char **argv)
         .listen = cfg.grpc_listen,
         .threads = cfg.threads,
         .max_message_bytes = cfg.limits.max_message_bytes,
+        .max_metadata_bytes = cfg.max_metadata_bytes,
         .tls_cert_file = cfg.tls_cert_file,
         .tls_key_file = cfg.tls_key_file,
         .tls_client_ca_file = cfg.tls_client_ca_file,

@@ -66,6 +66,7 @@ static void test_defaults(void **s)
     assert_int_equal(c.limits.max_history, RQ_DEFAULT_MAX_HISTORY);
     assert_int_equal(c.limits.max_sparse_features, RQ_DEFAULT_MAX_SPARSE_FEATURES);
     assert_int_equal(c.limits.max_message_bytes, 4 << 20);
+    assert_int_equal(c.max_metadata_bytes, 8192);
     assert_int_equal(c.log_level, CONFIG_LOG_INFO);
     assert_int_equal(c.log_format, CONFIG_LOG_PLAIN);
     assert_int_equal(c.drain_timeout_ms, 10000);
@@ -85,7 +86,8 @@ static void test_good_config(void **s)
                  "\"model_repository\":\"/srv/models\",\"models\":[\"demo\",\"bench\"],"
                  "\"device\":\"cuda:1\",\"mode\":\"broadcast\",\"threads\":8,"
                  "\"limits\":{\"max_users\":10,\"max_candidates\":20,\"max_ids_per_bag\":30,"
-                 "\"max_history\":40,\"max_sparse_features\":5,\"max_message_bytes\":1000},"
+                 "\"max_history\":40,\"max_sparse_features\":5,\"max_message_bytes\":1000,"
+                 "\"max_metadata_bytes\":16384},"
                  "\"log\":{\"level\":\"debug\",\"format\":\"json\"},\"drain_timeout_ms\":0,"
                  "\"tls\":{\"cert_file\":\"c.pem\",\"key_file\":\"k.pem\",\"client_ca_file\":\"ca.pem\"}}");
     assert_string_equal(c.grpc_listen, "0.0.0.0:6000");
@@ -102,6 +104,7 @@ static void test_good_config(void **s)
     assert_int_equal(c.limits.max_history, 40);
     assert_int_equal(c.limits.max_sparse_features, 5);
     assert_int_equal(c.limits.max_message_bytes, 1000);
+    assert_int_equal(c.max_metadata_bytes, 16384);
     assert_int_equal(c.log_level, CONFIG_LOG_DEBUG);
     assert_int_equal(c.log_format, CONFIG_LOG_JSON);
     assert_int_equal(c.drain_timeout_ms, 0);
@@ -112,6 +115,7 @@ static void test_good_config(void **s)
     assert_non_null(j);
     assert_non_null(strstr(j, "\"mode\":\"broadcast\""));
     assert_non_null(strstr(j, "\"max_history\":40"));
+    assert_non_null(strstr(j, "\"max_metadata_bytes\":16384"));
     assert_non_null(strstr(j, "\"client_ca_file\":\"ca.pem\""));
     free(j);
     config_free(&c);
@@ -121,6 +125,7 @@ static void test_good_config(void **s)
                  "\"client_ca_file\":null},\"models\":null,\"grpc_listen\":\"unix:/tmp/s.sock\"}");
     assert_int_equal(c.limits.max_users, 7);
     assert_int_equal(c.limits.max_candidates, RQ_DEFAULT_MAX_CANDIDATES);
+    assert_int_equal(c.max_metadata_bytes, CONFIG_DEFAULT_MAX_METADATA_BYTES);
     assert_null(c.tls_client_ca_file);
     assert_null(c.models);
     assert_string_equal(c.grpc_listen, "unix:/tmp/s.sock");
@@ -184,6 +189,8 @@ static void test_bad_values(void **s)
     apply_err("{\"limits\":{\"max_users\":0}}", "limits.max_users: expected integer 1..1000000, got 0");
     apply_err("{\"limits\":{\"max_candidates\":\"9\"}}", "limits.max_candidates: expected integer");
     apply_err("{\"limits\":{\"max_message_bytes\":2147483648}}", "limits.max_message_bytes: expected integer 1..1073741824");
+    apply_err("{\"limits\":{\"max_metadata_bytes\":0}}", "limits.max_metadata_bytes: expected integer 1..262144, got 0");
+    apply_err("{\"limits\":{\"max_metadata_bytes\":262145}}", "limits.max_metadata_bytes: expected integer 1..262144");
     apply_err("{\"log\":{\"level\":\"verbose\"}}", "log.level: expected \"debug\", \"info\", \"warn\" or \"error\", got \"verbose\"");
     apply_err("{\"log\":{\"format\":\"xml\"}}", "log.format: expected \"plain\" or \"json\", got \"xml\"");
     apply_err("{\"log\":{\"level\":1}}", "log.level: expected string, got 1");
