@@ -39,6 +39,7 @@
 #include "ikbo/v1/ranker.pb-c.h"
 #include "log.h"
 #include "pb_arena.h"
+#include "pb_check.h"
 #include "rank_wire.h"
 
 enum method { M_RANK = 0, M_MODEL_INFO = 1, M_HEALTH_CHECK = 2, M_UNKNOWN = 3, M_COUNT = 4 };
@@ -265,39 +266,37 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb
     size_t len = GRPC_SLICE_LENGTH(all);
     const uint8_t *bytes = GRPC_SLICE_START_PTR(all);
     ProtobufCMessage *m = NULL;
+    rq_status_ok(st);
     if (!arena) {
-        m = protobuf_c_message_unpack(d, NULL, len, bytes);
+        m = pb_check_unpack(d, NULL, bytes, len, st);
     } else {
         /* Unpacked, a message takes ~1.5-2x its wire size (int64 varints
          * widen to 8 bytes, each submessage adds its struct): one chunk
          * usually holds it all. A RankRequest goes through the fast decoder
-         * first (rank_wire.h); what it does not take, protobuf-c decides,
-         * in a fresh arena. */
+         * first (rank_wire.h); what it neither takes nor refuses,
+         * protobuf-c and pb_check decide (pb_check.h), in a fresh arena. */
         size_t first = len < (SIZE_MAX - 4096) / 2 ? 2 * len + 4096 : SIZE_MAX / 2;
         if (d == &ikbo__v1__rank_request__descriptor && (*arena = pb_arena_new(first))) {
-            m = (ProtobufCMessage *)rank_wire_decode(bytes, len, *arena);
+            m = (ProtobufCMessage *)rank_wire_decode(bytes, len, *arena, st);
             if (!m) {
                 pb_arena_free(*arena);
                 *arena = NULL;
             }
         }
-        if (!m) {
+        if (!m && st->code == RQ_OK) {
             if (!(*arena = pb_arena_new(first))) {
                 grpc_slice_unref(all);
                 return rq_status_set(st, RQ_INTERNAL, "out of memory for a %zu-byte request",
                                      len),
                        NULL;
             }
-            m = protobuf_c_message_unpack(d, pb_arena_allocator(*arena), len, bytes);
+            m = pb_check_unpack(d, pb_arena_allocator(*arena), bytes, len, st);
         }
     }
     grpc_slice_unref(all);
-    if (!m) {
-        rq_status_set(st, RQ_INVALID_ARGUMENT, "request is not a valid %s message", d->name);
-        if (arena) {
-            pb_arena_free(*arena);
-            *arena = NULL;
-        }
+    if (!m && arena) {
+        pb_arena_free(*arena);
+        *arena = NULL;
     }
     return m;
 }

@@ -10,6 +10,8 @@
 
 #include <string.h>
 
+#include "pb_check.h"
+
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
 typedef struct rd {
@@ -81,6 +83,19 @@ static inline int64_t count_varints(rd b)
     return b.p < b.end && (b.end[-1] & 0x80) ? -1 : n;
 }
 
+/* One decode: the arena, where in the request it is (for an error's field
+ * path), and the first string fault met, if any. A fault does not stop the
+ * decode: bytes the decoder then declines go to protobuf-c, whose check
+ * (pb_check.h) reports the same first fault, or a malformation the decoder
+ * had not reached yet. Either way both paths give the same answer. */
+typedef struct dctx {
+    pb_arena *a;
+    pb_path path; /* at[0]: users[i] / candidates[i]; at[1]: sparse[k] */
+    int fault;    /* enum pb_str_fault of the first bad string; 0 = none */
+    size_t fault_at;
+    pb_path fault_path;
+} dctx;
+
 static void *alloc(pb_arena *a, size_t n)
 {
     ProtobufCAllocator *al = pb_arena_allocator(a);
@@ -96,10 +111,24 @@ static int alloc_array(pb_arena *a, void **out, size_t n, size_t elem)
     return (*out = alloc(a, n * elem)) ? 0 : -1;
 }
 
-static int set_string(pb_arena *a, char **dst, rd b)
+/* A string field at path depth `depth` (the message's own depth), named
+ * field: copied NUL-terminated, and checked (pb_str_check). */
+static int set_string(dctx *d, int depth, const char *field, char **dst, rd b)
 {
     size_t n = (size_t)(b.end - b.p);
-    char *s = alloc(a, n + 1);
+    if (!d->fault) {
+        size_t at;
+        int f = pb_str_check(b.p, n, &at);
+        if (f) {
+            d->fault = f;
+            d->fault_at = at;
+            d->fault_path = d->path;
+            d->fault_path.at[depth].name = field;
+            d->fault_path.at[depth].index = -1;
+            d->fault_path.depth = depth + 1;
+        }
+    }
+    char *s = alloc(d->a, n + 1);
     if (!s) return -1;
     memcpy(s, b.p, n);
     s[n] = 0;
@@ -174,7 +203,7 @@ static int rep_scalar(rd *r, int wt, rd body, char kind, int count, size_t *n, v
     return 0;
 }
 
-static int dec_sparse(rd r, pb_arena *a, Ikbo__V1__SparseFeature *m)
+static int dec_sparse(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
 {
     ikbo__v1__sparse_feature__init(m);
     for (int pass = 0; pass < 2; pass++) {
@@ -186,14 +215,14 @@ static int dec_sparse(rd r, pb_arena *a, Ikbo__V1__SparseFeature *m)
             rd b = {0, 0};
             if (get_field(&it, &f, &wt, &b)) return -1;
             if (f == 1 && wt == WT_LEN) {
-                if (pass && set_string(a, &m->name, b)) return -1;
+                if (pass && set_string(d, 2, "name", &m->name, b)) return -1;
             } else if (f == 2) {
                 if (rep_scalar(&it, wt, b, 'l', !pass, &n, m->ids)) return -1;
             } else {
                 return -1;
             }
         }
-        if (!pass && alloc_array(a, (void **)&m->ids, n, sizeof *m->ids)) return -1;
+        if (!pass && alloc_array(d->a, (void **)&m->ids, n, sizeof *m->ids)) return -1;
         m->n_ids = n;
     }
     return 0;
@@ -211,8 +240,9 @@ static int alloc_bags(pb_arena *a, size_t n, Ikbo__V1__SparseFeature ***out)
     return 0;
 }
 
-static int dec_user(rd r, pb_arena *a, Ikbo__V1__User *m)
+static int dec_user(rd r, dctx *d, Ikbo__V1__User *m)
 {
+    pb_arena *a = d->a;
     ikbo__v1__user__init(m);
     size_t nd = 0, ns = 0, nh = 0, na = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -225,13 +255,15 @@ static int dec_user(rd r, pb_arena *a, Ikbo__V1__User *m)
             if (get_field(&it, &f, &wt, &b)) return -1;
             switch (f) {
             case 1:
-                if (wt != WT_LEN || (pass && set_string(a, &m->key, b))) return -1;
+                if (wt != WT_LEN || (pass && set_string(d, 1, "key", &m->key, b))) return -1;
                 break;
             case 2:
                 if (rep_scalar(&it, wt, b, 'f', !pass, &nd, m->dense)) return -1;
                 break;
             case 3:
-                if (wt != WT_LEN || (pass && dec_sparse(b, a, m->sparse[ns]))) return -1;
+                d->path.at[1].name = "sparse";
+                d->path.at[1].index = (int64_t)ns;
+                if (wt != WT_LEN || (pass && dec_sparse(b, d, m->sparse[ns]))) return -1;
                 ns++;
                 break;
             case 4:
@@ -258,8 +290,9 @@ static int dec_user(rd r, pb_arena *a, Ikbo__V1__User *m)
     return 0;
 }
 
-static int dec_candidate(rd r, pb_arena *a, Ikbo__V1__Candidate *m)
+static int dec_candidate(rd r, dctx *d, Ikbo__V1__Candidate *m)
 {
+    pb_arena *a = d->a;
     ikbo__v1__candidate__init(m);
     size_t nd = 0, ns = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -284,7 +317,9 @@ static int dec_candidate(rd r, pb_arena *a, Ikbo__V1__Candidate *m)
                 if (rep_scalar(&it, wt, b, 'f', !pass, &nd, m->dense)) return -1;
                 break;
             case 4:
-                if (wt != WT_LEN || (pass && dec_sparse(b, a, m->sparse[ns]))) return -1;
+                d->path.at[1].name = "sparse";
+                d->path.at[1].index = (int64_t)ns;
+                if (wt != WT_LEN || (pass && dec_sparse(b, d, m->sparse[ns]))) return -1;
                 ns++;
                 break;
             default:
@@ -300,17 +335,13 @@ static int dec_candidate(rd r, pb_arena *a, Ikbo__V1__Candidate *m)
     return 0;
 }
 
-Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena *a)
+/* The request's fields (two passes, as the submessages); NULL = declined. */
+static Ikbo__V1__RankRequest *dec_request(rd r, dctx *d)
 {
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-    (void)buf, (void)len, (void)a;
-    return NULL; /* floats are copied as wire bytes: little-endian hosts only */
-#else
-    if (!a || (len && !buf)) return NULL;
+    pb_arena *a = d->a;
     Ikbo__V1__RankRequest *m = alloc(a, sizeof *m);
     if (!m) return NULL;
     ikbo__v1__rank_request__init(m);
-    const rd r = {buf, buf + len};
     size_t nu = 0, nc = 0;
     Ikbo__V1__User *ublk = NULL;
     Ikbo__V1__Candidate *cblk = NULL;
@@ -325,18 +356,23 @@ Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena
             if (get_field(&it, &f, &wt, &b)) return NULL;
             switch (f) {
             case 1:
-                if (wt != WT_LEN || (pass && set_string(a, &m->model, b))) return NULL;
+                if (wt != WT_LEN || (pass && set_string(d, 0, "model", &m->model, b)))
+                    return NULL;
                 break;
             case 2:
                 if (wt != WT_VARINT || get_varint(&it, &v)) return NULL;
                 m->model_version = (int64_t)v;
                 break;
             case 3:
-                if (wt != WT_LEN || (pass && dec_user(b, a, &ublk[nu]))) return NULL;
+                d->path.at[0].name = "users";
+                d->path.at[0].index = (int64_t)nu;
+                if (wt != WT_LEN || (pass && dec_user(b, d, &ublk[nu]))) return NULL;
                 nu++;
                 break;
             case 4:
-                if (wt != WT_LEN || (pass && dec_candidate(b, a, &cblk[nc]))) return NULL;
+                d->path.at[0].name = "candidates";
+                d->path.at[0].index = (int64_t)nc;
+                if (wt != WT_LEN || (pass && dec_candidate(b, d, &cblk[nc]))) return NULL;
                 nc++;
                 break;
             case 5:
@@ -344,7 +380,8 @@ Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena
                 m->top_k = (uint32_t)v;
                 break;
             case 6:
-                if (wt != WT_LEN || (pass && set_string(a, &m->request_id, b))) return NULL;
+                if (wt != WT_LEN || (pass && set_string(d, 0, "request_id", &m->request_id, b)))
+                    return NULL;
                 break;
             default:
                 return NULL;
@@ -362,6 +399,27 @@ Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena
     }
     m->n_users = nu;
     m->n_candidates = nc;
+    return m;
+}
+
+Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena *a,
+                                        rq_status *st)
+{
+    rq_status_ok(st);
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    (void)buf, (void)len, (void)a;
+    return NULL; /* floats are copied as wire bytes: little-endian hosts only */
+#else
+    if (!a || (len && !buf)) return NULL;
+    dctx d = {.a = a, .path = {.depth = 0}, .fault = 0};
+    const rd r = {buf, buf + len};
+    Ikbo__V1__RankRequest *m = dec_request(r, &d);
+    if (m && d.fault) {
+        char path[256];
+        pb_path_format(&d.fault_path, path, sizeof path);
+        pb_str_refuse(st, path, d.fault, d.fault_at);
+        return NULL;
+    }
     return m;
 #endif
 }

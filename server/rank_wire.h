@@ -10,11 +10,14 @@
  *
  * Scope: every known field in either encoding protobuf allows (repeated
  * scalars packed or not, in any order, repeated or split), last value wins
- * for singular fields, as protobuf-c does. It gives up (returns NULL) on
- * anything else: unknown fields, unexpected wire types, malformed bytes.
- * The caller then unpacks with protobuf-c, whose result or refusal is the
- * reference; tests/unit/test_rank_wire.c checks that both agree wherever
- * this decoder answers.
+ * for singular fields, as protobuf-c does. It gives up (declines) on
+ * anything else: unknown fields, unexpected wire types, malformed bytes,
+ * field numbers outside 1..2^29-1. The caller then unpacks with protobuf-c
+ * and checks with pb_check_unpack (pb_check.h), whose result or refusal is
+ * the reference. Every string it decodes is checked as pb_check does (valid
+ * UTF-8, no NUL); a bad one is refused here with the same message.
+ * tests/unit/test_rank_wire.c checks that both paths agree wherever this
+ * decoder answers or refuses.
  *
  * Ownership: the message and everything it points to live in the arena;
  * free the arena, never the message.
@@ -27,9 +30,16 @@
 
 #include "ikbo/v1/ranker.pb-c.h"
 #include "pb_arena.h"
+#include "request.h"
 
-/* The request, or NULL (fall back to protobuf-c; the arena may hold partial
- * allocations, so use a fresh one for the fallback). */
-Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena *a);
+/* The request (st OK), or NULL with:
+ * - st OK: declined, fall back to pb_check_unpack (the arena may hold
+ *   partial allocations, so use a fresh one for the fallback);
+ * - st INVALID_ARGUMENT: refused, a string field is not valid UTF-8 or
+ *   holds a NUL (`users[2].key: string contains NUL at byte 3`); protobuf-c
+ *   with pb_check would refuse it with the same status.
+ * st NULL: no way to tell the two apart (both NULL). */
+Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena *a,
+                                        rq_status *st);
 
 #endif

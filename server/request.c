@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "hash.h"
+#include "pb_check.h"
 
 /* ======================================================================
  * status
@@ -286,8 +287,12 @@ static int j_string(const json_t *v, const jpath *p, char **out, rq_status *st)
 {
     if (!json_is_string(v))
         return jerr_type(st, p, "string", v);
-    if (json_string_length(v) != strlen(json_string_value(v)))
-        return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: string contains NUL", p->s);
+    /* jansson hands over valid UTF-8 only; a \u0000 (JSON_ALLOW_NUL) is
+     * refused here, with the message the gRPC decoders give (pb_check.h). */
+    size_t at;
+    int fault = pb_str_check((const uint8_t *)json_string_value(v), json_string_length(v), &at);
+    if (fault)
+        return pb_str_refuse(st, p->s, fault, at);
     char *s = xstrdup(json_string_value(v));
     if (!s)
         return oom(st);
@@ -512,7 +517,10 @@ static int req_field(void *msg, int idx, const json_t *v, jpath *p, rq_status *s
 Ikbo__V1__RankRequest *rq_request_from_json(const char *text, size_t len, rq_status *st)
 {
     json_error_t je;
-    json_t *root = json_loadb(text ? text : "", text ? len : 0, JSON_REJECT_DUPLICATES, &je);
+    /* JSON_ALLOW_NUL: a \u0000 in a string value then reaches j_string,
+     * which names the field; jansson still refuses it in keys. */
+    json_t *root = json_loadb(text ? text : "", text ? len : 0,
+                              JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root) {
         rq_status_set(st, RQ_INVALID_ARGUMENT, "invalid JSON at line %d column %d: %s", je.line,
                       je.column, je.text);
@@ -627,8 +635,9 @@ char *rq_error_json(const rq_status *st)
     json_t *o = json_pack("{s:{s:s,s:s}}", "error", "code", rq_code_name(st->code), "message",
                           st->msg);
     if (!o) {
-        /* Only when msg is not valid UTF-8 (a name echoed from a wire
-         * request: protobuf-c does not check UTF-8): keep it, ASCII only. */
+        /* Only when msg is not valid UTF-8 (request strings are checked,
+         * pb_check.h, so this is a guard for any other source): keep it,
+         * ASCII only. */
         char ascii[sizeof st->msg];
         size_t i = 0;
         for (; st->msg[i] && i < sizeof ascii - 1; i++)

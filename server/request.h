@@ -28,6 +28,10 @@
  * run concurrently on different objects. Inputs are only read.
  *
  * Policies (decided here, tested in tests/unit/test_request.c)
+ * - Every string field (model, request_id, users[].key, sparse[].name) must
+ *   be valid UTF-8 without NUL, on every transport: INVALID_ARGUMENT
+ *   `model: string contains NUL at byte 4` (pb_check.h has the check and
+ *   the wording; JSON bodies that are not UTF-8 are invalid JSON).
  * - Non-finite dense values (NaN, +-Inf) are INVALID_ARGUMENT naming the field
  *   and index (`candidates[3].dense[2] is NaN`): a NaN would poison every
  *   score of the user's candidates silently.

@@ -63,7 +63,7 @@ static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int how
         memcpy(wire, x->data, x->len);
         ts[1] = now_us();
         pb_arena *a = how ? pb_arena_new(2 * x->len + 4096) : NULL;
-        Ikbo__V1__RankRequest *q = how == 2 ? rank_wire_decode(wire, x->len, a) : NULL;
+        Ikbo__V1__RankRequest *q = how == 2 ? rank_wire_decode(wire, x->len, a, NULL) : NULL;
         if (!q)
             q = ikbo__v1__rank_request__unpack(a ? pb_arena_allocator(a) : NULL, x->len, wire);
         ts[2] = now_us();

@@ -1,34 +1,58 @@
 /* test_rank_wire.c - the fast RankRequest decoder (server/rank_wire.c)
- * against protobuf-c, the reference: wherever the decoder answers, protobuf-c
- * must accept the same bytes and both results must re-pack to the same
- * bytes. Random requests, the other encodings protobuf allows (unpacked
- * repeated scalars, split and interleaved fields, repeated singular fields),
- * encodings it must refuse (unknown fields, wrong wire types, truncation),
- * and byte-flip mutations of valid requests. */
+ * against the fallback path, the reference: protobuf-c's unpack followed by
+ * the wire check (server/pb_check.c). Wherever the decoder answers, the
+ * fallback must accept the same bytes and both results must re-pack to the
+ * same bytes; wherever it refuses, the fallback must refuse with the same
+ * message. Random requests (random UTF-8 strings), the other encodings
+ * protobuf allows (unpacked repeated scalars, split and interleaved fields,
+ * repeated singular fields), encodings it must refuse (unknown fields,
+ * wrong wire types, truncation), every class of bad string in every string
+ * field, field numbers out of range, and byte-flip mutations of valid
+ * requests. Also the UTF-8 validator itself, exhaustively against a
+ * reference written from the definition. */
+#define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "grpc/health/v1/health.pb-c.h"
 #include "server/pb_arena.h"
+#include "server/pb_check.h"
 #include "server/rank_wire.h"
 #include "wire_fixture.h"
 
-/* Both decoders on the same bytes. Returns 1 when the fast one answered
- * (and then checks it equals protobuf-c's), 0 when it declined. */
-static int agree(const uint8_t *b, size_t n)
+enum { DECLINED = 0, ANSWERED = 1, REFUSED = 2 };
+
+/* The fallback: protobuf-c + the check, as the gRPC server runs it. */
+static Ikbo__V1__RankRequest *fallback(const uint8_t *b, size_t n, rq_status *st)
+{
+    return (Ikbo__V1__RankRequest *)pb_check_unpack(&ikbo__v1__rank_request__descriptor, NULL,
+                                                    b, n, st);
+}
+
+/* Both decode paths on the same bytes: what the fast one did (DECLINED,
+ * ANSWERED, REFUSED), after checking the fallback agrees. *msg (may be
+ * NULL) gets the refusal message of whichever path refused ("" if none). */
+static int agree_msg(const uint8_t *b, size_t n, char *msg, size_t msg_n)
 {
     pb_arena *a = pb_arena_new(64);
     assert_non_null(a);
-    Ikbo__V1__RankRequest *f = rank_wire_decode(b, n, a);
-    Ikbo__V1__RankRequest *m = ikbo__v1__rank_request__unpack(NULL, n, b);
-    int answered = f != NULL;
+    rq_status fs, rs;
+    memset(&fs, 0x5a, sizeof fs); /* the decoder must set it on every path */
+    Ikbo__V1__RankRequest *f = rank_wire_decode(b, n, a, &fs);
+    Ikbo__V1__RankRequest *m = fallback(b, n, &rs);
+    int out = f ? ANSWERED : fs.code == RQ_OK ? DECLINED : REFUSED;
+    if (m) assert_int_equal(rs.code, RQ_OK);
+    else assert_int_equal(rs.code, RQ_INVALID_ARGUMENT);
     if (f) {
-        assert_non_null(m); /* never accepts what protobuf-c refuses */
+        assert_int_equal(fs.code, RQ_OK);
+        assert_non_null(m); /* never accepts what the fallback refuses */
         size_t n1, n2;
         uint8_t *w1 = pack(m, &n1), *w2 = pack(f, &n2);
         assert_int_equal(n1, n2);
@@ -37,11 +61,19 @@ static int agree(const uint8_t *b, size_t n)
         assert_int_equal(f->n_candidates, m->n_candidates);
         free(w1);
         free(w2);
+    } else if (out == REFUSED) {
+        assert_int_equal(fs.code, RQ_INVALID_ARGUMENT);
+        if (m || strcmp(fs.msg, rs.msg))
+            fail_msg("fast decoder refused '%s', fallback %s '%s'", fs.msg,
+                     m ? "accepted" : "refused", m ? "" : rs.msg);
     }
+    if (msg) snprintf(msg, msg_n, "%s", out == REFUSED ? fs.msg : m ? "" : rs.msg);
     if (m) ikbo__v1__rank_request__free_unpacked(m, NULL);
     pb_arena_free(a);
-    return answered;
+    return out;
 }
+
+static int agree(const uint8_t *b, size_t n) { return agree_msg(b, n, NULL, 0); }
 
 static void test_random_requests(void **s)
 {
@@ -51,10 +83,10 @@ static void test_random_requests(void **s)
         size_t n;
         uint8_t *w = pack(r, &n);
         ikbo__v1__rank_request__free_unpacked(r, NULL);
-        assert_int_equal(agree(w, n), 1); /* canonical encoding: always taken */
+        assert_int_equal(agree(w, n), ANSWERED); /* canonical encoding: always taken */
         free(w);
     }
-    assert_int_equal(agree((const uint8_t *)"", 0), 1); /* the empty request */
+    assert_int_equal(agree((const uint8_t *)"", 0), ANSWERED); /* the empty request */
 }
 
 /* ---- hand-made encodings ---------------------------------------------- */
@@ -144,10 +176,11 @@ static void test_other_encodings(void **s)
     varint(&r, 12);
     str_field(&r, 6, "id-1");
     len_field(&r, 3, &u);
-    assert_int_equal(agree(r.b, r.n), 1);
+    assert_int_equal(agree(r.b, r.n), ANSWERED);
 
     pb_arena *a = pb_arena_new(0);
-    Ikbo__V1__RankRequest *q = rank_wire_decode(r.b, r.n, a);
+    rq_status st;
+    Ikbo__V1__RankRequest *q = rank_wire_decode(r.b, r.n, a, &st);
     assert_non_null(q);
     assert_string_equal(q->model, "bench");
     assert_int_equal(q->model_version, 12);
@@ -215,35 +248,389 @@ static void test_declines(void **s)
     assert_int_equal(agree(v.b, v.n), 0);
     assert_int_equal(agree((const uint8_t *)"\x00\x01", 2), 0);
     assert_int_equal(agree((const uint8_t *)"\x0a\x05" "ab", 4), 0);
-    assert_null(rank_wire_decode(ok.b, ok.n, NULL));
+    rq_status st;
+    assert_null(rank_wire_decode(ok.b, ok.n, NULL, &st));
+    assert_int_equal(st.code, RQ_OK);
 }
 
 /* Every truncation, and random byte flips, of random requests: the decoder
- * never answers differently from protobuf-c, never reads out of bounds
+ * never answers differently from the fallback, never reads out of bounds
  * (ASan/valgrind runs of this test), and leaks nothing. */
 static void test_mutations(void **s)
 {
     (void)s;
-    int answered = 0, total = 0;
+    int answered = 0, refused = 0, total = 0;
     for (int it = 0; it < 60; it++) {
         Ikbo__V1__RankRequest *r = random_request();
         size_t n;
         uint8_t *w = pack(r, &n);
         ikbo__v1__rank_request__free_unpacked(r, NULL);
-        for (size_t k = 0; k < n && k < 400; k++) answered += agree(w, k), total++;
+        for (size_t k = 0; k < n && k < 400; k++) answered += agree(w, k) == ANSWERED, total++;
         uint8_t *m = malloc(n + 1);
         for (int f = 0; f < 200 && n > 0; f++) {
             memcpy(m, w, n);
             int flips = 1 + (int)(rnd() % 3);
             for (int j = 0; j < flips; j++) m[rnd() % n] ^= (uint8_t)(1u << (rnd() % 8));
-            answered += agree(m, n);
+            int got = agree(m, n);
+            answered += got == ANSWERED;
+            refused += got == REFUSED;
             total++;
         }
         free(m);
         free(w);
     }
-    /* Sanity: the mutations are not all trivially declined. */
+    /* Sanity: the mutations are not all trivially declined, and some break
+     * a string (refused by both paths, same message). */
     assert_true(answered > total / 20);
+    assert_true(refused > 0);
+}
+
+/* ---- the UTF-8 check ---------------------------------------------------- */
+
+/* The reference, from the definition: decode by bit pattern, then refuse
+ * overlong forms, surrogates, code points past U+10FFFF and NUL. */
+static int ref_check(const uint8_t *s, size_t n, size_t *at)
+{
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
+                                  : (c & 0xf8) == 0xf0 ? 4 : 0;
+        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1fu : len == 3 ? c & 0x0fu : c & 0x07u;
+        int ok = len != 0 && n - i >= len;
+        for (size_t k = 1; ok && k < len; k++) {
+            ok = (s[i + k] & 0xc0) == 0x80;
+            cp = cp << 6 | (s[i + k] & 0x3fu);
+        }
+        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (ok && (cp < min_cp[len] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)) ok = 0;
+        if (!ok || cp == 0) {
+            *at = i;
+            return ok ? PB_STR_NUL : PB_STR_UTF8;
+        }
+        i += len;
+    }
+    return PB_STR_OK;
+}
+
+static void expect_same(const uint8_t *s, size_t n)
+{
+    size_t a1 = 777, a2 = 777;
+    int r1 = pb_str_check(s, n, &a1), r2 = ref_check(s, n, &a2);
+    if (r1 != r2 || (r1 && a1 != a2)) {
+        char hex[64] = "";
+        for (size_t i = 0; i < n && i < 12; i++) snprintf(hex + 3 * i, 4, "%02x ", s[i]);
+        fail_msg("bytes %s: check %d at %zu, reference %d at %zu", hex, r1, a1, r2, a2);
+    }
+}
+
+static void test_utf8_check(void **s)
+{
+    (void)s;
+    uint8_t b[16];
+    /* Every code point, alone and after 7 ASCII bytes (the word path). */
+    for (uint32_t cp = 0; cp <= 0x10ffff; cp++) {
+        if (cp >= 0xd800 && cp <= 0xdfff) continue;
+        size_t k = utf8_put(cp, b);
+        size_t at = 99;
+        assert_int_equal(pb_str_check(b, k, &at), cp ? PB_STR_OK : PB_STR_NUL);
+        if (cp % 97 == 0) {
+            memcpy(b, "abcdefg", 7);
+            k = 7 + utf8_put(cp, b + 7);
+            expect_same(b, k);
+        }
+    }
+    /* Every 1- and 2-byte sequence; every 3-byte one with a multi-byte lead
+     * (0xc0..0xff); 4-byte ones at random. */
+    for (int i = 0; i < 256; i++) {
+        b[0] = (uint8_t)i;
+        expect_same(b, 1);
+        for (int j = 0; j < 256; j++) {
+            b[1] = (uint8_t)j;
+            expect_same(b, 2);
+        }
+    }
+    for (int i = 0xc0; i < 256; i++)
+        for (int j = 0; j < 256; j++)
+            for (int k = 0; k < 256; k += (j & 0xc0) == 0x80 ? 1 : 37) {
+                b[0] = (uint8_t)i, b[1] = (uint8_t)j, b[2] = (uint8_t)k;
+                expect_same(b, 3);
+            }
+    for (int it = 0; it < 100000; it++) {
+        uint64_t r = rnd();
+        b[0] = (uint8_t)(0xf0 + (r & 7));
+        for (int k = 1; k < 4; k++) b[k] = (uint8_t)(rnd() % 3 ? 0x80 + (r >> (8 * k)) % 64 : r >> (8 * k));
+        expect_same(b, 4);
+    }
+    /* Random byte strings of every length up to 16, mostly ASCII. */
+    for (int it = 0; it < 100000; it++) {
+        size_t n = rnd() % 17;
+        for (size_t k = 0; k < n; k++) b[k] = (uint8_t)(rnd() % 4 ? 1 + rnd() % 127 : rnd());
+        expect_same(b, n);
+    }
+    /* The first fault is reported, wherever it lies. */
+    uint8_t t[40];
+    for (size_t pos = 0; pos < sizeof t; pos++) {
+        memset(t, 'a', sizeof t);
+        t[pos] = 0;
+        size_t at = 99;
+        assert_int_equal(pb_str_check(t, sizeof t, &at), PB_STR_NUL);
+        assert_int_equal(at, pos);
+        t[pos] = 0xed; /* then a surrogate: ED A0 80 */
+        if (pos + 2 < sizeof t) t[pos + 1] = 0xa0, t[pos + 2] = 0x80;
+        assert_int_equal(pb_str_check(t, sizeof t, &at), PB_STR_UTF8);
+        assert_int_equal(at, pos);
+    }
+    size_t at;
+    assert_int_equal(pb_str_check(NULL, 0, &at), PB_STR_OK);
+}
+
+/* ---- bad strings in every string field --------------------------------- */
+
+#define PH "@PLACEHOLDR@" /* 12 bytes, replaced by the bad string's */
+#define PH_LEN 12
+
+/* Sets the string named by `where` (one of the paths below) to PH in a
+ * request with three users and three candidates, two sparse bags each. */
+static Ikbo__V1__RankRequest *request_with_placeholder(const char *where)
+{
+    Ikbo__V1__RankRequest *r = calloc(1, sizeof *r);
+    ikbo__v1__rank_request__init(r);
+    char path[64];
+    r->model = strdup(strcmp(where, "model") ? "d\xc3\xa9mo" : PH);
+    r->request_id = strdup(strcmp(where, "request_id") ? "r\xf0\x9f\x98\x80" : PH);
+    r->n_users = r->n_candidates = 3;
+    r->users = calloc(3, sizeof *r->users);
+    r->candidates = calloc(3, sizeof *r->candidates);
+    for (size_t i = 0; i < 3; i++) {
+        Ikbo__V1__User *u = calloc(1, sizeof *u);
+        Ikbo__V1__Candidate *c = calloc(1, sizeof *c);
+        ikbo__v1__user__init(u);
+        ikbo__v1__candidate__init(c);
+        snprintf(path, sizeof path, "users[%zu].key", i);
+        u->key = strdup(strcmp(where, path) ? "k\xe4\xb8\xad" : PH);
+        c->id = (int64_t)i;
+        u->n_sparse = c->n_sparse = 2;
+        u->sparse = calloc(2, sizeof *u->sparse);
+        c->sparse = calloc(2, sizeof *c->sparse);
+        for (size_t k = 0; k < 2; k++) {
+            for (int side = 0; side < 2; side++) {
+                Ikbo__V1__SparseFeature *f = calloc(1, sizeof *f);
+                ikbo__v1__sparse_feature__init(f);
+                snprintf(path, sizeof path, "%s[%zu].sparse[%zu].name",
+                         side ? "candidates" : "users", i, k);
+                f->name = strdup(strcmp(where, path) ? "lang" : PH);
+                f->n_ids = 1;
+                f->ids = calloc(1, sizeof *f->ids);
+                f->ids[0] = 5;
+                (side ? c->sparse : u->sparse)[k] = f;
+            }
+        }
+        r->users[i] = u;
+        r->candidates[i] = c;
+    }
+    return r;
+}
+
+/* The request's bytes with the placeholder overwritten by bad[PH_LEN]. */
+static uint8_t *bytes_with(const char *where, const char *bad, size_t *n)
+{
+    Ikbo__V1__RankRequest *r = request_with_placeholder(where);
+    uint8_t *w = pack(r, n);
+    ikbo__v1__rank_request__free_unpacked(r, NULL);
+    uint8_t *ph = memmem(w, *n, PH, PH_LEN);
+    assert_non_null(ph);
+    assert_null(memmem(ph + 1, *n - (size_t)(ph + 1 - w), PH, PH_LEN)); /* just one */
+    memcpy(ph, bad, PH_LEN);
+    return w;
+}
+
+static const char *const STRING_FIELDS[] = {
+    "model", "request_id", "users[0].key", "users[2].key", "users[1].sparse[1].name",
+    "users[0].sparse[0].name", "candidates[2].sparse[0].name", "candidates[0].sparse[1].name",
+};
+
+/* 12-byte strings and their first fault. */
+static const struct {
+    const char *s;
+    int fault;
+    size_t at;
+} BAD[] = {
+    {"demo\0evilxyz", PB_STR_NUL, 4},
+    {"\0abcdefghijk", PB_STR_NUL, 0},
+    {"abcdefghijk\0", PB_STR_NUL, 11},
+    {"ab\x80" "defghijkl", PB_STR_UTF8, 2},         /* lone continuation */
+    {"\xc0\x80" "cdefghijkl", PB_STR_UTF8, 0},      /* overlong NUL */
+    {"a\xc1\xbf" "defghijkl", PB_STR_UTF8, 1},      /* overlong '\x7f' */
+    {"\xe0\x80\xaf" "defghijkl", PB_STR_UTF8, 0},   /* overlong '/' */
+    {"\xf0\x80\x80\xaf" "efghijkl", PB_STR_UTF8, 0}, /* overlong '/' */
+    {"abc\xed\xa0\x80" "ghijkl", PB_STR_UTF8, 3},   /* U+D800 */
+    {"\xed\xbf\xbf" "defghijkl", PB_STR_UTF8, 0},   /* U+DFFF */
+    {"\xf4\x90\x80\x80" "efghijkl", PB_STR_UTF8, 0}, /* U+110000 */
+    {"\xf5\x80\x80\x80" "efghijkl", PB_STR_UTF8, 0},
+    {"abcdefgh\xff" "jkl", PB_STR_UTF8, 8},
+    {"abcdefghij\xe2\x82", PB_STR_UTF8, 10},        /* truncated at the end */
+    {"\xe2\x28\xa1" "defghijkl", PB_STR_UTF8, 0},
+    {"\xc3" "bcdefghijkl", PB_STR_UTF8, 0},
+};
+
+static void test_bad_strings(void **s)
+{
+    (void)s;
+    for (size_t f = 0; f < sizeof STRING_FIELDS / sizeof *STRING_FIELDS; f++) {
+        for (size_t b = 0; b < sizeof BAD / sizeof *BAD; b++) {
+            size_t n;
+            uint8_t *w = bytes_with(STRING_FIELDS[f], BAD[b].s, &n);
+            char msg[512], want[512];
+            snprintf(want, sizeof want, "%s: string %s at byte %zu", STRING_FIELDS[f],
+                     BAD[b].fault == PB_STR_NUL ? "contains NUL" : "is not valid UTF-8",
+                     BAD[b].at);
+            /* Refused by the fast decoder and the fallback, same message. */
+            assert_int_equal(agree_msg(w, n, msg, sizeof msg), REFUSED);
+            assert_string_equal(msg, want);
+            /* What the check adds: protobuf-c alone takes it. */
+            Ikbo__V1__RankRequest *m = ikbo__v1__rank_request__unpack(NULL, n, w);
+            assert_non_null(m);
+            ikbo__v1__rank_request__free_unpacked(m, NULL);
+            free(w);
+        }
+        /* Valid multi-byte strings of the same length are taken. */
+        size_t n;
+        uint8_t *w = bytes_with(STRING_FIELDS[f], "\xf4\x8f\xbf\xbf\xef\xbf\xbf\xed\x9f\xbf\xc2\x80", &n);
+        assert_int_equal(agree(w, n), ANSWERED);
+        free(w);
+    }
+}
+
+/* A bad string, then a malformation the fast decoder meets later: it
+ * declines (no refusal of its own) and the fallback names the structure,
+ * or the string when protobuf-c takes the rest (an unknown field). */
+static void test_bad_string_then_other_faults(void **s)
+{
+    (void)s;
+    buf r = {{0}, 0}, u = {{0}, 0};
+    key(&r, 1, 2);
+    varint(&r, 5);
+    put(&r, "de\0mo", 5);
+    buf trunc = r;
+    key(&trunc, 6, 2);
+    varint(&trunc, 9); /* past the end */
+    put(&trunc, "ab", 2);
+    char msg[512];
+    assert_int_equal(agree_msg(trunc.b, trunc.n, msg, sizeof msg), DECLINED);
+    assert_string_equal(msg, "request is not a valid ikbo.v1.RankRequest message");
+    str_field(&u, 1, "k");
+    key(&u, 99, 0); /* unknown: the fast decoder declines */
+    varint(&u, 1);
+    len_field(&r, 3, &u);
+    assert_int_equal(agree_msg(r.b, r.n, msg, sizeof msg), DECLINED);
+    assert_string_equal(msg, "model: string contains NUL at byte 2");
+}
+
+/* ModelInfoRequest.model and HealthCheckRequest.service: the fallback only
+ * (the fast decoder is the RankRequest's). */
+static void test_other_requests(void **s)
+{
+    (void)s;
+    static const struct {
+        const ProtobufCMessageDescriptor *d;
+        const char *field;
+    } msgs[] = {{&ikbo__v1__model_info_request__descriptor, "model"},
+                {&grpc__health__v1__health_check_request__descriptor, "service"}};
+    for (size_t i = 0; i < 2; i++) {
+        for (size_t b = 0; b < sizeof BAD / sizeof *BAD; b++) {
+            buf w = {{0}, 0};
+            key(&w, 1, 2);
+            varint(&w, PH_LEN);
+            put(&w, BAD[b].s, PH_LEN);
+            rq_status st;
+            assert_null(pb_check_unpack(msgs[i].d, NULL, w.b, w.n, &st));
+            assert_int_equal(st.code, RQ_INVALID_ARGUMENT);
+            char want[128];
+            snprintf(want, sizeof want, "%s: string %s at byte %zu", msgs[i].field,
+                     BAD[b].fault == PB_STR_NUL ? "contains NUL" : "is not valid UTF-8",
+                     BAD[b].at);
+            assert_string_equal(st.msg, want);
+            ProtobufCMessage *m = protobuf_c_message_unpack(msgs[i].d, NULL, w.n, w.b);
+            assert_non_null(m); /* protobuf-c alone takes it */
+            protobuf_c_message_free_unpacked(m, NULL);
+        }
+        buf ok = {{0}, 0};
+        str_field(&ok, 1, "d\xc3\xa9mo");
+        rq_status st;
+        ProtobufCMessage *m = pb_check_unpack(msgs[i].d, NULL, ok.b, ok.n, &st);
+        assert_non_null(m);
+        assert_int_equal(st.code, RQ_OK);
+        protobuf_c_message_free_unpacked(m, NULL);
+        assert_null(pb_check_unpack(msgs[i].d, NULL, (const uint8_t *)"\x0a\x05" "ab", 4, &st));
+        assert_string_equal(st.msg, msgs[i].d == &ikbo__v1__model_info_request__descriptor
+                                        ? "request is not a valid ikbo.v1.ModelInfoRequest message"
+                                        : "request is not a valid grpc.health.v1.HealthCheckRequest message");
+    }
+}
+
+/* ---- field numbers ------------------------------------------------------ */
+
+static void test_field_numbers(void **s)
+{
+    (void)s;
+    char msg[512];
+    static const struct {
+        uint64_t num;
+        const char *want; /* "" = accepted (an unknown field) */
+    } cases[] = {
+        {PB_MAX_FIELD_NUMBER, ""},
+        {1u << 29, "field number 536870912 is outside 1..536870911"},
+        {(1ull << 32) - 1, "field number 4294967295 is outside 1..536870911"},
+        {0, "field number 0 is outside 1..536870911"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        for (int where = 0; where < 3; where++) {
+            /* at the top; in users[1]; in candidates[0].sparse[0] */
+            buf top = {{0}, 0}, u0 = {{0}, 0}, u1 = {{0}, 0}, sf = {{0}, 0}, c = {{0}, 0},
+                x = {{0}, 0};
+            if (cases[i].num) {
+                key(&x, 0, 0); /* placeholder, rewritten just below */
+                x.n = 0;
+                varint(&x, cases[i].num << 3);
+            } else {
+                put(&x, "\x80\x00", 2); /* field 0 in two bytes: protobuf-c takes it */
+            }
+            varint(&x, 1);
+            str_field(&top, 1, "bench");
+            str_field(&u0, 1, "a");
+            str_field(&u1, 1, "b");
+            str_field(&sf, 1, "item");
+            if (where == 1) put(&u1, x.b, x.n);
+            if (where == 2) put(&sf, x.b, x.n);
+            len_field(&c, 4, &sf);
+            len_field(&top, 3, &u0);
+            len_field(&top, 3, &u1);
+            len_field(&top, 4, &c);
+            if (where == 0) put(&top, x.b, x.n);
+            Ikbo__V1__RankRequest *m = ikbo__v1__rank_request__unpack(NULL, top.n, top.b);
+            assert_non_null(m); /* protobuf-c alone: an unknown field */
+            ikbo__v1__rank_request__free_unpacked(m, NULL);
+            /* The fast decoder declines (it takes no unknown field); the
+             * fallback decides. */
+            assert_int_equal(agree_msg(top.b, top.n, msg, sizeof msg), DECLINED);
+            if (!*cases[i].want) {
+                assert_string_equal(msg, "");
+                continue;
+            }
+            char want[256];
+            snprintf(want, sizeof want, "%s: %s",
+                     where == 0 ? "request" : where == 1 ? "users[1]" : "candidates[0].sparse[0]",
+                     cases[i].want);
+            assert_string_equal(msg, want);
+        }
+    }
+    /* Keys protobuf-c cannot read (past 32 bits) stay its refusal. */
+    buf big = {{0}, 0};
+    varint(&big, (1ull << 35) << 3);
+    varint(&big, 1);
+    assert_int_equal(agree_msg(big.b, big.n, msg, sizeof msg), DECLINED);
+    assert_string_equal(msg, "request is not a valid ikbo.v1.RankRequest message");
 }
 
 int main(void)
@@ -253,6 +640,11 @@ int main(void)
         cmocka_unit_test(test_other_encodings),
         cmocka_unit_test(test_declines),
         cmocka_unit_test(test_mutations),
+        cmocka_unit_test(test_utf8_check),
+        cmocka_unit_test(test_bad_strings),
+        cmocka_unit_test(test_bad_string_then_other_faults),
+        cmocka_unit_test(test_other_requests),
+        cmocka_unit_test(test_field_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

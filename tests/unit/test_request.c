@@ -13,6 +13,9 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "server/pb_arena.h"
+#include "server/pb_check.h"
+#include "server/rank_wire.h"
 #include "server/request.h"
 
 static const char *const USER_SPARSE[] = {"country", "lang"};
@@ -254,8 +257,94 @@ static void test_json_wrong_types(void **s)
     parse_err("[]", "request: expected object, got array");
     parse_err("{\"model\":", "invalid JSON at line 1");
     parse_err("", "invalid JSON");
-    parse_err("{\"model\":\"a\\u0000b\"}", "invalid JSON");
+    parse_err("{\"model\":\"a\\u0000b\"}", "model: string contains NUL at byte 1");
     parse_err("{\"model\":\"a\",\"model\":\"b\"}", "invalid JSON");
+}
+
+/* ---------------- strings: JSON and the wire agree ---------------- */
+
+/* The wire message of `json` (which must parse) with the 5-byte placeholder
+ * "PHPHP" overwritten by bad[5]. */
+static uint8_t *wire_with(const char *json, const char *bad, size_t *n)
+{
+    Ikbo__V1__RankRequest *r = parse_ok(json);
+    *n = ikbo__v1__rank_request__get_packed_size(r);
+    uint8_t *w = malloc(*n);
+    assert_non_null(w);
+    ikbo__v1__rank_request__pack(r, w);
+    rq_request_free(r);
+    uint8_t *ph = NULL;
+    for (size_t i = 0; i + 5 <= *n && !ph; i++)
+        if (!memcmp(w + i, "PHPHP", 5)) ph = w + i;
+    assert_non_null(ph);
+    memcpy(ph, bad, 5);
+    return w;
+}
+
+/* What the gRPC transport answers for wire bytes: the fast decoder, else
+ * the fallback (as grpc_server.c runs them). */
+static void wire_answer(const uint8_t *w, size_t n, rq_status *st)
+{
+    pb_arena *a = pb_arena_new(0);
+    Ikbo__V1__RankRequest *m = rank_wire_decode(w, n, a, st);
+    assert_null(m);
+    pb_arena_free(a);
+    rq_status st2;
+    Ikbo__V1__RankRequest *f = (Ikbo__V1__RankRequest *)pb_check_unpack(
+        &ikbo__v1__rank_request__descriptor, NULL, w, n, &st2);
+    assert_null(f);
+    if (st->code == RQ_OK) *st = st2; /* declined: the fallback's answer */
+    assert_string_equal(st->msg, st2.msg);
+}
+
+static void test_json_strings(void **s)
+{
+    (void)s;
+    /* (JSON with X where the bad string goes, the path JSON names) */
+    static const char *const docs[][2] = {
+        {"{\"model\":\"X\"}", "model"},
+        {"{\"request_id\":\"X\"}", "request_id"},
+        {"{\"users\":[{},{\"key\":\"X\"}]}", "users[1].key"},
+        {"{\"users\":[{\"sparse\":[{},{\"name\":\"X\"}]}]}", "users[0].sparse[1].name"},
+        {"{\"candidates\":[{\"sparse\":[{\"name\":\"X\"}]}]}", "candidates[0].sparse[0].name"},
+        {"{\"requestId\":\"X\"}", "requestId"},
+    };
+    for (size_t i = 0; i < sizeof docs / sizeof *docs; i++) {
+        char json[256], ph[256], want[128];
+        const char *x = strchr(docs[i][0], 'X');
+        int pre = (int)(x - docs[i][0]);
+        /* NUL: JSON names the field; the wire answers the same words. */
+        snprintf(json, sizeof json, "%.*sde\\u0000mo%s", pre, docs[i][0], x + 1);
+        snprintf(want, sizeof want, "%s: string contains NUL at byte 2", docs[i][1]);
+        parse_err(json, want);
+        snprintf(ph, sizeof ph, "%.*sPHPHP%s", pre, docs[i][0], x + 1);
+        size_t n;
+        uint8_t *w = wire_with(ph, "de\0mo", &n);
+        rq_status st;
+        wire_answer(w, n, &st);
+        assert_int_equal(st.code, RQ_INVALID_ARGUMENT);
+        if (!strcmp(docs[i][1], "requestId"))
+            assert_string_equal(st.msg, "request_id: string contains NUL at byte 2");
+        else
+            assert_string_equal(st.msg, want);
+        free(w);
+        /* Invalid UTF-8 (a raw 0xff, a lone surrogate escape): JSON that
+         * is not UTF-8 is not JSON; both transports refuse the content. */
+        snprintf(json, sizeof json, "%.*sde\xffmo%s", pre, docs[i][0], x + 1);
+        parse_err(json, "invalid JSON at line 1");
+        snprintf(json, sizeof json, "%.*sde\\ud800mo%s", pre, docs[i][0], x + 1);
+        parse_err(json, "invalid JSON at line 1");
+        w = wire_with(ph, "de\xed\xa0\x80", &n);
+        wire_answer(w, n, &st);
+        assert_int_equal(st.code, RQ_INVALID_ARGUMENT);
+        assert_non_null(strstr(st.msg, "string is not valid UTF-8 at byte 2"));
+        free(w);
+        /* Valid non-ASCII content is taken by both. */
+        snprintf(json, sizeof json, "%.*sd\\u00e9\\ud83d\\ude00%s", pre, docs[i][0], x + 1);
+        rq_request_free(parse_ok(json));
+    }
+    /* A NUL in a key stays jansson's refusal (it cannot name a field). */
+    parse_err("{\"mo\\u0000del\":\"a\"}", "invalid JSON");
 }
 
 /* ---------------- validation ---------------- */
@@ -817,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_json_snake),
         cmocka_unit_test(test_json_unknown_fields),
         cmocka_unit_test(test_json_wrong_types),
+        cmocka_unit_test(test_json_strings),
         cmocka_unit_test(test_validate_ok),
         cmocka_unit_test(test_validate_counts),
         cmocka_unit_test(test_validate_user_index),
