@@ -8,6 +8,7 @@
  */
 #include "rank_wire.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "pb_check.h"
@@ -18,7 +19,9 @@ typedef struct rd {
     const uint8_t *p, *end;
 } rd;
 
-static inline int get_varint(rd *r, uint64_t *v)
+/* A varint of at most max_bytes bytes (10 for a value; protobuf-c reads a
+ * tag or a length prefix in at most 5 and refuses a longer one). */
+static inline int get_varint_n(rd *r, uint64_t *v, int max_bytes)
 {
     const uint8_t *p = r->p;
     if (p < r->end && *p < 0x80) { /* the common one-byte case */
@@ -27,7 +30,7 @@ static inline int get_varint(rd *r, uint64_t *v)
         return 0;
     }
     uint64_t x = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < max_bytes; i++) {
         if (p >= r->end) return -1;
         uint8_t b = *p++;
         x |= (uint64_t)(b & 0x7f) << (7 * i); /* bits past 64 drop, as in protobuf-c */
@@ -39,6 +42,8 @@ static inline int get_varint(rd *r, uint64_t *v)
     }
     return -1;
 }
+
+static inline int get_varint(rd *r, uint64_t *v) { return get_varint_n(r, v, 10); }
 
 /* One varint with at least 10 bytes readable at p (no bounds checks): the
  * packed-array loop's fast path. NULL past 10 bytes. */
@@ -60,12 +65,12 @@ static inline const uint8_t *varint_unchecked(const uint8_t *p, uint64_t *v)
 static inline int get_field(rd *r, uint32_t *num, int *wt, rd *body)
 {
     uint64_t k;
-    if (get_varint(r, &k) || (k >> 3) == 0 || (k >> 3) > 0x1fffffff) return -1;
+    if (get_varint_n(r, &k, 5) || (k >> 3) == 0 || (k >> 3) > 0x1fffffff) return -1;
     *num = (uint32_t)(k >> 3);
     *wt = (int)(k & 7);
     if (*wt == WT_LEN) {
-        uint64_t n;
-        if (get_varint(r, &n) || n > (uint64_t)(r->end - r->p)) return -1;
+        uint64_t n; /* protobuf-c: a 5-byte prefix at most, of at most INT_MAX */
+        if (get_varint_n(r, &n, 5) || n > INT_MAX || n > (uint64_t)(r->end - r->p)) return -1;
         body->p = r->p;
         body->end = r->p + n;
         r->p += n;
@@ -144,7 +149,7 @@ static int rep_scalar(rd *r, int wt, rd body, char kind, int count, size_t *n, v
         if (wt == WT_LEN) {
             size_t bytes = (size_t)(body.end - body.p);
             if (bytes % 4) return -1;
-            if (!count) memcpy((float *)dst + *n, body.p, bytes);
+            if (!count && bytes) memcpy((float *)dst + *n, body.p, bytes); /* dst NULL when empty */
             *n += bytes / 4;
             return 0;
         }

@@ -253,6 +253,24 @@ static void test_declines(void **s)
     assert_int_equal(st.code, RQ_OK);
 }
 
+/* Inputs the fuzzers found (tests/fuzz): kept as cases of their own. */
+static void test_fuzz_findings(void **s)
+{
+    (void)s;
+    /* A length prefix as an overlong 6-byte varint of 0 (users): protobuf-c
+     * reads a prefix in 5 bytes at most and refuses it, so the fast decoder
+     * must not answer (it accepted it: rank_wire-2). */
+    assert_int_equal(agree((const uint8_t *)"\x1a\x80\x80\x80\x80\x80\x00", 7), DECLINED);
+    /* The same for a 6-byte tag (field 1, a 0-byte model name). */
+    assert_int_equal(agree((const uint8_t *)"\x8a\x80\x80\x80\x80\x00\x00", 7), DECLINED);
+    /* A 5-byte prefix is still legal for both. */
+    assert_int_equal(agree((const uint8_t *)"\x0a\x81\x80\x80\x80\x00x", 7), ANSWERED);
+    /* An empty packed dense in a candidate and in a user: answered with no
+     * values (the copy of 0 bytes into a NULL array was UB: rank_wire-1). */
+    assert_int_equal(agree((const uint8_t *)"\x22\x02\x1a\x00", 4), ANSWERED);
+    assert_int_equal(agree((const uint8_t *)"\x1a\x02\x12\x00", 4), ANSWERED);
+}
+
 /* Every truncation, and random byte flips, of random requests: the decoder
  * never answers differently from the fallback, never reads out of bounds
  * (ASan/valgrind runs of this test), and leaks nothing. */
@@ -639,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_random_requests),
         cmocka_unit_test(test_other_encodings),
         cmocka_unit_test(test_declines),
+        cmocka_unit_test(test_fuzz_findings),
         cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_utf8_check),
         cmocka_unit_test(test_bad_strings),
