@@ -31,13 +31,19 @@ struct http_server {
 
 /* ---- replies ------------------------------------------------------------ */
 
+static void count_reply(http_server *h, const char *route, int status)
+{
+    char code[16];
+    snprintf(code, sizeof code, "%d", status);
+    const char *const labels[] = {route, code};
+    metrics_add_l(h->o.metrics->http_requests_total, labels, 1);
+}
+
 static void reply(http_server *h, struct evhttp_request *req, const char *route, int status,
                   const char *content_type, const char *body, size_t len)
 {
     struct evkeyvalq *out = evhttp_request_get_output_headers(req);
     evhttp_add_header(out, "Content-Type", content_type);
-    struct evbuffer *b = evbuffer_new();
-    if (b && body) evbuffer_add(b, body, len);
     const char *reason = status == 200   ? "OK"
                          : status == 202 ? "Accepted"
                          : status == 400 ? "Bad Request"
@@ -50,12 +56,21 @@ static void reply(http_server *h, struct evhttp_request *req, const char *route,
                          : status == 504 ? "Gateway Timeout"
                          : status == 499 ? "Client Closed Request"
                                          : "Internal Server Error";
-    evhttp_send_reply(req, status, reason, b);
-    if (b) evbuffer_free(b);
-    char code[16];
-    snprintf(code, sizeof code, "%d", status);
-    const char *const labels[] = {route, code};
-    metrics_add_l(h->o.metrics->http_requests_total, labels, 1);
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        /* evhttp adds Content-Length only to responses that carry a body
+         * and would send a HEAD's body anyway: HEAD gets GET's headers,
+         * Content-Length included, and no body (RFC 9110 9.3.2). */
+        char cl[32];
+        snprintf(cl, sizeof cl, "%zu", len);
+        evhttp_add_header(out, "Content-Length", cl);
+        evhttp_send_reply(req, status, reason, NULL);
+    } else {
+        struct evbuffer *b = evbuffer_new();
+        if (b && body) evbuffer_add(b, body, len);
+        evhttp_send_reply(req, status, reason, b);
+        if (b) evbuffer_free(b);
+    }
+    count_reply(h, route, status);
 }
 
 static void reply_text(http_server *h, struct evhttp_request *req, const char *route,

@@ -35,7 +35,8 @@
  *                                 default (403 otherwise; opts.admin).
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
- * A body over max_body_bytes is refused by evhttp itself (413).
+ * HEAD on a GET route: GET's status and headers, Content-Length included,
+ * no body. A body over max_body_bytes is refused by evhttp itself (413).
  * :rank goes through the model's batcher like gRPC (it may be merged with
  * gRPC requests) and the HTTP thread blocks until its answer, so a :rank
  * waiting in the queue or computing delays other HTTP requests (/metrics,
