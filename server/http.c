@@ -243,15 +243,47 @@ static int peer_is_local(struct evhttp_request *req)
     return 0;
 }
 
+/* Why an admin call must be refused as a possible cross-site request from a
+ * browser (NULL = not refused). A loopback-only port is no defence against a
+ * page in a browser on the same host: a form or fetch() there can POST to
+ * 127.0.0.1. Browsers cannot send a custom header cross-origin without a
+ * CORS preflight (OPTIONS, which gets 405 here, without CORS headers, so the
+ * browser never sends the call), so the admin routes require one; and a
+ * browser that says where the call comes from (Origin, Sec-Fetch-Site) is
+ * refused unless it is this server's own origin. */
+static const char *admin_cross_site(struct evhttp_request *req)
+{
+    const struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    const char *mark = evhttp_find_header(in, "X-Ikbo-Admin");
+    if (!mark || strcmp(mark, "1") != 0)
+        return "admin calls need the header 'X-Ikbo-Admin: 1' (a browser cannot send it "
+               "cross-site)";
+    const char *site = evhttp_find_header(in, "Sec-Fetch-Site");
+    if (site && strcmp(site, "same-origin") != 0 && strcmp(site, "none") != 0)
+        return "admin calls from a browser page of another origin are refused "
+               "(Sec-Fetch-Site is not same-origin)";
+    const char *origin = evhttp_find_header(in, "Origin");
+    if (origin) {
+        const char *host = evhttp_find_header(in, "Host");
+        static const char scheme[] = "http://";
+        size_t n = sizeof scheme - 1;
+        if (!host || evutil_ascii_strncasecmp(origin, scheme, n) != 0 ||
+            evutil_ascii_strcasecmp(origin + n, host) != 0)
+            return "admin calls from a browser page of another origin are refused (Origin "
+                   "is not this server)";
+    }
+    return NULL;
+}
+
 /* POST /v1/models/{name}/load|unload[?version=N]: admin, loopback only
- * unless admin_http says otherwise. */
+ * unless admin_http says otherwise, never cross-site (admin_cross_site). */
 static void handle_admin(http_server *h, struct evhttp_request *req, const char *route,
                          const char *name, int load)
 {
     const char *why = h->o.admin == HTTP_ADMIN_OFF ? "admin endpoints are off (admin_http: off)"
                       : h->o.admin == HTTP_ADMIN_LOCAL && !peer_is_local(req)
                           ? "admin endpoints answer loopback clients only (admin_http: local)"
-                          : NULL;
+                          : admin_cross_site(req);
     if (why) {
         reply_json(h, req, route, 403,
                    dump_json(json_pack("{s:{s:s,s:s}}", "error", "code", "PERMISSION_DENIED",

@@ -32,7 +32,11 @@
  *                                 ?version=N, that version; 200 with the
  *                                 model's JSON. Held requests finish.
  *                                 Admin routes answer loopback peers only by
- *                                 default (403 otherwise; opts.admin).
+ *                                 default (403 otherwise; opts.admin), and
+ *                                 only calls that a browser page of another
+ *                                 site cannot make: header X-Ikbo-Admin: 1
+ *                                 required, a foreign Origin or Sec-Fetch-Site
+ *                                 refused (403 PERMISSION_DENIED naming why).
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
  * HEAD on a GET route: GET's status and headers, Content-Length included,

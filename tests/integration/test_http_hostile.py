@@ -2,7 +2,9 @@
 """The HTTP endpoint against hostile or unusual clients, over raw sockets so
 each check sees the exact bytes on the wire:
   - HEAD answers GET's status and headers, Content-Length included, and no
-    body: a keep-alive connection reads the next response right."""
+    body: a keep-alive connection reads the next response right;
+  - the admin routes refuse what a browser page of another site can send
+    (no X-Ikbo-Admin header, a foreign Origin, Sec-Fetch-Site cross-site)."""
 import json
 import select
 import signal
@@ -116,5 +118,55 @@ def test_head_then_get_keepalive():
     c.close()
 
 
+# ---------------------------------------------------------------- admin
+
+def admin(path, headers):
+    c = Conn()
+    c.request("POST", path, b"", headers)
+    status, _, body = c.response()
+    c.close()
+    return status, json.loads(body or b"{}")
+
+
+def demo_state():
+    code, body = D.http("GET", "/v1/models/demo")
+    check_eq(code, 200, "GET demo")
+    m = json.loads(body)
+    return m["versions"][0]["state"], m.get("unloaded", False)
+
+
+def test_admin_refuses_cross_site():
+    browser = [("Origin", "http://evil.example"), ("Content-Type", "text/plain")]
+    cases = [
+        ("browser form/fetch, simple request", browser, "X-Ikbo-Admin"),
+        ("no marker header, no Origin", [], "X-Ikbo-Admin"),
+        ("marker header, foreign Origin", browser + [("X-Ikbo-Admin", "1")], "Origin"),
+        ("marker header, Origin of another port",
+         [("Origin", "http://127.0.0.1:1"), ("X-Ikbo-Admin", "1")], "Origin"),
+        ("marker header, Sec-Fetch-Site cross-site",
+         [("Sec-Fetch-Site", "cross-site"), ("X-Ikbo-Admin", "1")], "Sec-Fetch-Site"),
+        ("marker header, Sec-Fetch-Site same-site",
+         [("Sec-Fetch-Site", "same-site"), ("X-Ikbo-Admin", "1")], "Sec-Fetch-Site"),
+    ]
+    for what, headers, named in cases:
+        for verb in ("unload", "load"):
+            status, body = admin("/v1/models/demo/" + verb, headers)
+            check_eq(status, 403, what + " " + verb)
+            check_eq(body["error"]["code"], "PERMISSION_DENIED", what)
+            check(named in body["error"]["message"], "%s: %r" % (what, body))
+    check_eq(demo_state(), ("READY", False), "demo still served")
+    req = make_request(DEMO, seed=32)
+    check_eq(D.http("POST", "/v1/models/demo:rank", req)[0], 200, "demo still ranks")
+
+
+def test_admin_same_origin_allowed():
+    own = "http://127.0.0.1:%d" % D.http_port
+    for headers in ([("X-Ikbo-Admin", "1")],
+                    [("X-Ikbo-Admin", "1"), ("Origin", own), ("Sec-Fetch-Site", "same-origin")]):
+        status, body = admin("/v1/models/nohist/load", headers)
+        check_eq((status, body.get("status")), (202, "load requested"), repr(headers))
+
+
 if __name__ == "__main__":
-    run([test_head_then_get_keepalive], daemon=D, repo=REPO)
+    run([test_head_then_get_keepalive, test_admin_refuses_cross_site,
+         test_admin_same_origin_allowed], daemon=D, repo=REPO)
