@@ -42,13 +42,15 @@
  * HEAD on a GET route: GET's status and headers, Content-Length included,
  * no body. A body over max_body_bytes is refused by evhttp itself (413).
  * :rank goes through the model's batcher like gRPC (it may be merged with
- * gRPC requests) and the HTTP thread blocks until its answer, so a :rank
- * waiting in the queue or computing delays other HTTP requests (/metrics,
- * probes); the gRPC port is the fast path.
+ * gRPC requests) and is asynchronous: the HTTP thread hands it to
+ * rank_submit and answers it from its event loop when the batcher is done,
+ * serving other requests meanwhile (see http.c, "asynchronous :rank").
  *
  * Ownership: the pointers in opts must outlive the server. Thread-safety:
  * http_start/http_stop from one controlling thread; handlers run on the HTTP
- * thread only.
+ * thread only. http_stop cancels the ranks still queued and waits for every
+ * rank in flight to be answered before it frees anything, so it must run
+ * while the batchers still run (before batcher_set_free).
  */
 #ifndef IKBO_SERVER_HTTP_H
 #define IKBO_SERVER_HTTP_H

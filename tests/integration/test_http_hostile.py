@@ -4,7 +4,10 @@ each check sees the exact bytes on the wire:
   - HEAD answers GET's status and headers, Content-Length included, and no
     body: a keep-alive connection reads the next response right;
   - the admin routes refuse what a browser page of another site can send
-    (no X-Ikbo-Admin header, a foreign Origin, Sec-Fetch-Site cross-site)."""
+    (no X-Ikbo-Admin header, a foreign Origin, Sec-Fetch-Site cross-site);
+  - :rank does not hold the HTTP thread: /metrics and /healthz answer while
+    a 10,000-candidate rank is in flight; a client that disconnects mid-rank
+    and a stop with a rank in flight leave the daemon sound."""
 import json
 import select
 import signal
@@ -167,6 +170,59 @@ def test_admin_same_origin_allowed():
         check_eq((status, body.get("status")), (202, "load requested"), repr(headers))
 
 
+# ---------------------------------------------------------------- async :rank
+
+def test_probes_answer_while_rank_computes():
+    body = json.dumps(BIG).encode()
+    for attempt in range(20):
+        a = Conn(timeout=120)
+        a.request("POST", "/v1/models/demo:rank", body)
+        # /metrics answers while the rank is in flight (its own gauge says so).
+        wait_for(lambda: inflight() >= 1, "the big rank to be in flight (/metrics blocked?)")
+        b = Conn()
+        b.request("GET", "/healthz")
+        check_eq(b.response()[::2], (200, b"ok\n"), "/healthz")
+        b.close()
+        still = inflight() >= 1 and not a.readable()
+        status, _, out = a.response()
+        a.close()
+        check_eq(status, 200, "big rank: %r" % out[:200])
+        check_eq(len(json.loads(out)["scores"]), 10000, "scores")
+        if still:  # /healthz was answered between two moments the rank was in flight
+            return
+    raise AssertionError("the rank never outlived a /healthz call in 20 attempts")
+
+
+def test_client_disconnects_mid_rank():
+    body = json.dumps(BIG).encode()
+    a = Conn()
+    a.request("POST", "/v1/models/demo:rank", body)
+    wait_for(lambda: inflight() >= 1, "the big rank to be in flight")
+    a.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    a.close()  # RST
+    wait_for(lambda: inflight() == 0, "the abandoned rank to finish")
+    check(D.proc.poll() is None, "daemon died")
+    req = make_request(DEMO, seed=34)
+    check_eq(D.http("POST", "/v1/models/demo:rank", req)[0], 200, "next rank")
+    check_eq(D.http("GET", "/healthz"), (200, b"ok\n"), "next probe")
+
+
+def test_stop_with_rank_in_flight():
+    d = Daemon(REPO)
+    try:
+        a = socket.create_connection(("127.0.0.1", d.http_port), timeout=60)
+        body = json.dumps(BIG).encode()
+        a.sendall(b"POST /v1/models/demo:rank HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body)
+        wait_for(lambda: metric(d.metrics(), "ikbo_inflight_requests") >= 1, "rank in flight")
+        d.proc.send_signal(signal.SIGTERM)
+        check_eq(d.proc.wait(60), 0, "exit status with a rank in flight")
+        a.close()
+    finally:
+        d.close()
+
+
 if __name__ == "__main__":
     run([test_head_then_get_keepalive, test_admin_refuses_cross_site,
-         test_admin_same_origin_allowed], daemon=D, repo=REPO)
+         test_admin_same_origin_allowed, test_probes_answer_while_rank_computes,
+         test_client_disconnects_mid_rank, test_stop_with_rank_in_flight], daemon=D, repo=REPO)
