@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "http_chunked.h"
 #include "log.h"
 #include "request.h"
 
@@ -351,7 +352,8 @@ static void handle_admin(http_server *h, struct evhttp_request *req, const char 
 /* ---- connections ---------------------------------------------------------
  *
  * Every connection gets a bufferevent made here (evhttp_set_bevcb) and a
- * record: the :rank in flight on it, if any. The record is freed by evhttp's close callback (conn_gone),
+ * record: its chunked-body decoder (http_chunked.h) and the :rank in flight
+ * on it, if any. The record is freed by evhttp's close callback (conn_gone),
  * set as soon as the connection exists (conn_attach: evhttp makes it after
  * the bufferevent, so attaching runs from an event activated in new_bev;
  * until then a reference on the bufferevent keeps it, and its input, valid
@@ -361,6 +363,7 @@ struct http_conn {
     struct bufferevent *bev;
     struct evhttp_connection *evcon; /* set by conn_attach */
     struct event *attach_ev;         /* NULL once attached */
+    http_chunked *chunked;
     http_rank *rank; /* the request in flight on it (evhttp handles one at a time) */
     http_conn *prev, *next;
 };
@@ -375,6 +378,7 @@ static void conn_free(http_conn *c)
     else
         h->conns = c->next;
     if (c->next) c->next->prev = c->prev;
+    http_chunked_detach(c->chunked);
     free(c);
 }
 
@@ -425,10 +429,11 @@ static struct bufferevent *new_bev(struct event_base *base, void *arg)
     if (!c || !bev || !c->attach_ev) {
         if (bev) bufferevent_free(bev);
         free(c);
-        return NULL; /* evhttp makes its own */
+        return NULL; /* evhttp makes its own: no decoder */
     }
     c->h = h;
     c->bev = bev;
+    c->chunked = http_chunked_attach(bev); /* NULL: no decoder, bytes as they are */
     bufferevent_incref(bev);
     c->next = h->conns;
     if (h->conns) h->conns->prev = c;
@@ -655,6 +660,18 @@ static void handle(struct evhttp_request *req, void *arg)
     char *path = evhttp_uridecode(raw && *raw ? raw : "/", 0, NULL);
     if (!path) {
         reply_error(h, req, "other", 500, RQ_INTERNAL, "out of memory");
+        return;
+    }
+    /* A chunked body the decoder could not read (http_chunked.h); it has
+     * dropped the rest of the connection's input. */
+    const char *seq = evhttp_find_header(evhttp_request_get_input_headers(req),
+                                         HTTP_CHUNKED_HEADER);
+    http_conn *conn = seq ? conn_of(h, req) : NULL;
+    const char *chunk_err = conn ? http_chunked_error(conn->chunked, seq) : NULL;
+    if (chunk_err) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        reply_error(h, req, "other", 400, RQ_INVALID_ARGUMENT, "request body: %s", chunk_err);
+        free(path);
         return;
     }
     int get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD;

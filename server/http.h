@@ -40,7 +40,9 @@
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
  * HEAD on a GET route: GET's status and headers, Content-Length included,
- * no body. A body over max_body_bytes is refused by evhttp itself (413).
+ * no body. A body over max_body_bytes is refused by evhttp itself (413);
+ * chunked bodies are decoded by http_chunked.h (extensions accepted, a
+ * malformed chunk is 400 and closes the connection).
  * :rank goes through the model's batcher like gRPC (it may be merged with
  * gRPC requests) and is asynchronous: the HTTP thread hands it to
  * rank_submit and answers it from its event loop when the batcher is done,

@@ -7,7 +7,9 @@ each check sees the exact bytes on the wire:
     (no X-Ikbo-Admin header, a foreign Origin, Sec-Fetch-Site cross-site);
   - :rank does not hold the HTTP thread: /metrics and /healthz answer while
     a 10,000-candidate rank is in flight; a client that disconnects mid-rank
-    and a stop with a rank in flight leave the daemon sound."""
+    and a stop with a rank in flight leave the daemon sound;
+  - chunked request bodies: chunk extensions are read (200), a malformed
+    chunk size or overlong chunk data is 400, not 413."""
 import json
 import select
 import signal
@@ -222,7 +224,92 @@ def test_stop_with_rank_in_flight():
         d.close()
 
 
+# ---------------------------------------------------------------- chunked
+
+def chunked_post(c, path, chunks, tail=b"0\r\n\r\n", extra_headers=()):
+    head = ("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n" % path)
+    for k, v in extra_headers:
+        head += "%s: %s\r\n" % (k, v)
+    c.send(head.encode() + b"\r\n" + b"".join(chunks) + tail)
+
+
+def chunk(data, ext=b""):
+    return b"%x%s\r\n%s\r\n" % (len(data), ext, data)
+
+
+def test_chunked_extensions_accepted():
+    req = make_request(DEMO, users=2, cands_per_user=3, seed=33)
+    body = json.dumps(req).encode()
+    parts = [body[i:i + 97] for i in range(0, len(body), 97)]
+    exts = [b";name=value", b";a", b" ;q=\"x;y\"", b";n1=v1;n2", b""]
+    c = Conn()
+    chunked_post(c, "/v1/models/demo:rank",
+                 [chunk(p, exts[i % len(exts)]) for i, p in enumerate(parts)],
+                 tail=b"0;last=1\r\nX-Trailer: t\r\n\r\n")
+    status, _, out = c.response()
+    check_eq(status, 200, "chunked with extensions: %r" % out[:300])
+    check_eq(len(json.loads(out)["scores"]), 6, "scores")
+    # Byte by byte across reads: the decoder keeps partial lines.
+    chunked_post(c, "/v1/models/demo:rank", [], tail=b"")
+    for b in b"".join(chunk(p, b";k=v") for p in parts) + b"0\r\n\r\n":
+        c.send(bytes([b]))
+    check_eq(c.response()[0], 200, "chunked, one byte per send")
+    # Keep-alive still in step after chunked bodies.
+    c.request("GET", "/healthz")
+    check_eq(c.response()[::2], (200, b"ok\n"), "next request on the connection")
+    c.close()
+
+
+def test_chunked_malformed_is_400():
+    cases = [
+        ("non-hex size", [b"zz\r\n{}\r\n"]),
+        ("size then garbage", [b"5x\r\nhello\r\n"]),
+        ("empty size line", [b"\r\nhello\r\n"]),
+        ("empty extension name", [b"5;\r\nhello\r\n"]),
+        ("data longer than its size", [b"2\r\nhello\r\n"]),
+        ("size overflow", [b"10000000000000000\r\nhello\r\n"]),
+    ]
+    for what, chunks in cases:
+        c = Conn()
+        chunked_post(c, "/v1/models/demo:rank", chunks)
+        status, hdrs, body = c.response()
+        check_eq(status, 400, what)
+        err = json.loads(body)["error"]
+        check_eq(err["code"], "INVALID_ARGUMENT", what)
+        check("chunk" in err["message"], "%s: %r" % (what, err))
+        check_eq(hdrs.get("connection"), "close", what)
+        check(c.closed_by_peer(), what + ": connection left open")
+        c.close()
+    # Pipelined on one connection: the requests before the malformed one are
+    # answered as usual (a Content-Length body, then a valid chunked one).
+    req = json.dumps(make_request(DEMO, seed=35)).encode()
+    c = Conn()
+    c.request("POST", "/v1/models/demo:rank", req)
+    chunked_post(c, "/v1/models/demo:rank", [chunk(req, b";x=1")])
+    chunked_post(c, "/v1/models/demo:rank", [b"q\r\n"])
+    check_eq(c.response()[0], 200, "pipelined Content-Length request")
+    check_eq(c.response()[0], 200, "pipelined valid chunked request")
+    check_eq(c.response()[0], 400, "pipelined malformed chunked request")
+    check(c.closed_by_peer(), "connection left open after the malformed request")
+    c.close()
+    # A body over the limit is still 413 (evhttp's own check).
+    c = Conn()
+    chunked_post(c, "/v1/models/demo:rank", [b"%x\r\n" % (64 << 20)], tail=b"")
+    check_eq(c.response(head_only=True)[0], 413, "oversized chunk")
+    c.close()
+
+
+def test_chunked_error_header_not_forgeable():
+    c = Conn()
+    c.request("GET", "/healthz", headers=[("X-Ikbo-Chunked", "1")])
+    check_eq(c.response()[::2], (200, b"ok\n"), "client-sent decoder header is dropped")
+    c.close()
+
+
 if __name__ == "__main__":
     run([test_head_then_get_keepalive, test_admin_refuses_cross_site,
          test_admin_same_origin_allowed, test_probes_answer_while_rank_computes,
-         test_client_disconnects_mid_rank, test_stop_with_rank_in_flight], daemon=D, repo=REPO)
+         test_client_disconnects_mid_rank, test_stop_with_rank_in_flight,
+         test_chunked_extensions_accepted, test_chunked_malformed_is_400,
+         test_chunked_error_header_not_forgeable], daemon=D, repo=REPO)
