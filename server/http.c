@@ -2,6 +2,8 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <event2/bufferevent.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
@@ -17,27 +19,42 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "http_chunked.h"
 #include "log.h"
 #include "request.h"
+
+typedef struct http_rank http_rank;
+typedef struct http_conn http_conn;
 
 struct http_server {
     struct event_base *base;
     struct evhttp *http;
+    struct event *stop_ev; /* activated by http_stop: runs on_stop on the loop */
     pthread_t thread;
     int started;
     int port;
     http_opts o;
+    /* HTTP thread only: */
+    http_conn *conns; /* open connections */
+    http_rank *ranks; /* :rank calls between rank_submit and their reply */
+    int stopping;     /* on_stop ran: the loop ends once ranks is empty */
 };
 
 /* ---- replies ------------------------------------------------------------ */
+
+static void count_reply(http_server *h, const char *route, int status)
+{
+    char code[16];
+    snprintf(code, sizeof code, "%d", status);
+    const char *const labels[] = {route, code};
+    metrics_add_l(h->o.metrics->http_requests_total, labels, 1);
+}
 
 static void reply(http_server *h, struct evhttp_request *req, const char *route, int status,
                   const char *content_type, const char *body, size_t len)
 {
     struct evkeyvalq *out = evhttp_request_get_output_headers(req);
     evhttp_add_header(out, "Content-Type", content_type);
-    struct evbuffer *b = evbuffer_new();
-    if (b && body) evbuffer_add(b, body, len);
     const char *reason = status == 200   ? "OK"
                          : status == 202 ? "Accepted"
                          : status == 400 ? "Bad Request"
@@ -50,12 +67,21 @@ static void reply(http_server *h, struct evhttp_request *req, const char *route,
                          : status == 504 ? "Gateway Timeout"
                          : status == 499 ? "Client Closed Request"
                                          : "Internal Server Error";
-    evhttp_send_reply(req, status, reason, b);
-    if (b) evbuffer_free(b);
-    char code[16];
-    snprintf(code, sizeof code, "%d", status);
-    const char *const labels[] = {route, code};
-    metrics_add_l(h->o.metrics->http_requests_total, labels, 1);
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        /* evhttp adds Content-Length only to responses that carry a body
+         * and would send a HEAD's body anyway: HEAD gets GET's headers,
+         * Content-Length included, and no body (RFC 9110 9.3.2). */
+        char cl[32];
+        snprintf(cl, sizeof cl, "%zu", len);
+        evhttp_add_header(out, "Content-Length", cl);
+        evhttp_send_reply(req, status, reason, NULL);
+    } else {
+        struct evbuffer *b = evbuffer_new();
+        if (b && body) evbuffer_add(b, body, len);
+        evhttp_send_reply(req, status, reason, b);
+        if (b) evbuffer_free(b);
+    }
+    count_reply(h, route, status);
 }
 
 static void reply_text(http_server *h, struct evhttp_request *req, const char *route,
@@ -228,15 +254,47 @@ static int peer_is_local(struct evhttp_request *req)
     return 0;
 }
 
+/* Why an admin call must be refused as a possible cross-site request from a
+ * browser (NULL = not refused). A loopback-only port is no defence against a
+ * page in a browser on the same host: a form or fetch() there can POST to
+ * 127.0.0.1. Browsers cannot send a custom header cross-origin without a
+ * CORS preflight (OPTIONS, which gets 405 here, without CORS headers, so the
+ * browser never sends the call), so the admin routes require one; and a
+ * browser that says where the call comes from (Origin, Sec-Fetch-Site) is
+ * refused unless it is this server's own origin. */
+static const char *admin_cross_site(struct evhttp_request *req)
+{
+    const struct evkeyvalq *in = evhttp_request_get_input_headers(req);
+    const char *mark = evhttp_find_header(in, "X-Ikbo-Admin");
+    if (!mark || strcmp(mark, "1") != 0)
+        return "admin calls need the header 'X-Ikbo-Admin: 1' (a browser cannot send it "
+               "cross-site)";
+    const char *site = evhttp_find_header(in, "Sec-Fetch-Site");
+    if (site && strcmp(site, "same-origin") != 0 && strcmp(site, "none") != 0)
+        return "admin calls from a browser page of another origin are refused "
+               "(Sec-Fetch-Site is not same-origin)";
+    const char *origin = evhttp_find_header(in, "Origin");
+    if (origin) {
+        const char *host = evhttp_find_header(in, "Host");
+        static const char scheme[] = "http://";
+        size_t n = sizeof scheme - 1;
+        if (!host || evutil_ascii_strncasecmp(origin, scheme, n) != 0 ||
+            evutil_ascii_strcasecmp(origin + n, host) != 0)
+            return "admin calls from a browser page of another origin are refused (Origin "
+                   "is not this server)";
+    }
+    return NULL;
+}
+
 /* POST /v1/models/{name}/load|unload[?version=N]: admin, loopback only
- * unless admin_http says otherwise. */
+ * unless admin_http says otherwise, never cross-site (admin_cross_site). */
 static void handle_admin(http_server *h, struct evhttp_request *req, const char *route,
                          const char *name, int load)
 {
     const char *why = h->o.admin == HTTP_ADMIN_OFF ? "admin endpoints are off (admin_http: off)"
                       : h->o.admin == HTTP_ADMIN_LOCAL && !peer_is_local(req)
                           ? "admin endpoints answer loopback clients only (admin_http: local)"
-                          : NULL;
+                          : admin_cross_site(req);
     if (why) {
         reply_json(h, req, route, 403,
                    dump_json(json_pack("{s:{s:s,s:s}}", "error", "code", "PERMISSION_DENIED",
@@ -291,10 +349,250 @@ static void handle_admin(http_server *h, struct evhttp_request *req, const char 
     }
 }
 
+/* ---- connections ---------------------------------------------------------
+ *
+ * Every connection gets a bufferevent made here (evhttp_set_bevcb) and a
+ * record: its chunked-body decoder (http_chunked.h) and the :rank in flight
+ * on it, if any. The record is freed by evhttp's close callback (conn_gone),
+ * set as soon as the connection exists (conn_attach: evhttp makes it after
+ * the bufferevent, so attaching runs from an event activated in new_bev;
+ * until then a reference on the bufferevent keeps it, and its input, valid
+ * even when evhttp frees the connection first). */
+struct http_conn {
+    http_server *h;
+    struct bufferevent *bev;
+    struct evhttp_connection *evcon; /* set by conn_attach */
+    struct event *attach_ev;         /* NULL once attached */
+    http_chunked *chunked;
+    http_rank *rank; /* the request in flight on it (evhttp handles one at a time) */
+    http_conn *prev, *next;
+};
+
+static void rank_conn_gone(http_rank *r, struct evhttp_connection *evcon);
+
+static void conn_free(http_conn *c)
+{
+    http_server *h = c->h;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    http_chunked_detach(c->chunked);
+    free(c);
+}
+
+static void conn_gone(struct evhttp_connection *evcon, void *arg)
+{
+    http_conn *c = arg;
+    if (c->rank) rank_conn_gone(c->rank, evcon);
+    conn_free(c);
+}
+
+/* Drops new_bev's reference; frees c when evhttp has already dropped the
+ * connection (its callbacks are cleared by bufferevent_free). Returns 0 when
+ * c is attached, -1 when it was freed. */
+static int conn_attach(http_conn *c)
+{
+    if (!c->attach_ev) return 0;
+    event_free(c->attach_ev);
+    c->attach_ev = NULL;
+    struct bufferevent *bev = c->bev;
+    bufferevent_data_cb readcb = NULL;
+    void *evcon = NULL;
+    bufferevent_getcb(bev, &readcb, NULL, NULL, &evcon);
+    int rc = 0;
+    if (readcb && evcon) {
+        c->evcon = evcon;
+        evhttp_connection_set_closecb(c->evcon, conn_gone, c);
+    } else {
+        conn_free(c);
+        rc = -1;
+    }
+    bufferevent_decref(bev);
+    return rc;
+}
+
+static void on_attach(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)conn_attach(arg);
+}
+
+static struct bufferevent *new_bev(struct event_base *base, void *arg)
+{
+    http_server *h = arg;
+    http_conn *c = calloc(1, sizeof *c);
+    struct bufferevent *bev = c ? bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE) : NULL;
+    if (bev) c->attach_ev = event_new(base, -1, 0, on_attach, c);
+    if (!c || !bev || !c->attach_ev) {
+        if (bev) bufferevent_free(bev);
+        free(c);
+        return NULL; /* evhttp makes its own: no decoder */
+    }
+    c->h = h;
+    c->bev = bev;
+    c->chunked = http_chunked_attach(bev); /* NULL: no decoder, bytes as they are */
+    bufferevent_incref(bev);
+    c->next = h->conns;
+    if (h->conns) h->conns->prev = c;
+    h->conns = c;
+    event_active(c->attach_ev, EV_TIMEOUT, 1);
+    return bev;
+}
+
+/* The record of req's connection (attached), or NULL. */
+static http_conn *conn_of(http_server *h, struct evhttp_request *req)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    for (http_conn *c = h->conns; c && bev; c = c->next) {
+        if (c->bev != bev) continue;
+        return conn_attach(c) == 0 && c->evcon == evcon ? c : NULL;
+    }
+    return NULL;
+}
+
+/* ---- asynchronous :rank --------------------------------------------------
+ *
+ * evhttp is single-threaded, so the HTTP thread must never wait for compute:
+ * a :rank is handed to rank_submit and the thread goes back to its loop
+ * (probes and /metrics keep answering). rank_submit's callback runs on a
+ * batcher thread (or here, for an early error); it only stores the answer
+ * and activates the call's done_ev, an event on the HTTP base (the base is
+ * made with evthread locking, so event_active is safe from any thread), and
+ * rank_deliver sends the reply on the HTTP thread.
+ *
+ * While a request is being handled evhttp reads nothing from its connection
+ * (read is disabled until the reply), so the connection stays alive unless
+ * evhttp frees it (evhttp_free, or a network error). Its close callback
+ * (conn_gone -> rank_conn_gone) tells us: then the request has either been
+ * freed with the connection (req dropped here) or detached from it (kept:
+ * evhttp frees a detached request on evhttp_send_reply). peer_ev watches
+ * the socket for the client closing it mid-compute (EOF) and sets
+ * cancelled, so a rank still queued is not computed (one-shot: a pipelined
+ * request ends the watch). http_stop cancels every call and waits for their
+ * callbacks before it frees the base (on_stop, rank_deliver). */
+struct http_rank {
+    http_server *h;
+    struct evhttp_request *req;      /* NULL once evhttp freed it */
+    http_conn *conn;                 /* NULL once the connection is gone */
+    struct event *done_ev;           /* rank_done -> rank_deliver */
+    struct event *peer_ev;           /* the socket is readable: peer_readable */
+    Ikbo__V1__RankRequest *rr;
+    atomic_int cancelled; /* rank.h: a queued rank is dropped once set */
+    /* written by rank_done before event_active, read by rank_deliver: */
+    Ikbo__V1__RankResponse *resp;
+    rq_status st;
+    http_rank *prev, *next; /* h->ranks */
+};
+
+static const char rank_route[] = "/v1/models/{name}:rank";
+
+static void peer_watch_stop(http_rank *r)
+{
+    if (r->peer_ev) event_free(r->peer_ev);
+    r->peer_ev = NULL;
+}
+
+/* The client's socket became readable while its rank computes: EOF (or an
+ * error) means the client is gone; bytes mean a pipelined request, read by
+ * evhttp after the reply. One-shot: the watcher is not re-armed after. */
+static void peer_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    http_rank *r = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(r->peer_ev, NULL);
+        return;
+    }
+    if (n <= 0) atomic_store(&r->cancelled, 1);
+}
+
+/* evhttp frees the connection of a rank in flight (conn_gone). */
+static void rank_conn_gone(http_rank *r, struct evhttp_connection *evcon)
+{
+    peer_watch_stop(r); /* its fd is about to close */
+    atomic_store(&r->cancelled, 1);
+    /* Still on the connection's list: freed with it, right after this. */
+    if (r->req && evhttp_request_get_connection(r->req) == evcon) r->req = NULL;
+    r->conn = NULL;
+}
+
+/* rank_submit's callback: any thread. */
+static void rank_done(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *st)
+{
+    http_rank *r = arg;
+    r->resp = resp;
+    r->st = *st;
+    event_active(r->done_ev, EV_TIMEOUT, 1);
+}
+
+/* The rank's answer, on the HTTP thread: reply, unlink, free. */
+static void rank_deliver(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    http_rank *r = arg;
+    http_server *h = r->h;
+    peer_watch_stop(r);
+    if (r->conn) r->conn->rank = NULL;
+    int status = r->resp ? 200 : rq_code_http(r->st.code);
+    if (r->req)
+        reply_json(h, r->req, rank_route, status,
+                   r->resp ? rq_response_to_json(r->resp) : rq_error_json(&r->st));
+    else
+        count_reply(h, rank_route, status); /* nobody to answer */
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        h->ranks = r->next;
+    if (r->next) r->next->prev = r->prev;
+    rq_response_free(r->resp);
+    rq_request_free(r->rr);
+    event_free(r->done_ev);
+    free(r);
+    if (h->stopping && !h->ranks) event_base_loopbreak(h->base);
+}
+
+/* Submits rr (taken) for req; the reply comes from rank_deliver. */
+static void rank_start(http_server *h, struct evhttp_request *req, Ikbo__V1__RankRequest *rr,
+                       int64_t deadline)
+{
+    http_rank *r = calloc(1, sizeof *r);
+    http_conn *conn = conn_of(h, req);
+    if (r) r->done_ev = event_new(h->base, -1, 0, rank_deliver, r);
+    if (!r || !r->done_ev || !conn) {
+        if (r && r->done_ev) event_free(r->done_ev);
+        free(r);
+        rq_request_free(rr);
+        const char *const mc[] = {"", "INTERNAL"};
+        metrics_add_l(h->o.metrics->requests_total, mc, 1);
+        reply_error(h, req, rank_route, 500, RQ_INTERNAL, "out of memory");
+        return;
+    }
+    r->h = h;
+    r->req = req;
+    r->conn = conn;
+    conn->rank = r;
+    r->rr = rr;
+    atomic_init(&r->cancelled, 0);
+    evutil_socket_t fd = bufferevent_getfd(conn->bev);
+    if (fd >= 0) r->peer_ev = event_new(h->base, fd, EV_READ, peer_readable, r);
+    if (r->peer_ev && event_add(r->peer_ev, NULL) != 0) peer_watch_stop(r);
+    r->next = h->ranks;
+    if (h->ranks) h->ranks->prev = r;
+    h->ranks = r;
+    rank_submit(h->o.rank, rr, deadline, &r->cancelled, "http", rank_done, r);
+}
+
 static void handle_rank(http_server *h, struct evhttp_request *req, const char *route,
                         const char *name)
 {
-    if (atomic_load(h->o.draining)) {
+    if (atomic_load(h->o.draining) || h->stopping) {
         const char *const mc[] = {"", "UNAVAILABLE"};
         metrics_add_l(h->o.metrics->requests_total, mc, 1);
         reply_error(h, req, route, 503, RQ_UNAVAILABLE, "server is shutting down");
@@ -350,13 +648,7 @@ static void handle_rank(http_server *h, struct evhttp_request *req, const char *
         }
         deadline = rank_now_ns() + (ms > 86400000LL ? 86400000LL : ms) * 1000000LL;
     }
-    Ikbo__V1__RankResponse *resp = rank_handle(h->o.rank, rr, deadline, "http", &st);
-    if (resp)
-        reply_json(h, req, route, 200, rq_response_to_json(resp));
-    else
-        reply_json(h, req, route, rq_code_http(st.code), rq_error_json(&st));
-    rq_response_free(resp);
-    rq_request_free(rr);
+    rank_start(h, req, rr, deadline);
 }
 
 static void handle(struct evhttp_request *req, void *arg)
@@ -368,6 +660,18 @@ static void handle(struct evhttp_request *req, void *arg)
     char *path = evhttp_uridecode(raw && *raw ? raw : "/", 0, NULL);
     if (!path) {
         reply_error(h, req, "other", 500, RQ_INTERNAL, "out of memory");
+        return;
+    }
+    /* A chunked body the decoder could not read (http_chunked.h); it has
+     * dropped the rest of the connection's input. */
+    const char *seq = evhttp_find_header(evhttp_request_get_input_headers(req),
+                                         HTTP_CHUNKED_HEADER);
+    http_conn *conn = seq ? conn_of(h, req) : NULL;
+    const char *chunk_err = conn ? http_chunked_error(conn->chunked, seq) : NULL;
+    if (chunk_err) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        reply_error(h, req, "other", 400, RQ_INVALID_ARGUMENT, "request body: %s", chunk_err);
+        free(path);
         return;
     }
     int get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD;
@@ -460,6 +764,19 @@ not_allowed:
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+/* http_stop's request, on the HTTP thread: cancel the ranks in flight and end
+ * the loop once their answers are in (rank_deliver), so no callback can
+ * reach a freed base. */
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    http_server *h = arg;
+    h->stopping = 1;
+    for (http_rank *r = h->ranks; r; r = r->next) atomic_store(&r->cancelled, 1);
+    if (!h->ranks) event_base_loopbreak(h->base);
+}
+
 static void *http_main(void *arg)
 {
     http_server *h = arg;
@@ -508,7 +825,8 @@ http_server *http_start(const http_opts *o, ikbo_err *err)
     h->o = *o;
     h->base = event_base_new();
     h->http = h->base ? evhttp_new(h->base) : NULL;
-    if (!h->http) {
+    h->stop_ev = h->http ? event_new(h->base, -1, 0, on_stop, h) : NULL;
+    if (!h->stop_ev) {
         bk_seterr(err, "http: cannot create the event loop");
         goto fail;
     }
@@ -517,6 +835,7 @@ http_server *http_start(const http_opts *o, ikbo_err *err)
     evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_bevcb(h->http, new_bev, h);
     evhttp_set_gencb(h->http, handle, h);
     struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(h->http, host, (uint16_t)port);
     if (!bs) {
@@ -536,6 +855,7 @@ http_server *http_start(const http_opts *o, ikbo_err *err)
     h->started = 1;
     return h;
 fail:
+    if (h->stop_ev) event_free(h->stop_ev);
     if (h->http) evhttp_free(h->http);
     if (h->base) event_base_free(h->base);
     free(h);
@@ -548,10 +868,17 @@ void http_stop(http_server *h)
 {
     if (!h) return;
     if (h->started) {
-        event_base_loopbreak(h->base);
+        event_active(h->stop_ev, EV_TIMEOUT, 1);
         pthread_join(h->thread, NULL);
     }
-    evhttp_free(h->http);
+    event_free(h->stop_ev);
+    evhttp_free(h->http); /* conn_gone for every attached connection */
+    while (h->conns) {    /* not attached yet */
+        struct bufferevent *bev = h->conns->bev;
+        event_free(h->conns->attach_ev);
+        conn_free(h->conns);
+        bufferevent_decref(bev);
+    }
     event_base_free(h->base);
     free(h);
 }

@@ -32,18 +32,27 @@
  *                                 ?version=N, that version; 200 with the
  *                                 model's JSON. Held requests finish.
  *                                 Admin routes answer loopback peers only by
- *                                 default (403 otherwise; opts.admin).
+ *                                 default (403 otherwise; opts.admin), and
+ *                                 only calls that a browser page of another
+ *                                 site cannot make: header X-Ikbo-Admin: 1
+ *                                 required, a foreign Origin or Sec-Fetch-Site
+ *                                 refused (403 PERMISSION_DENIED naming why).
  *   anything else                 404 JSON (405 JSON for a known path with the
  *                                 wrong method)
- * A body over max_body_bytes is refused by evhttp itself (413).
+ * HEAD on a GET route: GET's status and headers, Content-Length included,
+ * no body. A body over max_body_bytes is refused by evhttp itself (413);
+ * chunked bodies are decoded by http_chunked.h (extensions accepted, a
+ * malformed chunk is 400 and closes the connection).
  * :rank goes through the model's batcher like gRPC (it may be merged with
- * gRPC requests) and the HTTP thread blocks until its answer, so a :rank
- * waiting in the queue or computing delays other HTTP requests (/metrics,
- * probes); the gRPC port is the fast path.
+ * gRPC requests) and is asynchronous: the HTTP thread hands it to
+ * rank_submit and answers it from its event loop when the batcher is done,
+ * serving other requests meanwhile (see http.c, "asynchronous :rank").
  *
  * Ownership: the pointers in opts must outlive the server. Thread-safety:
  * http_start/http_stop from one controlling thread; handlers run on the HTTP
- * thread only.
+ * thread only. http_stop cancels the ranks still queued and waits for every
+ * rank in flight to be answered before it frees anything, so it must run
+ * while the batchers still run (before batcher_set_free).
  */
 #ifndef IKBO_SERVER_HTTP_H
 #define IKBO_SERVER_HTTP_H

@@ -1,7 +1,6 @@
 /* rank.c - one Rank request end to end (see rank.h). */
 #include "rank.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -148,42 +147,4 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     if (batcher_submit_reserved(b, &br, &st) == 0) return;
 fail:
     job_finish(j, NULL, &st);
-}
-
-/* ---- blocking form ------------------------------------------------------ */
-
-typedef struct waiter {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    Ikbo__V1__RankResponse *resp;
-    rq_status st;
-} waiter;
-
-static void wake(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *st)
-{
-    waiter *w = arg;
-    pthread_mutex_lock(&w->mu);
-    w->resp = resp;
-    w->st = *st;
-    w->done = 1;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-Ikbo__V1__RankResponse *rank_handle(const rank_env *env, const Ikbo__V1__RankRequest *req,
-                                    int64_t deadline_ns, const char *transport, rq_status *st)
-{
-    waiter w;
-    memset(&w, 0, sizeof w);
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_cond_init(&w.cv, NULL);
-    rank_submit(env, req, deadline_ns, NULL, transport, wake, &w);
-    pthread_mutex_lock(&w.mu);
-    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    pthread_mutex_destroy(&w.mu);
-    pthread_cond_destroy(&w.cv);
-    *st = w.st;
-    return w.resp;
 }

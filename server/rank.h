@@ -4,8 +4,8 @@
  * response from the scores, and record the request's metrics and log line.
  *
  * Why a module of its own: both transports must give the same status and
- * message for the same request. rank_submit is asynchronous so a gRPC worker
- * never waits for compute; rank_handle is the blocking form (HTTP).
+ * message for the same request. rank_submit is asynchronous so neither a
+ * gRPC worker nor the HTTP thread ever waits for compute.
  *
  * Metrics and the log line are recorded before the callback runs, so a
  * client that has its answer sees its request counted.
@@ -47,10 +47,5 @@ typedef void (*rank_done_fn)(void *arg, Ikbo__V1__RankResponse *resp, const rq_s
 void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t deadline_ns,
                  const atomic_int *cancelled, const char *transport, rank_done_fn done,
                  void *arg);
-
-/* rank_submit, waiting for the answer on the calling thread. Returns the
- * response (the caller's: rq_response_free), or NULL with *st set. */
-Ikbo__V1__RankResponse *rank_handle(const rank_env *env, const Ikbo__V1__RankRequest *req,
-                                    int64_t deadline_ns, const char *transport, rq_status *st);
 
 #endif

@@ -20,7 +20,7 @@ S = {}
 
 
 def post(path):
-    code, body = S["d"].http("POST", path, body=b"")
+    code, body = S["d"].http("POST", path, body=b"", headers={"X-Ikbo-Admin": "1"})
     return code, json.loads(body or b"{}")
 
 

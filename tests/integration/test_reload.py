@@ -169,7 +169,8 @@ def test_sighup_rescans_when_polling_is_off():
 
 
 def post(d, path, host="127.0.0.1"):
-    req = urllib.request.Request("http://%s:%d%s" % (host, d.http_port, path), data=b"", method="POST")
+    req = urllib.request.Request("http://%s:%d%s" % (host, d.http_port, path), data=b"", method="POST",
+                                 headers={"X-Ikbo-Admin": "1"})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read() or b"{}")

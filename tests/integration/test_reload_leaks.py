@@ -32,6 +32,9 @@ class SlowDaemon(Daemon):
         return super()._wait_listening(timeout=120)
 
 
+ADMIN = {"X-Ikbo-Admin": "1"}  # the admin routes refuse calls without it (README)
+
+
 def wrapper(tmp):
     """An ikbo-serve that runs under valgrind, its report in tmp/vg.log."""
     path = os.path.join(tmp, "ikbo-serve-vg")
@@ -80,11 +83,11 @@ def test_daemon_load_unload_cycles():
     for i in range(CYCLES):
         if i in (10, CYCLES - 1):
             rss.append(rss_kib(d.proc.pid))
-        code, _ = d.http("POST", "/v1/models/a/unload", body=b"")
+        code, _ = d.http("POST", "/v1/models/a/unload", body=b"", headers=ADMIN)
         check_eq(code, 200, "unload %d" % i)
         if i % 10 == 0:
             check_eq(d.rank_error(req, timeout=30)[0], "NOT_FOUND", "unloaded a, cycle %d" % i)
-        code, _ = d.http("POST", "/v1/models/a/load", body=b"")
+        code, _ = d.http("POST", "/v1/models/a/load", body=b"", headers=ADMIN)
         check_eq(code, 202, "load %d" % i)
         wait_for(lambda: version_state(d, "a", 1) == ("READY", ""), 30, "a READY, cycle %d" % i,
                  step=0.01)
