@@ -272,7 +272,10 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb
     }
     grpc_slice_unref(all);
     if (!m) {
-        rq_status_set(st, RQ_INVALID_ARGUMENT, "request is not a valid %s message", d->name);
+        if (arena && *arena && pb_arena_failed(*arena))
+            rq_status_set(st, RQ_INTERNAL, "out of memory unpacking a %zu-byte %s", len, d->name);
+        else
+            rq_status_set(st, RQ_INVALID_ARGUMENT, "request is not a valid %s message", d->name);
         if (arena) {
             pb_arena_free(*arena);
             *arena = NULL;
