@@ -197,7 +197,7 @@ static void instance_destroy(registry_model *m)
         log_int(&ln, "version", m->version);
         log_end(&ln);
     }
-    for (int i = 0; i < m->n_slots; i++)
+    for (int i = 0; m->ctx && i < m->n_slots; i++)
         if (m->ctx[i]) ikbo_ctx_free(m->ctx[i]);
     if (m->model) ikbo_model_free(m->model);
     free(m->ctx);
