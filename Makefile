@@ -61,7 +61,7 @@ SERVER_LIBS := -lgrpc -lgpr -lprotobuf-c -levent -levent_pthreads -ljansson
 
 LIBIKBO := $(BUILD)/libikbo.a
 
-.PHONY: FORCE all run test deps deps-build unit golden integration fuzz tsan clean help
+.PHONY: FORCE all run test deps deps-build unit golden integration fuzz tsan alloc-fail clean help
 .DEFAULT_GOAL := all
 # Keep generated headers and test objects between runs.
 .SECONDARY:
@@ -77,6 +77,7 @@ help:
 	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py)"
 	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
 	@echo "make tsan       batcher unit tests under ThreadSanitizer (objects in build/tsan)"
+	@echo "make alloc-fail out-of-memory sweeps: fail the N-th allocation, check errors and leaks"
 	@echo "make deps       install missing Debian packages (needs root)"
 	@echo "make clean      remove build/"
 
@@ -196,6 +197,7 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory alloc-fail
 	@$(MAKE) --no-print-directory golden
 	@$(MAKE) --no-print-directory integration
 	@echo "make test: all passed"
@@ -209,6 +211,24 @@ tsan:
 	@env CFLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" $(MAKE) --no-print-directory \
 	  BUILD=$(BUILD)/tsan CUDA=0 CC=$(TSAN_CC) $(BUILD)/tsan/tests/test_batcher
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(BUILD)/tsan/tests/test_batcher
+
+# Out-of-memory sweeps (tests/alloc/test_alloc_fail.c): the engine and server
+# objects' allocation calls are redirected with --wrap to tests/alloc/
+# alloc_fail.c, which fails the N-th one and counts live blocks; libraries
+# keep the real allocator (jansson and protobuf-c hand-offs: alloc_fail.h).
+# AF_SITES gets the call sites reached; coverage.sh compares them with the
+# allocation calls in engine/, server/ and kernels/cpu/.
+AF_WRAP := malloc calloc realloc free strdup strndup posix_memalign aligned_alloc \
+           protobuf_c_message_unpack protobuf_c_message_free_unpacked log_thread_name
+AF_OBJS := $(BUILD)/obj/tests/alloc/test_alloc_fail.o $(BUILD)/obj/tests/alloc/alloc_fail.o
+$(BUILD)/tests/alloc_fail: $(AF_OBJS) $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(foreach f,$(AF_WRAP),-Wl,--wrap=$(f)) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) \
+	    $(LDLIBS) -ldl -lstdc++
+
+alloc-fail: $(BUILD)/tests/alloc_fail
+	AF_SITES=$(BUILD)/alloc_fail_sites.txt $(BUILD)/tests/alloc_fail
+	@tests/alloc/coverage.sh $(BUILD)/alloc_fail_sites.txt
 
 clean:
 	rm -rf $(BUILD)

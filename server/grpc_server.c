@@ -295,6 +295,9 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb
     }
     grpc_slice_unref(all);
     if (!m && arena) {
+        /* protobuf-c ran out of arena memory: not the client's fault. */
+        if (*arena && pb_arena_failed(*arena))
+            rq_status_set(st, RQ_INTERNAL, "out of memory unpacking a %zu-byte %s", len, d->name);
         pb_arena_free(*arena);
         *arena = NULL;
     }

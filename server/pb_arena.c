@@ -19,6 +19,7 @@ struct pb_arena {
     ProtobufCAllocator alloc;
     chunk *head; /* the chunk being filled; older ones follow */
     size_t next_cap, used;
+    int failed; /* an allocation ran out of memory */
 };
 
 static chunk *chunk_new(size_t cap)
@@ -43,7 +44,10 @@ static void *arena_alloc(void *data, size_t n)
         size_t cap = a->next_cap;
         while (cap < need) cap = cap > SIZE_MAX / 2 ? need : 2 * cap;
         chunk *nc = chunk_new(cap);
-        if (!nc) return NULL;
+        if (!nc) {
+            a->failed = 1;
+            return NULL;
+        }
         nc->next = c;
         a->head = c = nc;
         a->next_cap = cap > SIZE_MAX / 2 ? cap : 2 * cap;
@@ -74,6 +78,8 @@ pb_arena *pb_arena_new(size_t first)
 ProtobufCAllocator *pb_arena_allocator(pb_arena *a) { return &a->alloc; }
 
 size_t pb_arena_used(const pb_arena *a) { return a->used; }
+
+int pb_arena_failed(const pb_arena *a) { return a->failed; }
 
 void pb_arena_free(pb_arena *a)
 {

@@ -29,6 +29,9 @@ pb_arena *pb_arena_new(size_t first);
 ProtobufCAllocator *pb_arena_allocator(pb_arena *a);
 /* Bytes handed out so far (tests, metrics). */
 size_t pb_arena_used(const pb_arena *a);
+/* 1 once an allocation from it failed for want of memory: an unpack that
+ * returned NULL then ran out of memory rather than met malformed bytes. */
+int pb_arena_failed(const pb_arena *a);
 void pb_arena_free(pb_arena *a); /* NULL ok */
 
 #endif

@@ -197,7 +197,7 @@ static void instance_destroy(registry_model *m)
         log_int(&ln, "version", m->version);
         log_end(&ln);
     }
-    for (int i = 0; i < m->n_slots; i++)
+    for (int i = 0; m->ctx && i < m->n_slots; i++)
         if (m->ctx[i]) ikbo_ctx_free(m->ctx[i]);
     if (m->model) ikbo_model_free(m->model);
     free(m->ctx);
@@ -528,6 +528,8 @@ typedef struct scan_item {
     char err[512];
 } scan_item;
 
+static void scan_free(scan_item *items, int n);
+
 /* Reads the repository without the lock. */
 static int scan_repo(registry *r, scan_item **out)
 {
@@ -554,6 +556,11 @@ static int scan_repo(registry *r, scan_item **out)
         scan_item *it = &items[i];
         it->configured = r->models != NULL;
         it->name = strdup(names[i]);
+        if (!it->name) { /* a partial scan would read as models removed: none */
+            if (!r->models) repo_free_names(names, n);
+            scan_free(items, i);
+            return -1;
+        }
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/%s", r->repository, names[i]);
         errno = 0;

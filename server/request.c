@@ -521,6 +521,8 @@ Ikbo__V1__RankRequest *rq_request_from_json(const char *text, size_t len, rq_sta
      * which names the field; jansson still refuses it in keys. */
     json_t *root = json_loadb(text ? text : "", text ? len : 0,
                               JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    if (!root && (json_error_code(&je) == json_error_out_of_memory || !je.text[0]))
+        return oom(st), NULL; /* jansson names every input error; no text: it ran out of memory */
     if (!root) {
         rq_status_set(st, RQ_INVALID_ARGUMENT, "invalid JSON at line %d column %d: %s", je.line,
                       je.column, je.text);
