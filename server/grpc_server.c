@@ -263,44 +263,9 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb
         return rq_status_set(st, RQ_INTERNAL, "cannot read the request message"), NULL;
     grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
     grpc_byte_buffer_reader_destroy(&rd);
-    size_t len = GRPC_SLICE_LENGTH(all);
-    const uint8_t *bytes = GRPC_SLICE_START_PTR(all);
-    ProtobufCMessage *m = NULL;
-    rq_status_ok(st);
-    if (!arena) {
-        m = pb_check_unpack(d, NULL, bytes, len, st);
-    } else {
-        /* Unpacked, a message takes ~1.5-2x its wire size (int64 varints
-         * widen to 8 bytes, each submessage adds its struct): one chunk
-         * usually holds it all. A RankRequest goes through the fast decoder
-         * first (rank_wire.h); what it neither takes nor refuses,
-         * protobuf-c and pb_check decide (pb_check.h), in a fresh arena. */
-        size_t first = len < (SIZE_MAX - 4096) / 2 ? 2 * len + 4096 : SIZE_MAX / 2;
-        if (d == &ikbo__v1__rank_request__descriptor && (*arena = pb_arena_new(first))) {
-            m = (ProtobufCMessage *)rank_wire_decode(bytes, len, *arena, st);
-            if (!m) {
-                pb_arena_free(*arena);
-                *arena = NULL;
-            }
-        }
-        if (!m && st->code == RQ_OK) {
-            if (!(*arena = pb_arena_new(first))) {
-                grpc_slice_unref(all);
-                return rq_status_set(st, RQ_INTERNAL, "out of memory for a %zu-byte request",
-                                     len),
-                       NULL;
-            }
-            m = pb_check_unpack(d, pb_arena_allocator(*arena), bytes, len, st);
-        }
-    }
+    ProtobufCMessage *m =
+        rank_wire_unpack(d, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), arena, st);
     grpc_slice_unref(all);
-    if (!m && arena) {
-        /* protobuf-c ran out of arena memory: not the client's fault. */
-        if (*arena && pb_arena_failed(*arena))
-            rq_status_set(st, RQ_INTERNAL, "out of memory unpacking a %zu-byte %s", len, d->name);
-        pb_arena_free(*arena);
-        *arena = NULL;
-    }
     return m;
 }
 

@@ -428,3 +428,37 @@ Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena
     return m;
 #endif
 }
+
+ProtobufCMessage *rank_wire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *bytes,
+                                   size_t len, pb_arena **arena, rq_status *st)
+{
+    rq_status_ok(st);
+    if (!arena) return pb_check_unpack(d, NULL, bytes, len, st);
+    /* Unpacked, a message takes ~1.5-2x its wire size (int64 varints widen
+     * to 8 bytes, each submessage adds its struct): one chunk usually holds
+     * it all. */
+    size_t first = len < (SIZE_MAX - 4096) / 2 ? 2 * len + 4096 : SIZE_MAX / 2;
+    ProtobufCMessage *m = NULL;
+    if (d == &ikbo__v1__rank_request__descriptor && (*arena = pb_arena_new(first))) {
+        m = (ProtobufCMessage *)rank_wire_decode(bytes, len, *arena, st);
+        if (m || st->code != RQ_OK) {
+            if (!m) {
+                pb_arena_free(*arena);
+                *arena = NULL;
+            }
+            return m;
+        }
+        pb_arena_free(*arena); /* declined: partial allocations stay behind */
+    }
+    if (!(*arena = pb_arena_new(first)))
+        return rq_status_set(st, RQ_INTERNAL, "out of memory for a %zu-byte request", len), NULL;
+    m = pb_check_unpack(d, pb_arena_allocator(*arena), bytes, len, st);
+    if (!m) {
+        /* protobuf-c ran out of arena memory: not the client's fault. */
+        if (pb_arena_failed(*arena))
+            rq_status_set(st, RQ_INTERNAL, "out of memory unpacking a %zu-byte %s", len, d->name);
+        pb_arena_free(*arena);
+        *arena = NULL;
+    }
+    return m;
+}

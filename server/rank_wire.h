@@ -42,4 +42,14 @@
 Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena *a,
                                         rq_status *st);
 
+/* A request message's bytes as the server decodes them (grpc_server.c; the
+ * allocation-failure tests call it too). With arena: the message lives in a
+ * new arena returned in *arena (free that, not the message); a RankRequest
+ * goes through rank_wire_decode first, and what it declines through
+ * pb_check_unpack in a fresh arena. Without (arena NULL): pb_check_unpack
+ * with malloc (free with protobuf_c_message_free_unpacked). NULL with *st
+ * set: INVALID_ARGUMENT for bad bytes, INTERNAL when memory ran out. */
+ProtobufCMessage *rank_wire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
+                                   size_t len, pb_arena **arena, rq_status *st);
+
 #endif

@@ -367,35 +367,12 @@ static int call_wait(call *c, char *why)
     return done ? 0 : failf(why, "no answer within %d s", WAIT_S);
 }
 
-/* The gRPC handler's decode (grpc_server.c unpack): the fast decoder into an
- * arena, protobuf-c into a fresh arena where it declines. */
+/* The gRPC handler's decode (grpc_server.c unpack -> rank_wire_unpack). */
 static Ikbo__V1__RankRequest *decode_wire(const uint8_t *b, size_t n, pb_arena **arena,
                                           rq_status *st)
 {
-    size_t first = 2 * n + 4096;
-    Ikbo__V1__RankRequest *m = NULL;
-    if ((*arena = pb_arena_new(first))) {
-        m = rank_wire_decode(b, n, *arena);
-        if (!m) {
-            pb_arena_free(*arena);
-            *arena = NULL;
-        }
-    }
-    if (m) return m;
-    if (!(*arena = pb_arena_new(first))) {
-        rq_status_set(st, RQ_INTERNAL, "out of memory for a %zu-byte request", n);
-        return NULL;
-    }
-    m = ikbo__v1__rank_request__unpack(pb_arena_allocator(*arena), n, b);
-    if (!m) {
-        if (pb_arena_failed(*arena))
-            rq_status_set(st, RQ_INTERNAL, "out of memory unpacking a %zu-byte request", n);
-        else
-            rq_status_set(st, RQ_INVALID_ARGUMENT, "request is not a valid RankRequest message");
-        pb_arena_free(*arena);
-        *arena = NULL;
-    }
-    return m;
+    return (Ikbo__V1__RankRequest *)rank_wire_unpack(&ikbo__v1__rank_request__descriptor, b, n,
+                                                     arena, st);
 }
 
 enum transport { T_WIRE, T_WIRE_FALLBACK, T_JSON };
