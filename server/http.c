@@ -29,7 +29,9 @@ typedef struct http_conn http_conn;
 struct http_server {
     struct event_base *base;
     struct evhttp *http;
-    struct event *stop_ev; /* activated by http_stop: runs on_stop on the loop */
+    struct event *stop_ev;   /* activated by http_stop: runs on_stop on the loop */
+    struct event *cancel_ev; /* on_stop's timer: the ranks' drain time is over */
+    int stop_wait_ms;        /* http_stop's drain time for ranks in flight */
     pthread_t thread;
     int started;
     int port;
@@ -37,7 +39,10 @@ struct http_server {
     /* HTTP thread only: */
     http_conn *conns; /* open connections */
     http_rank *ranks; /* :rank calls between rank_submit and their reply */
-    int stopping;     /* on_stop ran: the loop ends once ranks is empty */
+    int stopping;     /* on_stop ran: the loop ends once ranks is empty and
+                         every rank's reply was written (unsent == 0) */
+    int unsent;       /* rank replies handed to evhttp, not yet written */
+    int give_up;      /* the drain time is over: unsent replies are dropped */
 };
 
 /* ---- replies ------------------------------------------------------------ */
@@ -365,14 +370,38 @@ struct http_conn {
     struct event *attach_ev;         /* NULL once attached */
     http_chunked *chunked;
     http_rank *rank; /* the request in flight on it (evhttp handles one at a time) */
+    int reply_unsent; /* its rank reply is counted in h->unsent */
     http_conn *prev, *next;
 };
+
+/* Once stopping, the loop ends when no rank is in flight and every rank
+ * reply has reached the socket (evhttp_free would drop unsent bytes). */
+static void stop_when_done(http_server *h)
+{
+    if (h->stopping && !h->ranks && (!h->unsent || h->give_up)) event_base_loopbreak(h->base);
+}
+
+static void reply_written(http_conn *c)
+{
+    if (!c->reply_unsent) return;
+    c->reply_unsent = 0;
+    c->h->unsent--;
+    stop_when_done(c->h);
+}
+
+/* evhttp's on_complete: the reply was written whole. */
+static void rank_reply_sent(struct evhttp_request *req, void *arg)
+{
+    (void)req;
+    reply_written(arg);
+}
 
 static void rank_conn_gone(http_rank *r, struct evhttp_connection *evcon);
 
 static void conn_free(http_conn *c)
 {
     http_server *h = c->h;
+    reply_written(c); /* the connection is gone: nothing left to write */
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -541,6 +570,11 @@ static void rank_deliver(evutil_socket_t fd, short what, void *arg)
     peer_watch_stop(r);
     if (r->conn) r->conn->rank = NULL;
     int status = r->resp ? 200 : rq_code_http(r->st.code);
+    if (r->req && r->conn) {
+        r->conn->reply_unsent = 1;
+        h->unsent++;
+        evhttp_request_set_on_complete_cb(r->req, rank_reply_sent, r->conn);
+    }
     if (r->req)
         reply_json(h, r->req, rank_route, status,
                    r->resp ? rq_response_to_json(r->resp) : rq_error_json(&r->st));
@@ -555,7 +589,7 @@ static void rank_deliver(evutil_socket_t fd, short what, void *arg)
     rq_request_free(r->rr);
     event_free(r->done_ev);
     free(r);
-    if (h->stopping && !h->ranks) event_base_loopbreak(h->base);
+    stop_when_done(h);
 }
 
 /* Submits rr (taken) for req; the reply comes from rank_deliver. */
@@ -767,14 +801,36 @@ not_allowed:
 /* http_stop's request, on the HTTP thread: cancel the ranks in flight and end
  * the loop once their answers are in (rank_deliver), so no callback can
  * reach a freed base. */
+/* The drain time is over: ranks still queued are dropped (their callbacks
+ * still come, as CANCELLED), and replies a client does not read are not
+ * waited for. */
+static void on_cancel(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    http_server *h = arg;
+    for (http_rank *r = h->ranks; r; r = r->next) atomic_store(&r->cancelled, 1);
+    h->give_up = 1;
+    stop_when_done(h);
+}
+
+/* New ranks are refused from now on; the loop ends once every rank in
+ * flight was answered and its reply written, for which they have
+ * stop_wait_ms. */
 static void on_stop(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
     http_server *h = arg;
     h->stopping = 1;
-    for (http_rank *r = h->ranks; r; r = r->next) atomic_store(&r->cancelled, 1);
-    if (!h->ranks) event_base_loopbreak(h->base);
+    if (!h->ranks && !h->unsent) {
+        stop_when_done(h);
+    } else if (h->stop_wait_ms > 0) {
+        struct timeval tv = {h->stop_wait_ms / 1000, (h->stop_wait_ms % 1000) * 1000};
+        evtimer_add(h->cancel_ev, &tv);
+    } else {
+        on_cancel(-1, 0, h);
+    }
 }
 
 static void *http_main(void *arg)
@@ -826,7 +882,8 @@ http_server *http_start(const http_opts *o, ikbo_err *err)
     h->base = event_base_new();
     h->http = h->base ? evhttp_new(h->base) : NULL;
     h->stop_ev = h->http ? event_new(h->base, -1, 0, on_stop, h) : NULL;
-    if (!h->stop_ev) {
+    h->cancel_ev = h->stop_ev ? evtimer_new(h->base, on_cancel, h) : NULL;
+    if (!h->cancel_ev) {
         bk_seterr(err, "http: cannot create the event loop");
         goto fail;
     }
@@ -855,6 +912,7 @@ http_server *http_start(const http_opts *o, ikbo_err *err)
     h->started = 1;
     return h;
 fail:
+    if (h->cancel_ev) event_free(h->cancel_ev);
     if (h->stop_ev) event_free(h->stop_ev);
     if (h->http) evhttp_free(h->http);
     if (h->base) event_base_free(h->base);
@@ -864,13 +922,15 @@ fail:
 
 int http_port(const http_server *h) { return h->port; }
 
-void http_stop(http_server *h)
+void http_stop(http_server *h, int wait_ms)
 {
     if (!h) return;
     if (h->started) {
+        h->stop_wait_ms = wait_ms; /* read by on_stop, after event_active */
         event_active(h->stop_ev, EV_TIMEOUT, 1);
         pthread_join(h->thread, NULL);
     }
+    event_free(h->cancel_ev);
     event_free(h->stop_ev);
     evhttp_free(h->http); /* conn_gone for every attached connection */
     while (h->conns) {    /* not attached yet */

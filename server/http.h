@@ -50,9 +50,10 @@
  *
  * Ownership: the pointers in opts must outlive the server. Thread-safety:
  * http_start/http_stop from one controlling thread; handlers run on the HTTP
- * thread only. http_stop cancels the ranks still queued and waits for every
- * rank in flight to be answered before it frees anything, so it must run
- * while the batchers still run (before batcher_set_free).
+ * thread only. http_stop lets the ranks in flight finish for up to wait_ms,
+ * then cancels those still queued, and waits for every rank to be answered
+ * before it frees anything, so it must run while the batchers still run
+ * (before batcher_set_free).
  */
 #ifndef IKBO_SERVER_HTTP_H
 #define IKBO_SERVER_HTTP_H
@@ -83,7 +84,8 @@ typedef struct http_opts {
 /* Binds and starts the HTTP thread. NULL with *err when it cannot bind. */
 http_server *http_start(const http_opts *opts, ikbo_err *err);
 int http_port(const http_server *h);
-/* Stops the loop (after any request being handled), joins and frees. */
-void http_stop(http_server *h);
+/* Refuses new ranks (503), lets those in flight finish for up to wait_ms
+ * (0: cancels the queued ones at once), stops the loop, joins and frees. */
+void http_stop(http_server *h, int wait_ms);
 
 #endif

@@ -128,6 +128,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     int rc = 1;
+    int http_wait_ms = 0; /* what the drain leaves to HTTP ranks in flight */
     metrics_server mx;
     registry *reg = NULL;
     grpcsrv *gs = NULL;
@@ -265,6 +266,7 @@ int main(int argc, char **argv)
     }
     atomic_store(&g_draining, 1);
     int ms = grpcsrv_shutdown(gs, cfg.drain_timeout_ms);
+    http_wait_ms = ms >= 0 && ms < (int)cfg.drain_timeout_ms ? (int)cfg.drain_timeout_ms - ms : 0;
     rc = 0;
     {
         log_line ln;
@@ -278,7 +280,7 @@ int main(int argc, char **argv)
 
 out:
     atomic_store(&g_draining, 1);
-    http_stop(hs);
+    http_stop(hs, http_wait_ms);
     registry_stop(reg); /* after the load in progress, if any */
     grpcsrv_free(gs);
     /* After every front end is gone: answers queued work, then the batchers
