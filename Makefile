@@ -224,7 +224,7 @@ FUZZ_LIBFUZZER_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 
 fuzz: $(FUZZ_BINS)
 	@set -e; for t in $(FUZZ_TARGETS); do echo "== fuzz_$$t (standalone)"; \
-	  if [ $$t = loader ]; then $(BUILD)/fuzz_loader $(FUZZ_ITERS); \
+	  if [ $$t = loader ]; then $(BUILD)/fuzz_loader $(FUZZ_ITERS) 1 tests/fuzz/corpus/loader; \
 	  else $(BUILD)/fuzz_$$t -n $(FUZZ_ITERS) tests/fuzz/corpus/$$t; fi; done
 	@if [ "$(FUZZ_HAVE_LIBFUZZER)" = 1 ]; then $(MAKE) --no-print-directory _fuzz_libfuzzer; \
 	else echo "fuzz: clang's libFuzzer runtime not found (libclang-rt-14-dev): libFuzzer runs skipped"; fi

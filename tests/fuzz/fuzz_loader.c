@@ -12,8 +12,9 @@
  *   small valid model exercising every op - byte flips, truncations, span
  *   deletes/duplicates, token swaps from the model's own vocabulary, numeric
  *   edge values (fuzz_mutate.h, shared with the other targets), header-size
- *   and offset edits. `fuzz_loader [iters] [seed]`,
- *   default 20000 iterations, seed 1; a few seconds.
+ *   and offset edits. `fuzz_loader [iters] [seed] [PATH...]`, default 20000
+ *   iterations, seed 1, then every corpus file under PATH as-is; a few
+ *   seconds.
  *
  * Every input is also checked for: an accepted model is internally
  * consistent (fx_check_model); a refusal is one line starting with the file;
@@ -162,7 +163,7 @@ static uint8_t *seed_weights(size_t *len)
 
 /* ------------------------------------------------------- mutation loop */
 
-#include "fuzz_mutate.h"
+#include "fuzz_main.h" /* fuzz_mutate.h, and the corpus reader (not fz_main) */
 
 #define T FZ_TOK
 static const fz_token tokens[] = {
@@ -289,9 +290,19 @@ int main(int argc, char **argv)
         free(jc);
         free(wc);
     }
-    printf("fuzz_loader: %ld iterations: %lu loaded, %lu refused at model.json, %lu refused at "
-           "weights.safetensors\n",
-           iters, n_ok, n_json_err, n_st_err);
+    /* Then the corpus files given after the seed, each as-is. */
+    fz_corpus c = {0};
+    for (int i = 3; i < argc; i++)
+        if (fz_load_path(argv[i], &c) != 0)
+            return 2;
+    for (size_t i = 0; i < c.n; i++) {
+        fz_run_copy(c.f[i].p, c.f[i].n);
+        free(c.f[i].p);
+    }
+    free(c.f);
+    printf("fuzz_loader: %ld iterations and %zu corpus inputs: %lu loaded, %lu refused at "
+           "model.json, %lu refused at weights.safetensors\n",
+           iters, c.n, n_ok, n_json_err, n_st_err);
     free(j.p);
     free(w.p);
     free(st);
