@@ -40,6 +40,9 @@ DEPS_BUILD := gcc make pkg-config libevent-dev libprotobuf-c-dev protobuf-c-comp
 DEPS_TEST  := libcmocka-dev protobuf-compiler python3-torch python3-numpy python3-grpcio \
               python3-hpack python3-hyperframe \
               python3-protobuf python3-prometheus-client openssl curl
+# fuzz: clang, and libclang-rt-14-dev for its libFuzzer/ASan/UBSan runtimes
+# (bookworm's clang only recommends it).
+DEPS_TEST  += clang libclang-rt-14-dev
 # deploy/ tests: balancers, linters, promtool/prometheus, systemd-analyze; kubectl from
 # Debian's kubernetes-client unless one is already installed (another kubectl package
 # owns /usr/bin/kubectl and the two cannot both be installed).
@@ -61,12 +64,12 @@ SERVER_LIBS := -lgrpc -lgpr -lprotobuf-c -levent -levent_pthreads -ljansson
 
 LIBIKBO := $(BUILD)/libikbo.a
 
-.PHONY: FORCE all run test deps deps-build unit golden integration fuzz tsan alloc-fail clean help
+.PHONY: FORCE all run test deps deps-build unit golden integration fuzz fuzz-long _fuzz_libfuzzer tsan alloc-fail clean help
 .DEFAULT_GOAL := all
 # Keep generated headers and test objects between runs.
 .SECONDARY:
 
-all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(BUILD)/fuzz_loader \
+all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(FUZZ_BINS) \
      $(BUILD)/host_path $(GPU_BINS)
 
 help:
@@ -76,6 +79,8 @@ help:
 	@echo "make unit       cmocka unit tests only"
 	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py)"
 	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
+	@echo "make fuzz       fuzz targets: standalone loops, then libFuzzer FUZZ_SECONDS=20 each"
+	@echo "make fuzz-long  libFuzzer only, FUZZ_SECONDS=3600 per target (tests/fuzz)"
 	@echo "make tsan       batcher unit tests under ThreadSanitizer (objects in build/tsan)"
 	@echo "make alloc-fail out-of-memory sweeps: fail the N-th allocation, check errors and leaks"
 	@echo "make deps       install missing Debian packages (needs root)"
@@ -154,12 +159,30 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIK
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ -lcmocka $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
-$(BUILD)/fuzz_loader: $(wildcard tests/fuzz/fuzz_loader.c) $(LIBIKBO)
-	@mkdir -p $(dir $@)
-	@if [ -f tests/fuzz/fuzz_loader.c ]; then \
-	  echo "$(CC) ... tests/fuzz/fuzz_loader.c -o $@"; \
-	  $(CC) $(CPPFLAGS) $(CFLAGS) -o $@ tests/fuzz/fuzz_loader.c $(LIBIKBO) -ljansson $(CUDA_LIBS) $(LDLIBS) -lstdc++; \
-	else touch $@; fi
+# ---- fuzz targets (tests/fuzz) ----
+# Each tests/fuzz/fuzz_X.c is a LLVMFuzzerTestOneInput linked with only the
+# objects it exercises. $(BUILD)/fuzz_X: the standalone build (any CC; corpus
+# replay + seeded mutation loop, fuzz_main.h). $(BUILD)/fuzz/fuzz_X: the
+# libFuzzer build, made by `make fuzz` through a sub-make with BUILD=$(BUILD)/fuzz,
+# CC=clang and every object under ASan+UBSan (FUZZ_LINK set).
+FUZZ_TARGETS := rank_wire request_json config loader
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+FUZZ_HDRS    := $(wildcard tests/fuzz/*.h) tests/unit/wire_fixture.h tests/unit/loader_fixture.h
+FUZZ_PB      := $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
+FUZZ_WIRE    := $(BUILD)/obj/server/rank_wire.o $(BUILD)/obj/server/pb_arena.o $(FUZZ_PB)
+FUZZ_LINK    ?=
+FUZZ_LD       = $(CC) $(CPPFLAGS) $(CFLAGS) $(FUZZ_LINK) -o $@ $< $(filter %.o %.a,$^)
+
+$(BUILD)/fuzz_rank_wire: tests/fuzz/fuzz_rank_wire.c $(FUZZ_WIRE) $(FUZZ_HDRS) | $(GEN_H)
+	$(FUZZ_LD) -lprotobuf-c $(LDLIBS)
+$(BUILD)/fuzz_request_json: tests/fuzz/fuzz_request_json.c $(BUILD)/obj/server/request.o $(FUZZ_WIRE) \
+                            $(FUZZ_HDRS) | $(GEN_H)
+	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
+$(BUILD)/fuzz_config: tests/fuzz/fuzz_config.c $(BUILD)/obj/server/config.o $(BUILD)/obj/server/request.o \
+                      $(FUZZ_PB) $(FUZZ_HDRS) | $(GEN_H)
+	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
+$(BUILD)/fuzz_loader: tests/fuzz/fuzz_loader.c $(LIBIKBO) $(FUZZ_HDRS)
+	$(FUZZ_LD) -ljansson $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
 $(BUILD)/gpu/test_cuda_ops: tests/gpu/test_cuda_ops.c $(LIBIKBO)
 	@mkdir -p $(dir $@)
@@ -183,8 +206,48 @@ run: deps-build $(BUILD)/ikbo-serve
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
 
-fuzz: $(BUILD)/fuzz_loader
-	@if [ -s $(BUILD)/fuzz_loader ]; then echo "== fuzz_loader"; $(BUILD)/fuzz_loader; fi
+# fuzz: every target standalone (corpus replay + FUZZ_ITERS mutated inputs),
+# then, where clang's libFuzzer runtime is installed, each libFuzzer build
+# for FUZZ_SECONDS over its corpus (new inputs go to $(BUILD)/fuzz/corpus/X,
+# never into tests/fuzz/corpus). Any crash, leak, UB report or failed check
+# fails the run; libFuzzer's artifact lands in $(BUILD)/fuzz/artifacts/.
+# fuzz-long: the libFuzzer runs only, FUZZ_SECONDS (default 3600) per target.
+FUZZ_ITERS   ?= 20000
+FUZZ_SECONDS ?= 20
+FUZZ_SAN     := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+                -fno-omit-frame-pointer
+# e.g. FUZZ_SAN_EXTRA=-fsanitize-recover=pointer-overflow FUZZ_UBSAN=...:suppressions=F to run
+# past a known finding (tests/fuzz/crashes/README.md), with BUILD=build/x for separate objects.
+FUZZ_SAN_EXTRA ?=
+FUZZ_UBSAN   ?= print_stacktrace=1:halt_on_error=1
+FUZZ_HAVE_LIBFUZZER = $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n)\
+  { return d && n; }\n' | clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1 && echo 1)
+FUZZ_LIBFUZZER_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+
+fuzz: $(FUZZ_BINS)
+	@set -e; for t in $(FUZZ_TARGETS); do echo "== fuzz_$$t (standalone)"; \
+	  if [ $$t = loader ]; then $(BUILD)/fuzz_loader $(FUZZ_ITERS) 1 tests/fuzz/corpus/loader; \
+	  else $(BUILD)/fuzz_$$t -n $(FUZZ_ITERS) tests/fuzz/corpus/$$t; fi; done
+	@if [ "$(FUZZ_HAVE_LIBFUZZER)" = 1 ]; then $(MAKE) --no-print-directory _fuzz_libfuzzer; \
+	else echo "fuzz: clang's libFuzzer runtime not found (libclang-rt-14-dev): libFuzzer runs skipped"; fi
+
+fuzz-long:
+	@if [ "$(FUZZ_HAVE_LIBFUZZER)" != 1 ]; then \
+	  echo "error: fuzz-long needs clang and its libFuzzer runtime (make deps)"; exit 1; fi
+	@$(MAKE) --no-print-directory _fuzz_libfuzzer FUZZ_SECONDS=$(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),3600)
+
+_fuzz_libfuzzer:
+	@env CFLAGS="$(FUZZ_SAN) $(FUZZ_SAN_EXTRA)" $(MAKE) --no-print-directory BUILD=$(BUILD)/fuzz CUDA=0 CC=clang \
+	  FUZZ_LINK="-DLIBFUZZER -fsanitize=fuzzer" $(FUZZ_LIBFUZZER_BINS)
+	@set -e; mkdir -p $(BUILD)/fuzz/artifacts; for t in $(FUZZ_TARGETS); do \
+	  echo "== fuzz_$$t (libFuzzer, $(FUZZ_SECONDS) s)"; mkdir -p $(BUILD)/fuzz/corpus/$$t; \
+	  log=$(BUILD)/fuzz/fuzz_$$t.log; \
+	  if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=$(FUZZ_UBSAN) $(BUILD)/fuzz/fuzz_$$t \
+	       -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	       -artifact_prefix=$(BUILD)/fuzz/artifacts/$$t- $(BUILD)/fuzz/corpus/$$t \
+	       tests/fuzz/corpus/$$t >$$log 2>&1; then \
+	    grep -E '^#[0-9]+.*(DONE|pulse)|^stat::number_of_executed_units' $$log | tail -2; \
+	  else tail -40 $$log; echo "fuzz_$$t: FAILED (log $$log)"; exit 1; fi; done
 
 golden: $(BUILD)/ikbo-score
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden

@@ -34,6 +34,10 @@ static int fail(ikbo_err *err, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        /* One line: a key or value from the file may hold control bytes. */
+        for (char *c = err->msg; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?';
     }
     return -1;
 }

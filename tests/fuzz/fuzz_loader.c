@@ -11,8 +11,10 @@
  * - standalone (make test): a seeded, deterministic mutation loop over a
  *   small valid model exercising every op - byte flips, truncations, span
  *   deletes/duplicates, token swaps from the model's own vocabulary, numeric
- *   edge values, header-size and offset edits. `fuzz_loader [iters] [seed]`,
- *   default 20000 iterations, seed 1; a few seconds.
+ *   edge values (fuzz_mutate.h, shared with the other targets), header-size
+ *   and offset edits. `fuzz_loader [iters] [seed] [PATH...]`, default 20000
+ *   iterations, seed 1, then every corpus file under PATH as-is; a few
+ *   seconds.
  *
  * Every input is also checked for: an accepted model is internally
  * consistent (fx_check_model); a refusal is one line starting with the file;
@@ -103,6 +105,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     return 0;
 }
 
+#ifndef LIBFUZZER /* the rest is the standalone build's */
+
 /* ------------------------------------------------------------ the seed */
 
 static const char SEED_JSON[] =
@@ -157,148 +161,26 @@ static uint8_t *seed_weights(size_t *len)
     return fx_finish(b, len);
 }
 
-#ifndef LIBFUZZER
-
 /* ------------------------------------------------------- mutation loop */
 
-static uint64_t rng_state;
+#include "fuzz_main.h" /* fuzz_mutate.h, and the corpus reader (not fz_main) */
 
-static uint64_t rnd(void)
-{
-    uint64_t x = rng_state; /* xorshift64* */
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    rng_state = x;
-    return x * 2685821657736338717ull;
-}
-
-static size_t rndn(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
-
-typedef struct buf {
-    uint8_t *p;
-    size_t n, cap;
-} buf;
-
-static void buf_set(buf *b, const void *p, size_t n)
-{
-    if (n + 1 > b->cap) {
-        b->cap = (n + 1) * 2;
-        b->p = fx_xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p, p, n);
-    b->n = n;
-}
-
-/* Replaces [at, at+del) with ins[0..k). */
-static void buf_splice(buf *b, size_t at, size_t del, const void *ins, size_t k)
-{
-    if (at > b->n)
-        at = b->n;
-    if (del > b->n - at)
-        del = b->n - at;
-    size_t n = b->n - del + k;
-    if (n + 1 > b->cap) {
-        b->cap = (n + 1) * 2;
-        b->p = fx_xrealloc(b->p, b->cap);
-    }
-    memmove(b->p + at + k, b->p + at + del, b->n - at - del);
-    if (k)
-        memcpy(b->p + at, ins, k);
-    b->n = n;
-}
-
-static const char *const tokens[] = {
-    "\"", "{", "}", "[", "]", ",", ":", "-1", "0", "1", "2", "3", "4", "8", "null", "true",
-    "1.5", "1e309", "-0", "2147483647", "2147483648", "4294967296", "9223372036854775807",
-    "99999999999999999999", "\"\"", "\"user.dense\"", "\"candidate.dense\"", "\"user.history\"",
-    "\"user.sparse.a\"", "\"candidate.sparse.b\"", "\"ue\"", "\"h\"", "\"hm\"", "\"us\"",
-    "\"cs\"", "\"at\"", "\"l\"", "\"f\"", "\"o\"", "\"cx\"", "\"ta\"", "\"tb\"", "\"stack\"",
-    "\"lce\"", "\"add\"", "\"linear\"", "\"flatten\"", "\"reshape\"", "\"mean_pool\"",
-    "\"target_attention\"", "\"history_embedding\"", "\"embedding_bag\"", "\"F16\"", "\"BF16\"",
-    "\"F32\"", "\"I32\"", "\"a.b\"", "\"\\u0001\"", "\"\\n\"", "[]", "{}", "[0,0]", "\"tables\"",
-    "\"x\"", "\"__metadata__\"",
+#define T FZ_TOK
+static const fz_token tokens[] = {
+    T("\""), T("{"), T("}"), T("["), T("]"), T(","), T(":"), T("-1"), T("0"), T("1"), T("2"),
+    T("3"), T("4"), T("8"), T("null"), T("true"), T("1.5"), T("1e309"), T("-0"), T("2147483647"),
+    T("2147483648"), T("4294967296"), T("9223372036854775807"), T("99999999999999999999"),
+    T("\"\""), T("\"user.dense\""), T("\"candidate.dense\""), T("\"user.history\""),
+    T("\"user.sparse.a\""), T("\"candidate.sparse.b\""), T("\"ue\""), T("\"h\""), T("\"hm\""),
+    T("\"us\""), T("\"cs\""), T("\"at\""), T("\"l\""), T("\"f\""), T("\"o\""), T("\"cx\""),
+    T("\"ta\""), T("\"tb\""), T("\"stack\""), T("\"lce\""), T("\"add\""), T("\"linear\""),
+    T("\"flatten\""), T("\"reshape\""), T("\"mean_pool\""), T("\"target_attention\""),
+    T("\"history_embedding\""), T("\"embedding_bag\""), T("\"F16\""), T("\"BF16\""),
+    T("\"F32\""), T("\"I32\""), T("\"a.b\""), T("\"\\u0001\""), T("\"\\n\""), T("[]"),
+    T("{}"), T("[0,0]"), T("\"tables\""), T("\"x\""), T("\"__metadata__\""),
 };
-#define N_TOKENS (sizeof tokens / sizeof tokens[0])
-
-/* A quoted run from the first '"' at or after i to the next '"' (usually a
- * JSON string; sometimes the text between two strings - also fine). */
-static int token_at(const buf *b, size_t i, size_t *s, size_t *e)
-{
-    size_t a = i;
-    while (a < b->n && b->p[a] != '"')
-        a++;
-    if (a >= b->n)
-        return -1;
-    size_t z = a + 1;
-    while (z < b->n && b->p[z] != '"')
-        z++;
-    if (z >= b->n)
-        return -1;
-    *s = a;
-    *e = z + 1;
-    return 0;
-}
-
-static void mutate_bytes(buf *b, size_t lo, size_t hi)
-{
-    if (hi > b->n)
-        hi = b->n;
-    if (lo >= hi)
-        return;
-    size_t i = lo + rndn(hi - lo);
-    switch (rndn(7)) {
-    case 0:
-        b->p[i] ^= (uint8_t)(1u << rndn(8));
-        break;
-    case 1: {
-        static const uint8_t v[] = {0, 0xff, 0x7f, 0x80, '"', '{', '}', '9', '-', '.', '\\', ' '};
-        b->p[i] = v[rndn(sizeof v)];
-        break;
-    }
-    case 2: /* delete a span */
-        buf_splice(b, i, 1 + rndn(16), NULL, 0);
-        break;
-    case 3: { /* duplicate a span */
-        size_t k = 1 + rndn(24);
-        if (i + k > b->n)
-            k = b->n - i;
-        uint8_t tmp[32];
-        memcpy(tmp, b->p + i, k);
-        buf_splice(b, lo + rndn(hi - lo), 0, tmp, k);
-        break;
-    }
-    case 4: { /* insert a token */
-        const char *t = tokens[rndn(N_TOKENS)];
-        buf_splice(b, i, 0, t, strlen(t));
-        break;
-    }
-    case 5: { /* replace a string token with a vocabulary token */
-        size_t s, e;
-        if (token_at(b, i, &s, &e) == 0) {
-            const char *t = tokens[rndn(N_TOKENS)];
-            buf_splice(b, s, e - s, t, strlen(t));
-        }
-        break;
-    }
-    case 6: { /* replace a digit run with an edge number */
-        size_t a = i;
-        while (a < hi && !(b->p[a] >= '0' && b->p[a] <= '9'))
-            a++;
-        if (a >= hi)
-            break;
-        size_t z = a;
-        while (z < b->n && b->p[z] >= '0' && b->p[z] <= '9')
-            z++;
-        static const char *const nums[] = {"0", "1", "2", "3", "7", "8", "16", "65535",
-                                           "2147483647", "2147483648", "18446744073709551615",
-                                           "1.0", "-3"};
-        const char *t = nums[rndn(sizeof nums / sizeof nums[0])];
-        buf_splice(b, a, z - a, t, strlen(t));
-        break;
-    }
-    }
-}
+#undef T
+static const fz_dict dict = {tokens, sizeof tokens / sizeof tokens[0]};
 
 static uint64_t get_le64(const uint8_t *p)
 {
@@ -314,41 +196,41 @@ static void put_le64(uint8_t *p, uint64_t v)
         p[k] = (uint8_t)(v >> (8 * k));
 }
 
-static void mutate_st(buf *b)
+static void mutate_st(fz_buf *b)
 {
     if (b->n < 8) {
-        mutate_bytes(b, 0, b->n);
+        fz_mutate(b, 0, b->n, &dict);
         return;
     }
     uint64_t hl = get_le64(b->p);
     size_t hend = hl <= b->n - 8 ? (size_t)(8 + hl) : b->n;
-    switch (rndn(6)) {
+    switch (fz_rndn(6)) {
     case 0: { /* edit the header size */
         static const int64_t d[] = {-8, -1, 1, 8, 4096};
-        uint64_t v = rndn(3) == 0 ? rnd() >> rndn(64) : hl + (uint64_t)d[rndn(5)];
+        uint64_t v = fz_rndn(3) == 0 ? fz_rnd() >> fz_rndn(64) : hl + (uint64_t)d[fz_rndn(5)];
         put_le64(b->p, v);
         break;
     }
     case 1: /* truncate */
-        b->n = rndn(b->n + 1);
+        b->n = fz_rndn(b->n + 1);
         break;
     case 2:
     case 3: { /* the header JSON, keeping the size field consistent */
         size_t before = b->n;
-        mutate_bytes(b, 8, hend);
+        fz_mutate(b, 8, hend, &dict);
         if (hl <= before - 8)
             put_le64(b->p, hl + b->n - before);
         break;
     }
     case 4: /* the data section (NaN/Inf bit patterns come from here) */
-        mutate_bytes(b, hend, b->n);
+        fz_mutate(b, hend, b->n, &dict);
         break;
     default: { /* write an edge float into the data */
         static const uint32_t pats[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x00000001u,
                                         0x7c007c00u, 0x7f807f80u, 0xfc00fc00u};
         if (b->n >= hend + 4) {
-            size_t at = hend + rndn(b->n - hend - 3);
-            uint32_t v = pats[rndn(sizeof pats / sizeof pats[0])];
+            size_t at = hend + fz_rndn(b->n - hend - 3);
+            uint32_t v = pats[fz_rndn(sizeof pats / sizeof pats[0])];
             memcpy(b->p + at, &v, 4);
         }
         break;
@@ -373,9 +255,7 @@ int main(int argc, char **argv)
         return 0;
     }
     long iters = argc > 1 ? atol(argv[1]) : 20000;
-    rng_state = argc > 2 ? strtoull(argv[2], NULL, 0) : 1;
-    if (rng_state == 0)
-        rng_state = 1;
+    fz_seed(argc > 2 ? strtoull(argv[2], NULL, 0) : 1);
 
     /* The seed itself must load. */
     {
@@ -386,15 +266,15 @@ int main(int argc, char **argv)
         model_def_free(m);
     }
 
-    buf j = {0}, w = {0};
+    fz_buf j = {0}, w = {0};
     for (long it = 0; it < iters; it++) {
-        buf_set(&j, SEED_JSON, jlen);
-        buf_set(&w, st, slen);
-        int where = (int)rndn(3); /* 0: json, 1: weights, 2: both */
-        int k = 1 + (int)rndn(4);
+        fz_set(&j, SEED_JSON, jlen);
+        fz_set(&w, st, slen);
+        int where = (int)fz_rndn(3); /* 0: json, 1: weights, 2: both */
+        int k = 1 + (int)fz_rndn(4);
         for (int r = 0; r < k; r++) {
             if (where != 1)
-                mutate_bytes(&j, 0, j.n);
+                fz_mutate(&j, 0, j.n, &dict);
             if (where != 0)
                 mutate_st(&w);
         }
@@ -410,9 +290,19 @@ int main(int argc, char **argv)
         free(jc);
         free(wc);
     }
-    printf("fuzz_loader: %ld iterations: %lu loaded, %lu refused at model.json, %lu refused at "
-           "weights.safetensors\n",
-           iters, n_ok, n_json_err, n_st_err);
+    /* Then the corpus files given after the seed, each as-is. */
+    fz_corpus c = {0};
+    for (int i = 3; i < argc; i++)
+        if (fz_load_path(argv[i], &c) != 0)
+            return 2;
+    for (size_t i = 0; i < c.n; i++) {
+        fz_run_copy(c.f[i].p, c.f[i].n);
+        free(c.f[i].p);
+    }
+    free(c.f);
+    printf("fuzz_loader: %ld iterations and %zu corpus inputs: %lu loaded, %lu refused at "
+           "model.json, %lu refused at weights.safetensors\n",
+           iters, c.n, n_ok, n_json_err, n_st_err);
     free(j.p);
     free(w.p);
     free(st);
