@@ -169,16 +169,16 @@ FUZZ_TARGETS := rank_wire request_json config loader
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 FUZZ_HDRS    := $(wildcard tests/fuzz/*.h) tests/unit/wire_fixture.h tests/unit/loader_fixture.h
 FUZZ_PB      := $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
-FUZZ_WIRE    := $(BUILD)/obj/server/rank_wire.o $(BUILD)/obj/server/pb_arena.o $(FUZZ_PB)
+FUZZ_CHECK   := $(BUILD)/obj/server/pb_check.o $(BUILD)/obj/server/request.o
+FUZZ_WIRE    := $(BUILD)/obj/server/rank_wire.o $(BUILD)/obj/server/pb_arena.o $(FUZZ_CHECK) $(FUZZ_PB)
 FUZZ_LINK    ?=
 FUZZ_LD       = $(CC) $(CPPFLAGS) $(CFLAGS) $(FUZZ_LINK) -o $@ $< $(filter %.o %.a,$^)
 
 $(BUILD)/fuzz_rank_wire: tests/fuzz/fuzz_rank_wire.c $(FUZZ_WIRE) $(FUZZ_HDRS) | $(GEN_H)
-	$(FUZZ_LD) -lprotobuf-c $(LDLIBS)
-$(BUILD)/fuzz_request_json: tests/fuzz/fuzz_request_json.c $(BUILD)/obj/server/request.o $(FUZZ_WIRE) \
-                            $(FUZZ_HDRS) | $(GEN_H)
 	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
-$(BUILD)/fuzz_config: tests/fuzz/fuzz_config.c $(BUILD)/obj/server/config.o $(BUILD)/obj/server/request.o \
+$(BUILD)/fuzz_request_json: tests/fuzz/fuzz_request_json.c $(FUZZ_WIRE) $(FUZZ_HDRS) | $(GEN_H)
+	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
+$(BUILD)/fuzz_config: tests/fuzz/fuzz_config.c $(BUILD)/obj/server/config.o $(FUZZ_CHECK) \
                       $(FUZZ_PB) $(FUZZ_HDRS) | $(GEN_H)
 	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
 $(BUILD)/fuzz_loader: tests/fuzz/fuzz_loader.c $(LIBIKBO) $(FUZZ_HDRS)

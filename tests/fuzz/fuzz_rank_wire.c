@@ -2,19 +2,20 @@
  * with protobuf-c as the oracle.
  *
  * Why this exists: the gRPC handler decodes untrusted bytes with
- * rank_wire_decode first and only falls back to protobuf-c when it declines,
- * so any input the fast decoder accepts must mean exactly what protobuf-c
- * makes of it. The checks, on every input:
- *   - fast decoder answers => protobuf-c accepts too, and the two messages
- *     are equal field by field (strings, float bits, int64s, counts, every
- *     submessage) and re-pack to the same bytes;
- *   - protobuf-c accepts without unknown fields and the input is the
+ * rank_wire_decode first and only falls back to protobuf-c + pb_check
+ * (pb_check_unpack, the reference) when it declines, so whatever the fast
+ * decoder does must agree with the reference. The checks, on every input:
+ *   - fast decoder answers => the reference accepts too, and the two
+ *     messages are equal field by field (strings, float bits, int64s,
+ *     counts, every submessage) and re-pack to the same bytes;
+ *   - fast decoder refuses (a string that is not UTF-8 or holds a NUL) =>
+ *     the reference refuses with the same message;
+ *   - the reference accepts without unknown fields and the input is the
  *     canonical encoding of its result (re-packing gives the input back) =>
  *     the fast decoder answers (rank_wire.h: it only gives up on unknown
  *     fields, unexpected wire types and malformed bytes, and a canonical
  *     encoding of known fields has none of those);
- *   - declining is always allowed otherwise (the fallback handles it); the
- *     decoder has no "refuse" outcome of its own.
+ *   - declining is always allowed otherwise (the fallback handles it).
  * Two builds: libFuzzer (clang -DLIBFUZZER -fsanitize=fuzzer,...) and the
  * standalone corpus replayer + mutation loop (fuzz_main.h) run by make test,
  * which also mixes in random valid requests from tests/unit/wire_fixture.h.
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include "server/pb_arena.h"
+#include "server/pb_check.h"
 #include "server/rank_wire.h"
 /* The fixture's generator is used by the standalone build only. */
 #pragma GCC diagnostic push
@@ -143,10 +145,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pb_arena *a = pb_arena_new(size * 2 + 64);
     if (!a)
         abort();
-    Ikbo__V1__RankRequest *f = rank_wire_decode(data, size, a);
-    Ikbo__V1__RankRequest *m = ikbo__v1__rank_request__unpack(NULL, size, data);
+    rq_status fs, ms;
+    Ikbo__V1__RankRequest *f = rank_wire_decode(data, size, a, &fs);
+    Ikbo__V1__RankRequest *m = (Ikbo__V1__RankRequest *)pb_check_unpack(
+        &ikbo__v1__rank_request__descriptor, NULL, data, size, &ms);
     if (f && !m)
-        die("fast decoder accepted what protobuf-c refuses", NULL);
+        die("fast decoder accepted what the reference refuses", ms.msg);
+    if (!f && fs.code != RQ_OK && (m || strcmp(fs.msg, ms.msg) != 0))
+        die("fast decoder refused what the reference does not refuse the same way", fs.msg);
     n_fast += f != NULL;
     n_ref_only += !f && m;
     n_refused += !m;

@@ -209,9 +209,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pb_arena *a = pb_arena_new(2 * n1 + 64);
     if (!a)
         abort();
-    Ikbo__V1__RankRequest *fast = rank_wire_decode(w1, n1, a);
+    rq_status fst;
+    Ikbo__V1__RankRequest *fast = rank_wire_decode(w1, n1, a, &fst);
     if (!fast)
-        die("fast wire decoder declined a canonical encoding", NULL);
+        die("fast wire decoder did not answer a canonical encoding of an accepted request",
+            fst.code == RQ_OK ? "declined" : fst.msg);
     uint8_t *w3 = pack_req(fast, &n2);
     if (n1 != n2 || memcmp(w1, w3, n1) != 0)
         die("fast wire decoder's message packs differently", NULL);
