@@ -256,7 +256,11 @@ def prom_get(port, path, **params):
         with urllib.request.urlopen(url, timeout=10) as r:
             return json.load(r)
     except urllib.error.HTTPError as e:
-        return json.load(e)
+        body = e.read()
+        try:
+            return json.loads(body)
+        except ValueError:  # e.g. 503 "Service Unavailable" while Prometheus starts
+            return {"status": "http-%d" % e.code, "error": body[:200].decode("latin-1")}
 
 
 def free_port():
