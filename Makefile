@@ -253,8 +253,9 @@ golden: $(BUILD)/ikbo-score
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
 
 integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY)
-	@set -e; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
-	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t; done
+	@failed=""; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
+	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t || failed="$$failed $$t"; \
+	done; if [ -n "$$failed" ]; then echo "integration: FAILED:$$failed"; exit 1; fi
 
 test: deps
 	@$(MAKE) --no-print-directory all
