@@ -61,9 +61,10 @@ def test_judges_can_fail():
     def series(rss):
         return [{"t": float(i), "rss_kib": r, "fds": 20, "threads": 20} for i, r in enumerate(rss)]
     flat = [50000 + (i % 3) * 500 for i in range(30)]
-    check_eq(judged(soak.judge_resources, series(flat)), [], "flat RSS")
+    check_eq(judged(soak.judge_resources, series(flat), 4096), [], "flat RSS")
     grow = [50000 + 1000 * i for i in range(30)]  # ~1 MiB a sample
-    check_eq(len(judged(soak.judge_resources, series(grow))), 1, "growing RSS")
+    check_eq(len(judged(soak.judge_resources, series(grow), 4096)), 1, "growing RSS")
+    check_eq(soak.rss_slack_kib(1), 16384, "a one-minute run's slack")
 
 
 def test_soak_one_minute():
