@@ -691,9 +691,15 @@ static void handle(struct evhttp_request *req, void *arg)
     enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *raw = uri ? evhttp_uri_get_path(uri) : NULL;
-    char *path = evhttp_uridecode(raw && *raw ? raw : "/", 0, NULL);
+    size_t path_len = 0;
+    char *path = evhttp_uridecode(raw && *raw ? raw : "/", 0, &path_len);
     if (!path) {
         reply_error(h, req, "other", 500, RQ_INTERNAL, "out of memory");
+        return;
+    }
+    if (strlen(path) != path_len) { /* "%00": the C string would end early */
+        free(path);
+        reply_error(h, req, "other", 400, RQ_INVALID_ARGUMENT, "path: contains NUL (%%00)");
         return;
     }
     /* A chunked body the decoder could not read (http_chunked.h); it has

@@ -123,6 +123,21 @@ def test_head_then_get_keepalive():
     c.close()
 
 
+def test_path_with_nul_refused():
+    """A %00 in the path is refused, not cut short at the NUL (the model name
+    `demo\0x` must not reach `demo`, as over gRPC)."""
+    c = Conn()
+    body = json.dumps(make_request(DEMO, users=1, cands_per_user=2, seed=37)).encode()
+    for method, path, b in (("POST", "/v1/models/demo%00x:rank", body), ("GET", "/healthz%00", b""),
+                            ("POST", "/v1/models/demo%00x/unload", b"")):
+        c.request(method, path, b, headers=(("X-Ikbo-Admin", "1"),))
+        status, _, out = c.response()
+        check_eq(status, 400, path)
+        check("path: contains NUL" in json.loads(out)["error"]["message"], "%s: %r" % (path, out))
+    check_eq(demo_state(), ("READY", False), "demo still served")
+    c.close()
+
+
 # ---------------------------------------------------------------- admin
 
 def admin(path, headers):
@@ -319,7 +334,7 @@ def test_chunked_error_header_not_forgeable():
 
 
 if __name__ == "__main__":
-    run([test_head_then_get_keepalive, test_admin_refuses_cross_site,
+    run([test_head_then_get_keepalive, test_path_with_nul_refused, test_admin_refuses_cross_site,
          test_admin_same_origin_allowed, test_probes_answer_while_rank_computes,
          test_client_disconnects_mid_rank, test_stop_with_rank_in_flight,
          test_chunked_extensions_accepted, test_chunked_malformed_is_400,
