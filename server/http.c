@@ -804,9 +804,6 @@ not_allowed:
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-/* http_stop's request, on the HTTP thread: cancel the ranks in flight and end
- * the loop once their answers are in (rank_deliver), so no callback can
- * reach a freed base. */
 /* The drain time is over: ranks still queued are dropped (their callbacks
  * still come, as CANCELLED), and replies a client does not read are not
  * waited for. */

@@ -134,22 +134,6 @@ typedef struct walker {
     rq_status *st;
 } walker;
 
-static int rd_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
-{
-    uint64_t x = 0;
-    const uint8_t *q = *p;
-    for (int i = 0; i < 10 && q < end; i++) {
-        uint8_t b = *q++;
-        x |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (!(b & 0x80)) {
-            *p = q;
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 static int malformed(walker *w)
 {
     return rq_status_set(w->st, RQ_INVALID_ARGUMENT, "request is not a valid %s message",
@@ -174,12 +158,12 @@ static int next_field(walker *w, const uint8_t **p, const uint8_t *end, uint64_t
                       const uint8_t **body, size_t *blen)
 {
     uint64_t key, v;
-    if (rd_varint(p, end, &key)) return malformed(w);
+    if (pb_read_varint(p, end, &key, 10)) return malformed(w);
     *num = key >> 3;
     *body = NULL;
     if (*num == 0 || *num > PB_MAX_FIELD_NUMBER) return fault_here(w, *num, NULL);
     switch (key & 7) {
-    case 0: return rd_varint(p, end, &v) ? malformed(w) : 0;
+    case 0: return pb_read_varint(p, end, &v, 10) ? malformed(w) : 0;
     case 1:
     case 5: {
         size_t k = (key & 7) == 1 ? 8 : 4;
@@ -188,7 +172,7 @@ static int next_field(walker *w, const uint8_t **p, const uint8_t *end, uint64_t
         return 0;
     }
     case 2:
-        if (rd_varint(p, end, &v) || v > (uint64_t)(end - *p)) return malformed(w);
+        if (pb_read_varint(p, end, &v, 10) || v > (uint64_t)(end - *p)) return malformed(w);
         *body = *p;
         *blen = (size_t)v;
         *p += v;

@@ -32,6 +32,34 @@
 
 #define PB_MAX_FIELD_NUMBER 536870911u /* 2^29 - 1, protobuf's largest */
 
+/* ---- wire ------------------------------------------------------------- */
+
+/* A varint of at most max_bytes bytes at *p (10 for a value; protobuf-c reads
+ * a tag or a length prefix in at most 5): 0 with *p past it, or -1 (*p
+ * unchanged). Bits past 64 drop, as in protobuf-c. The one reader of the
+ * fast decoder (rank_wire.c) and the walker below. */
+static inline int pb_read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v,
+                                 int max_bytes)
+{
+    const uint8_t *q = *p;
+    if (q < end && *q < 0x80) { /* the common one-byte case */
+        *v = *q;
+        *p = q + 1;
+        return 0;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < max_bytes && q < end; i++) {
+        uint8_t b = *q++;
+        x |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *p = q;
+            *v = x;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 /* ---- strings ---------------------------------------------------------- */
 
 enum pb_str_fault { PB_STR_OK = 0, PB_STR_NUL, PB_STR_UTF8 };

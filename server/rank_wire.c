@@ -19,28 +19,9 @@ typedef struct rd {
     const uint8_t *p, *end;
 } rd;
 
-/* A varint of at most max_bytes bytes (10 for a value; protobuf-c reads a
- * tag or a length prefix in at most 5 and refuses a longer one). */
 static inline int get_varint_n(rd *r, uint64_t *v, int max_bytes)
 {
-    const uint8_t *p = r->p;
-    if (p < r->end && *p < 0x80) { /* the common one-byte case */
-        *v = *p;
-        r->p = p + 1;
-        return 0;
-    }
-    uint64_t x = 0;
-    for (int i = 0; i < max_bytes; i++) {
-        if (p >= r->end) return -1;
-        uint8_t b = *p++;
-        x |= (uint64_t)(b & 0x7f) << (7 * i); /* bits past 64 drop, as in protobuf-c */
-        if (!(b & 0x80)) {
-            r->p = p;
-            *v = x;
-            return 0;
-        }
-    }
-    return -1;
+    return pb_read_varint(&r->p, r->end, v, max_bytes);
 }
 
 static inline int get_varint(rd *r, uint64_t *v) { return get_varint_n(r, v, 10); }
