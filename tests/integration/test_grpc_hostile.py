@@ -13,13 +13,13 @@ itself and is answered at once."""
 import gzip
 import socket
 import struct
-import time
 
 import grpc
 import hpack
 import hyperframe.frame as hf
 
 from ikbo_itest import Daemon, check, check_eq, make_request, metric, model_repo, run, to_proto
+from reload_common import wait_for
 
 REPO, DIRS = model_repo()
 DEMO = DIRS["demo"]
@@ -37,15 +37,6 @@ def small(seed):
 def full(seed):
     """BATCH candidates: a batch by itself, answered at once."""
     return to_proto(make_request(DEMO, users=3, cands_per_user=BATCH // 3, seed=seed))
-
-
-def wait_until(cond, what, timeout=20):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out after %ds waiting for %s" % (timeout, what))
 
 
 def queued():
@@ -142,7 +133,7 @@ def test_metadata_over_limit_fails_alone():
         stub = D.rank_stub(ch)
         stub(full(1), timeout=20)  # the connection is up
         inflight = [stub.future(small(10 + i), timeout=60) for i in range(4)]
-        wait_until(lambda: queued() == 4, "4 calls queued")
+        wait_for(lambda: queued() == 4, 20, "4 calls queued")
         big = stub.future(small(20), metadata=[("x-big", "a" * 16384)], timeout=60)
         err = big.exception(timeout=30)
         check(err is not None, "16 KiB of metadata was accepted")
@@ -159,7 +150,7 @@ def test_metadata_over_limit_fails_alone():
             check_eq(len(f.result(timeout=30).scores), 15, "in-flight call's scores")
     finally:
         ch.close()
-    wait_until(lambda: queued() == 0, "queue empty")
+    wait_for(lambda: queued() == 0, 20, "queue empty")
 
 
 def test_metadata_limit_configurable():
@@ -194,7 +185,7 @@ def test_sub_millisecond_timeouts():
         raise AssertionError("grpcio timeout=1e-6 answered OK")
     except grpc.RpcError as e:
         check_eq(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED, "grpcio timeout=1e-6")
-    wait_until(lambda: queued() == 0, "expired calls dropped from the queue", timeout=5)
+    wait_for(lambda: queued() == 0, 5, "expired calls dropped from the queue")
     check_eq(batches(), b0, "batches computed for expired calls")
     cancelled = [metric(m, "ikbo_rejected_total", model="demo", reason="cancelled")
                  for m in (m0, D.metrics())]

@@ -14,9 +14,9 @@ import json
 import select
 import signal
 import socket
-import time
 
 from ikbo_itest import Daemon, check, check_eq, make_request, metric, model_repo, run
+from reload_common import wait_for
 
 REPO, DIRS = model_repo()
 DEMO = DIRS["demo"]
@@ -91,15 +91,6 @@ class Conn:
 
 def inflight():
     return metric(D.metrics(), "ikbo_inflight_requests")
-
-
-def wait_for(cond, what, timeout=60):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError("timed out waiting for " + what)
 
 
 # ---------------------------------------------------------------- HEAD
@@ -195,7 +186,7 @@ def test_probes_answer_while_rank_computes():
         a = Conn(timeout=120)
         a.request("POST", "/v1/models/demo:rank", body)
         # /metrics answers while the rank is in flight (its own gauge says so).
-        wait_for(lambda: inflight() >= 1, "the big rank to be in flight (/metrics blocked?)")
+        wait_for(lambda: inflight() >= 1, 60, "the big rank to be in flight (/metrics blocked?)")
         b = Conn()
         b.request("GET", "/healthz")
         check_eq(b.response()[::2], (200, b"ok\n"), "/healthz")
@@ -214,10 +205,10 @@ def test_client_disconnects_mid_rank():
     body = json.dumps(BIG).encode()
     a = Conn()
     a.request("POST", "/v1/models/demo:rank", body)
-    wait_for(lambda: inflight() >= 1, "the big rank to be in flight")
+    wait_for(lambda: inflight() >= 1, 60, "the big rank to be in flight")
     a.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     a.close()  # RST
-    wait_for(lambda: inflight() == 0, "the abandoned rank to finish")
+    wait_for(lambda: inflight() == 0, 60, "the abandoned rank to finish")
     check(D.proc.poll() is None, "daemon died")
     req = make_request(DEMO, seed=34)
     check_eq(D.http("POST", "/v1/models/demo:rank", req)[0], 200, "next rank")
@@ -236,7 +227,7 @@ def test_stop_with_rank_in_flight():
         a = socket.create_connection(("127.0.0.1", d.http_port), timeout=60)
         a.sendall(b"POST /v1/models/demo:rank HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                   % len(body) + body)
-        wait_for(lambda: metric(d.metrics(), "ikbo_inflight_requests") >= 1, "rank queued")
+        wait_for(lambda: metric(d.metrics(), "ikbo_inflight_requests") >= 1, 60, "rank queued")
         d.proc.send_signal(signal.SIGTERM)
         data = b""
         while b"\r\n\r\n" not in data:
