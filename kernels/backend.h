@@ -42,8 +42,31 @@ typedef struct bk_err {
 void bk_seterr(bk_err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-enum bk_act { BK_ACT_NONE = 0, BK_ACT_RELU = 1, BK_ACT_SIGMOID = 2 };
-enum bk_pool { BK_POOL_SUM = 0, BK_POOL_MEAN = 1 };
+/* Activations: relu, sigmoid, exact gelu 0.5 x (1 + erf(x / sqrt 2)),
+ * silu x * sigmoid(x), tanh. */
+enum bk_act {
+    BK_ACT_NONE = 0,
+    BK_ACT_RELU = 1,
+    BK_ACT_SIGMOID = 2,
+    BK_ACT_GELU = 3,
+    BK_ACT_SILU = 4,
+    BK_ACT_TANH = 5,
+    BK_ACT_COUNT = 6
+};
+/* Pooling: embedding_bag takes SUM and MEAN; pool takes all four. LAST is
+ * the last token / most recent event. */
+enum bk_pool { BK_POOL_SUM = 0, BK_POOL_MEAN = 1, BK_POOL_MAX = 2, BK_POOL_LAST = 3 };
+
+/* dot_interaction's token order (see the op). At most BK_DOT_MAX_TOKENS
+ * tokens in all; passed by value to kernels. */
+#define BK_DOT_MAX_TOKENS 256
+typedef struct bk_dot_order {
+    int ku, kc;                       /* user tokens, candidate tokens          */
+    uint16_t pos[BK_DOT_MAX_TOKENS];  /* pos[t]: token t's place in the stack T */
+} bk_dot_order;
+
+/* mixture takes at most this many experts (pointers passed by value). */
+#define BK_MIX_MAX_EXPERTS 64
 
 /* What a buffer holds, for the byte accounting that proves IKBO mode never
  * materializes a user tensor at candidate batch size. Ops' transient
@@ -113,9 +136,65 @@ struct bk_backend {
                              void *out, bk_err *err);
 
     /* Mean over each segment [offsets[r], offsets[r+1]) of x [*, dim];
-     * empty segment -> zeros. out [n, dim]. */
+     * empty segment -> zeros. out [n, dim]. Being replaced by pool (fn MEAN,
+     * jagged): removed once both backends implement pool. */
     int (*mean_pool)(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
                      void *out, bk_err *err);
+
+    /* Pool each row's tokens or events to one [d] row, out [n, d].
+     * Jagged (offsets != NULL): row r's events are rows [offsets[r],
+     * offsets[r+1]) of x [*, d], k ignored. Tokens (offsets NULL): x [n, k*d],
+     * k tokens of d per row. fn: SUM, MEAN, MAX, LAST (the last token/event);
+     * an empty segment gives zeros for every fn. Reductions run in increasing
+     * event order. */
+    int (*pool)(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
+                enum bk_pool fn, void *out, bk_err *err);
+
+    /* out[i] = act(x[i]) for i < n elements (act != NONE). out may alias x. */
+    int (*activation)(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,
+                      bk_err *err);
+
+    /* Layer norm over each of `rows` rows of `dim` elements:
+     *   out[r, :] = (x[r, :] - mean) / sqrt(var + eps) * w + b,
+     * var the biased variance, mean and var accumulated in fp32 (two passes:
+     * mean, then squared deviations). w, b are weights [1, dim]. out may
+     * alias x. */
+    int (*layer_norm)(bk_stream *s, const void *x, int rows, int dim, const bk_weight *w,
+                      const bk_weight *b, float eps, void *out, bk_err *err);
+
+    /* out[r, :] = a[r, :] * b[map ? map[r] : r, :] (+ c[r, :] when c != NULL),
+     * width elements, n rows. mul is c == NULL; DCNv2's cross is
+     * x0 * (W x + b) + x. out may alias a or c. */
+    int (*mul)(bk_stream *s, const void *a, const void *b, const int32_t *map, const void *c,
+               int n, int width, void *out, bk_err *err);
+
+    /* Token mixing (token_linear): Z[r] = W @ X[r] for each row r, X[r] the
+     * [k, d] tokens of row r (x [rows, k*d]), W [m, k], Z [rows, m*d]. */
+    int (*token_linear)(bk_stream *s, const void *x, int rows, const bk_weight *w, int k, int m,
+                        int d, void *z, bk_err *err);
+
+    /* Pairwise dot products (dot_interaction). Row r has a virtual stack T of
+     * K = ord->ku + ord->kc tokens of width d: user tokens tu[u] with u =
+     * map ? map[r] : r (tu [*, ku*d]) and candidate tokens tc[r] (tc [n,
+     * kc*d]; NULL when kc = 0). Token t (t < ku: user token t; else candidate
+     * token t - ku) sits at place ord->pos[t] of T; pos is a permutation of
+     * 0..K-1, increasing within each side. out[r, :] ([n, P]) holds T_i . T_j
+     * for places i < j (i <= j with self) in row-major upper-triangle order:
+     * (0,1), (0,2), ..., (1,2), ... Each dot is an fp32 sum in increasing d.
+     * uu: NULL, or [*, Pu] the pairs among the ku user tokens alone (same
+     * order and self rule, over user tokens 0..ku-1) as this op computed them
+     * with kc = 0 - those pairs are then copied from uu[u], not recomputed.
+     * IKBO: user-user pairs once per user, the rest at C through the map. */
+    int (*dot_interaction)(bk_stream *s, const void *tu, const void *uu, const int32_t *map,
+                           const void *tc, int n, const bk_dot_order *ord, int d, int self,
+                           void *out, bk_err *err);
+
+    /* MMoE/PLE mixture: out[r, :] = sum_e g[r, e] * experts[e][r, :] with
+     * g[r, :] = softmax(gate[r, :]) (max-subtracted, fp32), gate [n, n_experts],
+     * each expert [n, width], 1 <= n_experts <= BK_MIX_MAX_EXPERTS. The sum
+     * runs in increasing e. */
+    int (*mixture)(bk_stream *s, const void *const *experts, int n_experts, const void *gate,
+                   int n, int width, void *out, bk_err *err);
 
     /* y[r, :] = act(x[r, :] W^T + b). W [out, in]; bias NULL = none.
      * x [rows, ldx >= in], y [rows, ldy >= out]. bias is a weight of out
