@@ -49,7 +49,7 @@ DEPS_TEST  += clang libclang-rt-14-dev
 DEPS_TEST  += haproxy nginx yamllint prometheus systemd python3-yaml \
               $(if $(shell command -v kubectl 2>/dev/null),,kubernetes-client)
 
-ENGINE_SRCS := $(wildcard engine/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
+ENGINE_SRCS := $(wildcard engine/*.c) $(wildcard engine/ops/*.c) $(wildcard kernels/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/obj/%.o)
 SERVER_SRCS := $(filter-out server/main.c,$(wildcard server/*.c))
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/obj/%.o)

@@ -35,6 +35,7 @@
 
 #include "ikbo.h"
 #include "model.h"
+#include "op.h"
 
 #define ARENA_ALIGN 256
 
@@ -55,13 +56,6 @@ typedef struct arena {
     void *base;
     size_t cap, used;
 } arena;
-
-/* A layer output during a batch. */
-typedef struct value {
-    void *p;
-    int rows;               /* U, C, or event rows for jagged */
-    const int64_t *offsets; /* jagged: backend offsets [U+1]  */
-} value;
 
 struct ikbo_ctx {
     ikbo_model *m;
@@ -120,15 +114,16 @@ static int producer(const model_def *d, md_ref r)
 {
     while (r.src == MD_SRC_LAYER) {
         const md_layer *l = &d->layers[r.index];
-        if (l->op != MD_RESHAPE && l->op != MD_FLATTEN) return r.index;
+        if (!(md_ops[l->op]->flags & OP_VIEW)) return r.index;
         r = l->in[0];
     }
     return -1;
 }
 
-/* Which layers write straight into a stack (see the file comment): a linear
- * or embedding_bag of the stack's domain, read once, through views each read
- * once. Stacks themselves keep their own buffers, so placements never nest. */
+/* Which layers write straight into a stack or concat (see the file comment):
+ * a vector output of an OP_PLACED op (linear, embedding_bag) of the
+ * gatherer's domain, read once, through views each read once. Gatherers
+ * keep their own buffers, so placements never nest. */
 static int plan_in_place(ikbo_model *m)
 {
     const model_def *d = m->def;
@@ -148,13 +143,14 @@ static int plan_in_place(ikbo_model *m)
     uses[d->logits_layer]++;
     for (int s = 0; s < n; s++) {
         const md_layer *st = &d->layers[s];
-        if (st->op != MD_STACK) continue;
+        if (!(md_ops[st->op]->flags & OP_GATHERS)) continue;
         int col = 0;
         for (int k = 0; k < st->n_in; k++) {
             md_ref r = st->in[k];
             int p = producer(d, r);
             int ok = p >= 0 && m->into[p] < 0 && d->layers[p].domain == st->domain &&
-                     (d->layers[p].op == MD_LINEAR || d->layers[p].op == MD_EMBEDDING_BAG);
+                     (md_ops[d->layers[p].op]->flags & OP_PLACED) &&
+                     d->layers[p].kind == MD_VEC;
             for (md_ref q = r; ok; q = d->layers[q.index].in[0]) {
                 ok = uses[q.index] == 1;
                 if (q.index == p) break;
@@ -213,9 +209,7 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
         /* A table no layer reads is not worth device memory. */
         int used = 0;
         for (int l = 0; l < d->n_layers && !used; l++)
-            used = (d->layers[l].op == MD_EMBEDDING_BAG ||
-                    d->layers[l].op == MD_HISTORY_EMBEDDING) &&
-                   d->layers[l].table == i;
+            used = d->layers[l].table == i;
         if (!used) continue;
         if (!(m->table_w[i] = upload_weight(m, &t->w, err))) goto fail_where;
     }
@@ -567,19 +561,6 @@ static size_t act_bytes(const ikbo_ctx *c, size_t rows, size_t width)
     return rows * width * c->m->be->act_size;
 }
 
-/* Everything a batch's forward pass shares. */
-typedef struct fwd {
-    const ikbo_batch *b;
-    const int32_t *map;      /* backend map [C]                    */
-    const int32_t *identity; /* backend 0..C-1 (broadcast mode)    */
-    const void *user_dense, *cand_dense;
-    const int64_t *h_ids, *h_off;
-    const int32_t *h_acts;
-    int64_t n_events;
-    const int64_t *bc_off; /* broadcast history offsets [C+1]     */
-    int64_t bc_events;
-} fwd;
-
 static value input_value(ikbo_ctx *c, const fwd *f, md_ref r)
 {
     value v = {0};
@@ -628,7 +609,7 @@ static const void *broadcast_dense(ikbo_ctx *c, const fwd *f, const void *src, i
     return c->dry ? (const void *)1 : dst;
 }
 
-/* A stack's buffer, taken the first time it or one of its in-place
+/* A gatherer's buffer, taken the first time it or one of its in-place
  * producers needs it in this pass. */
 static void *stack_base(ikbo_ctx *c, int s, int rows)
 {
@@ -641,175 +622,88 @@ static void *stack_base(ikbo_ctx *c, int s, int rows)
     return c->stack_buf[s];
 }
 
-/* Where layer li writes its rows x width output and with which row stride:
- * its own buffer, or its columns of the stack that reads it. */
-static void *out_buf(ikbo_ctx *c, int li, int rows, int width, int *ld)
+/* ------------------------------------------------ the op_run API (op.h) */
+
+value op_in(const op_run *r, int k) { return input_value(r->c, r->f, r->l->in[k]); }
+
+enum md_domain op_in_domain(const op_run *r, int k) { return ref_domain(r->d, r->l->in[k]); }
+
+int op_in_width(const op_run *r, int k) { return ref_width(r->d, r->l->in[k]); }
+
+int op_in_tokens(const op_run *r, int k)
 {
-    const model_def *d = c->m->def;
-    int s = c->m->into[li];
-    *ld = width;
-    if (s < 0) return take(c, dom_tag(d->layers[li].domain), act_bytes(c, (size_t)rows, (size_t)width));
-    *ld = md_layer_width(&d->layers[s]);
-    char *base = stack_base(c, s, rows);
-    return c->dry ? NULL : base + (size_t)c->m->into_col[li] * c->m->be->act_size;
+    md_ref x = r->l->in[k];
+    return x.src == MD_SRC_LAYER ? r->d->layers[x.index].tokens : 1;
 }
 
+void *op_take(op_run *r, enum bk_tag tag, size_t rows, size_t width)
+{
+    return take(r->c, tag, act_bytes(r->c, rows, width));
+}
+
+void *op_out(op_run *r, size_t rows, size_t width)
+{
+    return op_take(r, dom_tag(r->l->domain), rows, width);
+}
+
+void *op_out_like(op_run *r, int k)
+{
+    value in = op_in(r, k);
+    if (r->l->kind == MD_JAGGED) {
+        r->out->rows = in.rows;
+        r->out->offsets = in.offsets;
+    }
+    return r->out->p = op_out(r, (size_t)r->out->rows, (size_t)md_layer_width(r->l));
+}
+
+void *op_out_placed(op_run *r, int rows, int width, int *ld)
+{
+    ikbo_ctx *c = r->c;
+    int s = c->m->into[r->li];
+    *ld = width;
+    if (s < 0) return op_out(r, (size_t)rows, (size_t)width);
+    *ld = md_layer_width(&r->d->layers[s]);
+    char *base = stack_base(c, s, rows);
+    return c->dry ? NULL : base + (size_t)c->m->into_col[r->li] * c->m->be->act_size;
+}
+
+const void *op_broadcast(op_run *r, const void *src, int width)
+{
+    return broadcast_dense(r->c, r->f, src, width, r->err);
+}
+
+void op_avoided(op_run *r, size_t rows, size_t width) { avoided(r->c, rows, width); }
+
+void *op_gather_base(op_run *r) { return stack_base(r->c, r->li, r->rows); }
+
+int op_in_placed(const op_run *r, int k)
+{
+    int p = producer(r->d, r->l->in[k]);
+    return p >= 0 && r->c->m->into[p] == r->li;
+}
+
+const bk_weight *op_table_w(const op_run *r, int t) { return r->c->m->table_w[t]; }
+
+void op_bag(const op_run *r, const int64_t **ids, const int64_t **off)
+{
+    *ids = r->c->bag_ids[r->li];
+    *off = r->c->bag_off[r->li];
+}
+
+/* One layer: its op's run from the table. */
 static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
 {
     const model_def *d = c->m->def;
     const md_layer *l = &d->layers[li];
-    bk_backend *be = c->m->be;
-    bk_weight *const *w = c->m->layer_w[li];
-    const ikbo_batch *b = f->b;
-    int U = b->n_users, C = b->n_cands;
-    int rows = l->domain == MD_USER ? U : C;
-    int width = md_layer_width(l);
-    value *out = &c->vals[li];
-    int bc = c->m->mode == IKBO_MODE_BROADCAST;
-
-    out->offsets = NULL;
-    out->rows = rows;
-
-    switch (l->op) {
-    case MD_RESHAPE:
-    case MD_FLATTEN: /* views: same bytes, new shape */
-        *out = input_value(c, f, l->in[0]);
-        return 0;
-
-    case MD_EMBEDDING_BAG: {
-        int ld;
-        out->p = out_buf(c, li, rows, width, &ld);
-        TRY(be->embedding_bag(c->s, c->m->table_w[l->table], c->bag_ids[li], c->bag_off[li], rows,
-                              l->pooling, out->p, ld, err));
-        return 0;
-    }
-
-    case MD_HISTORY_EMBEDDING:
-        out->rows = (int)f->n_events;
-        out->offsets = f->h_off;
-        out->p = take(c, BK_TAG_USER, act_bytes(c, (size_t)f->n_events, (size_t)width));
-        TRY(be->history_embedding(c->s, c->m->table_w[l->table], w[0], w[1], f->h_ids,
-                                  f->h_acts, f->h_off, U, out->p, err));
-        return 0;
-
-    case MD_MEAN_POOL: {
-        value in = input_value(c, f, l->in[0]);
-        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
-        TRY(be->mean_pool(c->s, in.p, in.offsets, rows, width, out->p, err));
-        return 0;
-    }
-
-    case MD_LINEAR: {
-        value in = input_value(c, f, l->in[0]);
-        int w_in = ref_width(d, l->in[0]), ld;
-        out->p = out_buf(c, li, rows, width, &ld);
-        TRY(be->linear(c->s, in.p, w_in, rows, w[0], w[1], l->act, out->p, ld, err));
-        return 0;
-    }
-
-    case MD_STACK: {
-        out->p = stack_base(c, li, rows);
-        size_t col = 0;
-        for (int i = 0; i < l->n_in; i++) {
-            value in = input_value(c, f, l->in[i]);
-            int wi = ref_width(d, l->in[i]);
-            int p = producer(d, l->in[i]);
-            if (p >= 0 && c->m->into[p] == li) { /* already written in place */
-                col += (size_t)wi;
-                continue;
-            }
-            if (!c->dry &&
-                be->copy_rows(c->s, in.p, wi, rows, wi,
-                              (char *)out->p + col * be->act_size, width, err))
-                return -1;
-            col += (size_t)wi;
-        }
-        return 0;
-    }
-
-    case MD_ADD: {
-        md_ref ra = l->in[0], rb = l->in[1];
-        /* Put the candidate operand first so the user one is read via map. */
-        if (ref_domain(d, ra) == MD_USER && ref_domain(d, rb) == MD_CAND) {
-            md_ref t = ra;
-            ra = rb;
-            rb = t;
-        }
-        value a = input_value(c, f, ra), vb = input_value(c, f, rb);
-        const void *bp = vb.p;
-        const int32_t *map = NULL;
-        if (l->domain == MD_CAND && ref_domain(d, rb) == MD_USER) {
-            if (bc) {
-                if (!(bp = broadcast_dense(c, f, vb.p, width, err))) return -1;
-            } else {
-                map = f->map;
-                avoided(c, (size_t)C, (size_t)width);
-            }
-        }
-        out->p = take(c, dom_tag(l->domain), act_bytes(c, (size_t)rows, (size_t)width));
-        TRY(be->add(c->s, a.p, bp, map, rows, width, out->p, err));
-        return 0;
-    }
-
-    case MD_LCE: {
-        md_ref ru = l->in[0], rc = l->in[1];
-        value eu = input_value(c, f, ru), ec = input_value(c, f, rc);
-        int D = l->dim, M = l->tokens;
-        int ku = ref_width(d, ru) / D, kc = ref_width(d, rc) / D;
-        const void *eup = eu.p;
-        const int32_t *map = f->map;
-        int nu = U;
-        if (bc) {
-            if (!(eup = broadcast_dense(c, f, eu.p, ku * D, err))) return -1;
-            map = f->identity;
-            nu = C;
-        }
-        avoided(c, (size_t)C, (size_t)ku * D);
-        out->p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)width));
-        TRY(be->lce(c->s, eup, nu, ec.p, C, map, w[0], w[1], ku, kc, M, D, out->p, err));
-        return 0;
-    }
-
-    case MD_TARGET_ATTENTION: {
-        value q = input_value(c, f, l->in[0]), h = input_value(c, f, l->in[1]);
-        int D = l->dim, tq = l->tokens, H = l->heads, dh = l->head_dim, hd = H * dh;
-        const void *hp = h.p;
-        const int64_t *hoff = h.offsets;
-        const int32_t *map = f->map;
-        int nu = U;
-        int64_t ev = f->n_events;
-        enum bk_tag kv_tag = BK_TAG_USER;
-        if (bc) {
-            /* The baseline: every candidate gets its own copy of the history,
-             * and K/V are projected per candidate. */
-            void *g = take(c, BK_TAG_BROADCAST, act_bytes(c, (size_t)f->bc_events, (size_t)D));
-            if (!c->dry &&
-                be->gather(c->s, h.p, h.offsets, f->map, C, f->bc_off, D, g, err))
-                return -1;
-            hp = g;
-            hoff = f->bc_off;
-            map = f->identity;
-            nu = C;
-            ev = f->bc_events;
-            kv_tag = BK_TAG_BROADCAST;
-        }
-        /* The baseline copies the history and projects K and V per candidate. */
-        avoided(c, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
-        void *Q = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C * tq, (size_t)hd));
-        void *K = take(c, kv_tag, act_bytes(c, (size_t)ev, (size_t)hd));
-        void *V = take(c, kv_tag, act_bytes(c, (size_t)ev, (size_t)hd));
-        void *O = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C * tq, (size_t)hd));
-        out->p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)width));
-        TRY(be->linear(c->s, q.p, D, C * tq, w[0], NULL, BK_ACT_NONE, Q, hd, err));
-        TRY(be->linear(c->s, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, K, hd, err));
-        TRY(be->linear(c->s, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, V, hd, err));
-        TRY(be->attention(c->s, Q, K, V, hoff, nu, map, C, tq, H, dh, O, err));
-        TRY(be->linear(c->s, O, hd, C * tq, w[3], NULL, BK_ACT_NONE, out->p, D, err));
-        return 0;
-    }
-    }
-    bk_seterr(err, "layer '%s': unsupported op", l->name);
-    return -1;
+    int U = f->b->n_users, C = f->b->n_cands;
+    op_run r = {.c = c, .f = f, .d = d, .l = l, .li = li, .be = c->m->be, .s = c->s,
+                .w = c->m->layer_w[li], .U = U, .C = C, .rows = l->domain == MD_USER ? U : C,
+                .bc = c->m->mode == IKBO_MODE_BROADCAST, .dry = c->dry, .out = &c->vals[li],
+                .err = err};
+    r.out->p = NULL;
+    r.out->rows = r.rows;
+    r.out->offsets = NULL;
+    return md_ops[l->op]->run(&r);
 }
 
 /* One pass over the model; in the dry pass only sizes are summed. */
@@ -830,8 +724,8 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
     if (d->has_history) put_history(c, b, &f.h_ids, &f.h_acts, &f.h_off, &f.n_events);
     for (int li = 0; li < d->n_layers; li++) {
         const md_layer *l = &d->layers[li];
-        if (l->op != MD_EMBEDDING_BAG) continue;
-        md_ref r = l->in[0];
+        md_ref r = l->n_in > 0 ? l->in[0] : (md_ref){0};
+        if (r.src != MD_SRC_USER_SPARSE && r.src != MD_SRC_CAND_SPARSE) continue;
         const ikbo_jagged *j =
             r.src == MD_SRC_USER_SPARSE ? &b->user_sparse[r.index] : &b->cand_sparse[r.index];
         put_jagged(c, j, l->domain == MD_USER ? U : C, &c->bag_ids[li], &c->bag_off[li]);

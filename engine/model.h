@@ -29,6 +29,16 @@ enum md_op {
     MD_TARGET_ATTENTION,
     MD_LCE,
     MD_ADD,
+    MD_ACTIVATION,
+    MD_LAYER_NORM,
+    MD_CONCAT,
+    MD_MUL,
+    MD_TOKEN_LINEAR,
+    MD_DOT_INTERACTION,
+    MD_CROSS,
+    MD_MIXTURE,
+    MD_POOL,
+    MD_OP_COUNT /* keep last: engine/ops/ops.c's table is checked against it */
 };
 
 enum md_domain { MD_USER = 0, MD_CAND = 1 };
@@ -59,6 +69,7 @@ typedef struct md_ref {
 typedef struct md_weight {
     char *name; /* safetensors name, e.g. "top1.weight" */
     int rows, cols;
+    int one_d; /* the file holds it as 1-D [cols] (a bias, a norm's weight) */
     float *data;
 } md_weight;
 
@@ -73,8 +84,9 @@ typedef struct md_table {
 typedef struct md_layer {
     char *name;
     enum md_op op;
-    md_ref *in; /* n_in inputs; for target_attention: [query, history];
-                   for lce: [user, candidate]; for add: [a, b] */
+    md_ref *in; /* n_in inputs, in the op's order: target_attention [query,
+                   history]; lce [user, candidate]; add, mul [a, b]; cross
+                   [x0, input]; mixture [experts..., gate] */
     int n_in;
 
     /* Output, inferred by the planner. */
@@ -85,15 +97,19 @@ typedef struct md_layer {
 
     /* Op parameters (those that apply). */
     int table;            /* embedding_bag, history_embedding: index into tables */
-    enum bk_pool pooling; /* embedding_bag */
-    enum bk_act act;      /* linear */
+    enum bk_pool pooling; /* embedding_bag, pool */
+    enum bk_act act;      /* linear, activation */
     int heads, head_dim;  /* target_attention */
+    float eps;            /* layer_norm */
+    int self;             /* dot_interaction: pairs i <= j */
+    int rank;             /* cross: 0 = full rank */
 
     /* Weights, op-specific order:
      *   linear: weight [out, in], bias [1, out]
      *   history_embedding: action [actions, dim], position [max_len, dim]
      *   target_attention: wq, wk, wv [H*dh, D], wo [D, H*dh]
-     *   lce: w_user [M, Ku], w_cand [M, Kc] */
+     *   lce: w_user [M, Ku], w_cand [M, Kc]
+     *   see engine/ops/ for the others (op_weight order) */
     md_weight w[MD_MAX_WEIGHTS];
     int n_w;
 } md_layer;

@@ -16,6 +16,7 @@
 #define _POSIX_C_SOURCE 200809L /* pread, strdup, O_CLOEXEC */
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <float.h>
 #include <limits.h>
@@ -28,6 +29,7 @@
 
 #include "json_schema.h"
 #include "model.h"
+#include "op.h"
 #include "safetensors.h"
 
 #define FORMAT_ID "ikbo-model/1"
@@ -37,6 +39,9 @@
 
 #define QBUF (JS_QUOTE_MAX * 4 + 8)
 
+/* The ops that read user rows through the map (MODEL_FORMAT.md). */
+#define MIXING_OPS "lce, target_attention, add, mul and dot_interaction"
+
 /* A name -> index entry, for sorted lookup (hostile files can hold millions of
  * names; nothing here is quadratic). */
 typedef struct nent {
@@ -44,12 +49,7 @@ typedef struct nent {
     int i;
 } nent;
 
-typedef struct shp {
-    enum md_domain dom;
-    enum md_kind kind;
-    int tokens; /* 1 unless MD_TOKENS */
-    int dim;
-} shp;
+typedef md_shape shp;
 
 typedef struct ld {
     js_ctx jc;   /* file = jfile */
@@ -61,16 +61,10 @@ typedef struct ld {
 } ld;
 
 enum ref_kind { REF_VALUE, REF_SPARSE, REF_HISTORY };
-enum { ACC_VALUE = 1, ACC_SPARSE = 2, ACC_HISTORY = 4 };
+#define ACC_VALUE OP_ACC_VALUE
+#define ACC_SPARSE OP_ACC_SPARSE
+#define ACC_HISTORY OP_ACC_HISTORY
 
-static const char *const op_names[] = {
-    [MD_EMBEDDING_BAG] = "embedding_bag", [MD_HISTORY_EMBEDDING] = "history_embedding",
-    [MD_MEAN_POOL] = "mean_pool",         [MD_LINEAR] = "linear",
-    [MD_RESHAPE] = "reshape",             [MD_STACK] = "stack",
-    [MD_FLATTEN] = "flatten",             [MD_TARGET_ATTENTION] = "target_attention",
-    [MD_LCE] = "lce",                     [MD_ADD] = "add",
-};
-#define N_OPS ((int)(sizeof op_names / sizeof op_names[0]))
 
 /* ------------------------------------------------------------ helpers */
 
@@ -116,18 +110,6 @@ static int nent_find(const nent *e, int n, const char *s)
         return -1;
     const nent *r = bsearch(s, e, (size_t)n, sizeof *e, nent_key_cmp);
     return r ? r->i : -1;
-}
-
-static const char *shape_str(char *buf, size_t n, shp s)
-{
-    const char *d = s.dom == MD_USER ? "user" : "candidate";
-    if (s.kind == MD_VEC)
-        snprintf(buf, n, "%s vec [%d]", d, s.dim);
-    else if (s.kind == MD_TOKENS)
-        snprintf(buf, n, "%s tokens [%d, %d]", d, s.tokens, s.dim);
-    else
-        snprintf(buf, n, "%s jagged [L, %d]", d, s.dim);
-    return buf;
 }
 
 static shp layer_shape(const md_layer *l)
@@ -311,21 +293,6 @@ static int parse_tables(ld *L, const json_t *tables)
 
 /* -------------------------------------------------------------- layers */
 
-static int add_weight(ld *L, md_layer *l, const char *param, long long rows, long long cols)
-{
-    md_weight *w = &l->w[l->n_w];
-    size_t n = strlen(l->name) + strlen(param) + 2;
-    if (!(w->name = malloc(n))) {
-        js_fail(&L->jc, "out of memory");
-        return -1;
-    }
-    snprintf(w->name, n, "%s.%s", l->name, param);
-    w->rows = (int)rows;
-    w->cols = (int)cols;
-    l->n_w++;
-    return 0;
-}
-
 /* Resolves one input reference of layer i. `what` names the role for
  * messages ("input", "query", "inputs[2]"). */
 static int resolve(ld *L, int i, const char *pre, const char *what, const char *r, int accept,
@@ -333,7 +300,7 @@ static int resolve(ld *L, int i, const char *pre, const char *what, const char *
 {
     model_def *m = L->m;
     const md_layer *l = &m->layers[i];
-    const char *opn = op_names[l->op];
+    const char *opn = md_ops[l->op]->name;
     char q[QBUF], q2[QBUF];
     enum ref_kind kind = REF_VALUE;
     int user = 0;
@@ -458,21 +425,6 @@ static int resolve(ld *L, int i, const char *pre, const char *what, const char *
     return 0;
 }
 
-static int get_table(ld *L, const json_t *o, const char *path, const char *pre, int *out)
-{
-    const char *t;
-    char q[QBUF];
-    if (js_get_str(&L->jc, o, path, pre, "table", 1, &t))
-        return -1;
-    int k = nent_find(L->tidx, L->m->n_tables, t);
-    if (k < 0) {
-        js_fail(&L->jc, "%sunknown table '%s' (not declared in 'tables')", pre, js_quote(q, t));
-        return -1;
-    }
-    *out = k;
-    return 0;
-}
-
 static int enum_error(ld *L, const char *path, const char *pre, const char *key, const char *got,
                       const char *allowed)
 {
@@ -482,419 +434,320 @@ static int enum_error(ld *L, const char *path, const char *pre, const char *key,
     return -1;
 }
 
-/* Collects the string refs of an "inputs" array (or add's a/b). */
-static int get_ref_list(ld *L, const json_t *arr, const char *path, const char *pre,
-                        const char ***out, int *n)
+/* ----------------------------------------------- the op_plan API (op.h) */
+
+int op_fail(const op_plan *p, const char *fmt, ...)
+{
+    char msg[sizeof p->L->err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    js_fail(&p->L->jc, "%s%s", p->pre, msg);
+    return -1;
+}
+
+int op_str(const op_plan *p, const char *key, int required, const char **out)
+{
+    return js_get_str(&p->L->jc, p->o, p->path, p->pre, key, required, out);
+}
+
+int op_int(const op_plan *p, const char *key, int required, long long dflt, long long lo,
+           long long hi, long long *out)
+{
+    return js_get_int(&p->L->jc, p->o, p->path, p->pre, key, required, dflt, lo, hi, out);
+}
+
+int op_pos_num(const op_plan *p, const char *key, double dflt, double *out)
+{
+    const json_t *v = json_object_get(p->o, key);
+    char k[400];
+    *out = dflt;
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return op_fail(p, "'%s' must be a number, got %s", js_path(k, sizeof k, p->path, key),
+                       js_type_name(v));
+    double x = json_number_value(v);
+    if (!(x > 0) || !isfinite(x) || x > FLT_MAX)
+        return op_fail(p, "'%s' must be a positive finite number, got %g",
+                       js_path(k, sizeof k, p->path, key), x);
+    *out = x;
+    return 0;
+}
+
+int op_bool(const op_plan *p, const char *key, int dflt, int *out)
+{
+    const json_t *v = json_object_get(p->o, key);
+    char k[400];
+    *out = dflt;
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return op_fail(p, "'%s' must be true or false, got %s",
+                       js_path(k, sizeof k, p->path, key), js_type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+int op_enum(const op_plan *p, const char *key, const char *const *names, int n, int dflt,
+            int *out)
+{
+    const char *got;
+    if (op_str(p, key, dflt < 0, &got))
+        return -1;
+    if (!got) {
+        *out = dflt;
+        return 0;
+    }
+    for (int k = 0; k < n; k++)
+        if (strcmp(got, names[k]) == 0) {
+            *out = k;
+            return 0;
+        }
+    char allowed[256];
+    size_t o = 0;
+    for (int k = 0; k < n && o < sizeof allowed; k++)
+        o += (size_t)snprintf(allowed + o, sizeof allowed - o, "%s\"%s\"",
+                              k == 0 ? "" : (k == n - 1 ? " or " : ", "), names[k]);
+    return enum_error(p->L, p->path, p->pre, key, got, allowed);
+}
+
+int op_act(const op_plan *p, const char *key, int allow_none, enum bk_act dflt, enum bk_act *out)
+{
+    /* bk_act order; "none" is index 0. */
+    static const char *const names[BK_ACT_COUNT] = {
+        [BK_ACT_NONE] = "none", [BK_ACT_RELU] = "relu", [BK_ACT_SIGMOID] = "sigmoid",
+        [BK_ACT_GELU] = "gelu", [BK_ACT_SILU] = "silu", [BK_ACT_TANH] = "tanh"};
+    int v;
+    int off = allow_none ? 0 : 1;
+    if (op_enum(p, key, names + off, BK_ACT_COUNT - off, (int)dflt - off, &v))
+        return -1;
+    *out = (enum bk_act)(v + off);
+    return 0;
+}
+
+static int grow_inputs(const op_plan *p, int more)
+{
+    md_layer *l = p->l;
+    md_ref *in = realloc(l->in, ((size_t)l->n_in + (size_t)more) * sizeof *in);
+    if (!in) {
+        js_fail(&p->L->jc, "out of memory");
+        return -1;
+    }
+    l->in = in;
+    return 0;
+}
+
+static int add_ref(const op_plan *p, const char *role, const char *r, int accept, md_shape *s)
+{
+    if (grow_inputs(p, 1) ||
+        resolve(p->L, p->i, p->pre, role, r, accept, &p->l->in[p->l->n_in], s, NULL))
+        return -1;
+    p->l->n_in++;
+    return 0;
+}
+
+int op_input(const op_plan *p, const char *key, const char *role, int accept, md_shape *s)
+{
+    const char *r;
+    if (op_str(p, key, 1, &r))
+        return -1;
+    return add_ref(p, role, r, accept, s);
+}
+
+static int add_ref_list(const op_plan *p, const json_t *arr, const char *key, md_shape **s,
+                        int *n)
 {
     size_t k = json_array_size(arr);
-    *out = NULL;
+    *s = NULL;
     *n = 0;
-    if (k == 0) {
-        js_fail(&L->jc, "%s'%s.inputs' must be a non-empty array", pre, path);
-        return -1;
-    }
-    if (k > (size_t)MD_MAX_DIM) {
-        js_fail(&L->jc, "%s'%s.inputs' has too many entries", pre, path);
-        return -1;
-    }
-    const char **v = calloc(k, sizeof *v);
-    if (!v) {
-        js_fail(&L->jc, "out of memory");
+    if (k == 0)
+        return op_fail(p, "'%s.%s' must be a non-empty array", p->path, key);
+    if (k > (size_t)MD_MAX_DIM)
+        return op_fail(p, "'%s.%s' has too many entries", p->path, key);
+    md_shape *v = calloc(k, sizeof *v);
+    if (!v || grow_inputs(p, (int)k)) {
+        free(v);
+        js_fail(&p->L->jc, "out of memory");
         return -1;
     }
     for (size_t j = 0; j < k; j++) {
         json_t *e = json_array_get(arr, j);
+        char what[48];
         if (!json_is_string(e)) {
-            js_fail(&L->jc, "%s'%s.inputs[%zu]' must be a string, got %s", pre, path, j,
-                    js_type_name(e));
+            free(v);
+            return op_fail(p, "'%s.%s[%zu]' must be a string, got %s", p->path, key, j,
+                           js_type_name(e));
+        }
+        snprintf(what, sizeof what, "%s[%zu]", key, j);
+        if (resolve(p->L, p->i, p->pre, what, json_string_value(e), OP_ACC_VALUE,
+                    &p->l->in[p->l->n_in], &v[j], NULL)) {
             free(v);
             return -1;
         }
-        v[j] = json_string_value(e);
+        p->l->n_in++;
     }
-    *out = v;
+    *s = v;
     *n = (int)k;
     return 0;
 }
 
-/* Keys per op, "name" and "op" included. */
-static const char *const *op_keys(enum md_op op)
+int op_inputs(const op_plan *p, const char *key, md_shape **s, int *n)
 {
-    static const char *const eb[] = {"name", "op", "input", "table", "pooling", NULL};
-    static const char *const he[] = {"name", "op", "input", "table", NULL};
-    static const char *const one[] = {"name", "op", "input", NULL};
-    static const char *const lin[] = {"name", "op", "input", "out", "activation", NULL};
-    static const char *const rs[] = {"name", "op", "input", "tokens", NULL};
-    static const char *const st[] = {"name", "op", "inputs", NULL};
-    static const char *const ta[] = {"name", "op", "query", "history", "heads", "head_dim", NULL};
-    static const char *const lce[] = {"name", "op", "user", "candidate", "out_tokens", NULL};
-    /* add: "inputs": [a, b] (the brief), or "a"/"b" (the op table's wording). */
-    static const char *const add[] = {"name", "op", "inputs", "a", "b", NULL};
-    switch (op) {
-    case MD_EMBEDDING_BAG:
-        return eb;
-    case MD_HISTORY_EMBEDDING:
-        return he;
-    case MD_MEAN_POOL:
-    case MD_FLATTEN:
-        return one;
-    case MD_LINEAR:
-        return lin;
-    case MD_RESHAPE:
-        return rs;
-    case MD_STACK:
-        return st;
-    case MD_TARGET_ATTENTION:
-        return ta;
-    case MD_LCE:
-        return lce;
-    case MD_ADD:
-        return add;
-    }
-    return one;
+    json_t *arr;
+    if (js_get_arr(&p->L->jc, p->o, p->path, p->pre, key, 1, &arr))
+        return -1;
+    return add_ref_list(p, arr, key, s, n);
 }
 
-static int set_inputs(ld *L, md_layer *l, int n)
+int op_operands(const op_plan *p, md_shape s[2])
 {
-    l->in = calloc((size_t)n, sizeof *l->in);
-    if (!l->in) {
-        js_fail(&L->jc, "out of memory");
-        return -1;
+    const char *opn = md_ops[p->l->op]->name;
+    json_t *arr = json_object_get(p->o, "inputs");
+    if (json_object_get(p->o, "a") || json_object_get(p->o, "b")) {
+        if (arr)
+            return op_fail(p, "%s takes either 'inputs': [a, b] or 'a' and 'b', not both", opn);
+        const char *a, *b;
+        if (op_str(p, "a", 1, &a) || op_str(p, "b", 1, &b))
+            return -1;
+        return add_ref(p, "inputs[0]", a, OP_ACC_VALUE, &s[0]) ||
+                       add_ref(p, "inputs[1]", b, OP_ACC_VALUE, &s[1])
+                   ? -1
+                   : 0;
     }
-    l->n_in = n;
+    md_shape *v;
+    int n;
+    if (js_get_arr(&p->L->jc, p->o, p->path, p->pre, "inputs", 1, &arr))
+        return -1;
+    if (json_array_size(arr) != 2 && json_array_size(arr) != 0)
+        return op_fail(p, "'%s.inputs' must list exactly two inputs [a, b], got %zu", p->path,
+                       json_array_size(arr));
+    if (add_ref_list(p, arr, "inputs", &v, &n))
+        return -1;
+    s[0] = v[0];
+    s[1] = v[1];
+    free(v);
     return 0;
 }
 
+int op_table(const op_plan *p)
+{
+    const char *t;
+    char q[QBUF];
+    if (op_str(p, "table", 1, &t))
+        return -1;
+    int k = nent_find(p->L->tidx, p->m->n_tables, t);
+    if (k < 0)
+        return op_fail(p, "unknown table '%s' (not declared in 'tables')", js_quote(q, t));
+    p->l->table = k;
+    return 0;
+}
+
+int op_weight(const op_plan *p, const char *param, long long rows, long long cols)
+{
+    md_layer *l = p->l;
+    if (l->n_w >= MD_MAX_WEIGHTS)
+        return op_fail(p, "internal: more than %d weights", MD_MAX_WEIGHTS);
+    if (rows < 1 || cols < 1 || rows * cols > MD_MAX_DIM * 64) /* both < 2^31 */
+        return op_fail(p, "weight '%s' [%lld, %lld] is too large", param, rows, cols);
+    md_weight *w = &l->w[l->n_w];
+    size_t n = strlen(l->name) + strlen(param) + 2;
+    if (!(w->name = malloc(n))) {
+        js_fail(&p->L->jc, "out of memory");
+        return -1;
+    }
+    snprintf(w->name, n, "%s.%s", l->name, param);
+    w->rows = (int)rows;
+    w->cols = (int)cols;
+    w->one_d = 0;
+    l->n_w++;
+    return 0;
+}
+
+int op_weight1(const op_plan *p, const char *param, long long n)
+{
+    if (op_weight(p, param, 1, n))
+        return -1;
+    p->l->w[p->l->n_w - 1].one_d = 1;
+    return 0;
+}
+
+int op_output(const op_plan *p, enum md_domain dom, enum md_kind kind, long long tokens,
+              long long dim)
+{
+    if (tokens < 1 || dim < 1 || tokens * dim > MD_MAX_DIM) /* both <= INT_MAX */
+        return op_fail(p, "%s output [%lld, %lld] is too wide", md_ops[p->l->op]->name, tokens,
+                       dim);
+    p->l->domain = dom;
+    p->l->kind = kind;
+    p->l->tokens = (int)tokens;
+    p->l->dim = (int)dim;
+    return 0;
+}
+
+int op_one_domain(const op_plan *p, const md_shape *s, int n, enum md_domain *dom)
+{
+    for (int k = 1; k < n; k++)
+        if (s[k].dom != s[0].dom)
+            return op_fail(p,
+                           "op '%s' cannot mix user and candidate inputs; only %s read user rows "
+                           "through the map",
+                           md_ops[p->l->op]->name, MIXING_OPS);
+    *dom = s[0].dom;
+    return 0;
+}
+
+const char *op_shape_str(char *buf, size_t n, md_shape s)
+{
+    const char *d = s.dom == MD_USER ? "user" : "candidate";
+    if (s.kind == MD_VEC)
+        snprintf(buf, n, "%s vec [%d]", d, s.dim);
+    else if (s.kind == MD_TOKENS)
+        snprintf(buf, n, "%s tokens [%d, %d]", d, s.tokens, s.dim);
+    else
+        snprintf(buf, n, "%s jagged [L, %d]", d, s.dim);
+    return buf;
+}
+
+const char *op_in_name(const op_plan *p, int k, char *buf, size_t n)
+{
+    const md_ref r = p->l->in[k];
+    const model_def *m = p->m;
+    char raw[256];
+    switch (r.src) {
+    case MD_SRC_LAYER: snprintf(raw, sizeof raw, "%s", m->layers[r.index].name); break;
+    case MD_SRC_USER_DENSE: snprintf(raw, sizeof raw, "user.dense"); break;
+    case MD_SRC_CAND_DENSE: snprintf(raw, sizeof raw, "candidate.dense"); break;
+    case MD_SRC_USER_SPARSE: snprintf(raw, sizeof raw, "user.sparse.%s", m->user_sparse[r.index]); break;
+    case MD_SRC_CAND_SPARSE: snprintf(raw, sizeof raw, "candidate.sparse.%s", m->cand_sparse[r.index]); break;
+    case MD_SRC_USER_HISTORY: snprintf(raw, sizeof raw, "user.history"); break;
+    }
+    return js_quote_n(buf, n, raw, JS_QUOTE_MAX);
+}
+
+/* One layer: its op from the table, its keys, then the op's own planning. */
 static int plan_layer(ld *L, int i, const json_t *o)
 {
     model_def *m = L->m;
     md_layer *l = &m->layers[i];
-    char path[32], pre[QBUF + 16], q[QBUF], q2[QBUF], s1[96], s2[96];
-    const char *opn, *r;
-    long long v;
-    shp s, sb;
-    int rc = -1;
-    const char **refs = NULL;
-    int n_refs = 0;
+    char path[32], pre[QBUF + 16], q[QBUF], q2[QBUF];
+    const char *opn;
 
     snprintf(path, sizeof path, "layers[%d]", i);
     snprintf(pre, sizeof pre, "layer '%s': ", js_quote(q, l->name));
-
     if (js_get_str(&L->jc, o, path, pre, "op", 1, &opn))
         return -1;
-    int op = -1;
-    for (int k = 0; k < N_OPS; k++)
-        if (strcmp(opn, op_names[k]) == 0)
-            op = k;
+    int op = md_op_find(opn);
     if (op < 0) {
-        js_fail(&L->jc,
-                "%sunknown op '%s' (ops: embedding_bag, history_embedding, mean_pool, linear, "
-                "reshape, stack, flatten, target_attention, lce, add)",
-                pre, js_quote(q2, opn));
+        js_fail(&L->jc, "%sunknown op '%s' (ops: %s)", pre, js_quote(q2, opn), md_op_list());
         return -1;
     }
     l->op = (enum md_op)op;
-    if (js_check_keys(&L->jc, o, path, pre, op_keys(l->op)))
+    if (js_check_keys(&L->jc, o, path, pre, md_ops[op]->keys))
         return -1;
-
-    switch (l->op) {
-    case MD_EMBEDDING_BAG: {
-        const char *pool;
-        if (js_get_str(&L->jc, o, path, pre, "input", 1, &r) || set_inputs(L, l, 1) ||
-            resolve(L, i, pre, "input", r, ACC_SPARSE, &l->in[0], &s, NULL) ||
-            get_table(L, o, path, pre, &l->table) ||
-            js_get_str(&L->jc, o, path, pre, "pooling", 1, &pool))
-            return -1;
-        if (strcmp(pool, "sum") == 0)
-            l->pooling = BK_POOL_SUM;
-        else if (strcmp(pool, "mean") == 0)
-            l->pooling = BK_POOL_MEAN;
-        else
-            return enum_error(L, path, pre, "pooling", pool, "\"sum\" or \"mean\"");
-        l->domain = s.dom;
-        l->kind = MD_VEC;
-        l->tokens = 1;
-        l->dim = m->tables[l->table].dim;
-        return 0;
-    }
-
-    case MD_HISTORY_EMBEDDING:
-        if (js_get_str(&L->jc, o, path, pre, "input", 1, &r) || set_inputs(L, l, 1) ||
-            resolve(L, i, pre, "input", r, ACC_HISTORY, &l->in[0], &s, NULL) ||
-            get_table(L, o, path, pre, &l->table))
-            return -1;
-        l->domain = MD_USER;
-        l->kind = MD_JAGGED;
-        l->tokens = 1;
-        l->dim = m->tables[l->table].dim;
-        if (add_weight(L, l, "action", m->hist_actions, l->dim) ||
-            add_weight(L, l, "position", m->hist_max_len, l->dim))
-            return -1;
-        return 0;
-
-    case MD_MEAN_POOL:
-    case MD_LINEAR:
-    case MD_RESHAPE:
-    case MD_FLATTEN:
-        if (js_get_str(&L->jc, o, path, pre, "input", 1, &r) || set_inputs(L, l, 1) ||
-            resolve(L, i, pre, "input", r, ACC_VALUE, &l->in[0], &s, NULL))
-            return -1;
-        l->domain = s.dom;
-        js_quote(q2, r);
-        shape_str(s1, sizeof s1, s);
-        if (l->op == MD_MEAN_POOL) {
-            if (s.kind != MD_JAGGED) {
-                js_fail(&L->jc,
-                        "%smean_pool input '%s' is %s; it must be a jagged history "
-                        "(history_embedding output)",
-                        pre, q2, s1);
-                return -1;
-            }
-            l->kind = MD_VEC;
-            l->tokens = 1;
-            l->dim = s.dim;
-            return 0;
-        }
-        if (l->op == MD_FLATTEN) {
-            if (s.kind != MD_TOKENS) {
-                js_fail(&L->jc, "%sflatten input '%s' is %s; flatten takes tokens [K, D]%s", pre,
-                        q2, s1,
-                        s.kind == MD_VEC ? " (it is already a vector)"
-                                         : " (mean_pool a jagged history)");
-                return -1;
-            }
-            l->kind = MD_VEC;
-            l->tokens = 1;
-            l->dim = s.tokens * s.dim; /* a width, checked <= INT_MAX when made */
-            return 0;
-        }
-        if (s.kind != MD_VEC) {
-            js_fail(&L->jc, "%s%s input '%s' is %s; %s takes a vector [F]%s", pre,
-                    op_names[l->op], q2, s1, op_names[l->op],
-                    s.kind == MD_TOKENS ? " (flatten it first)" : " (mean_pool it first)");
-            return -1;
-        }
-        if (l->op == MD_LINEAR) {
-            const char *act;
-            if (js_get_int(&L->jc, o, path, pre, "out", 1, 0, 1, MD_MAX_DIM, &v) ||
-                js_get_str(&L->jc, o, path, pre, "activation", 0, &act))
-                return -1;
-            if (!act || strcmp(act, "none") == 0)
-                l->act = BK_ACT_NONE;
-            else if (strcmp(act, "relu") == 0)
-                l->act = BK_ACT_RELU;
-            else if (strcmp(act, "sigmoid") == 0)
-                l->act = BK_ACT_SIGMOID;
-            else
-                return enum_error(L, path, pre, "activation", act,
-                                  "\"none\", \"relu\" or \"sigmoid\"");
-            l->kind = MD_VEC;
-            l->tokens = 1;
-            l->dim = (int)v;
-            if (add_weight(L, l, "weight", v, s.dim) || add_weight(L, l, "bias", 1, v))
-                return -1;
-            return 0;
-        }
-        /* reshape */
-        if (js_get_int(&L->jc, o, path, pre, "tokens", 1, 0, 1, MD_MAX_DIM, &v))
-            return -1;
-        if (s.dim % v != 0) {
-            js_fail(&L->jc, "%sreshape of '%s' (%s) into %lld tokens: %d is not divisible by %lld",
-                    pre, q2, s1, v, s.dim, v);
-            return -1;
-        }
-        l->kind = MD_TOKENS;
-        l->tokens = (int)v;
-        l->dim = s.dim / (int)v;
-        return 0;
-
-    case MD_STACK:
-    case MD_ADD: {
-        json_t *arr = json_object_get(o, "inputs");
-        json_t *ja = json_object_get(o, "a"), *jb = json_object_get(o, "b");
-        if (l->op == MD_ADD && (ja || jb)) {
-            const char *a, *b;
-            if (arr) {
-                js_fail(&L->jc, "%sadd takes either 'inputs': [a, b] or 'a' and 'b', not both",
-                        pre);
-                return -1;
-            }
-            if (js_get_str(&L->jc, o, path, pre, "a", 1, &a) ||
-                js_get_str(&L->jc, o, path, pre, "b", 1, &b))
-                return -1;
-            if (!(refs = calloc(2, sizeof *refs))) {
-                js_fail(&L->jc, "out of memory");
-                return -1;
-            }
-            refs[0] = a;
-            refs[1] = b;
-            n_refs = 2;
-        } else {
-            json_t *a2;
-            if (js_get_arr(&L->jc, o, path, pre, "inputs", 1, &a2) ||
-                get_ref_list(L, a2, path, pre, &refs, &n_refs))
-                return -1;
-            if (l->op == MD_ADD && n_refs != 2) {
-                js_fail(&L->jc, "%s'%s.inputs' must list exactly two inputs [a, b], got %d", pre,
-                        path, n_refs);
-                goto out;
-            }
-        }
-        if (set_inputs(L, l, n_refs))
-            goto out;
-        int any_user = 0, any_cand = 0, D = 0;
-        long long K = 0;
-        shp first = {0};
-        for (int k = 0; k < n_refs; k++) {
-            char what[32];
-            snprintf(what, sizeof what, "inputs[%d]", k);
-            if (resolve(L, i, pre, what, refs[k], ACC_VALUE, &l->in[k], &s, NULL))
-                goto out;
-            if (s.dom == MD_USER)
-                any_user = 1;
-            else
-                any_cand = 1;
-            if (any_user && any_cand && l->op != MD_ADD) {
-                js_fail(&L->jc,
-                        "%sop '%s' cannot mix user and candidate inputs; only lce, "
-                        "target_attention and add read user rows through the map",
-                        pre, op_names[l->op]);
-                goto out;
-            }
-            js_quote(q2, refs[k]);
-            if (s.kind == MD_JAGGED) {
-                js_fail(&L->jc, "%s%s input '%s' is %s; %s takes vectors or tokens (mean_pool "
-                                "a jagged history first)",
-                        pre, op_names[l->op], q2, shape_str(s1, sizeof s1, s), op_names[l->op]);
-                goto out;
-            }
-            if (k == 0) {
-                first = s;
-                D = s.dim;
-            } else if (l->op == MD_ADD) {
-                if (s.kind != first.kind || s.tokens != first.tokens || s.dim != first.dim) {
-                    js_fail(&L->jc, "%sadd operands must have equal shapes: '%s' is %s, '%s' is %s",
-                            pre, js_quote(q, refs[0]), shape_str(s1, sizeof s1, first), q2,
-                            shape_str(s2, sizeof s2, s));
-                    goto out;
-                }
-            } else if (s.dim != D) {
-                js_fail(&L->jc,
-                        "%sstack inputs need one width D: '%s' has D=%d, '%s' has D=%d", pre,
-                        js_quote(q, refs[0]), D, q2, s.dim);
-                goto out;
-            }
-            K += s.tokens;
-            if (K * D > MD_MAX_DIM) { /* K, D < 2^31: no overflow */
-                js_fail(&L->jc, "%sstack output [%lld, %d] is too wide", pre, K, D);
-                goto out;
-            }
-        }
-        l->domain = any_cand ? MD_CAND : MD_USER;
-        if (l->op == MD_ADD) {
-            l->kind = first.kind;
-            l->tokens = first.tokens;
-            l->dim = first.dim;
-        } else {
-            l->kind = MD_TOKENS;
-            l->tokens = (int)K;
-            l->dim = D;
-        }
-        rc = 0;
-    out:
-        free(refs);
-        return rc;
-    }
-
-    case MD_TARGET_ATTENTION: {
-        const char *qr, *hr;
-        long long H, dh;
-        if (js_get_str(&L->jc, o, path, pre, "query", 1, &qr) ||
-            js_get_str(&L->jc, o, path, pre, "history", 1, &hr) ||
-            js_get_int(&L->jc, o, path, pre, "heads", 1, 0, 1, MD_MAX_DIM, &H) ||
-            js_get_int(&L->jc, o, path, pre, "head_dim", 1, 0, 1, MD_MAX_DIM, &dh) ||
-            set_inputs(L, l, 2) ||
-            resolve(L, i, pre, "query", qr, ACC_VALUE, &l->in[0], &s, NULL) ||
-            resolve(L, i, pre, "history", hr, ACC_VALUE, &l->in[1], &sb, NULL))
-            return -1;
-        if (s.dom != MD_CAND || s.kind == MD_JAGGED) {
-            js_fail(&L->jc,
-                    "%starget_attention query '%s' is %s; it must be candidate-domain vec [D] "
-                    "or tokens [Tq, D]",
-                    pre, js_quote(q2, qr), shape_str(s1, sizeof s1, s));
-            return -1;
-        }
-        if (sb.dom != MD_USER || sb.kind != MD_JAGGED) {
-            js_fail(&L->jc,
-                    "%starget_attention history '%s' is %s; it must be a user-domain jagged "
-                    "history (history_embedding output)",
-                    pre, js_quote(q2, hr), shape_str(s1, sizeof s1, sb));
-            return -1;
-        }
-        if (sb.dim != s.dim) {
-            js_fail(&L->jc, "%starget_attention history '%s' has D=%d, query '%s' has D=%d", pre,
-                    js_quote(q2, hr), sb.dim, js_quote(q, qr), s.dim);
-            return -1;
-        }
-        if (H * dh > MD_MAX_DIM) {
-            js_fail(&L->jc, "%sheads * head_dim = %lld is too large", pre, H * dh);
-            return -1;
-        }
-        l->domain = MD_CAND;
-        l->kind = MD_TOKENS;
-        l->tokens = s.tokens;
-        l->dim = s.dim;
-        l->heads = (int)H;
-        l->head_dim = (int)dh;
-        if (add_weight(L, l, "wq", H * dh, s.dim) || add_weight(L, l, "wk", H * dh, s.dim) ||
-            add_weight(L, l, "wv", H * dh, s.dim) || add_weight(L, l, "wo", s.dim, H * dh))
-            return -1;
-        return 0;
-    }
-
-    case MD_LCE: {
-        const char *ur, *cr;
-        long long M;
-        if (js_get_str(&L->jc, o, path, pre, "user", 1, &ur) ||
-            js_get_str(&L->jc, o, path, pre, "candidate", 1, &cr) ||
-            js_get_int(&L->jc, o, path, pre, "out_tokens", 1, 0, 1, MD_MAX_DIM, &M) ||
-            set_inputs(L, l, 2) ||
-            resolve(L, i, pre, "user operand", ur, ACC_VALUE, &l->in[0], &s, NULL) ||
-            resolve(L, i, pre, "candidate operand", cr, ACC_VALUE, &l->in[1], &sb, NULL))
-            return -1;
-        if (s.dom != MD_USER || s.kind == MD_JAGGED) {
-            js_fail(&L->jc,
-                    "%slce user operand '%s' is %s; it must be user-domain vec [D] or tokens "
-                    "[Ku, D]",
-                    pre, js_quote(q2, ur), shape_str(s1, sizeof s1, s));
-            return -1;
-        }
-        if (sb.dom != MD_CAND || sb.kind == MD_JAGGED) {
-            js_fail(&L->jc,
-                    "%slce candidate operand '%s' is %s; it must be candidate-domain vec [D] or "
-                    "tokens [Kc, D]",
-                    pre, js_quote(q2, cr), shape_str(s1, sizeof s1, sb));
-            return -1;
-        }
-        if (s.dim != sb.dim) {
-            js_fail(&L->jc, "%slce user operand '%s' has D=%d, candidate operand '%s' has D=%d",
-                    pre, js_quote(q2, ur), s.dim, js_quote(q, cr), sb.dim);
-            return -1;
-        }
-        if (M * s.dim > MD_MAX_DIM) {
-            js_fail(&L->jc, "%slce output [%lld, %d] is too wide", pre, M, s.dim);
-            return -1;
-        }
-        l->domain = MD_CAND;
-        l->kind = MD_TOKENS;
-        l->tokens = (int)M;
-        l->dim = s.dim;
-        if (add_weight(L, l, "w_user", M, s.tokens) || add_weight(L, l, "w_cand", M, sb.tokens))
-            return -1;
-        return 0;
-    }
-    }
-    return -1;
+    op_plan p = {.L = L, .m = m, .l = l, .i = i, .o = o, .path = path, .pre = pre};
+    return md_ops[op]->plan(&p);
 }
 
 static int parse_layers(ld *L, const json_t *arr)
@@ -991,7 +844,7 @@ static int parse_output(ld *L, const json_t *o)
     const md_layer *l = &m->layers[j];
     if (l->domain != MD_CAND || l->kind != MD_VEC) {
         js_fail(&L->jc, "'output.logits': layer '%s' is %s; it must be a candidate-domain vec [%d]%s",
-                q, shape_str(s1, sizeof s1, layer_shape(l)), m->n_tasks,
+                q, op_shape_str(s1, sizeof s1, layer_shape(l)), m->n_tasks,
                 l->kind == MD_TOKENS ? " (flatten it)" : "");
         return -1;
     }
@@ -1187,7 +1040,7 @@ static int attach_weights(ld *L, st_file *f)
         ex[k++] = (expect){&m->tables[i].w, 0, "table", m->tables[i].name};
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < m->layers[i].n_w; j++)
-            ex[k++] = (expect){&m->layers[i].w[j], m->layers[i].op == MD_LINEAR && j == 1,
+            ex[k++] = (expect){&m->layers[i].w[j], m->layers[i].w[j].one_d,
                                "layer", m->layers[i].name};
 
     /* Names and shapes first: cheap, and the most common export mistakes. */

@@ -196,7 +196,7 @@ FX_FN uint8_t *fx_weights_for(const model_def *m, const char *dtype, size_t *len
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < m->layers[i].n_w; j++) {
             const md_weight *w = &m->layers[i].w[j];
-            int one_d = m->layers[i].op == MD_LINEAR && j == 1;
+            int one_d = w->one_d;
             fx_add_fill(b, w->name, dtype, one_d ? w->cols : w->rows, one_d ? -1 : w->cols);
         }
     return fx_finish(b, len);

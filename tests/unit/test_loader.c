@@ -411,8 +411,9 @@ static void test_layer_schema_errors(void **state)
     EX_ERR(", \"table\": \"country\"", "", "layer 'u_country': missing key 'layers[0].table'");
     EX_ERR("\"pooling\": \"mean\"", "\"pooling\": \"max\"",
            "layer 'u_lang': 'layers[1].pooling' must be \"sum\" or \"mean\", got 'max'");
-    EX_ERR("\"out\": 2, \"activation\": \"none\"", "\"out\": 2, \"activation\": \"tanh\"",
-           "layer 'logits': 'layers[18].activation' must be \"none\", \"relu\" or \"sigmoid\", got 'tanh'");
+    EX_ERR("\"out\": 2, \"activation\": \"none\"", "\"out\": 2, \"activation\": \"tan\"",
+           "layer 'logits': 'layers[18].activation' must be \"none\", \"relu\", \"sigmoid\", "
+           "\"gelu\", \"silu\" or \"tanh\", got 'tan'");
     EX_ERR("{\"name\": \"flat\",      ", "{", "missing key 'layers[16].name'");
     EX_ERR("{\"name\": \"flat\",      \"op\": \"flatten\", \"input\": \"lce\"}", "[]",
            "'layers[16]' must be an object, got array");
@@ -469,14 +470,15 @@ static void test_shape_errors(void **state)
     (void)state;
     EX_ERR("\"input\": \"u_dense2\", \"tokens\": 2", "\"input\": \"u_dense2\", \"tokens\": 3",
            "layer 'u_dense': reshape of 'u_dense2' (user vec [64]) into 3 tokens: 64 is not divisible by 3");
+    /* linear over tokens is per token: top1 becomes tokens, which logits then maps per token. */
     EX_ERR("\"input\": \"flat\"", "\"input\": \"lce\"",
-           "layer 'top1': linear input 'lce' is candidate tokens [6, 32]; linear takes a vector [F] (flatten it first)");
+           "'output.logits': layer 'logits' is candidate tokens [6, 2]; it must be a candidate-domain vec [2]");
     EX_ERR("\"input\": \"lce\"", "\"input\": \"top1\"", "layer 'flat': input 'top1' is defined later");
     EX_ERR("\"op\": \"mean_pool\", \"input\": \"hist\"", "\"op\": \"mean_pool\", \"input\": \"u_dense1\"",
            "layer 'hist_mean': mean_pool input 'u_dense1' is user vec [64]; it must be a jagged history");
     EX_ERR("\"inputs\": [\"x_cand\", \"ta\"]", "\"inputs\": [\"x_cand\", \"hist_mean\"]",
            "layer 'e_cand': op 'stack' cannot mix user and candidate inputs; only lce, "
-           "target_attention and add read user rows through the map");
+           "target_attention, add, mul and dot_interaction read user rows through the map");
     EX_ERR("\"out_tokens\": 6", "\"out_tokens\": 0", "'layers[15].out_tokens' must be an integer in [1, ");
 }
 

@@ -188,8 +188,8 @@ static void test_candidate_chain(void **state)
 static void test_refused_mixes(void **state)
 {
     (void)state;
-    const char *msg = "cannot mix user and candidate inputs; only lce, target_attention and add "
-                      "read user rows through the map";
+    const char *msg = "cannot mix user and candidate inputs; only lce, target_attention, add, mul "
+                      "and dot_interaction read user rows through the map";
     plan_err(L_UE "," L_CE ",{\"name\":\"s\",\"op\":\"stack\",\"inputs\":[\"ue\",\"ce\"]}",
              "layer 's': op 'stack'", msg);
     plan_err(L_UE "," L_CE ",{\"name\":\"s\",\"op\":\"stack\",\"inputs\":[\"ce\",\"user.dense\"]}",
@@ -366,8 +366,9 @@ static void test_add_refused(void **state)
     plan_err(L_UE "," L_CT ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\",\"cd\"]}",
              "layer 'x': add operands must have equal shapes: 'ue' is user vec [8], 'cd' is "
              "candidate vec [16]");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"h\",\"h\"]}",
-             "layer 'x': add input 'h' is user jagged [L, 8]");
+    plan_err(L_H "," L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"h\",\"ue\"]}",
+             "layer 'x': add operands must have equal shapes: 'h' is user jagged [L, 8], 'ue' is "
+             "user vec [8]");
     plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\",\"ue\",\"ue\"]}",
              "layer 'x': 'layers[1].inputs' must list exactly two inputs [a, b], got 3");
     plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\"]}",
@@ -410,8 +411,6 @@ static void test_kind_errors(void **state)
              "layer 'f': flatten input 'h' is user jagged [L, 8]");
     plan_err(L_UT ",{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"ut\",\"tokens\":2}",
              "layer 'r': reshape input 'ut' is user tokens [4, 8]", "flatten it first");
-    plan_err(L_H ",{\"name\":\"l\",\"op\":\"linear\",\"input\":\"h\",\"out\":2}",
-             "layer 'l': linear input 'h' is user jagged [L, 8]", "mean_pool it first");
     plan_err(L_UE ",{\"name\":\"p\",\"op\":\"mean_pool\",\"input\":\"ue\"}",
              "layer 'p': mean_pool input 'ue' is user vec [8]; it must be a jagged history");
     plan_err("{\"name\":\"p\",\"op\":\"mean_pool\",\"input\":\"user.dense\"}",

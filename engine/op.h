@@ -1,0 +1,195 @@
+/* op.h - the op registry: every op of ikbo-model/1 defined once (engine-internal).
+ *
+ * Why this exists: an op used to be spread over an enum, a name array, a key
+ * list, a 330-line planning switch, an executor switch and the byte
+ * accounting. Now each op is one md_op_def in its family's file under
+ * engine/ops/ - name, allowed keys, planning (inputs, shape, domain, weights)
+ * and run (backend calls, workspace, avoided bytes) - and engine/ops/ops.c
+ * lists them in enum order. The loader (model_load.c) and the executor
+ * (engine.c) only read the table. engine/README.md has the recipe for adding
+ * an op.
+ *
+ * The two halves of an op see the loader and the executor through small
+ * APIs declared here: op_plan (implemented in model_load.c) and op_run
+ * (implemented in engine.c).
+ *
+ * Thread-safety: the table is const. An op_plan lives during one load, an
+ * op_run during one layer of one forward pass, on the calling thread.
+ */
+#ifndef IKBO_OP_H
+#define IKBO_OP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "ikbo.h"
+#include "model.h"
+
+/* A shape at plan time: domain, kind, tokens (1 unless MD_TOKENS), dim. */
+typedef struct md_shape {
+    enum md_domain dom;
+    enum md_kind kind;
+    int tokens;
+    int dim;
+} md_shape;
+
+/* ------------------------------------------------------------ planning */
+
+typedef struct ld ld; /* the loader's state (model_load.c) */
+
+typedef struct op_plan {
+    ld *L;
+    model_def *m;
+    md_layer *l; /* l->name is set; plan fills the rest */
+    int i;       /* layer index */
+    const json_t *o;
+    const char *path; /* "layers[3]" */
+    const char *pre;  /* "layer 'top1': " */
+} op_plan;
+
+/* Which kinds of reference an input accepts. */
+enum { OP_ACC_VALUE = 1, OP_ACC_SPARSE = 2, OP_ACC_HISTORY = 4 };
+
+/* Every function returns 0, or -1 after writing one load error that starts
+ * with the file and p->pre. */
+int op_fail(const op_plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int op_str(const op_plan *p, const char *key, int required, const char **out);
+int op_int(const op_plan *p, const char *key, int required, long long dflt, long long lo,
+           long long hi, long long *out);
+/* A positive finite number; dflt when absent. */
+int op_pos_num(const op_plan *p, const char *key, double dflt, double *out);
+int op_bool(const op_plan *p, const char *key, int dflt, int *out);
+/* One of names[0..n) (string); *out = its index, dflt when absent (dflt < 0:
+ * required). The error lists the names. */
+int op_enum(const op_plan *p, const char *key, const char *const *names, int n, int dflt,
+            int *out);
+/* An activation name ("none" only when allow_none) -> bk_act; dflt when absent. */
+int op_act(const op_plan *p, const char *key, int allow_none, enum bk_act dflt, enum bk_act *out);
+/* Appends the input named by string key to l->in; role names it in errors
+ * ("input", "query"). s gets its shape. */
+int op_input(const op_plan *p, const char *key, const char *role, int accept, md_shape *s);
+/* Appends the inputs listed by array key (value references); *s gets their
+ * shapes (malloc'd, caller frees), *n their count (>= 1). */
+int op_inputs(const op_plan *p, const char *key, md_shape **s, int *n);
+/* Two operands, as "inputs": [a, b] or as "a" and "b". s[0], s[1]. */
+int op_operands(const op_plan *p, md_shape s[2]);
+/* The "table" key -> l->table. */
+int op_table(const op_plan *p);
+/* Declares weight "<layer>.<param>" [rows, cols] (a 1-D tensor: rows = 1). */
+int op_weight(const op_plan *p, const char *param, long long rows, long long cols);
+/* Declares a 1-D weight "<layer>.<param>" [n] (held as [1, n]). */
+int op_weight1(const op_plan *p, const char *param, long long n);
+/* Sets the layer's output. Fails when tokens * dim exceeds an int. */
+int op_output(const op_plan *p, enum md_domain dom, enum md_kind kind, long long tokens,
+              long long dim);
+/* Refuses a user/candidate mix among s[0..n) (every op but the mixing ones);
+ * returns the common domain in *dom. */
+int op_one_domain(const op_plan *p, const md_shape *s, int n, enum md_domain *dom);
+/* "user vec [8]", "candidate tokens [4, 16]", "user jagged [L, 32]". */
+const char *op_shape_str(char *buf, size_t n, md_shape s);
+/* The reference text of input k as written in model.json (quoted for messages). */
+const char *op_in_name(const op_plan *p, int k, char *buf, size_t n);
+
+/* ------------------------------------------------------------- running */
+
+typedef struct ikbo_ctx ikbo_ctx;
+
+/* A layer output during a batch. */
+typedef struct value {
+    void *p;
+    int rows;               /* U, C, or event rows for jagged */
+    const int64_t *offsets; /* jagged: backend offsets [U+1]  */
+} value;
+
+/* What a batch's forward pass shares (engine.c fills it). */
+typedef struct fwd {
+    const ikbo_batch *b;
+    const int32_t *map;      /* backend map [C]                    */
+    const int32_t *identity; /* backend 0..C-1 (broadcast mode)    */
+    const void *user_dense, *cand_dense;
+    const int64_t *h_ids, *h_off;
+    const int32_t *h_acts;
+    int64_t n_events;
+    const int64_t *bc_off; /* broadcast history offsets [C+1]     */
+    int64_t bc_events;
+} fwd;
+
+typedef struct op_run {
+    ikbo_ctx *c;
+    const fwd *f;
+    const model_def *d;
+    const md_layer *l;
+    int li;
+    bk_backend *be;
+    bk_stream *s;
+    bk_weight *const *w; /* the layer's weights, in op_weight order */
+    int U, C;
+    int rows;  /* U or C: the layer's domain */
+    int bc;    /* broadcast mode */
+    int dry;   /* dry pass: only sizes are summed; buffers are NULL */
+    value *out;
+    bk_err *err;
+} op_run;
+
+/* A backend call: skipped in the dry pass, -1 returned on failure. */
+#define OP_TRY(r, x)                                                          \
+    do {                                                                      \
+        if (!(r)->dry && (x) != 0) return -1;                                 \
+    } while (0)
+
+value op_in(const op_run *r, int k);
+enum md_domain op_in_domain(const op_run *r, int k);
+int op_in_width(const op_run *r, int k); /* elements per row (jagged: per event) */
+int op_in_tokens(const op_run *r, int k); /* K of a tokens input, else 1 */
+/* Workspace of rows x width activations under tag (NULL in the dry pass). */
+void *op_take(op_run *r, enum bk_tag tag, size_t rows, size_t width);
+/* The layer's own output buffer, rows x width at its domain's tag. */
+void *op_out(op_run *r, size_t rows, size_t width);
+/* An output with input k's rows (and, jagged, its offsets) and the layer's
+ * row width; sets r->out->rows and r->out->offsets. */
+void *op_out_like(op_run *r, int k);
+/* Where a layer that may write in place writes: its own buffer (*ld =
+ * width) or its columns of the stack/concat that reads it (*ld = that
+ * row width). */
+void *op_out_placed(op_run *r, int rows, int width, int *ld);
+/* Broadcast mode: a dense user tensor copied to C rows (non-NULL in the dry
+ * pass too; NULL on failure). */
+const void *op_broadcast(op_run *r, const void *src, int width);
+/* IKBO mode: records rows x width activations broadcast mode would have copied. */
+void op_avoided(op_run *r, size_t rows, size_t width);
+/* A gathering op's (stack, concat) buffer for this pass; in-place producers
+ * already wrote their columns. */
+void *op_gather_base(op_run *r);
+/* True when input k of a gathering layer was written in place. */
+int op_in_placed(const op_run *r, int k);
+/* The backend weight of table t. */
+const bk_weight *op_table_w(const op_run *r, int t);
+/* Backend ids/offsets of an embedding_bag's sparse input for this batch. */
+void op_bag(const op_run *r, const int64_t **ids, const int64_t **off);
+
+/* --------------------------------------------------------------- table */
+
+enum {
+    OP_VIEW = 1,      /* same bytes as input 0, new shape (reshape, flatten)     */
+    OP_PLACED = 2,    /* a vector output may be written into a gathering reader  */
+    OP_GATHERS = 4,   /* writes its inputs side by side (stack, concat)          */
+};
+
+typedef struct md_op_def {
+    const char *name;
+    const char *const *keys; /* allowed keys, "name" and "op" included, NULL-ended */
+    int flags;
+    int (*plan)(op_plan *p);
+    int (*run)(op_run *r);
+} md_op_def;
+
+extern const md_op_def *const md_ops[MD_OP_COUNT];
+
+/* Index of op `name`, or -1. */
+int md_op_find(const char *name);
+/* "embedding_bag, history_embedding, ..." in table order. */
+const char *md_op_list(void);
+
+#endif

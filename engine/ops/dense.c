@@ -1,0 +1,136 @@
+/* dense.c - the ops that multiply by a weight matrix: linear, token_linear
+ * and DCNv2's cross.
+ *
+ * Why this exists: each is a plain GEMM on the backend (cuBLASLt on the GPU)
+ * plus an epilogue, over the rows of one domain; none mixes domains.
+ * linear applies to the last dim of a vector, of each token, or of each
+ * event of a jagged history; a vector linear may write straight into the
+ * stack or concat that reads it (OP_PLACED).
+ */
+#include "ops.h"
+
+#include <limits.h>
+
+#define QB 280
+
+static int plan_linear(op_plan *p)
+{
+    md_shape s;
+    long long out;
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s) ||
+        op_int(p, "out", 1, 0, 1, INT_MAX, &out) ||
+        op_act(p, "activation", 1, BK_ACT_NONE, &p->l->act))
+        return -1;
+    return op_output(p, s.dom, s.kind, s.tokens, out) || op_weight(p, "weight", out, s.dim) ||
+                   op_weight1(p, "bias", out)
+               ? -1
+               : 0;
+}
+
+/* Rows the backend sees: one per vector, token or event. */
+static int run_linear(op_run *r)
+{
+    const md_layer *l = r->l;
+    value in = op_in(r, 0);
+    int ld, w_in = op_in_width(r, 0) / l->tokens;
+    if (l->kind == MD_VEC) {
+        r->out->p = op_out_placed(r, r->rows, l->dim, &ld);
+        OP_TRY(r, r->be->linear(r->s, in.p, w_in, r->rows, r->w[0], r->w[1], l->act, r->out->p,
+                                ld, r->err));
+        return 0;
+    }
+    int n = l->kind == MD_JAGGED ? in.rows : r->rows * l->tokens;
+    if (l->kind == MD_JAGGED) {
+        r->out->rows = in.rows;
+        r->out->offsets = in.offsets;
+    }
+    r->out->p = op_out(r, (size_t)n, (size_t)l->dim);
+    OP_TRY(r, r->be->linear(r->s, in.p, w_in, n, r->w[0], r->w[1], l->act, r->out->p, l->dim,
+                            r->err));
+    return 0;
+}
+
+static const char *const linear_keys[] = {"name", "op", "input", "out", "activation", NULL};
+const md_op_def md_op_linear = {"linear", linear_keys, OP_PLACED, plan_linear, run_linear};
+
+static int plan_token_linear(op_plan *p)
+{
+    md_shape s;
+    long long m;
+    char q[QB], s1[96];
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s) ||
+        op_int(p, "out_tokens", 1, 0, 1, INT_MAX, &m))
+        return -1;
+    if (s.kind == MD_JAGGED)
+        return op_fail(p, "token_linear input '%s' is %s; token_linear takes tokens [K, D]",
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
+    return op_output(p, s.dom, MD_TOKENS, m, s.dim) || op_weight(p, "weight", m, s.tokens) ? -1
+                                                                                           : 0;
+}
+
+static int run_token_linear(op_run *r)
+{
+    const md_layer *l = r->l;
+    value in = op_in(r, 0);
+    int k = op_in_width(r, 0) / l->dim;
+    r->out->p = op_out(r, (size_t)r->rows, (size_t)md_layer_width(l));
+    OP_TRY(r, r->be->token_linear(r->s, in.p, r->rows, r->w[0], k, l->tokens, l->dim, r->out->p,
+                                  r->err));
+    return 0;
+}
+
+static const char *const tl_keys[] = {"name", "op", "input", "out_tokens", NULL};
+const md_op_def md_op_token_linear = {"token_linear", tl_keys, 0, plan_token_linear,
+                                      run_token_linear};
+
+/* DCNv2 cross: y = x0 * (W x + b) + x, W full [F, F] or u @ v of rank r. */
+static int plan_cross(op_plan *p)
+{
+    md_shape s[2];
+    long long rank;
+    enum md_domain dom;
+    char q[QB], q2[QB], s1[96], s2[96];
+    if (op_input(p, "x0", "x0", OP_ACC_VALUE, &s[0]) ||
+        op_input(p, "input", "input", OP_ACC_VALUE, &s[1]) ||
+        op_int(p, "rank", 0, 0, 1, INT_MAX, &rank) || op_one_domain(p, s, 2, &dom))
+        return -1;
+    if (s[0].kind != MD_VEC || s[1].kind != MD_VEC || s[0].dim != s[1].dim)
+        return op_fail(p, "cross x0 '%s' is %s and input '%s' is %s; both must be vectors [F] "
+                          "of one F",
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s[0]),
+                       op_in_name(p, 1, q2, sizeof q2), op_shape_str(s2, sizeof s2, s[1]));
+    int F = s[0].dim;
+    p->l->rank = (int)rank;
+    if (op_output(p, dom, MD_VEC, 1, F))
+        return -1;
+    if (rank == 0)
+        return op_weight(p, "weight", F, F) || op_weight1(p, "bias", F) ? -1 : 0;
+    return op_weight(p, "u", F, rank) || op_weight(p, "v", rank, F) || op_weight1(p, "bias", F)
+               ? -1
+               : 0;
+}
+
+static int run_cross(op_run *r)
+{
+    const md_layer *l = r->l;
+    value x0 = op_in(r, 0), x = op_in(r, 1);
+    int F = l->dim;
+    void *y = r->out->p = op_out(r, (size_t)r->rows, (size_t)F);
+    if (l->rank == 0) {
+        OP_TRY(r, r->be->linear(r->s, x.p, F, r->rows, r->w[0], r->w[1], BK_ACT_NONE, y, F,
+                                r->err));
+    } else {
+        void *t = op_take(r, l->domain == MD_USER ? BK_TAG_USER : BK_TAG_CAND, (size_t)r->rows,
+                          (size_t)l->rank);
+        OP_TRY(r, r->be->linear(r->s, x.p, F, r->rows, r->w[1], NULL, BK_ACT_NONE, t, l->rank,
+                                r->err));
+        OP_TRY(r, r->be->linear(r->s, t, l->rank, r->rows, r->w[0], r->w[2], BK_ACT_NONE, y, F,
+                                r->err));
+    }
+    /* y = (W x + b) * x0 + x, in place over the GEMM's output. */
+    OP_TRY(r, r->be->mul(r->s, y, x0.p, NULL, x.p, r->rows, F, y, r->err));
+    return 0;
+}
+
+static const char *const cross_keys[] = {"name", "op", "x0", "input", "rank", NULL};
+const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross};

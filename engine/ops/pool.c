@@ -1,0 +1,56 @@
+/* pool.c - the ops that reduce tokens or history events to one vector:
+ * mean_pool (the first format's history mean) and pool (mean, sum, max,
+ * last over tokens or events).
+ *
+ * Why this exists: both are one fused reduction on the backend (be->pool);
+ * mean_pool is pool with fn mean restricted to jagged input, kept because
+ * models in the field use it.
+ */
+#include "ops.h"
+
+#define QB 280
+
+static int plan_mean_pool(op_plan *p)
+{
+    md_shape s;
+    char q[QB], s1[96];
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s))
+        return -1;
+    if (s.kind != MD_JAGGED)
+        return op_fail(p, "mean_pool input '%s' is %s; it must be a jagged history "
+                          "(history_embedding output)",
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
+    p->l->pooling = BK_POOL_MEAN;
+    return op_output(p, s.dom, MD_VEC, 1, s.dim);
+}
+
+static int plan_pool(op_plan *p)
+{
+    static const char *const fns[] = {"sum", "mean", "max", "last"}; /* bk_pool order */
+    md_shape s;
+    int fn;
+    char q[QB], s1[96];
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s) || op_enum(p, "fn", fns, 4, -1, &fn))
+        return -1;
+    if (s.kind == MD_VEC)
+        return op_fail(p, "pool input '%s' is %s; pool takes tokens [K, D] or a jagged history",
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
+    p->l->pooling = (enum bk_pool)fn;
+    return op_output(p, s.dom, MD_VEC, 1, s.dim);
+}
+
+static int run_pool(op_run *r)
+{
+    const md_layer *l = r->l;
+    value in = op_in(r, 0);
+    int k = in.offsets ? 0 : op_in_width(r, 0) / l->dim;
+    r->out->p = op_out(r, (size_t)r->rows, (size_t)l->dim);
+    OP_TRY(r, r->be->pool(r->s, in.p, in.offsets, r->rows, k, l->dim, l->pooling, r->out->p,
+                          r->err));
+    return 0;
+}
+
+static const char *const one_keys[] = {"name", "op", "input", NULL};
+static const char *const pool_keys[] = {"name", "op", "input", "fn", NULL};
+const md_op_def md_op_mean_pool = {"mean_pool", one_keys, 0, plan_mean_pool, run_pool};
+const md_op_def md_op_pool = {"pool", pool_keys, 0, plan_pool, run_pool};
