@@ -115,7 +115,7 @@ void ikbo_ctx_last_bytes(const ikbo_ctx *ctx, size_t bytes[BK_TAG_COUNT]);
 
 /* Bytes of user tensors the last ikbo_score on this context did NOT copy out
  * to candidate rows, i.e. what broadcast mode would have materialized for the
- * same batch (user operands of lce and add at C rows; for target_attention
+ * same batch (user operands of lce, add, mul and dot_interaction at C rows; for target_attention
  * the history and its K/V per candidate). 0 in broadcast mode. */
 uint64_t ikbo_ctx_last_avoided_bytes(const ikbo_ctx *ctx);
 
