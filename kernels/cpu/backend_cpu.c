@@ -293,5 +293,12 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->add = cpu_add;
     be->copy_rows = cpu_copy_rows;
     be->gather = cpu_gather;
+    be->pool = cpu_pool;
+    be->activation = cpu_activation;
+    be->layer_norm = cpu_layer_norm;
+    be->mul = cpu_mul;
+    be->token_linear = cpu_token_linear;
+    be->dot_interaction = cpu_dot_interaction;
+    be->mixture = cpu_mixture;
     return be;
 }

@@ -18,6 +18,7 @@
 #ifndef IKBO_CPU_INTERNAL_H
 #define IKBO_CPU_INTERNAL_H
 
+#include <math.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -93,7 +94,28 @@ void gemm_cpu_tile(const float *const a[GEMM_MR], const float *b, size_t ldb, in
  * order that depends only on n. n >= 1. */
 float cpu_softmax_row(float *s, int n);
 
-/* The ops (ops_cpu.c), with backend.h's signatures. */
+/* Argument checks shared by the ops (ops_cpu.c): each writes "<op>: ..." and
+ * returns -1. offsets[0 .. n] must start >= 0 and never decrease; map[0 .. n)
+ * must lie in [0, nu) (nu < 0: upper bound unknown). */
+int cpu_check_offsets(const char *op, const int64_t *offsets, int n, bk_err *err);
+int cpu_check_map(const char *op, const int32_t *map, int n, int nu, bk_err *err);
+int cpu_bad_dims(const char *op, const char *what, long long v, bk_err *err);
+
+/* One activation in fp32 (libm's erff, expf, tanhf: exact functions, not
+ * approximations). NaN stays NaN, as in PyTorch. */
+static inline float cpu_activate(float v, enum bk_act act)
+{
+    switch (act) {
+    case BK_ACT_RELU: return v < 0.0f ? 0.0f : v;
+    case BK_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case BK_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case BK_ACT_SILU: return v / (1.0f + expf(-v));
+    case BK_ACT_TANH: return tanhf(v);
+    default: return v;
+    }
+}
+
+/* The ops (ops_cpu.c, rank_cpu.c), with backend.h's signatures. */
 int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
                       const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
                       bk_err *err);
@@ -116,5 +138,21 @@ int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void
                   bk_err *err);
 int cpu_gather(bk_stream *s, const void *src, const int64_t *src_offsets, const int32_t *map,
                int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err);
+/* rank_cpu.c: the ops of the ranking architectures. */
+int cpu_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
+             enum bk_pool fn, void *out, bk_err *err);
+int cpu_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,
+                   bk_err *err);
+int cpu_layer_norm(bk_stream *s, const void *x, int rows, int dim, const bk_weight *w,
+                   const bk_weight *b, float eps, void *out, bk_err *err);
+int cpu_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, const void *c, int n,
+            int width, void *out, bk_err *err);
+int cpu_token_linear(bk_stream *s, const void *x, int rows, const bk_weight *w, int k, int m,
+                     int d, void *z, bk_err *err);
+int cpu_dot_interaction(bk_stream *s, const void *tu, const void *uu, const int32_t *map,
+                        const void *tc, int n, const bk_dot_order *ord, int d, int self, void *out,
+                        bk_err *err);
+int cpu_mixture(bk_stream *s, const void *const *experts, int n_experts, const void *gate, int n,
+                int width, void *out, bk_err *err);
 
 #endif

@@ -55,7 +55,7 @@ static inline int64_t table_row(int64_t id, int64_t rows)
 }
 
 /* offsets[0 .. n] must start >= 0 and never decrease. */
-static int check_offsets(const char *op, const int64_t *offsets, int n, bk_err *err)
+int cpu_check_offsets(const char *op, const int64_t *offsets, int n, bk_err *err)
 {
     if (!offsets) {
         bk_seterr(err, "%s: offsets is NULL", op);
@@ -75,7 +75,7 @@ static int check_offsets(const char *op, const int64_t *offsets, int n, bk_err *
 }
 
 /* map[0 .. n) must lie in [0, nu); nu < 0 means "upper bound unknown". */
-static int check_map(const char *op, const int32_t *map, int n, int nu, bk_err *err)
+int cpu_check_map(const char *op, const int32_t *map, int n, int nu, bk_err *err)
 {
     if (!map) {
         bk_seterr(err, "%s: map is NULL", op);
@@ -89,7 +89,7 @@ static int check_map(const char *op, const int32_t *map, int n, int nu, bk_err *
     return 0;
 }
 
-static int bad_dims(const char *op, const char *what, long long v, bk_err *err)
+int cpu_bad_dims(const char *op, const char *what, long long v, bk_err *err)
 {
     bk_seterr(err, "%s: bad %s %lld", op, what, v);
     return -1;
@@ -104,9 +104,9 @@ int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
     (void)s;
     const char *op = "embedding_bag";
     if (n < 0)
-        return bad_dims(op, "bag count", n, err);
+        return cpu_bad_dims(op, "bag count", n, err);
     if (pool != BK_POOL_SUM && pool != BK_POOL_MEAN)
-        return bad_dims(op, "pooling", pool, err);
+        return cpu_bad_dims(op, "pooling", pool, err);
     if (n == 0)
         return 0;
     if (!table || !out) {
@@ -118,7 +118,7 @@ int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
         bk_seterr(err, "%s: ld %d < table dim %d", op, ld, dim);
         return -1;
     }
-    if (check_offsets(op, offsets, n, err))
+    if (cpu_check_offsets(op, offsets, n, err))
         return -1;
     if (offsets[n] > offsets[0] && !ids) {
         bk_seterr(err, "%s: ids is NULL", op);
@@ -154,7 +154,7 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
     (void)s;
     const char *op = "history_embedding";
     if (n < 0)
-        return bad_dims(op, "user count", n, err);
+        return cpu_bad_dims(op, "user count", n, err);
     if (n == 0)
         return 0;
     if (!table || !action || !position) {
@@ -167,7 +167,7 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
                   action->cols, position->cols);
         return -1;
     }
-    if (check_offsets(op, offsets, n, err))
+    if (cpu_check_offsets(op, offsets, n, err))
         return -1;
     if (offsets[n] > offsets[0] && (!ids || !out || table->rows == 0)) {
         bk_seterr(err, "%s: NULL ids or output, or an empty table", op);
@@ -203,49 +203,11 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
 int cpu_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim, void *out,
                   bk_err *err)
 {
-    (void)s;
-    const char *op = "mean_pool";
-    if (n < 0 || dim < 0)
-        return bad_dims(op, n < 0 ? "segment count" : "dim", n < 0 ? n : dim, err);
-    if (n == 0)
-        return 0;
-    if (!out || check_offsets(op, offsets, n, err)) {
-        if (!out)
-            bk_seterr(err, "%s: output is NULL", op);
-        return -1;
-    }
-    if (offsets[n] > offsets[0] && !x) {
-        bk_seterr(err, "%s: input is NULL", op);
-        return -1;
-    }
-    const float *xf = x;
-    float *o = out;
-    for (int r = 0; r < n; r++) {
-        float *orow = o + (size_t)r * dim;
-        memset(orow, 0, (size_t)dim * sizeof(float));
-        for (int64_t e = offsets[r]; e < offsets[r + 1]; e++) {
-            const float *xr = xf + (size_t)e * dim;
-            for (int j = 0; j < dim; j++)
-                orow[j] += xr[j];
-        }
-        int64_t count = offsets[r + 1] - offsets[r];
-        if (count > 0)
-            for (int j = 0; j < dim; j++)
-                orow[j] /= (float)count;
-    }
-    return 0;
+    return cpu_pool(s, x, offsets, n, 0, dim, BK_POOL_MEAN, out, err);
 }
 
 /* ---- linear ---- */
 
-static inline float activate(float v, enum bk_act act)
-{
-    if (act == BK_ACT_RELU)
-        return v < 0.0f ? 0.0f : v; /* NaN stays NaN, as in PyTorch */
-    if (act == BK_ACT_SIGMOID)
-        return 1.0f / (1.0f + expf(-v));
-    return v;
-}
 
 /* Byte ranges [a, a+an) and [b, b+bn) intersect. */
 static int overlap(const void *a, size_t an, const void *b, size_t bn)
@@ -265,7 +227,7 @@ int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *
     }
     const int in = w->cols, out = w->rows;
     if (rows < 0)
-        return bad_dims(op, "row count", rows, err);
+        return cpu_bad_dims(op, "row count", rows, err);
     if (ldx < in || ldy < out) {
         bk_seterr(err, "%s: ldx %d / ldy %d smaller than in %d / out %d", op, ldx, ldy, in, out);
         return -1;
@@ -275,8 +237,8 @@ int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *
                   out);
         return -1;
     }
-    if (act != BK_ACT_NONE && act != BK_ACT_RELU && act != BK_ACT_SIGMOID)
-        return bad_dims(op, "activation", act, err);
+    if ((int)act < 0 || act >= BK_ACT_COUNT)
+        return cpu_bad_dims(op, "activation", act, err);
     if (rows == 0 || out == 0)
         return 0;
     if (!x || !y) {
@@ -328,7 +290,7 @@ int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *
                             memcpy(yr, tmp[i], (size_t)nr * sizeof(float));
                         if (last)
                             for (int j = 0; j < nr; j++)
-                                yr[j] = activate(bv ? yr[j] + bv[o0 + j] : yr[j], act);
+                                yr[j] = cpu_activate(bv ? yr[j] + bv[o0 + j] : yr[j], act);
                     }
                 }
             }
@@ -402,7 +364,7 @@ int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const 
         bk_seterr(err, "%s: NULL user, candidate or output tensor", op);
         return -1;
     }
-    if (check_map(op, map, nc, nu, err))
+    if (cpu_check_map(op, map, nc, nu, err))
         return -1;
 
     /* The user term, once per user: scratch at nu rows, never at nc. */
@@ -442,7 +404,7 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
         bk_seterr(err, "%s: NULL query or output", op);
         return -1;
     }
-    if (check_map(op, map, nc, nu, err) || check_offsets(op, offsets, nu, err))
+    if (cpu_check_map(op, map, nc, nu, err) || cpu_check_offsets(op, offsets, nu, err))
         return -1;
     int64_t lmax = 0;
     for (int u = 0; u < nu; u++)
@@ -552,14 +514,14 @@ int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int 
     (void)s;
     const char *op = "add";
     if (n < 0 || width < 0)
-        return bad_dims(op, n < 0 ? "row count" : "width", n < 0 ? n : width, err);
+        return cpu_bad_dims(op, n < 0 ? "row count" : "width", n < 0 ? n : width, err);
     if (n == 0 || width == 0)
         return 0;
     if (!a || !b || !out) {
         bk_seterr(err, "%s: NULL operand or output", op);
         return -1;
     }
-    if (map && check_map(op, map, n, -1, err))
+    if (map && cpu_check_map(op, map, n, -1, err))
         return -1;
     const float *af = a, *bf = b;
     float *of = out;
@@ -601,14 +563,14 @@ int cpu_gather(bk_stream *s, const void *src, const int64_t *src_offsets, const 
     (void)s;
     const char *op = "gather";
     if (nc < 0 || width < 0)
-        return bad_dims(op, nc < 0 ? "row count" : "width", nc < 0 ? nc : width, err);
+        return cpu_bad_dims(op, nc < 0 ? "row count" : "width", nc < 0 ? nc : width, err);
     if (nc == 0 || width == 0)
         return 0;
     if (!src || !dst) {
         bk_seterr(err, "%s: NULL source or destination", op);
         return -1;
     }
-    if (check_map(op, map, nc, -1, err))
+    if (cpu_check_map(op, map, nc, -1, err))
         return -1;
     const float *sf = src;
     float *df = dst;
