@@ -3,7 +3,8 @@
 
     tests/golden/golden.py --score-bin build/ikbo-score [--work DIR] [--tol 1e-5]
 
-For the committed demo model and several randomly shaped models (different D,
+For the shipped models (demo, dlrm, dcn, mmoe), random models of the ranking
+architectures (tools/reference/random_family.py: DLRM, DCNv2, MMoE), and several randomly shaped models (different D,
 heads, head_dim, K sizes, layer counts, weight dtypes F32/F16/BF16; `add` of
 user [D] into candidate [D], user tokens into candidate tokens and user+user;
 one model without history; [D] vectors as attention query and lce operands),
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.join(REPO, "tools", "reference"))
 import export  # noqa: E402
 import ikbo_ref  # noqa: E402
 import make_request  # noqa: E402
+import random_family  # noqa: E402
 import random_model  # noqa: E402
 
 # Random model shapes: name -> random_model.py flags. Keep them small enough
@@ -55,6 +57,17 @@ RANDOM_MODELS = {
                "--cand-dense-tokens 3 --out-tokens 3 --mlp-layers 2 --mlp-width 48 --tasks 3 --max-len 7 --actions 2 "
                "--vector-operands"),
 }
+
+# Random models of the ranking architectures (random_family.py): name ->
+# (family, seed, weight dtype); three per family, every non-sequence op of
+# MODEL_FORMAT.md's "Ops for real ranking architectures" among them.
+RANDOM_FAMILIES = {
+    "dlrm_a": ("dlrm", 11, "F32"), "dlrm_b": ("dlrm", 14, "BF16"), "dlrm_c": ("dlrm", 13, "F32"),
+    "dcn_a": ("dcn", 21, "F32"), "dcn_b": ("dcn", 22, "F16"), "dcn_c": ("dcn", 23, "F32"),
+    "mmoe_a": ("mmoe", 31, "F32"), "mmoe_b": ("mmoe", 32, "BF16"), "mmoe_c": ("mmoe", 33, "F32"),
+}
+# The shipped models; a missing directory is a failure.
+SHIPPED = ("demo", "dlrm", "dcn", "mmoe")
 
 # Requests: name -> make_request.generate keyword arguments (counts = candidates
 # per distinct user).
@@ -153,12 +166,16 @@ def main():
         if not ok and problem:
             print("      %s" % problem, flush=True)
 
-    # Models: the committed demo plus the random ones.
-    models = [("demo", os.path.join(REPO, "models", "demo", "1"))]
+    # Models: the shipped ones plus the random ones.
+    models = [(n, os.path.join(REPO, "models", n, "1")) for n in SHIPPED]
     for name, flags in RANDOM_MODELS.items():
         out = os.path.join(work, "models", name, "1")
         a = random_model.parser().parse_args(flags.split() + ["--out", out, "--name", name])
         random_model.make(a)
+        models.append((name, out))
+    for name, (family, seed, dtype) in RANDOM_FAMILIES.items():
+        out = os.path.join(work, "models", name, "1")
+        random_family.make(family, seed, out, name, dtype)
         models.append((name, out))
 
     print("golden: scorer %s, tol %g, work %s" % (score_bin, args.tol, work))
@@ -177,8 +194,8 @@ def main():
             req = make_request.generate(model.plan, 1000 * (mi + 1) + ri, counts, model=name,
                                         model_version=version, **kw)
             reqs.append((rname, req))
-        example = os.path.join(REPO, "models", "demo", "example_request.json")
-        if mname == "demo" and os.path.exists(example):
+        example = os.path.join(REPO, "models", mname, "example_request.json")
+        if mname in SHIPPED and os.path.exists(example):
             with open(example) as f:
                 reqs.append(("example", json.load(f)))
         for rname, req in reqs:

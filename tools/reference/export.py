@@ -51,6 +51,7 @@ class IkboModule(torch.nn.Module):
         super().__init__()
         self.spec = copy.deepcopy(spec)
         self.plan = ikbo_ref.analyze(self.spec, "spec")
+        self._ops = {layer["name"]: layer["op"] for layer in self.spec["layers"]}
         gen = torch.Generator()
         gen.manual_seed(0 if seed is None else seed)
         self.params = torch.nn.ParameterDict()
@@ -59,15 +60,21 @@ class IkboModule(torch.nn.Module):
 
     def _init(self, name, shape, gen):
         """Default init (PyTorch-like); callers may overwrite any parameter."""
-        param = name.rsplit(".", 1)[1]
+        layer, param = name.rsplit(".", 1)
+        op = None if name.startswith("tables.") else self._ops[layer]
         if name.startswith("tables.") or param in ("action", "position"):
             return torch.randn(shape, generator=gen) * 0.05
+        if op == "layer_norm":                      # near the identity, as nn.LayerNorm starts
+            base = 1.0 if param == "weight" else 0.0
+            return base + (torch.rand(shape, generator=gen) * 2 - 1) * 0.1
+        if op == "cross":                           # DCNv2: fan-in F for W, u @ v, b
+            f = shape[0]
+            return (torch.rand(shape, generator=gen) * 2 - 1) / math.sqrt(f)
         if param in ("weight", "bias"):
-            fan_in = self.plan.param_shapes[name.rsplit(".", 1)[0] + ".weight"][1]
+            fan_in = self.plan.param_shapes[layer + ".weight"][1]
             bound = 1.0 / math.sqrt(fan_in)
             return (torch.rand(shape, generator=gen) * 2 - 1) * bound
         if param in ("w_user", "w_cand"):
-            layer = name.rsplit(".", 1)[0]
             k = self.plan.param_shapes[layer + ".w_user"][1] + self.plan.param_shapes[layer + ".w_cand"][1]
             return torch.randn(shape, generator=gen) / math.sqrt(k)
         # attention projections wq wk wv [H*dh, D], wo [D, H*dh]
@@ -113,12 +120,11 @@ class IkboModule(torch.nn.Module):
                      + P(name + ".position")[:L].unsqueeze(0))
                 y = (e * mask.unsqueeze(-1).to(e.dtype), mask)
             elif op == "mean_pool":
-                x, mask = get(layer["input"])
-                y = x.sum(1) / mask.sum(1, keepdim=True).clamp(min=1).to(x.dtype)
-            elif op == "linear":
-                y = F.linear(get(layer["input"]), P(name + ".weight"), P(name + ".bias"))
-                act = layer.get("activation", "none")
-                y = torch.relu(y) if act == "relu" else torch.sigmoid(y) if act == "sigmoid" else y
+                x, mask = get(layer["input"])            # padding need not be zero (after linear)
+                y = (x * mask.unsqueeze(-1).to(x.dtype)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1).to(x.dtype)
+            elif op == "linear":                       # last dim of [F], [K, F] or jagged
+                y = _on_values(get(layer["input"]), lambda x: _activate(
+                    F.linear(x, P(name + ".weight"), P(name + ".bias")), layer.get("activation", "none")))
             elif op == "reshape":
                 x = get(layer["input"])
                 y = x.reshape(x.shape[0], layer["tokens"], -1)
@@ -150,13 +156,86 @@ class IkboModule(torch.nn.Module):
                 ec = ec.unsqueeze(1) if ec.dim() == 2 else ec
                 y = (torch.einsum("mk,bkd->bmd", P(name + ".w_user"), eu)
                      + torch.einsum("mk,bkd->bmd", P(name + ".w_cand"), ec))
-            elif op == "add":
+            elif op in ("add", "mul"):
                 a, b = ikbo_ref.add_operands(layer)
-                y = get(a) + get(b)
+                va, vb = get(a), get(b)
+                f = torch.add if op == "add" else torch.mul
+                y = (f(va[0], vb[0]), va[1]) if isinstance(va, tuple) else f(va, vb)
             else:
-                raise AssertionError(op)
+                y = _ranking_op(layer, get, P)
             env[name] = y
         return env[self.plan.logits]
+
+
+def _activate(y, act):
+    if act == "relu":
+        return torch.relu(y)
+    if act == "sigmoid":
+        return torch.sigmoid(y)
+    if act == "gelu":
+        return F.gelu(y)                            # exact (erf) form by default
+    if act == "silu":
+        return F.silu(y)
+    if act == "tanh":
+        return torch.tanh(y)
+    return y
+
+
+def _on_values(v, f):
+    """f applied to a tensor, or to the values of a jagged (values, mask) pair."""
+    return (f(v[0]), v[1]) if isinstance(v, tuple) else f(v)
+
+
+def _tok(v):
+    return v.unsqueeze(1) if v.dim() == 2 else v   # a [B, D] vector is one token
+
+
+def _ranking_op(layer, get, P):
+    """The ranking-architecture ops, batched over B candidate rows."""
+    op, name = layer["op"], layer["name"]
+    if op == "activation":
+        return _on_values(get(layer["input"]), lambda x: _activate(x, layer["fn"]))
+    if op == "layer_norm":
+        x = get(layer["input"])
+        w, b = P(name + ".weight"), P(name + ".bias")
+        return _on_values(x, lambda t: F.layer_norm(t, (t.shape[-1],), w, b, layer.get("eps", 1e-5)))
+    if op == "concat":
+        return torch.cat([get(r) for r in layer["inputs"]], dim=1)
+    if op == "token_linear":
+        return torch.einsum("mk,bkd->bmd", P(name + ".weight"), _tok(get(layer["input"])))
+    if op == "dot_interaction":
+        t = torch.cat([_tok(get(r)) for r in layer["inputs"]], dim=1)
+        k = t.shape[1]
+        i, j = torch.triu_indices(k, k, 0 if layer.get("self", False) else 1)
+        return torch.bmm(t, t.transpose(1, 2))[:, i, j]
+    if op == "cross":
+        x0, x = get(layer["x0"]), get(layer["input"])
+        if "rank" in layer:
+            wx = F.linear(F.linear(x, P(name + ".v")), P(name + ".u"), P(name + ".bias"))
+        else:
+            wx = F.linear(x, P(name + ".weight"), P(name + ".bias"))
+        return x0 * wx + x
+    if op == "mixture":
+        g = torch.softmax(get(layer["gate"]), dim=1)
+        ex = torch.stack([get(r) for r in layer["experts"]], dim=1)   # [B, E, F]
+        return (g.unsqueeze(-1) * ex).sum(1)
+    if op == "pool":
+        v = get(layer["input"])
+        x, mask = v if isinstance(v, tuple) else (v, torch.ones(v.shape[:2], dtype=torch.bool))
+        m = mask.unsqueeze(-1).to(x.dtype)
+        n = mask.sum(1, keepdim=True)
+        fn = layer["fn"]
+        if fn == "sum":
+            return (x * m).sum(1)
+        if fn == "mean":
+            return (x * m).sum(1) / n.clamp(min=1).to(x.dtype)
+        if fn == "max":
+            y = x.masked_fill(~mask.unsqueeze(-1), float("-inf")).max(1).values
+            return torch.where(n > 0, y, torch.zeros_like(y))
+        last = (n.squeeze(1) - 1).clamp(min=0)                      # left-aligned events
+        y = x[torch.arange(x.shape[0]), last]
+        return torch.where(n > 0, y, torch.zeros_like(y))
+    raise AssertionError(op)
 
 
 def batch_from_request(plan, request, dtype=torch.float64):

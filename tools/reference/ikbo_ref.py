@@ -38,8 +38,11 @@ import safetensors_io  # noqa: E402
 FORMAT = "ikbo-model/1"
 TOP_KEYS = {"format", "inputs", "tables", "layers", "output", "name", "description", "serving"}
 TOP_REQUIRED = {"format", "inputs", "tables", "layers", "output"}
-ACTIVATIONS = ("none", "relu", "sigmoid")
+ACTIVATIONS = ("none", "relu", "sigmoid", "gelu", "silu", "tanh")
 POOLINGS = ("sum", "mean")
+POOL_FNS = ("mean", "sum", "max", "last")
+MAX_DOT_TOKENS = 256
+MAX_EXPERTS = 64
 
 # op -> (required keys, optional keys), besides "name" and "op".
 LAYER_KEYS = {
@@ -55,9 +58,19 @@ LAYER_KEYS = {
     # add: operands as "a" and "b" (the op table's wording) or "inputs": [a, b]
     # (like stack); the C engine accepts both forms, so does this file.
     "add": (set(), {"a", "b", "inputs"}),
+    # Ops for real ranking architectures (MODEL_FORMAT.md, added 2026-12-01).
+    "activation": ({"input", "fn"}, set()),
+    "layer_norm": ({"input"}, {"eps"}),
+    "concat": ({"inputs"}, set()),
+    "mul": (set(), {"a", "b", "inputs"}),
+    "token_linear": ({"input", "out_tokens"}, set()),
+    "dot_interaction": ({"inputs"}, {"self"}),
+    "cross": ({"x0", "input"}, {"rank"}),
+    "mixture": ({"experts", "gate"}, set()),
+    "pool": ({"input", "fn"}, set()),
 }
 # Ops allowed to take inputs from both domains (MODEL_FORMAT.md).
-MIXING_OPS = {"target_attention", "lce", "add"}
+MIXING_OPS = {"target_attention", "lce", "add", "mul", "dot_interaction"}
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -125,6 +138,116 @@ def add_operands(layer):
     if "a" in layer and "b" in layer:
         return [layer["a"], layer["b"]]
     return None
+
+
+def _analyze_ranking_op(p, layer, lw, ref, srcs, fail, pos_int):
+    """Shape of one of the ranking-architecture ops (MODEL_FORMAT.md, "Ops for
+    real ranking architectures"); registers its weights in p.param_shapes."""
+    op, name = layer["op"], layer["name"]
+
+    def tokens_of(s, what):
+        if s[0] == "vec":
+            return 1, s[1]
+        if s[0] == "tok":
+            return s[1], s[2]
+        fail("%s: %s must be [D] or [K, D], got %s" % (lw, what, shape_str(s)))
+
+    if op == "activation":
+        d, s = ref("input")
+        srcs.append((d, s))
+        if layer["fn"] not in ACTIVATIONS[1:]:
+            fail("%s: fn must be one of %s, got %r" % (lw, ", ".join(ACTIVATIONS[1:]), layer["fn"]))
+        if s[0] not in ("vec", "tok", "jag"):
+            fail("%s: input is %s" % (lw, shape_str(s)))
+        return s
+    if op == "layer_norm":
+        d, s = ref("input")
+        srcs.append((d, s))
+        eps = layer.get("eps", 1e-5)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0) or not math.isfinite(eps):
+            fail("%s: eps must be a positive number, got %r" % (lw, eps))
+        if s[0] not in ("vec", "tok", "jag"):
+            fail("%s: input is %s" % (lw, shape_str(s)))
+        p.param_shapes[name + ".weight"] = (s[-1],)
+        p.param_shapes[name + ".bias"] = (s[-1],)
+        return s
+    if op == "concat":
+        names = layer["inputs"]
+        if not isinstance(names, list) or not names:
+            fail("%s: inputs must be a non-empty list" % lw)
+        f = 0
+        for r in names:
+            d, s = ref("inputs", r)
+            srcs.append((d, s))
+            if s[0] != "vec":
+                fail("%s: input %r is %s; concat takes [F] vectors" % (lw, r, shape_str(s)))
+            f += s[1]
+        return ("vec", f)
+    if op == "token_linear":
+        d, s = ref("input")
+        srcs.append((d, s))
+        k, dim = tokens_of(s, "input")
+        m = pos_int(layer["out_tokens"], "%s: out_tokens" % lw)
+        p.param_shapes[name + ".weight"] = (m, k)
+        return ("tok", m, dim)
+    if op == "dot_interaction":
+        names = layer["inputs"]
+        if not isinstance(names, list) or not names:
+            fail("%s: inputs must be a non-empty list" % lw)
+        self_ = layer.get("self", False)
+        if not isinstance(self_, bool):
+            fail("%s: self must be true or false" % lw)
+        k, dim = 0, None
+        for r in names:
+            d, s = ref("inputs", r)
+            srcs.append((d, s))
+            ki, w = tokens_of(s, "input %r" % r)
+            if dim is not None and w != dim:
+                fail("%s: input %r has width %d, others %d" % (lw, r, w, dim))
+            k, dim = k + ki, w
+        if k > MAX_DOT_TOKENS or k < (1 if self_ else 2):
+            fail("%s: %d tokens (need 2..%d, or 1 with self)" % (lw, k, MAX_DOT_TOKENS))
+        return ("vec", k * (k + 1) // 2 if self_ else k * (k - 1) // 2)
+    if op == "cross":
+        d0, s0 = ref("x0")
+        d1, s1 = ref("input")
+        srcs += [(d0, s0), (d1, s1)]
+        if s0[0] != "vec" or s0 != s1:
+            fail("%s: x0 and input must be [F] vectors of one F, got %s and %s" % (lw, shape_str(s0), shape_str(s1)))
+        f = s0[1]
+        if "rank" in layer:
+            r = pos_int(layer["rank"], "%s: rank" % lw)
+            p.param_shapes[name + ".u"] = (f, r)
+            p.param_shapes[name + ".v"] = (r, f)
+        else:
+            p.param_shapes[name + ".weight"] = (f, f)
+        p.param_shapes[name + ".bias"] = (f,)
+        return s0
+    if op == "mixture":
+        names = layer["experts"]
+        if not isinstance(names, list) or not 1 <= len(names) <= MAX_EXPERTS:
+            fail("%s: experts must list 1..%d layers" % (lw, MAX_EXPERTS))
+        f = None
+        for r in names:
+            d, s = ref("experts", r)
+            srcs.append((d, s))
+            if s[0] != "vec" or (f is not None and s[1] != f):
+                fail("%s: expert %r is %s; experts are [F] vectors of one F" % (lw, r, shape_str(s)))
+            f = s[1]
+        dg, sg = ref("gate")
+        srcs.append((dg, sg))
+        if sg != ("vec", len(names)):
+            fail("%s: gate must be a [%d] vector, got %s" % (lw, len(names), shape_str(sg)))
+        return ("vec", f)
+    if op == "pool":
+        d, s = ref("input")
+        srcs.append((d, s))
+        if layer["fn"] not in POOL_FNS:
+            fail("%s: fn must be one of %s, got %r" % (lw, ", ".join(POOL_FNS), layer["fn"]))
+        if s[0] not in ("tok", "jag"):
+            fail("%s: input must be [K, D] tokens or jagged, got %s" % (lw, shape_str(s)))
+        return ("vec", s[-1])
+    raise AssertionError(op)
 
 
 def analyze(spec, where="model.json"):
@@ -268,15 +391,16 @@ def analyze(spec, where="model.json"):
         elif op == "linear":
             d, s = ref("input")
             srcs.append((d, s))
-            if s[0] != "vec":
-                fail("%s: input must be a [F] vector, got %s" % (lw, shape_str(s)))
+            if s[0] not in ("vec", "tok", "jag"):
+                fail("%s: input must be [F], [K, F] or jagged [L, F], got %s" % (lw, shape_str(s)))
             n = pos_int(layer["out"], "%s: out" % lw)
             act = layer.get("activation", "none")
             if act not in ACTIVATIONS:
-                fail("%s: activation must be none, relu or sigmoid, got %r" % (lw, act))
-            p.param_shapes[name + ".weight"] = (n, s[1])
+                fail("%s: activation must be one of %s, got %r" % (lw, ", ".join(ACTIVATIONS), act))
+            fin = s[-1]
+            p.param_shapes[name + ".weight"] = (n, fin)
             p.param_shapes[name + ".bias"] = (n,)
-            out = ("vec", n)
+            out = s[:-1] + (n,)
         elif op == "reshape":
             d, s = ref("input")
             srcs.append((d, s))
@@ -347,20 +471,22 @@ def analyze(spec, where="model.json"):
             p.param_shapes[name + ".w_user"] = (m, su[1])
             p.param_shapes[name + ".w_cand"] = (m, sc[1])
             out = ("tok", m, su[2])
-        elif op == "add":
+        elif op in ("add", "mul"):
             names = add_operands(layer)
             if names is None:
-                fail("%s: add takes \"a\" and \"b\", or \"inputs\": [a, b] (exactly one form)" % lw)
+                fail("%s: %s takes \"a\" and \"b\", or \"inputs\": [a, b] (exactly one form)" % (lw, op))
             da, sa = ref("a", names[0])
             db, sb = ref("b", names[1])
             srcs += [(da, sa), (db, sb)]
-            if sa[0] not in ("vec", "tok") or sa != sb:
-                fail("%s: operands must have equal [F] or [K, D] shapes, got %s and %s"
+            if sa[0] not in ("vec", "tok", "jag") or sa != sb or (sa[0] == "jag" and da != db):
+                fail("%s: operands must have equal shapes, got %s and %s"
                      % (lw, shape_str(sa), shape_str(sb)))
             out = sa
+        else:
+            out = _analyze_ranking_op(p, layer, lw, ref, srcs, fail, pos_int)
         domains = {d for d, _ in srcs}
         if len(domains) > 1 and op not in MIXING_OPS:
-            fail("%s: op %s mixes user and candidate inputs (only target_attention, lce, add may)" % (lw, op))
+            fail("%s: op %s mixes user and candidate inputs (only %s may)" % (lw, op, ", ".join(sorted(MIXING_OPS))))
         domain = "candidate" if "candidate" in domains else "user"
         p.nodes[name] = (domain, out)
         p.layers.append(layer)
@@ -581,7 +707,68 @@ def _act(x, a):
         return torch.relu(x)
     if a == "sigmoid":
         return torch.sigmoid(x)
+    if a == "gelu":                                 # exact, erf form
+        return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    if a == "silu":
+        return x * torch.sigmoid(x)
+    if a == "tanh":
+        return torch.tanh(x)
     return x
+
+
+def _tokens(v):
+    """A [D] vector as one token, tokens as they are."""
+    return v.unsqueeze(0) if v.dim() == 1 else v
+
+
+def _pool(x, fn):
+    if x.shape[0] == 0:
+        return torch.zeros(x.shape[1], dtype=torch.float64)
+    if fn == "mean":
+        return x.mean(dim=0)
+    if fn == "sum":
+        return x.sum(dim=0)
+    if fn == "max":
+        return x.max(dim=0).values
+    return x[-1]                                    # last
+
+
+def _ranking_op(layer, get, W):
+    """One ranking-architecture op for one candidate (float64), from the spec."""
+    op, name = layer["op"], layer["name"]
+    if op == "activation":
+        return _act(get(layer["input"]), layer["fn"])
+    if op == "layer_norm":
+        x = get(layer["input"])
+        mean = x.mean(dim=-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)      # biased
+        return (x - mean) / torch.sqrt(var + layer.get("eps", 1e-5)) * W[name + ".weight"] + W[name + ".bias"]
+    if op == "concat":
+        return torch.cat([get(r) for r in layer["inputs"]])
+    if op == "mul":
+        a, b = add_operands(layer)
+        return get(a) * get(b)
+    if op == "token_linear":
+        return W[name + ".weight"] @ _tokens(get(layer["input"]))
+    if op == "dot_interaction":
+        t = torch.cat([_tokens(get(r)) for r in layer["inputs"]], dim=0)
+        k = t.shape[0]
+        g = t @ t.T
+        lo = 0 if layer.get("self", False) else 1
+        return torch.stack([g[i, j] for i in range(k) for j in range(i + lo, k)])
+    if op == "cross":
+        x0, x = get(layer["x0"]), get(layer["input"])
+        w = W[name + ".u"] @ W[name + ".v"] if "rank" in layer else W[name + ".weight"]
+        return x0 * (w @ x + W[name + ".bias"]) + x
+    if op == "mixture":
+        g = torch.softmax(get(layer["gate"]), dim=0)
+        y = torch.zeros_like(get(layer["experts"][0]))
+        for e, r in enumerate(layer["experts"]):
+            y = y + g[e] * get(r)
+        return y
+    if op == "pool":
+        return _pool(get(layer["input"]), layer["fn"])
+    raise AssertionError(op)
 
 
 def forward_one(model, user, cand):
@@ -622,9 +809,9 @@ def forward_one(model, user, cand):
         elif op == "mean_pool":
             x = get(layer["input"])
             y = x.mean(dim=0) if x.shape[0] > 0 else torch.zeros(x.shape[1], dtype=torch.float64)
-        elif op == "linear":
+        elif op == "linear":                           # last dim of [F], [K, F] or [L, F]
             x = get(layer["input"])
-            y = _act(W[name + ".weight"] @ x + W[name + ".bias"], layer.get("activation", "none"))
+            y = _act(x @ W[name + ".weight"].T + W[name + ".bias"], layer.get("activation", "none"))
         elif op == "reshape":
             y = get(layer["input"]).reshape(layer["tokens"], -1)
         elif op == "stack":
@@ -655,8 +842,8 @@ def forward_one(model, user, cand):
         elif op == "add":
             a, b = add_operands(layer)
             y = get(a) + get(b)
-        else:  # analyze() refuses unknown ops
-            raise AssertionError(op)
+        else:  # the ranking-architecture ops; analyze() refuses unknown ones
+            y = _ranking_op(layer, get, W)
         env[name] = y
     return env[p.logits]
 
