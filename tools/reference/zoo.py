@@ -1,0 +1,358 @@
+#!/usr/bin/python3
+"""The reference ranking models - DLRM, DCNv2, MMoE - as PyTorch modules
+written the usual way, and their conversion to `ikbo-model/1`.
+
+    zoo.py export MODEL OUT_DIR [--seed S]     # MODEL: dlrm, dcn, mmoe
+    zoo.py check MODEL_DIR [--requests N]      # module vs reference interpreter
+
+Each module takes the features a feed service has - user dense and sparse
+features, candidate dense and sparse features - and the candidate -> user
+index, and does what PyTorch ranking code does: user tensors are broadcast to
+the candidates with `u[cand_user]` before they meet candidate tensors. The
+converters write the equivalent model.json by hand (no tracing: that is the
+automatic importer of a later issue), with every user-only computation in the
+user domain and the meeting points expressed with the ops that read user rows
+through the map:
+  - DLRM's dot interaction over [user vectors, candidate vectors] is
+    `dot_interaction` over user and candidate inputs directly;
+  - a `torch.cat([u[cand_user], c])` consumed by an nn.Linear is the same
+    linear split by columns: `linear(u)` at U (bias-free) `add`ed through the
+    map to `linear(c)` at C;
+  - DCNv2's cross network needs x0 = cat(u[cand_user], c) itself; it is
+    written exactly as two zero-padded placements (`linear` with a 0/1
+    weight, no bias) added through the map: x * 1 + 0 * y is exact in
+    floating point.
+Weights are random (seeded, PyTorch default init), not trained: the models
+are for numerics, serving and benchmarks; the logits are calibrated so that
+scores do not saturate. `check` draws random requests (make_request.py) and
+compares the module's float64 scores with the interpreter's on the exported
+directory.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import export  # noqa: E402
+import ikbo_ref  # noqa: E402
+import make_request  # noqa: E402
+
+USER_SPARSE = {"country": 64, "lang": 16}
+CAND_SPARSE = {"item": 5000, "author": 500}
+USER_DENSE, CAND_DENSE, D = 8, 4, 16
+
+
+class _Features(nn.Module):
+    """Embedding bags of the user and candidate sparse features."""
+
+    def __init__(self):
+        super().__init__()
+        self.user_emb = nn.ModuleDict({f: nn.EmbeddingBag(n, D, mode="sum") for f, n in USER_SPARSE.items()})
+        self.cand_emb = nn.ModuleDict({f: nn.EmbeddingBag(n, D, mode="sum") for f, n in CAND_SPARSE.items()})
+
+    @staticmethod
+    def bag(emb, ids_offsets):
+        ids, offsets = ids_offsets
+        return emb(ids % emb.num_embeddings, offsets)   # the format's row rule
+
+    def user(self, sparse):
+        return [self.bag(self.user_emb[f], sparse[f]) for f in USER_SPARSE]
+
+    def cand(self, sparse):
+        return [self.bag(self.cand_emb[f], sparse[f]) for f in CAND_SPARSE]
+
+
+class DLRM(_Features):
+    """Bottom MLPs, pairwise dot interaction of all vectors, top MLP."""
+
+    def __init__(self, tasks=2):
+        super().__init__()
+        self.user_bottom = nn.Sequential(nn.Linear(USER_DENSE, 32), nn.ReLU(), nn.Linear(32, D), nn.ReLU())
+        self.cand_bottom = nn.Sequential(nn.Linear(CAND_DENSE, 32), nn.ReLU(), nn.Linear(32, D), nn.ReLU())
+        k = 2 + len(USER_SPARSE) + len(CAND_SPARSE)
+        self.top = nn.Sequential(nn.Linear(k * (k - 1) // 2 + D, 64), nn.ReLU(), nn.Linear(64, tasks))
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        u = torch.stack([self.user_bottom(user_dense)] + self.user(user_sparse), dim=1)
+        cb = self.cand_bottom(cand_dense)
+        c = torch.stack([cb] + self.cand(cand_sparse), dim=1)
+        t = torch.cat([u[cand_user], c], dim=1)                    # [C, K, D]
+        z = torch.bmm(t, t.transpose(1, 2))
+        i, j = torch.triu_indices(t.shape[1], t.shape[1], 1)
+        return self.top(torch.cat([z[:, i, j], cb], dim=1))
+
+
+class DCNv2(_Features):
+    """Cross network (full rank, low rank, full rank) with layer norms beside
+    a deep tower, over x0 = [user features, candidate features]."""
+
+    def __init__(self, tasks=2, rank=8):
+        super().__init__()
+        fu, fc = len(USER_SPARSE) * D + USER_DENSE, len(CAND_SPARSE) * D + CAND_DENSE
+        self.f = f = fu + fc
+        self.cross_w = nn.ModuleList([nn.Linear(f, f), nn.Linear(f, f)])
+        self.cross_v = nn.Linear(f, rank, bias=False)
+        self.cross_u = nn.Linear(rank, f)
+        self.norm = nn.ModuleList([nn.LayerNorm(f), nn.LayerNorm(f)])
+        self.deep = nn.Sequential(nn.Linear(f, 64), nn.GELU(), nn.Linear(64, 32), nn.SiLU())
+        self.head = nn.Linear(f + 32, tasks)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        xu = torch.cat(self.user(user_sparse) + [user_dense], dim=1)
+        xc = torch.cat(self.cand(cand_sparse) + [cand_dense], dim=1)
+        x0 = torch.cat([xu[cand_user], xc], dim=1)
+        x = self.norm[0](x0 * self.cross_w[0](x0) + x0)
+        x = self.norm[1](x0 * self.cross_u(self.cross_v(x)) + x)
+        x = x0 * self.cross_w[1](x) + x
+        return self.head(torch.cat([x, self.deep(x0)], dim=1))
+
+
+class MMoE(_Features):
+    """Shared bottom over [user, candidate] features, 4 experts, a softmax gate
+    and a tower per task, task logits concatenated."""
+
+    def __init__(self, tasks=3, experts=4):
+        super().__init__()
+        fu, fc = len(USER_SPARSE) * D + USER_DENSE, len(CAND_SPARSE) * D + CAND_DENSE
+        self.fu = fu
+        self.bottom = nn.Linear(fu + fc, 64)
+        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU())
+                                      for _ in range(experts)])
+        self.gates = nn.ModuleList([nn.Linear(64, experts) for _ in range(tasks)])
+        self.towers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.SiLU(), nn.Linear(16, 1))
+                                     for _ in range(tasks)])
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        xu = torch.cat(self.user(user_sparse) + [user_dense], dim=1)
+        xc = torch.cat(self.cand(cand_sparse) + [cand_dense], dim=1)
+        h = torch.relu(self.bottom(torch.cat([xu[cand_user], xc], dim=1)))
+        ex = torch.stack([e(h) for e in self.experts], dim=1)     # [C, E, F]
+        out = []
+        for gate, tower in zip(self.gates, self.towers):
+            g = F.softmax(gate(h), dim=1)
+            out.append(tower((g.unsqueeze(-1) * ex).sum(1)))
+        return torch.cat(out, dim=1)
+
+
+# ------------------------------------------------------------ conversion
+
+def _inputs():
+    return {"user": {"dense": USER_DENSE, "sparse": list(USER_SPARSE)},
+            "candidate": {"dense": CAND_DENSE, "sparse": list(CAND_SPARSE)}}
+
+
+def _tables():
+    return {f: {"rows": n, "dim": D} for f, n in {**USER_SPARSE, **CAND_SPARSE}.items()}
+
+
+def _bags(m, layers, w):
+    for side, feats, embs in (("user", USER_SPARSE, m.user_emb), ("candidate", CAND_SPARSE, m.cand_emb)):
+        for f in feats:
+            layers.append({"name": "e_" + f, "op": "embedding_bag", "input": "%s.sparse.%s" % (side, f),
+                           "table": f, "pooling": "sum"})
+            w["tables." + f] = embs[f].weight
+    return ["e_" + f for f in USER_SPARSE], ["e_" + f for f in CAND_SPARSE]
+
+
+def _linear(layers, w, name, x, lin, act="none"):
+    layers.append({"name": name, "op": "linear", "input": x, "out": lin.out_features, "activation": act})
+    w[name + ".weight"] = lin.weight
+    w[name + ".bias"] = lin.bias if lin.bias is not None else torch.zeros(lin.out_features)
+    return name
+
+
+def _split_linear(layers, w, name, u, c, lin, fu, act):
+    """nn.Linear over cat([u[map], c]) as linear(u) (no bias) + linear(c) through the map."""
+    n = lin.out_features
+    layers.append({"name": name + "_u", "op": "linear", "input": u, "out": n})
+    layers.append({"name": name + "_c", "op": "linear", "input": c, "out": n})
+    w[name + "_u.weight"], w[name + "_u.bias"] = lin.weight[:, :fu], torch.zeros(n)
+    w[name + "_c.weight"], w[name + "_c.bias"] = lin.weight[:, fu:], lin.bias
+    layers.append({"name": name + "_sum", "op": "add", "inputs": [name + "_c", name + "_u"]})
+    if act == "none":
+        return name + "_sum"
+    layers.append({"name": name, "op": "activation", "input": name + "_sum", "fn": act})
+    return name
+
+
+def _placed(layers, w, name, x, fin, f, col):
+    """x [fin] placed at columns [col, col + fin) of a zero [f] vector (exact)."""
+    p = torch.zeros(f, fin)
+    p[col:col + fin] = torch.eye(fin)
+    layers.append({"name": name, "op": "linear", "input": x, "out": f})
+    w[name + ".weight"], w[name + ".bias"] = p, torch.zeros(f)
+    return name
+
+
+def convert_dlrm(m):
+    L, w = [], {}
+    ue, ce = _bags(m, L, w)
+    ub = _linear(L, w, "ubot0", "user.dense", m.user_bottom[0], "relu")
+    ub = _linear(L, w, "ubot1", ub, m.user_bottom[2], "relu")
+    cb = _linear(L, w, "cbot0", "candidate.dense", m.cand_bottom[0], "relu")
+    cb = _linear(L, w, "cbot1", cb, m.cand_bottom[2], "relu")
+    L.append({"name": "dot", "op": "dot_interaction", "inputs": [ub] + ue + [cb] + ce})
+    L.append({"name": "x", "op": "concat", "inputs": ["dot", cb]})
+    top = _linear(L, w, "top0", "x", m.top[0], "relu")
+    _linear(L, w, "logits", top, m.top[2])
+    return L, w, ["click", "like"]
+
+
+def convert_dcn(m):
+    L, w = [], {}
+    ue, ce = _bags(m, L, w)
+    L.append({"name": "xu", "op": "concat", "inputs": ue + ["user.dense"]})
+    L.append({"name": "xc", "op": "concat", "inputs": ce + ["candidate.dense"]})
+    fu = len(USER_SPARSE) * D + USER_DENSE
+    _placed(L, w, "xu_at", "xu", fu, m.f, 0)
+    _placed(L, w, "xc_at", "xc", m.f - fu, m.f, fu)
+    L.append({"name": "x0", "op": "add", "inputs": ["xc_at", "xu_at"]})
+    L.append({"name": "cross0", "op": "cross", "x0": "x0", "input": "x0"})
+    w["cross0.weight"], w["cross0.bias"] = m.cross_w[0].weight, m.cross_w[0].bias
+    L.append({"name": "ln0", "op": "layer_norm", "input": "cross0"})
+    w["ln0.weight"], w["ln0.bias"] = m.norm[0].weight, m.norm[0].bias
+    L.append({"name": "cross1", "op": "cross", "x0": "x0", "input": "ln0", "rank": m.cross_v.out_features})
+    w["cross1.u"], w["cross1.v"], w["cross1.bias"] = m.cross_u.weight, m.cross_v.weight, m.cross_u.bias
+    L.append({"name": "ln1", "op": "layer_norm", "input": "cross1"})
+    w["ln1.weight"], w["ln1.bias"] = m.norm[1].weight, m.norm[1].bias
+    L.append({"name": "cross2", "op": "cross", "x0": "x0", "input": "ln1"})
+    w["cross2.weight"], w["cross2.bias"] = m.cross_w[1].weight, m.cross_w[1].bias
+    d = _linear(L, w, "deep0", "x0", m.deep[0], "gelu")
+    d = _linear(L, w, "deep1", d, m.deep[2], "silu")
+    L.append({"name": "h", "op": "concat", "inputs": ["cross2", d]})
+    _linear(L, w, "logits", "h", m.head)
+    return L, w, ["click", "like"]
+
+
+def convert_mmoe(m):
+    L, w = [], {}
+    ue, ce = _bags(m, L, w)
+    L.append({"name": "xu", "op": "concat", "inputs": ue + ["user.dense"]})
+    L.append({"name": "xc", "op": "concat", "inputs": ce + ["candidate.dense"]})
+    h = _split_linear(L, w, "bottom", "xu", "xc", m.bottom, m.fu, "relu")
+    experts = []
+    for e, ex in enumerate(m.experts):
+        x = _linear(L, w, "exp%d_0" % e, h, ex[0], "relu")
+        experts.append(_linear(L, w, "exp%d_1" % e, x, ex[2], "relu"))
+    logits = []
+    for t, (gate, tower) in enumerate(zip(m.gates, m.towers)):
+        g = _linear(L, w, "gate%d" % t, h, gate)
+        L.append({"name": "mix%d" % t, "op": "mixture", "experts": experts, "gate": g})
+        x = _linear(L, w, "tower%d_0" % t, "mix%d" % t, tower[0], "silu")
+        logits.append(_linear(L, w, "tower%d_1" % t, x, tower[2]))
+    L.append({"name": "logits", "op": "concat", "inputs": logits})
+    return L, w, ["click", "like", "share"]
+
+
+MODELS = {"dlrm": (DLRM, convert_dlrm, "DLRM: bottom MLPs, dot interaction, top MLP"),
+          "dcn": (DCNv2, convert_dcn, "DCNv2: full and low-rank cross layers, layer_norm, deep tower"),
+          "mmoe": (MMoE, convert_mmoe, "MMoE: shared bottom, 4 experts, softmax gates, 3 task towers")}
+
+
+def module_inputs(plan, request):
+    """A RankRequest dict as the modules' arguments (float64): user and
+    candidate dense [U, .] / [C, .], sparse {feature: (ids, offsets)} as
+    nn.EmbeddingBag takes them, and the candidate -> user index [C]."""
+    users, cands = ikbo_ref.parse_request(plan, request)
+
+    def bags(rows, feats):
+        out = {}
+        for f in feats:
+            lens = [len(r["sparse"][f]) for r in rows]
+            ids = [i for r in rows for i in r["sparse"][f]]
+            offs = [sum(lens[:k]) for k in range(len(rows))]
+            out[f] = (torch.tensor(ids, dtype=torch.int64), torch.tensor(offs, dtype=torch.int64))
+        return out
+
+    return (torch.stack([u["dense"].to(torch.float64) for u in users]), bags(users, USER_SPARSE),
+            torch.stack([c["dense"].to(torch.float64) for c in cands]), bags(cands, CAND_SPARSE),
+            torch.tensor([c["user"] for c in cands], dtype=torch.int64))
+
+
+def module_scores(m, plan, request):
+    """The module's float64 scores for a RankRequest dict, in request order."""
+    with torch.no_grad():
+        p = torch.sigmoid(m(*module_inputs(plan, request)))
+    return (p * torch.tensor(plan.score_weights, dtype=torch.float64)).sum(1)
+
+
+def export_model(name, out, seed=0):
+    cls, conv, desc = MODELS[name]
+    torch.manual_seed(seed)
+    m = cls().double()
+    layers, w, tasks = conv(m)
+    spec = {"format": "ikbo-model/1", "name": name,
+            "description": "%s (tools/reference/zoo.py, random weights, seed %d)" % (desc, seed),
+            "inputs": _inputs(), "tables": _tables(), "layers": layers,
+            "output": {"logits": "logits", "tasks": tasks}}
+    _calibrate(m, spec, w, name, seed)
+    tensors = {k: v.detach().to(torch.float32) for k, v in w.items()}
+    return export.write_model(out, spec, tensors, "F32", metadata={"seed": seed, "zoo": name})
+
+
+def _calibrate(m, spec, w, name, seed):
+    """Scales the last linear layer of each task so its logits are ~N(0, 1) on
+    a random request (no sigmoid saturation)."""
+    plan = ikbo_ref.analyze(spec, "zoo")
+    req = make_request.generate(plan, seed + 1, [30] * 8, model=name)
+    last = [l["name"] for l in spec["layers"] if l["op"] == "linear" and
+            (l["name"] == "logits" or (l["name"].startswith("tower") and l["name"].endswith("_1")))]
+    for t, n in enumerate(last):
+        weight, bias = w[n + ".weight"], w[n + ".bias"]
+        with torch.no_grad():
+            z = m(*module_inputs(plan, req))
+            z = (z[:, [t]] if len(last) > 1 else z) - bias
+            mean, std = z.mean(0), z.std(0).clamp(min=1e-3)
+            weight.div_(std.unsqueeze(1))
+            bias.copy_(-mean / std)
+
+
+def check(model_dir, n_requests=5):
+    """Max relative error of scores, module (given the exported weights) vs
+    the reference interpreter, on random requests."""
+    ref = ikbo_ref.load_model(model_dir)
+    name = ref.spec.get("name")
+    cls, conv, _ = MODELS[name]
+    m = cls().double()
+    _, w, _ = conv(m)
+    with torch.no_grad():
+        # w holds the module's parameters or views of them (split linears are
+        # column slices); the placement matrices are fresh tensors, unused.
+        for k, t in w.items():
+            t.copy_(ref.w[k].reshape(t.shape))
+    worst = 0.0
+    for s in range(n_requests):
+        req = make_request.generate(ref.plan, 500 + s, [1, 7, 40, 3][: 1 + s % 4], model=name)
+        got = module_scores(m, ref.plan, req)
+        exp = ikbo_ref.score_request(ref, req)["scores"]
+        for a, b in zip(got.tolist(), exp):
+            worst = max(worst, abs(a - b) / max(abs(b), 1e-6))
+    return worst
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="write a model version directory")
+    e.add_argument("model", choices=sorted(MODELS))
+    e.add_argument("out")
+    e.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("check", help="module vs the reference interpreter on random requests")
+    c.add_argument("model_dir")
+    c.add_argument("--requests", type=int, default=5)
+    a = ap.parse_args(argv)
+    if a.cmd == "export":
+        export_model(a.model, a.out, a.seed)
+        print("%s: written" % a.out)
+        return 0
+    err = check(a.model_dir, a.requests)
+    print("%s: module vs interpreter max relative error %.2e" % (a.model_dir, err))
+    return 0 if err < 1e-9 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
