@@ -469,7 +469,9 @@ int op_pos_num(const op_plan *p, const char *key, double dflt, double *out)
         return op_fail(p, "'%s' must be a number, got %s", js_path(k, sizeof k, p->path, key),
                        js_type_name(v));
     double x = json_number_value(v);
-    if (!(x > 0) || !isfinite(x) || x > FLT_MAX)
+    /* Held as fp32 (layer_norm's eps): a value that would round to 0 or to a
+     * subnormal (flushed to 0 by fast-math kernels) is refused too. */
+    if (!(x > 0) || !isfinite(x) || x < FLT_MIN || x > FLT_MAX)
         return op_fail(p, "'%s' must be a positive finite number, got %g",
                        js_path(k, sizeof k, p->path, key), x);
     *out = x;

@@ -384,6 +384,244 @@ FX_FN int fx_wok(const md_weight *w, int rows, int cols, int need_data)
     return w->name && w->rows == rows && w->cols == cols && (!need_data || w->data);
 }
 
+/* Weight j of l is "<layer>.<param>" [rows, cols], 2-D; rows < 0: a 1-D
+ * tensor [cols] (held as [1, cols]). */
+FX_FN int fx_w(const md_layer *l, int j, const char *param, int rows, int cols, int need_data)
+{
+    if (j >= l->n_w)
+        return 0;
+    const md_weight *w = &l->w[j];
+    size_t ln = strlen(l->name);
+    int one_d = rows < 0;
+    return fx_wok(w, one_d ? 1 : rows, cols, need_data) && strncmp(w->name, l->name, ln) == 0 &&
+           w->name[ln] == '.' && strcmp(w->name + ln + 1, param) == 0 && w->one_d == one_d;
+}
+
+/* The shapes of a layer's inputs, as fx_ref_shape gives them; the most
+ * inputs an op takes: dot_interaction's 256 tokens as 256 vectors. */
+#define FX_MAX_IN 256
+typedef struct fx_in {
+    enum md_domain d[FX_MAX_IN];
+    enum md_kind k[FX_MAX_IN];
+    int tk[FX_MAX_IN], dm[FX_MAX_IN];
+} fx_in;
+
+/* Output equal to input 0's shape (activation, layer_norm). */
+#define FX_SAME_AS_IN0 (l->kind == s->k[0] && l->tokens == s->tk[0] && l->dim == s->dm[0])
+
+/* The ops of the first format (MODEL_FORMAT.md "Ops"), linear and add as
+ * extended on 2026-12-01. 1: not one of these ops. */
+FX_FN int fx_check_base_op(const md_layer *l, int i, const fx_in *s, int need_data, char *why,
+                           size_t whyn)
+{
+    switch (l->op) {
+    case MD_MEAN_POOL:
+        FX_REQ(l->n_in == 1 && s->k[0] == MD_JAGGED && l->kind == MD_VEC && l->dim == s->dm[0] &&
+                   l->n_w == 0,
+               "mean_pool");
+        return 0;
+    case MD_LINEAR:
+        /* The last dim of a vector, of each token, or of each event. */
+        FX_REQ(l->n_in == 1 && l->kind == s->k[0] && l->tokens == s->tk[0] && l->n_w == 2 &&
+                   fx_w(l, 0, "weight", l->dim, s->dm[0], need_data) &&
+                   fx_w(l, 1, "bias", -1, l->dim, need_data) && l->act >= BK_ACT_NONE &&
+                   l->act < BK_ACT_COUNT,
+               "linear");
+        return 0;
+    case MD_RESHAPE:
+        FX_REQ(l->n_in == 1 && s->k[0] == MD_VEC && l->kind == MD_TOKENS &&
+                   (long long)l->tokens * l->dim == s->dm[0] && l->n_w == 0,
+               "reshape");
+        return 0;
+    case MD_FLATTEN:
+        FX_REQ(l->n_in == 1 && s->k[0] == MD_TOKENS && l->kind == MD_VEC &&
+                   (long long)l->dim == (long long)s->tk[0] * s->dm[0] && l->n_w == 0,
+               "flatten");
+        return 0;
+    case MD_STACK: {
+        long long K = 0;
+        for (int j = 0; j < l->n_in; j++) {
+            FX_REQ(s->k[j] != MD_JAGGED && s->dm[j] == l->dim && s->d[j] == l->domain,
+                   "stack input");
+            K += s->tk[j];
+        }
+        FX_REQ(l->kind == MD_TOKENS && K == l->tokens && l->n_w == 0, "stack");
+        return 0;
+    }
+    case MD_TARGET_ATTENTION: {
+        int hd = l->heads * l->head_dim;
+        FX_REQ(l->n_in == 2 && s->d[0] == MD_CAND && s->k[0] != MD_JAGGED && s->d[1] == MD_USER &&
+                   s->k[1] == MD_JAGGED && s->dm[0] == s->dm[1] && l->kind == MD_TOKENS &&
+                   l->tokens == s->tk[0] && l->dim == s->dm[0] && l->heads >= 1 &&
+                   l->head_dim >= 1 && l->n_w == 4,
+               "attention");
+        FX_REQ(fx_w(l, 0, "wq", hd, l->dim, need_data) && fx_w(l, 1, "wk", hd, l->dim, need_data) &&
+                   fx_w(l, 2, "wv", hd, l->dim, need_data) &&
+                   fx_w(l, 3, "wo", l->dim, hd, need_data),
+               "attention weights");
+        return 0;
+    }
+    case MD_LCE:
+        FX_REQ(l->n_in == 2 && s->d[0] == MD_USER && s->d[1] == MD_CAND && s->k[0] != MD_JAGGED &&
+                   s->k[1] != MD_JAGGED && s->dm[0] == s->dm[1] && l->kind == MD_TOKENS &&
+                   l->dim == s->dm[0] && l->n_w == 2 &&
+                   fx_w(l, 0, "w_user", l->tokens, s->tk[0], need_data) &&
+                   fx_w(l, 1, "w_cand", l->tokens, s->tk[1], need_data),
+               "lce");
+        return 0;
+    case MD_ADD:
+    case MD_MUL:
+        /* Equal shapes; jagged operands are per-event rows of one user. */
+        FX_REQ(l->n_in == 2 && s->k[0] == s->k[1] && s->tk[0] == s->tk[1] &&
+                   s->dm[0] == s->dm[1] &&
+                   (s->k[0] != MD_JAGGED || (s->d[0] == MD_USER && s->d[1] == MD_USER)) &&
+                   FX_SAME_AS_IN0 && l->n_w == 0,
+               l->op == MD_ADD ? "add" : "mul");
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+/* The ops added on 2026-12-01, as semantics.md pins them down. */
+FX_FN int fx_check_new_op(const md_layer *l, int i, const fx_in *s, int need_data, char *why,
+                          size_t whyn)
+{
+    switch (l->op) {
+    case MD_ACTIVATION:
+        FX_REQ(l->n_in == 1 && FX_SAME_AS_IN0 && l->n_w == 0 && l->act > BK_ACT_NONE &&
+                   l->act < BK_ACT_COUNT,
+               "activation");
+        return 0;
+    case MD_LAYER_NORM:
+        FX_REQ(l->n_in == 1 && FX_SAME_AS_IN0 && l->eps > 0 && l->eps <= 3.4e38f &&
+                   l->n_w == 2 && fx_w(l, 0, "weight", -1, l->dim, need_data) &&
+                   fx_w(l, 1, "bias", -1, l->dim, need_data),
+               "layer_norm");
+        return 0;
+    case MD_CONCAT: {
+        long long F = 0;
+        for (int j = 0; j < l->n_in; j++) {
+            FX_REQ(s->k[j] == MD_VEC && s->d[j] == l->domain, "concat input");
+            F += s->dm[j];
+        }
+        FX_REQ(l->kind == MD_VEC && F == l->dim && l->n_w == 0, "concat");
+        return 0;
+    }
+    case MD_TOKEN_LINEAR:
+        /* A vector [D] counts as K = 1. */
+        FX_REQ(l->n_in == 1 && s->k[0] != MD_JAGGED && l->kind == MD_TOKENS &&
+                   l->dim == s->dm[0] && l->n_w == 1 &&
+                   fx_w(l, 0, "weight", l->tokens, s->tk[0], need_data),
+               "token_linear");
+        return 0;
+    case MD_DOT_INTERACTION: {
+        long long K = 0;
+        for (int j = 0; j < l->n_in; j++) {
+            FX_REQ(s->k[j] != MD_JAGGED && s->dm[j] == s->dm[0], "dot_interaction input");
+            K += s->tk[j];
+        }
+        long long P = l->self ? K * (K + 1) / 2 : K * (K - 1) / 2;
+        FX_REQ(K <= 256 && (l->self ? K >= 1 : K >= 2) && (l->self == 0 || l->self == 1) &&
+                   l->kind == MD_VEC && l->dim == P && l->n_w == 0,
+               "dot_interaction");
+        return 0;
+    }
+    case MD_CROSS: {
+        int F = l->dim, r = l->rank;
+        FX_REQ(l->n_in == 2 && s->k[0] == MD_VEC && s->k[1] == MD_VEC && s->dm[0] == F &&
+                   s->dm[1] == F && s->d[0] == s->d[1] && l->kind == MD_VEC && r >= 0,
+               "cross");
+        FX_REQ(r == 0 ? l->n_w == 2 && fx_w(l, 0, "weight", F, F, need_data) &&
+                            fx_w(l, 1, "bias", -1, F, need_data)
+                      : l->n_w == 3 && fx_w(l, 0, "u", F, r, need_data) &&
+                            fx_w(l, 1, "v", r, F, need_data) &&
+                            fx_w(l, 2, "bias", -1, F, need_data),
+               "cross weights");
+        return 0;
+    }
+    case MD_MIXTURE: {
+        int E = l->n_in - 1;
+        FX_REQ(E >= 1 && E <= 64 && s->k[E] == MD_VEC && s->dm[E] == E && l->kind == MD_VEC &&
+                   l->n_w == 0,
+               "mixture");
+        for (int j = 0; j <= E; j++)
+            FX_REQ(s->d[j] == l->domain && (j == E || (s->k[j] == MD_VEC && s->dm[j] == l->dim)),
+                   "mixture input");
+        return 0;
+    }
+    case MD_POOL:
+        FX_REQ(l->n_in == 1 && (s->k[0] == MD_TOKENS || s->k[0] == MD_JAGGED) &&
+                   l->kind == MD_VEC && l->dim == s->dm[0] && l->n_w == 0 &&
+                   (l->pooling == BK_POOL_SUM || l->pooling == BK_POOL_MEAN ||
+                    l->pooling == BK_POOL_MAX || l->pooling == BK_POOL_LAST),
+               "pool");
+        return 0;
+    default:
+        FX_REQ(0, "op");
+        return -1;
+    }
+}
+
+/* The table ops (no layer inputs). */
+FX_FN int fx_check_table_op(const model_def *m, const md_layer *l, int i, int need_data,
+                            char *why, size_t whyn)
+{
+    FX_REQ(l->n_in == 1 && l->table >= 0 && l->table < m->n_tables, "table ref");
+    FX_REQ(l->dim == m->tables[l->table].dim &&
+               l->kind == (l->op == MD_EMBEDDING_BAG ? MD_VEC : MD_JAGGED),
+           "table shape");
+    if (l->op == MD_EMBEDDING_BAG) {
+        md_ref r = l->in[0];
+        FX_REQ((r.src == MD_SRC_USER_SPARSE && r.index >= 0 && r.index < m->n_user_sparse &&
+                l->domain == MD_USER) ||
+                   (r.src == MD_SRC_CAND_SPARSE && r.index >= 0 && r.index < m->n_cand_sparse &&
+                    l->domain == MD_CAND),
+               "sparse ref");
+        FX_REQ(l->n_w == 0 && (l->pooling == BK_POOL_SUM || l->pooling == BK_POOL_MEAN), "n_w");
+    } else {
+        FX_REQ(m->has_history && l->in[0].src == MD_SRC_USER_HISTORY && l->domain == MD_USER &&
+                   l->n_w == 2 && fx_w(l, 0, "action", m->hist_actions, l->dim, need_data) &&
+                   fx_w(l, 1, "position", m->hist_max_len, l->dim, need_data),
+               "history");
+    }
+    return 0;
+}
+
+/* One layer, given the layers before it. */
+FX_FN int fx_check_layer(const model_def *m, int i, int need_data, char *why, size_t whyn)
+{
+    const md_layer *l = &m->layers[i];
+    fx_in s;
+    FX_REQ(l->name && l->n_in >= 1 && l->in && l->n_w >= 0 && l->n_w <= MD_MAX_WEIGHTS,
+           "basics");
+    FX_REQ(l->dim >= 1 && l->tokens >= 1 && (l->kind == MD_TOKENS || l->tokens == 1),
+           "shape");
+    FX_REQ((long long)l->tokens * l->dim <= INT_MAX, "width");
+    for (int w = 0; w < l->n_w; w++)
+        FX_REQ(l->w[w].name && l->w[w].rows >= 1 && l->w[w].cols >= 1 &&
+                   (!need_data || l->w[w].data),
+               "weight");
+    if (l->op == MD_EMBEDDING_BAG || l->op == MD_HISTORY_EMBEDDING)
+        return fx_check_table_op(m, l, i, need_data, why, whyn);
+    FX_REQ(l->n_in <= FX_MAX_IN, "too many inputs");
+    int any_c = 0, any_u = 0;
+    for (int j = 0; j < l->n_in; j++) {
+        FX_REQ(fx_ref_shape(m, l->in[j], i, &s.d[j], &s.k[j], &s.tk[j], &s.dm[j]) == 0,
+               "input ref");
+        if (s.d[j] == MD_CAND)
+            any_c = 1;
+        else
+            any_u = 1;
+    }
+    FX_REQ(l->domain == (any_c ? MD_CAND : MD_USER), "domain rule");
+    FX_REQ(!(any_c && any_u) || l->op == MD_LCE || l->op == MD_TARGET_ATTENTION ||
+               l->op == MD_ADD || l->op == MD_MUL || l->op == MD_DOT_INTERACTION,
+           "mixing");
+    int rc = fx_check_base_op(l, i, &s, need_data, why, whyn);
+    return rc == 1 ? fx_check_new_op(l, i, &s, need_data, why, whyn) : rc;
+}
+
 /* Everything the executor relies on; 0 if consistent, else -1 and why. */
 FX_FN int fx_check_model(const model_def *m, int need_data, char *why, size_t whyn)
 {
@@ -396,116 +634,10 @@ FX_FN int fx_check_model(const model_def *m, int need_data, char *why, size_t wh
         FX_REQ(m->tables[t].name && m->tables[t].rows >= 1 && m->tables[t].dim >= 1 &&
                    fx_wok(&m->tables[t].w, m->tables[t].rows, m->tables[t].dim, need_data),
                "table");
-    for (i = 0; i < m->n_layers; i++) {
-        l = &m->layers[i];
-        enum md_domain d[64];
-        enum md_kind k[64];
-        int tk[64], dm[64];
-        FX_REQ(l->name && l->n_in >= 1 && l->in && l->n_w >= 0 && l->n_w <= MD_MAX_WEIGHTS,
-               "basics");
-        FX_REQ(l->dim >= 1 && l->tokens >= 1 && (l->kind == MD_TOKENS || l->tokens == 1),
-               "shape");
-        FX_REQ((long long)l->tokens * l->dim <= INT_MAX, "width");
-        for (int w = 0; w < l->n_w; w++)
-            FX_REQ(l->w[w].name && l->w[w].rows >= 1 && l->w[w].cols >= 1 &&
-                       (!need_data || l->w[w].data),
-                   "weight");
-        if (l->op == MD_EMBEDDING_BAG || l->op == MD_HISTORY_EMBEDDING) {
-            FX_REQ(l->n_in == 1 && l->table >= 0 && l->table < m->n_tables, "table ref");
-            FX_REQ(l->dim == m->tables[l->table].dim && l->kind == (l->op == MD_EMBEDDING_BAG
-                                                                        ? MD_VEC
-                                                                        : MD_JAGGED),
-                   "table shape");
-            if (l->op == MD_EMBEDDING_BAG) {
-                md_ref r = l->in[0];
-                FX_REQ((r.src == MD_SRC_USER_SPARSE && r.index >= 0 &&
-                        r.index < m->n_user_sparse && l->domain == MD_USER) ||
-                           (r.src == MD_SRC_CAND_SPARSE && r.index >= 0 &&
-                            r.index < m->n_cand_sparse && l->domain == MD_CAND),
-                       "sparse ref");
-                FX_REQ(l->n_w == 0, "n_w");
-            } else {
-                FX_REQ(m->has_history && l->in[0].src == MD_SRC_USER_HISTORY &&
-                           l->domain == MD_USER && l->n_w == 2 &&
-                           fx_wok(&l->w[0], m->hist_actions, l->dim, need_data) &&
-                           fx_wok(&l->w[1], m->hist_max_len, l->dim, need_data),
-                       "history");
-            }
-            continue;
-        }
-        FX_REQ(l->n_in <= 64, "too many inputs for the checker");
-        int any_c = 0, any_u = 0;
-        for (int j = 0; j < l->n_in; j++) {
-            FX_REQ(fx_ref_shape(m, l->in[j], i, &d[j], &k[j], &tk[j], &dm[j]) == 0, "input ref");
-            if (d[j] == MD_CAND)
-                any_c = 1;
-            else
-                any_u = 1;
-        }
-        FX_REQ(l->domain == (any_c ? MD_CAND : MD_USER), "domain rule");
-        FX_REQ(!(any_c && any_u) || l->op == MD_LCE || l->op == MD_TARGET_ATTENTION ||
-                   l->op == MD_ADD,
-               "mixing");
-        switch (l->op) {
-        case MD_MEAN_POOL:
-            FX_REQ(k[0] == MD_JAGGED && l->kind == MD_VEC && l->dim == dm[0], "mean_pool");
-            break;
-        case MD_LINEAR:
-            FX_REQ(k[0] == MD_VEC && l->kind == MD_VEC && l->n_w == 2 &&
-                       fx_wok(&l->w[0], l->dim, dm[0], need_data) &&
-                       fx_wok(&l->w[1], 1, l->dim, need_data),
-                   "linear");
-            break;
-        case MD_RESHAPE:
-            FX_REQ(k[0] == MD_VEC && l->kind == MD_TOKENS && l->tokens * l->dim == dm[0],
-                   "reshape");
-            break;
-        case MD_FLATTEN:
-            FX_REQ(k[0] == MD_TOKENS && l->kind == MD_VEC && l->dim == tk[0] * dm[0], "flatten");
-            break;
-        case MD_STACK: {
-            long long K = 0;
-            for (int j = 0; j < l->n_in; j++) {
-                FX_REQ(k[j] != MD_JAGGED && dm[j] == l->dim && d[j] == l->domain, "stack input");
-                K += tk[j];
-            }
-            FX_REQ(l->kind == MD_TOKENS && K == l->tokens, "stack");
-            break;
-        }
-        case MD_ADD:
-            FX_REQ(l->n_in == 2 && k[0] == k[1] && tk[0] == tk[1] && dm[0] == dm[1] &&
-                       k[0] != MD_JAGGED && l->kind == k[0] && l->tokens == tk[0] &&
-                       l->dim == dm[0],
-                   "add");
-            break;
-        case MD_TARGET_ATTENTION: {
-            int hd = l->heads * l->head_dim;
-            FX_REQ(l->n_in == 2 && d[0] == MD_CAND && k[0] != MD_JAGGED && d[1] == MD_USER &&
-                       k[1] == MD_JAGGED && dm[0] == dm[1] && l->kind == MD_TOKENS &&
-                       l->tokens == tk[0] && l->dim == dm[0] && l->heads >= 1 &&
-                       l->head_dim >= 1 && l->n_w == 4,
-                   "attention");
-            FX_REQ(fx_wok(&l->w[0], hd, l->dim, need_data) &&
-                       fx_wok(&l->w[1], hd, l->dim, need_data) &&
-                       fx_wok(&l->w[2], hd, l->dim, need_data) &&
-                       fx_wok(&l->w[3], l->dim, hd, need_data),
-                   "attention weights");
-            break;
-        }
-        case MD_LCE:
-            FX_REQ(l->n_in == 2 && d[0] == MD_USER && d[1] == MD_CAND && k[0] != MD_JAGGED &&
-                       k[1] != MD_JAGGED && dm[0] == dm[1] && l->kind == MD_TOKENS &&
-                       l->dim == dm[0] && l->n_w == 2 &&
-                       fx_wok(&l->w[0], l->tokens, tk[0], need_data) &&
-                       fx_wok(&l->w[1], l->tokens, tk[1], need_data),
-                   "lce");
-            break;
-        default:
-            FX_REQ(0, "op");
-        }
-    }
+    for (i = 0; i < m->n_layers; i++)
+        if (fx_check_layer(m, i, need_data, why, whyn))
+            return -1;
     i = -1;
-    l = NULL;
     FX_REQ(m->logits_layer >= 0 && m->logits_layer < m->n_layers, "logits index");
     const md_layer *lg = &m->layers[m->logits_layer];
     FX_REQ(lg->domain == MD_CAND && lg->kind == MD_VEC && lg->dim == m->n_tasks &&

@@ -1,10 +1,14 @@
 /* test_planner.c - shape and batch-domain inference of the model planner.
  *
  * Small models share one input/table header; each test lists layers and
- * checks the inferred domain/kind/shape per op, the weights each op expects,
- * and that every domain mix outside lce/target_attention/add is refused with
- * a message naming the layer. Accepted plans are also loaded end to end with
- * weights generated from the plan (model_def_parse must agree).
+ * checks the inferred domain/kind/shape per op, the weights each op expects
+ * and its fields (act, eps, self, rank, pooling), that bad keys, values and
+ * shapes are refused with a message naming the layer, and that every domain
+ * mix outside lce/target_attention/add/mul/dot_interaction is refused.
+ * Accepted plans are also loaded end to end with weights generated from the
+ * plan (model_def_parse must agree), and both pass fx_check_model. The op
+ * table itself (engine/op.h md_ops[]) is checked last. Expected shapes come
+ * from shared/MODEL_FORMAT.md and the briefs' semantics, worked by hand.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +21,7 @@
 #include <cmocka.h>
 
 #include "engine/model.h"
+#include "engine/op.h"
 #include "tests/unit/loader_fixture.h"
 
 #define DIR "m/1"
@@ -462,6 +467,653 @@ static void test_refs_and_misc(void **state)
              "layer 'x': input 'candidate.sparse.u': no sparse feature 'u' in inputs.candidate.sparse");
 }
 
+/* -------------------------------------------- the ops of 2026-12-01 */
+
+/* A user history projected per event, jagged [L, 8]. */
+#define L_HL "{\"name\":\"hl\",\"op\":\"linear\",\"input\":\"h\",\"out\":8}"
+/* The refusal of a user/candidate mix, as every one-domain op words it. */
+#define MIX_MSG(op)                                                                            \
+    "op '" op "' cannot mix user and candidate inputs; only lce, target_attention, add, mul "    \
+    "and dot_interaction read user rows through the map"
+
+/* "\"r\",\"r\",..." n times (a static buffer: one list at a time). */
+static const char *refs(const char *r, int n)
+{
+    static char buf[8192];
+    size_t o = 0;
+    for (int k = 0; k < n; k++)
+        o += (size_t)snprintf(buf + o, sizeof buf - o, "%s\"%s\"", k ? "," : "", r);
+    assert_true(o < sizeof buf - 1);
+    return buf;
+}
+
+/* A layer list built with printf-style arguments (each test frees it). */
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    int n = vsnprintf(NULL, 0, f, ap);
+    va_end(ap);
+    char *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    va_start(ap, f);
+    vsnprintf(b, (size_t)n + 1, f, ap);
+    va_end(ap);
+    return b;
+}
+
+static void test_activation(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UE "," L_UT "," L_H "," L_CE "," L_CT ","
+        "{\"name\":\"a1\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"relu\"},"
+        "{\"name\":\"a2\",\"op\":\"activation\",\"input\":\"ut\",\"fn\":\"gelu\"},"
+        "{\"name\":\"a3\",\"op\":\"activation\",\"input\":\"h\",\"fn\":\"silu\"},"
+        "{\"name\":\"a4\",\"op\":\"activation\",\"input\":\"ct\",\"fn\":\"tanh\"},"
+        "{\"name\":\"a5\",\"op\":\"activation\",\"input\":\"candidate.dense\",\"fn\":\"sigmoid\"}");
+    shape_is(m, "a1", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "a2", MD_USER, MD_TOKENS, 4, 8);
+    shape_is(m, "a3", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "a4", MD_CAND, MD_TOKENS, 2, 8);
+    shape_is(m, "a5", MD_CAND, MD_VEC, 1, 4);
+    assert_int_equal(L(m, "a1")->act, BK_ACT_RELU);
+    assert_int_equal(L(m, "a2")->act, BK_ACT_GELU);
+    assert_int_equal(L(m, "a3")->act, BK_ACT_SILU);
+    assert_int_equal(L(m, "a4")->act, BK_ACT_TANH);
+    assert_int_equal(L(m, "a5")->act, BK_ACT_SIGMOID);
+    assert_int_equal(L(m, "a5")->in[0].src, MD_SRC_CAND_DENSE);
+    assert_int_equal(L(m, "a1")->n_w, 0);
+    model_def_free(m);
+
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\"}",
+             "layer 'x': missing key 'layers[1].fn'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"fn\":\"relu\"}",
+             "layer 'x': missing key 'layers[1].input'");
+    /* "none" is linear's, not an activation layer's */
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"none\"}",
+             "layer 'x': 'layers[1].fn' must be ", "\"relu\"", "\"gelu\"", "\"silu\"", "\"tanh\"",
+             "\"sigmoid\"", "got 'none'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"softmax\"}",
+             "layer 'x': 'layers[1].fn' must be ", "got 'softmax'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":1}",
+             "layer 'x': 'layers[1].fn' must be a string");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"relu\","
+                  "\"activation\":\"relu\"}",
+             "layer 'x': unknown key 'layers[1].activation'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":[\"ue\"],\"fn\":\"relu\"}",
+             "layer 'x': 'layers[1].input' must be a string");
+    plan_err("{\"name\":\"x\",\"op\":\"activation\",\"input\":\"user.sparse.u\",\"fn\":\"relu\"}",
+             "layer 'x': input 'user.sparse.u' is a sparse feature");
+}
+
+static void test_layer_norm(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UE "," L_UT "," L_H "," L_CT ","
+        "{\"name\":\"n1\",\"op\":\"layer_norm\",\"input\":\"ue\"},"
+        "{\"name\":\"n2\",\"op\":\"layer_norm\",\"input\":\"ut\",\"eps\":0.001},"
+        "{\"name\":\"n3\",\"op\":\"layer_norm\",\"input\":\"h\",\"eps\":1},"
+        "{\"name\":\"n4\",\"op\":\"layer_norm\",\"input\":\"cd\",\"eps\":1e-12}");
+    shape_is(m, "n1", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "n2", MD_USER, MD_TOKENS, 4, 8);
+    shape_is(m, "n3", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "n4", MD_CAND, MD_VEC, 1, 16);
+    assert_float_equal(L(m, "n1")->eps, 1e-5f, 0);
+    assert_float_equal(L(m, "n2")->eps, 1e-3f, 0);
+    assert_float_equal(L(m, "n3")->eps, 1.0f, 0);
+    assert_float_equal(L(m, "n4")->eps, 1e-12f, 0);
+    /* [D] params over the last dim, 1-D in the file */
+    weight_is(m, "n2", 0, "n2.weight", 1, 8);
+    weight_is(m, "n2", 1, "n2.bias", 1, 8);
+    weight_is(m, "n4", 0, "n4.weight", 1, 16);
+    weight_is(m, "n4", 1, "n4.bias", 1, 16);
+    assert_int_equal(L(m, "n2")->n_w, 2);
+    assert_true(L(m, "n2")->w[0].one_d && L(m, "n2")->w[1].one_d);
+    model_def_free(m);
+
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":0}",
+             "layer 'x': 'layers[1].eps' must be a positive finite number, got 0");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":-1e-5}",
+             "layer 'x': 'layers[1].eps' must be a positive finite number");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":1e300}",
+             "layer 'x': 'layers[1].eps' must be a positive finite number");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":\"1e-5\"}",
+             "layer 'x': 'layers[1].eps' must be a number, got string");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":null}",
+             "layer 'x': 'layers[1].eps' must be a number");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"epsilon\":0.1}",
+             "layer 'x': unknown key 'layers[1].epsilon'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\"}", "layer 'x': missing key 'layers[1].input'");
+}
+
+/* An eps that is positive as written but 0 as the fp32 the layer keeps
+ * would divide by zero on a constant row: refused like 0. */
+static void test_layer_norm_eps_underflow(void **state)
+{
+    (void)state;
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":1e-50}",
+             "layer 'x': 'layers[1].eps' must be a positive finite number");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":1e-40}",
+             "layer 'x': 'layers[1].eps' must be a positive finite number");
+    /* just above the smallest normal fp32 is fine */
+    model_def *m = plan_ok(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\","
+                                "\"eps\":1.2e-38}");
+    assert_true(L(m, "x")->eps > 0);
+    model_def_free(m);
+}
+
+static void test_concat(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UE "," L_UE16 "," L_CE "," L_CT ","
+        "{\"name\":\"c1\",\"op\":\"concat\",\"inputs\":[\"ue\",\"ue16\",\"user.dense\"]},"
+        "{\"name\":\"c2\",\"op\":\"concat\",\"inputs\":[\"cd\",\"ce\",\"candidate.dense\",\"ce\"]},"
+        "{\"name\":\"c3\",\"op\":\"concat\",\"inputs\":[\"ce\"]}");
+    shape_is(m, "c1", MD_USER, MD_VEC, 1, 32);
+    shape_is(m, "c2", MD_CAND, MD_VEC, 1, 36);
+    shape_is(m, "c3", MD_CAND, MD_VEC, 1, 8);
+    const md_layer *c2 = L(m, "c2");
+    assert_int_equal(c2->n_in, 4);
+    assert_int_equal(c2->in[0].index, 3); /* cd */
+    assert_int_equal(c2->in[1].index, 2); /* ce */
+    assert_int_equal(c2->in[2].src, MD_SRC_CAND_DENSE);
+    assert_int_equal(c2->n_w, 0);
+    model_def_free(m);
+
+    plan_err(L_UE "," L_UT ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",\"ut\"]}",
+             "layer 'x': concat input 'ut' is user tokens [4, 8]; concat takes vectors [F]",
+             "flatten");
+    plan_err(L_UE "," L_H ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",\"h\"]}",
+             "layer 'x': concat input 'h' is user jagged [L, 8]; concat takes vectors [F]", "pool");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[]}",
+             "layer 'x': 'layers[1].inputs' must be a non-empty array");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":\"ue\"}",
+             "layer 'x': 'layers[1].inputs' must be");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",3]}",
+             "layer 'x': 'layers[1].inputs[1]' must be a string");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"input\":\"ue\"}",
+             "layer 'x': unknown key 'layers[1].input'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\"}", "layer 'x': missing key 'layers[1].inputs'");
+    plan_err("{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":2000000000},"
+             "{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"d\",\"d\"]}",
+             "layer 'x': concat output [4000000000] is too wide");
+}
+
+static void test_mul(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UE "," L_CE "," L_UT "," L_H "," L_HL ","
+        "{\"name\":\"v1\",\"op\":\"mul\",\"inputs\":[\"ue\",\"ce\"]},"
+        "{\"name\":\"v2\",\"op\":\"mul\",\"a\":\"ce\",\"b\":\"ue\"},"
+        "{\"name\":\"v3\",\"op\":\"mul\",\"inputs\":[\"ue\",\"ue\"]},"
+        "{\"name\":\"j1\",\"op\":\"mul\",\"inputs\":[\"h\",\"hl\"]},"
+        "{\"name\":\"t1\",\"op\":\"mul\",\"inputs\":[\"ut\",\"ut\"]},"
+        "{\"name\":\"c32\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":32},"
+        "{\"name\":\"c4\",\"op\":\"reshape\",\"input\":\"c32\",\"tokens\":4},"
+        "{\"name\":\"t2\",\"op\":\"mul\",\"a\":\"ut\",\"b\":\"c4\"}");
+    shape_is(m, "v1", MD_CAND, MD_VEC, 1, 8);
+    shape_is(m, "v2", MD_CAND, MD_VEC, 1, 8);
+    shape_is(m, "v3", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "j1", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "t1", MD_USER, MD_TOKENS, 4, 8);
+    shape_is(m, "t2", MD_CAND, MD_TOKENS, 4, 8);
+    const md_layer *v2 = L(m, "v2");
+    assert_int_equal(v2->n_in, 2);
+    assert_int_equal(v2->in[0].index, 1); /* a = ce */
+    assert_int_equal(v2->in[1].index, 0); /* b = ue */
+    assert_int_equal(v2->n_w, 0);
+    model_def_free(m);
+
+    plan_err(L_UT "," L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"ut\",\"ue\"]}",
+             "layer 'x': mul operands must have equal shapes: 'ut' is user tokens [4, 8], 'ue' is "
+             "user vec [8]");
+    plan_err(L_H "," L_H16 ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"h\",\"h16\"]}",
+             "layer 'x': mul operands must have equal shapes: 'h' is user jagged [L, 8], 'h16' is "
+             "user jagged [L, 16]");
+    /* a jagged operand never meets a candidate one */
+    plan_err(L_H "," L_CE ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"h\",\"ce\"]}",
+             "layer 'x': mul operands must have equal shapes: 'h' is user jagged [L, 8], 'ce' is "
+             "candidate vec [8]");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"ue\",\"ue\",\"ue\"]}",
+             "layer 'x': 'layers[1].inputs' must list exactly two inputs [a, b], got 3");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"b\":\"ue\"}",
+             "layer 'x': missing key 'layers[1].a'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"a\":\"ue\",\"b\":\"ue\",\"inputs\":[\"ue\","
+                  "\"ue\"]}",
+             "layer 'x': mul takes either 'inputs': [a, b] or 'a' and 'b', not both");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"a\":\"ue\",\"b\":\"ue\",\"c\":\"ue\"}",
+             "layer 'x': unknown key 'layers[1].c'");
+}
+
+static void test_jagged_add_and_linear(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_H "," L_HL "," L_UT "," L_CT ","
+        "{\"name\":\"j\",\"op\":\"add\",\"a\":\"h\",\"b\":\"hl\"},"
+        "{\"name\":\"jl\",\"op\":\"linear\",\"input\":\"j\",\"out\":3,\"activation\":\"silu\"},"
+        "{\"name\":\"tl\",\"op\":\"linear\",\"input\":\"ut\",\"out\":5,\"activation\":\"gelu\"},"
+        "{\"name\":\"cl\",\"op\":\"linear\",\"input\":\"ct\",\"out\":6,\"activation\":\"tanh\"}");
+    shape_is(m, "hl", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "j", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "jl", MD_USER, MD_JAGGED, 1, 3);
+    shape_is(m, "tl", MD_USER, MD_TOKENS, 4, 5);
+    shape_is(m, "cl", MD_CAND, MD_TOKENS, 2, 6);
+    weight_is(m, "hl", 0, "hl.weight", 8, 8);
+    weight_is(m, "jl", 0, "jl.weight", 3, 8);
+    weight_is(m, "jl", 1, "jl.bias", 1, 3);
+    weight_is(m, "tl", 0, "tl.weight", 5, 8); /* per token: [out, D], not [out, K*D] */
+    weight_is(m, "tl", 1, "tl.bias", 1, 5);
+    weight_is(m, "cl", 0, "cl.weight", 6, 8);
+    assert_true(L(m, "tl")->w[1].one_d && !L(m, "tl")->w[0].one_d);
+    assert_int_equal(L(m, "hl")->act, BK_ACT_NONE);
+    assert_int_equal(L(m, "jl")->act, BK_ACT_SILU);
+    assert_int_equal(L(m, "tl")->act, BK_ACT_GELU);
+    assert_int_equal(L(m, "cl")->act, BK_ACT_TANH);
+    model_def_free(m);
+
+    plan_err(L_H "," L_H16 ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"h\",\"h16\"]}",
+             "layer 'x': add operands must have equal shapes: 'h' is user jagged [L, 8], 'h16' is "
+             "user jagged [L, 16]");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"linear\",\"input\":\"ut\",\"out\":2,\"activation\":"
+                  "\"softmax\"}",
+             "layer 'x': 'layers[2].activation' must be ", "\"none\"", "\"relu\"", "\"sigmoid\"",
+             "\"gelu\"", "\"silu\"", "\"tanh\"", "got 'softmax'");
+    plan_err("{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":2000000000},"
+             "{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"d\",\"tokens\":1000000000},"
+             "{\"name\":\"x\",\"op\":\"linear\",\"input\":\"r\",\"out\":4}",
+             "layer 'x': linear output [1000000000, 4] is too wide");
+}
+
+static void test_token_linear(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UT "," L_CT "," L_CE ","
+        "{\"name\":\"t1\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":3},"
+        "{\"name\":\"t2\",\"op\":\"token_linear\",\"input\":\"ct\",\"out_tokens\":5},"
+        "{\"name\":\"t3\",\"op\":\"token_linear\",\"input\":\"ce\",\"out_tokens\":2},"
+        "{\"name\":\"t4\",\"op\":\"token_linear\",\"input\":\"user.dense\",\"out_tokens\":1}");
+    shape_is(m, "t1", MD_USER, MD_TOKENS, 3, 8);
+    shape_is(m, "t2", MD_CAND, MD_TOKENS, 5, 8);
+    shape_is(m, "t3", MD_CAND, MD_TOKENS, 2, 8); /* a vec is K = 1 */
+    shape_is(m, "t4", MD_USER, MD_TOKENS, 1, 8);
+    weight_is(m, "t1", 0, "t1.weight", 3, 4);
+    weight_is(m, "t2", 0, "t2.weight", 5, 2);
+    weight_is(m, "t3", 0, "t3.weight", 2, 1);
+    weight_is(m, "t4", 0, "t4.weight", 1, 1);
+    assert_int_equal(L(m, "t1")->n_w, 1);
+    model_def_free(m);
+
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"h\",\"out_tokens\":2}",
+             "layer 'x': token_linear input 'h' is user jagged [L, 8]; token_linear takes tokens "
+             "[K, D]");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\"}",
+             "layer 'x': missing key 'layers[2].out_tokens'");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":0}",
+             "layer 'x': 'layers[2].out_tokens' must be an integer in [1, 2147483647], got 0");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":\"3\"}",
+             "layer 'x': 'layers[2].out_tokens' must be an integer, got string");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":1.5}",
+             "layer 'x': 'layers[2].out_tokens' must be an integer");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out\":3}",
+             "layer 'x': unknown key 'layers[2].out'");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":"
+                  "1000000000}",
+             "layer 'x': token_linear output [1000000000, 8] is too wide");
+}
+
+static void test_dot_interaction(void **state)
+{
+    (void)state;
+    /* DLRM: user and candidate tokens, K = 1 + 4 + 1 + 2 = 8 -> 28 pairs */
+    model_def *m = plan_ok(
+        L_UE "," L_UT "," L_CE "," L_CT ","
+        "{\"name\":\"d1\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"ut\",\"ce\",\"ct\"]},"
+        "{\"name\":\"d2\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\"],\"self\":true},"
+        "{\"name\":\"d3\",\"op\":\"dot_interaction\",\"inputs\":[\"ut\",\"ue\"],\"self\":true},"
+        "{\"name\":\"d4\",\"op\":\"dot_interaction\",\"inputs\":[\"ut\"],\"self\":false},"
+        "{\"name\":\"d5\",\"op\":\"dot_interaction\",\"inputs\":[\"ct\"]},"
+        "{\"name\":\"d6\",\"op\":\"dot_interaction\",\"inputs\":[\"ce\",\"user.dense\"],"
+        "\"self\":true}");
+    shape_is(m, "d1", MD_CAND, MD_VEC, 1, 28);
+    shape_is(m, "d2", MD_USER, MD_VEC, 1, 1);
+    shape_is(m, "d3", MD_USER, MD_VEC, 1, 15);
+    shape_is(m, "d4", MD_USER, MD_VEC, 1, 6);
+    shape_is(m, "d5", MD_CAND, MD_VEC, 1, 1);
+    shape_is(m, "d6", MD_CAND, MD_VEC, 1, 3);
+    assert_int_equal(L(m, "d1")->self, 0);
+    assert_int_equal(L(m, "d2")->self, 1);
+    assert_int_equal(L(m, "d3")->self, 1);
+    assert_int_equal(L(m, "d4")->self, 0);
+    const md_layer *d1 = L(m, "d1");
+    assert_int_equal(d1->n_in, 4);
+    assert_int_equal(d1->in[0].index, 0); /* ue: the listed order is kept */
+    assert_int_equal(d1->in[1].index, 2); /* ut */
+    assert_int_equal(d1->in[2].index, 3); /* ce */
+    assert_int_equal(d1->in[3].index, 5); /* ct */
+    assert_int_equal(d1->n_w, 0);
+    model_def_free(m);
+
+    /* 256 tokens is the most: as 256 vectors, and as one [256, 1] */
+    char *ls = fmt(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[%s]},"
+                   "{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":256},"
+                   "{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"d\",\"tokens\":256},"
+                   "{\"name\":\"y\",\"op\":\"dot_interaction\",\"inputs\":[\"r\"],\"self\":true}",
+                   refs("ue", 256));
+    m = plan_ok(ls);
+    shape_is(m, "x", MD_USER, MD_VEC, 1, 256 * 255 / 2);
+    assert_int_equal(L(m, "x")->n_in, 256);
+    shape_is(m, "y", MD_USER, MD_VEC, 1, 256 * 257 / 2);
+    model_def_free(m);
+    free(ls);
+    ls = fmt(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[%s]}", refs("ue", 257));
+    plan_err(ls, "layer 'x': dot_interaction over more than 256 tokens");
+    free(ls);
+    plan_err("{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":257},"
+             "{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"d\",\"tokens\":257},"
+             "{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"r\"],\"self\":true}",
+             "layer 'x': dot_interaction over more than 256 tokens");
+
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\"]}",
+             "layer 'x': dot_interaction over 1 token has no pairs", "\"self\": true");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\"],\"self\":false}",
+             "layer 'x': dot_interaction over 1 token has no pairs");
+    plan_err(L_UE "," L_H ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"h\"]}",
+             "layer 'x': dot_interaction input 'h' is user jagged [L, 8]");
+    plan_err(L_UE "," L_UE16 ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\","
+                             "\"ue16\"]}",
+             "layer 'x': dot_interaction inputs need one width D: 'ue' has D=8, 'ue16' has D=16");
+    plan_err(L_UE "," L_CT ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\","
+                           "\"cd\"]}",
+             "layer 'x': dot_interaction inputs need one width D: 'ue' has D=8, 'cd' has D=16");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"ue\"],"
+                  "\"self\":1}",
+             "layer 'x': 'layers[1].self' must be true or false");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[]}",
+             "layer 'x': 'layers[1].inputs' must be a non-empty array");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"input\":\"ue\"}",
+             "layer 'x': unknown key 'layers[1].input'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"self\":true}",
+             "layer 'x': missing key 'layers[1].inputs'");
+}
+
+static void test_cross(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UE "," L_CT ","
+        "{\"name\":\"x1\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\"},"
+        "{\"name\":\"x2\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"x1\"},"
+        "{\"name\":\"x3\",\"op\":\"cross\",\"x0\":\"cd\",\"input\":\"cd\",\"rank\":3},"
+        "{\"name\":\"x4\",\"op\":\"cross\",\"x0\":\"candidate.dense\",\"input\":"
+        "\"candidate.dense\",\"rank\":1}");
+    shape_is(m, "x1", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "x2", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "x3", MD_CAND, MD_VEC, 1, 16);
+    shape_is(m, "x4", MD_CAND, MD_VEC, 1, 4);
+    const md_layer *x2 = L(m, "x2");
+    assert_int_equal(x2->rank, 0);
+    assert_int_equal(x2->n_in, 2);
+    assert_int_equal(x2->in[0].index, 0); /* x0 = ue */
+    assert_int_equal(x2->in[1].index, 3); /* input = x1 */
+    assert_int_equal(x2->n_w, 2);
+    weight_is(m, "x1", 0, "x1.weight", 8, 8);
+    weight_is(m, "x1", 1, "x1.bias", 1, 8);
+    assert_true(L(m, "x1")->w[1].one_d);
+    assert_int_equal(L(m, "x3")->rank, 3);
+    assert_int_equal(L(m, "x3")->n_w, 3);
+    weight_is(m, "x3", 0, "x3.u", 16, 3);
+    weight_is(m, "x3", 1, "x3.v", 3, 16);
+    weight_is(m, "x3", 2, "x3.bias", 1, 16);
+    assert_true(L(m, "x3")->w[2].one_d && !L(m, "x3")->w[0].one_d);
+    assert_int_equal(L(m, "x4")->rank, 1);
+    weight_is(m, "x4", 0, "x4.u", 4, 1);
+    weight_is(m, "x4", 1, "x4.v", 1, 4);
+    model_def_free(m);
+
+    plan_err(L_UE "," L_UE16 ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue16\"}",
+             "layer 'x': cross x0 'ue' is user vec [8] and input 'ue16' is user vec [16]; both "
+             "must be vectors [F] of one F");
+    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ut\",\"input\":\"ut\"}",
+             "layer 'x': cross x0 'ut' is user tokens [4, 8] and input 'ut' is user tokens [4, 8]");
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"h\",\"input\":\"h\"}",
+             "layer 'x': cross x0 'h' is user jagged [L, 8]");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\",\"rank\":0}",
+             "layer 'x': 'layers[1].rank' must be an integer in [1, 2147483647], got 0");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\",\"rank\":\"2\"}",
+             "layer 'x': 'layers[1].rank' must be an integer, got string");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"input\":\"ue\"}",
+             "layer 'x': missing key 'layers[1].x0'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\"}",
+             "layer 'x': missing key 'layers[1].input'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\",\"out\":8}",
+             "layer 'x': unknown key 'layers[1].out'");
+}
+
+static void test_mixture(void **state)
+{
+    (void)state;
+#define L_EXPERTS                                                                              \
+    "{\"name\":\"e1\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":4},"                  \
+    "{\"name\":\"e2\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":4},"                  \
+    "{\"name\":\"e3\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":4},"                  \
+    "{\"name\":\"g3\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":3},"                  \
+    "{\"name\":\"cg2\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":2}"
+    model_def *m = plan_ok(
+        L_EXPERTS "," L_CT ","
+        "{\"name\":\"m1\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\",\"e3\"],\"gate\":\"g3\"},"
+        "{\"name\":\"m2\",\"op\":\"mixture\",\"experts\":[\"cd\",\"cd\"],\"gate\":\"cg2\"},"
+        "{\"name\":\"g1\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":1},"
+        "{\"name\":\"m3\",\"op\":\"mixture\",\"experts\":[\"candidate.dense\"],\"gate\":\"g1\"}");
+    shape_is(m, "m1", MD_USER, MD_VEC, 1, 4);
+    shape_is(m, "m2", MD_CAND, MD_VEC, 1, 16);
+    shape_is(m, "m3", MD_CAND, MD_VEC, 1, 4);
+    const md_layer *m1 = L(m, "m1");
+    assert_int_equal(m1->n_in, 4); /* experts..., then gate */
+    assert_int_equal(m1->in[0].index, 0);
+    assert_int_equal(m1->in[1].index, 1);
+    assert_int_equal(m1->in[2].index, 2);
+    assert_int_equal(m1->in[3].index, 3);
+    assert_int_equal(m1->n_w, 0);
+    model_def_free(m);
+
+    /* 64 experts is the most */
+    char *ls = fmt(L_CE ",{\"name\":\"g\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":"
+                   "64},{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[%s],\"gate\":\"g\"}",
+                   refs("ce", 64));
+    m = plan_ok(ls);
+    shape_is(m, "x", MD_CAND, MD_VEC, 1, 8);
+    assert_int_equal(L(m, "x")->n_in, 65);
+    model_def_free(m);
+    free(ls);
+    ls = fmt(L_CE ",{\"name\":\"g\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":65},"
+             "{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[%s],\"gate\":\"g\"}",
+             refs("ce", 65));
+    plan_err(ls, "layer 'x': mixture has 65 experts; at most 64");
+    free(ls);
+
+    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\"],"
+                       "\"gate\":\"g3\"}",
+             "layer 'x': mixture gate 'g3' is user vec [3]; it must be a vector [2], one logit "
+             "per expert");
+    plan_err(L_EXPERTS "," L_UE ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"ue\"],"
+                              "\"gate\":\"g3\"}",
+             "layer 'x': mixture expert 'ue' is user vec [8]; experts must be vectors [F] of one "
+             "F (the first is [4])");
+    plan_err(L_EXPERTS "," L_UT ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"ut\",\"ut\","
+                              "\"ut\"],\"gate\":\"g3\"}",
+             "layer 'x': mixture expert 'ut' is user tokens [4, 8]");
+    plan_err(L_EXPERTS "," L_H ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"h\"],"
+                             "\"gate\":\"g3\"}",
+             "layer 'x': mixture expert 'h' is user jagged [L, 8]");
+    plan_err(L_EXPERTS "," L_UT ",{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"g3\",\"tokens\":"
+                              "3},{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\","
+                              "\"e3\"],\"gate\":\"r\"}",
+             "layer 'x': mixture gate 'r' is user tokens [3, 1]");
+    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[],\"gate\":\"g3\"}",
+             "layer 'x': 'layers[5].experts' must be a non-empty array");
+    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":\"e1\",\"gate\":\"g3\"}",
+             "layer 'x': 'layers[5].experts' must be");
+    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\",\"e3\"]}",
+             "layer 'x': missing key 'layers[5].gate'");
+    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"gate\":\"g3\"}",
+             "layer 'x': missing key 'layers[5].experts'");
+    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\",\"e3\"],"
+                       "\"gate\":\"g3\",\"inputs\":[\"e1\"]}",
+             "layer 'x': unknown key 'layers[5].inputs'");
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UT "," L_H "," L_CT ","
+        "{\"name\":\"p1\",\"op\":\"pool\",\"input\":\"ut\",\"fn\":\"mean\"},"
+        "{\"name\":\"p2\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"sum\"},"
+        "{\"name\":\"p3\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"max\"},"
+        "{\"name\":\"p4\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"last\"},"
+        "{\"name\":\"p5\",\"op\":\"pool\",\"input\":\"ct\",\"fn\":\"last\"}");
+    shape_is(m, "p1", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "p2", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "p3", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "p4", MD_USER, MD_VEC, 1, 8);
+    shape_is(m, "p5", MD_CAND, MD_VEC, 1, 8);
+    assert_int_equal(L(m, "p1")->pooling, BK_POOL_MEAN);
+    assert_int_equal(L(m, "p2")->pooling, BK_POOL_SUM);
+    assert_int_equal(L(m, "p3")->pooling, BK_POOL_MAX);
+    assert_int_equal(L(m, "p4")->pooling, BK_POOL_LAST);
+    assert_int_equal(L(m, "p5")->pooling, BK_POOL_LAST);
+    assert_int_equal(L(m, "p1")->n_w, 0);
+    model_def_free(m);
+
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"ue\",\"fn\":\"sum\"}",
+             "layer 'x': pool input 'ue' is user vec [8]; pool takes tokens [K, D] or a jagged "
+             "history");
+    plan_err("{\"name\":\"x\",\"op\":\"pool\",\"input\":\"candidate.dense\",\"fn\":\"sum\"}",
+             "layer 'x': pool input 'candidate.dense' is candidate vec [4]");
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\"}",
+             "layer 'x': missing key 'layers[1].fn'");
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"avg\"}",
+             "layer 'x': 'layers[1].fn' must be \"sum\", \"mean\", \"max\" or \"last\", got 'avg'");
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"first\"}",
+             "layer 'x': 'layers[1].fn' must be ", "got 'first'");
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":0}",
+             "layer 'x': 'layers[1].fn' must be a string");
+    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"sum\",\"pooling\":"
+                 "\"sum\"}",
+             "layer 'x': unknown key 'layers[1].pooling'");
+    plan_err("{\"name\":\"x\",\"op\":\"pool\",\"input\":\"user.history\",\"fn\":\"sum\"}",
+             "layer 'x': input 'user.history' is the raw history");
+}
+
+/* Every op that takes one domain refuses a mix, naming the layer; mul and
+ * dot_interaction accept it and give the candidate domain. */
+static void test_new_mixes(void **state)
+{
+    (void)state;
+    plan_err(L_UE "," L_CE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",\"ce\"]}",
+             "layer 'x': " MIX_MSG("concat"));
+    plan_err(L_CE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ce\",\"user.dense\"]}",
+             "layer 'x': " MIX_MSG("concat"));
+    plan_err(L_UE "," L_CE ",{\"name\":\"x\",\"op\":\"stack\",\"inputs\":[\"ce\",\"ce\",\"ue\"]}",
+             "layer 'x': " MIX_MSG("stack"));
+    plan_err(L_UE "," L_CE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ce\"}",
+             "layer 'x': " MIX_MSG("cross"));
+    plan_err(L_UE "," L_CE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ce\",\"input\":\"ue\","
+                           "\"rank\":2}",
+             "layer 'x': " MIX_MSG("cross"));
+    /* a user gate over candidate experts, and mixed experts */
+    plan_err(L_EXPERTS "," L_CT ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"cd\",\"cd\","
+                              "\"cd\"],\"gate\":\"g3\"}",
+             "layer 'x': " MIX_MSG("mixture"));
+    plan_err(L_EXPERTS "," L_CE ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"ce\","
+                              "\"user.dense\"],\"gate\":\"cg2\"}",
+             "layer 'x': " MIX_MSG("mixture"));
+    model_def *m = plan_ok(
+        L_UE "," L_CE "," L_UT "," L_CT ","
+        "{\"name\":\"m\",\"op\":\"mul\",\"a\":\"ue\",\"b\":\"ce\"},"
+        "{\"name\":\"d\",\"op\":\"dot_interaction\",\"inputs\":[\"ut\",\"ct\",\"ue\"]},"
+        "{\"name\":\"d2\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"ce\"]}");
+    shape_is(m, "m", MD_CAND, MD_VEC, 1, 8);
+    shape_is(m, "d", MD_CAND, MD_VEC, 1, 21);
+    shape_is(m, "d2", MD_CAND, MD_VEC, 1, 1);
+    model_def_free(m);
+}
+
+static void test_unknown_op_lists_all(void **state)
+{
+    (void)state;
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"softmax\",\"input\":\"ue\"}",
+             "layer 'x': unknown op 'softmax' (ops: embedding_bag, history_embedding, mean_pool, "
+             "linear, reshape, stack, flatten, target_attention, lce, add, activation, "
+             "layer_norm, concat, mul, token_linear, dot_interaction, cross, mixture, pool)");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"Pool\",\"input\":\"ue\"}",
+             "layer 'x': unknown op 'Pool'");
+    plan_err(L_UE ",{\"name\":\"x\",\"op\":3,\"input\":\"ue\"}",
+             "layer 'x': 'layers[1].op' must be a string");
+}
+
+/* md_ops[] (engine/op.h): one well-formed entry per enum md_op. */
+static void test_op_table(void **state)
+{
+    (void)state;
+    for (int k = 0; k < MD_OP_COUNT; k++) {
+        const md_op_def *d = md_ops[k];
+        assert_non_null(d);
+        assert_non_null(d->name);
+        assert_true(d->name[0] != 0);
+        assert_non_null(d->plan);
+        assert_non_null(d->run);
+        assert_non_null(d->keys);
+        int has_name = 0, has_op = 0, n = 0;
+        for (const char *const *kk = d->keys; *kk; kk++, n++) {
+            has_name |= strcmp(*kk, "name") == 0;
+            has_op |= strcmp(*kk, "op") == 0;
+            for (const char *const *k2 = d->keys; k2 != kk; k2++)
+                if (strcmp(*k2, *kk) == 0)
+                    fail_msg("op %s lists key %s twice", d->name, *kk);
+        }
+        if (!has_name || !has_op || n < 3)
+            fail_msg("op %s: keys must include name, op and an input", d->name);
+        for (int j = 0; j < k; j++)
+            if (strcmp(md_ops[j]->name, d->name) == 0)
+                fail_msg("op name %s twice (md_ops[%d] and [%d])", d->name, j, k);
+        assert_int_equal(md_op_find(d->name), k);
+        /* views are single-input shape changes; only gathers gather */
+        if (d->flags & OP_GATHERS)
+            assert_true(k == MD_STACK || k == MD_CONCAT);
+    }
+    assert_int_equal(md_op_find("nope"), -1);
+    assert_int_equal(md_op_find(""), -1);
+    /* the table in enum order, by name (model.h's enum and the format's names) */
+    static const char *const names[MD_OP_COUNT] = {
+        [MD_EMBEDDING_BAG] = "embedding_bag", [MD_HISTORY_EMBEDDING] = "history_embedding",
+        [MD_MEAN_POOL] = "mean_pool",         [MD_LINEAR] = "linear",
+        [MD_RESHAPE] = "reshape",             [MD_STACK] = "stack",
+        [MD_FLATTEN] = "flatten",             [MD_TARGET_ATTENTION] = "target_attention",
+        [MD_LCE] = "lce",                     [MD_ADD] = "add",
+        [MD_ACTIVATION] = "activation",       [MD_LAYER_NORM] = "layer_norm",
+        [MD_CONCAT] = "concat",               [MD_MUL] = "mul",
+        [MD_TOKEN_LINEAR] = "token_linear",   [MD_DOT_INTERACTION] = "dot_interaction",
+        [MD_CROSS] = "cross",                 [MD_MIXTURE] = "mixture",
+        [MD_POOL] = "pool",
+    };
+    char list[512];
+    size_t o = 0;
+    for (int k = 0; k < MD_OP_COUNT; k++) {
+        assert_non_null(names[k]);
+        assert_string_equal(md_ops[k]->name, names[k]);
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", k ? ", " : "", names[k]);
+    }
+    assert_string_equal(md_op_list(), list);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -478,6 +1130,20 @@ int main(void)
         cmocka_unit_test(test_stack_refused),
         cmocka_unit_test(test_kind_errors),
         cmocka_unit_test(test_refs_and_misc),
+        cmocka_unit_test(test_activation),
+        cmocka_unit_test(test_layer_norm),
+        cmocka_unit_test(test_layer_norm_eps_underflow),
+        cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_mul),
+        cmocka_unit_test(test_jagged_add_and_linear),
+        cmocka_unit_test(test_token_linear),
+        cmocka_unit_test(test_dot_interaction),
+        cmocka_unit_test(test_cross),
+        cmocka_unit_test(test_mixture),
+        cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_new_mixes),
+        cmocka_unit_test(test_unknown_op_lists_all),
+        cmocka_unit_test(test_op_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
