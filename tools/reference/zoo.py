@@ -44,6 +44,17 @@ import make_request  # noqa: E402
 USER_SPARSE = {"country": 64, "lang": 16}
 CAND_SPARSE = {"item": 5000, "author": 500}
 USER_DENSE, CAND_DENSE, D = 8, 4, 16
+W = 1               # hidden-width multiplier
+
+
+def bench_scale():
+    """The same architectures at a GPU-bound scale (bench/RESULTS.md): 4 user
+    and 8 candidate sparse features of 4000 rows, width 64, dense 32/16,
+    hidden layers 8x wider. Not shipped: written on the GPU machine."""
+    global USER_SPARSE, CAND_SPARSE, USER_DENSE, CAND_DENSE, D, W
+    USER_SPARSE = {"u%d" % i: 4000 for i in range(4)}
+    CAND_SPARSE = {"c%d" % i: 4000 for i in range(8)}
+    USER_DENSE, CAND_DENSE, D, W = 32, 16, 64, 8
 
 
 class _Features(nn.Module):
@@ -71,10 +82,10 @@ class DLRM(_Features):
 
     def __init__(self, tasks=2):
         super().__init__()
-        self.user_bottom = nn.Sequential(nn.Linear(USER_DENSE, 32), nn.ReLU(), nn.Linear(32, D), nn.ReLU())
-        self.cand_bottom = nn.Sequential(nn.Linear(CAND_DENSE, 32), nn.ReLU(), nn.Linear(32, D), nn.ReLU())
+        self.user_bottom = nn.Sequential(nn.Linear(USER_DENSE, 32 * W), nn.ReLU(), nn.Linear(32 * W, D), nn.ReLU())
+        self.cand_bottom = nn.Sequential(nn.Linear(CAND_DENSE, 32 * W), nn.ReLU(), nn.Linear(32 * W, D), nn.ReLU())
         k = 2 + len(USER_SPARSE) + len(CAND_SPARSE)
-        self.top = nn.Sequential(nn.Linear(k * (k - 1) // 2 + D, 64), nn.ReLU(), nn.Linear(64, tasks))
+        self.top = nn.Sequential(nn.Linear(k * (k - 1) // 2 + D, 64 * W), nn.ReLU(), nn.Linear(64 * W, tasks))
 
     def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
         u = torch.stack([self.user_bottom(user_dense)] + self.user(user_sparse), dim=1)
@@ -98,8 +109,8 @@ class DCNv2(_Features):
         self.cross_v = nn.Linear(f, rank, bias=False)
         self.cross_u = nn.Linear(rank, f)
         self.norm = nn.ModuleList([nn.LayerNorm(f), nn.LayerNorm(f)])
-        self.deep = nn.Sequential(nn.Linear(f, 64), nn.GELU(), nn.Linear(64, 32), nn.SiLU())
-        self.head = nn.Linear(f + 32, tasks)
+        self.deep = nn.Sequential(nn.Linear(f, 64 * W), nn.GELU(), nn.Linear(64 * W, 32 * W), nn.SiLU())
+        self.head = nn.Linear(f + 32 * W, tasks)
 
     def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
         xu = torch.cat(self.user(user_sparse) + [user_dense], dim=1)
@@ -119,11 +130,11 @@ class MMoE(_Features):
         super().__init__()
         fu, fc = len(USER_SPARSE) * D + USER_DENSE, len(CAND_SPARSE) * D + CAND_DENSE
         self.fu = fu
-        self.bottom = nn.Linear(fu + fc, 64)
-        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU())
-                                      for _ in range(experts)])
-        self.gates = nn.ModuleList([nn.Linear(64, experts) for _ in range(tasks)])
-        self.towers = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.SiLU(), nn.Linear(16, 1))
+        self.bottom = nn.Linear(fu + fc, 64 * W)
+        self.experts = nn.ModuleList([nn.Sequential(nn.Linear(64 * W, 32 * W), nn.ReLU(), nn.Linear(32 * W, 16 * W),
+                                                    nn.ReLU()) for _ in range(experts)])
+        self.gates = nn.ModuleList([nn.Linear(64 * W, experts) for _ in range(tasks)])
+        self.towers = nn.ModuleList([nn.Sequential(nn.Linear(16 * W, 16 * W), nn.SiLU(), nn.Linear(16 * W, 1))
                                      for _ in range(tasks)])
 
     def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
@@ -286,7 +297,8 @@ def export_model(name, out, seed=0):
     m = cls().double()
     layers, w, tasks = conv(m)
     spec = {"format": "ikbo-model/1", "name": name,
-            "description": "%s (tools/reference/zoo.py, random weights, seed %d)" % (desc, seed),
+            "description": "%s (tools/reference/zoo.py, random weights, seed %d%s)"
+                           % (desc, seed, ", bench scale" if W > 1 else ""),
             "inputs": _inputs(), "tables": _tables(), "layers": layers,
             "output": {"logits": "logits", "tasks": tasks}}
     _calibrate(m, spec, w, name, seed)
@@ -316,6 +328,8 @@ def check(model_dir, n_requests=5):
     the reference interpreter, on random requests."""
     ref = ikbo_ref.load_model(model_dir)
     name = ref.spec.get("name")
+    if ref.spec["description"].find("bench scale") >= 0:
+        bench_scale()
     cls, conv, _ = MODELS[name]
     m = cls().double()
     _, w, _ = conv(m)
@@ -341,11 +355,14 @@ def main(argv=None):
     e.add_argument("model", choices=sorted(MODELS))
     e.add_argument("out")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--bench", action="store_true", help="the GPU-bound benchmark scale (see bench_scale)")
     c = sub.add_parser("check", help="module vs the reference interpreter on random requests")
     c.add_argument("model_dir")
     c.add_argument("--requests", type=int, default=5)
     a = ap.parse_args(argv)
     if a.cmd == "export":
+        if a.bench:
+            bench_scale()
         export_model(a.model, a.out, a.seed)
         print("%s: written" % a.out)
         return 0
