@@ -18,7 +18,13 @@
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
 #            each op's GPU time and the final download, per batch shape
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases]
+#   zoo      the ranking reference models (carry build/gpu): test_cuda_model on
+#            models/{dlrm,dcn,mmoe}/1 and the random family models at fp32,
+#            bf16 and fp16, then the three under compute-sanitizer memcheck
+#            (fp32); zoo-bench: the three at bench scale (tools/reference/zoo.py
+#            --bench, written here), IKBO vs broadcast per batch shape
+#            (ZOO_SHAPES, default "16x70 64x70"), then one profiled IKBO run
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [zoo] [zoo-bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -40,15 +46,16 @@ stage() { # name log cmd...
 cat "$OUT/env.log"
 
 grpc_check() {
-  local port=50551 http=8581 ex=models/demo/example_request.json
+  local port=50551 http=8581 m rc=0
   $B/ikbo-serve --grpc 127.0.0.1:$port --http 127.0.0.1:$http --models models --device cuda:0 \
       --threads 2 > "$OUT/daemon_gpu.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do curl -sf http://127.0.0.1:$http/readyz >/dev/null && break; sleep 0.2; done
-  IKBO_BUILD=$B $PY tools/rank_client.py --target 127.0.0.1:$port $ex > "$OUT/grpc_resp.json" || { kill $pid; return 1; }
-  $B/ikbo-score --device cuda:0 models/demo/1 $ex > "$OUT/score_gpu.json" || { kill $pid; return 1; }
-  kill -TERM $pid; wait $pid; local rc=$?
-  $PY - "$OUT/grpc_resp.json" "$OUT/score_gpu.json" <<'EOF'
+  for m in demo dlrm dcn mmoe; do
+    local ex=models/$m/example_request.json
+    IKBO_BUILD=$B $PY tools/rank_client.py --target 127.0.0.1:$port $ex > "$OUT/grpc_resp_$m.json" || { rc=1; break; }
+    $B/ikbo-score --device cuda:0 models/$m/1 $ex > "$OUT/score_gpu_$m.json" || { rc=1; break; }
+    $PY - "$OUT/grpc_resp_$m.json" "$OUT/score_gpu_$m.json" $m <<'EOF' || { rc=1; break; }
 import json, sys
 resp = json.load(open(sys.argv[1])); ref = json.load(open(sys.argv[2]))
 got = [s["score"] for s in sorted(resp["scores"], key=lambda s: s.get("index", 0))]
@@ -56,11 +63,40 @@ exp = ref["scores"]
 assert len(got) == len(exp), (len(got), len(exp))
 err = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, exp))
 assert err < 1e-6, err
-print("grpcio on cuda:0: %d scores equal ikbo-score --device cuda:0 (max rel %.1e), unique_users %s"
-      % (len(got), err, resp.get("uniqueUsers")))
+print("%s: grpcio on cuda:0: %d scores equal ikbo-score --device cuda:0 (max rel %.1e), unique_users %s"
+      % (sys.argv[3], len(got), err, resp.get("uniqueUsers")))
 EOF
-  local prc=$?
-  [ $rc = 0 ] && [ $prc = 0 ]
+  done
+  kill -TERM $pid; wait $pid; local drc=$?
+  [ $rc = 0 ] && [ $drc = 0 ]
+}
+
+zoo_models() { echo models/dlrm/1 models/dcn/1 models/mmoe/1 build/gpu/models/f_*/1; }
+
+zoo_check() {
+  local dt
+  for dt in fp32 bf16 fp16; do
+    echo "-- IKBO_CUDA_DTYPE=$dt"
+    IKBO_CUDA_DTYPE=$dt build/gpu/test_cuda_model $(zoo_models) || return 1
+  done
+  echo "-- memcheck (fp32)"
+  IKBO_CUDA_DTYPE=fp32 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      build/gpu/test_cuda_model models/dlrm/1 models/dcn/1 models/mmoe/1 > "$OUT/zoo_memcheck.log" 2>&1
+  local mrc=$?
+  grep "ERROR SUMMARY" "$OUT/zoo_memcheck.log"
+  return $mrc
+}
+
+zoo_bench() {
+  local m mode
+  for m in dlrm dcn mmoe; do
+    [ -f /tmp/zoo-bench/$m/1/model.json ] || $PY tools/reference/zoo.py export $m /tmp/zoo-bench/$m/1 --bench || return 1
+    for mode in ikbo broadcast; do
+      build/gpu/batch_phases /tmp/zoo-bench/$m/1 --device cuda:0 --mode $mode \
+          --shapes "${ZOO_SHAPES:-16x70 64x70}" --iters 100 --warmup 10 --no-profile | grep -E "^batch_phases|^== shape"
+    done
+    build/gpu/batch_phases /tmp/zoo-bench/$m/1 --device cuda:0 --mode ikbo --shapes 16x70 --iters 20 --warmup 5
+  done
 }
 
 # test_faults.py with the daemon under memcheck (tests/gpu/memcheck_serve.sh
@@ -92,6 +128,10 @@ for s in $stages; do
   phases)
     [ -f models/bench/1/model.json ] || stage bench-model phases.log $PY models/bench/make_bench_model.py
     stage phases phases.log ${PHASES_BIN:-build/gpu/batch_phases} models/bench/1 --device cuda:0 ;;
+  zoo)
+    stage zoo zoo.log zoo_check ;;
+  zoo-bench)
+    stage zoo-bench zoo_bench.log zoo_bench ;;
   e2e)
     [ -f models/bench/1/model.json ] || stage bench-model e2e.log $PY models/bench/make_bench_model.py
     # Saturation = the best of 8, 32 and 256 calls in flight, from 4 loadgen
