@@ -134,7 +134,24 @@ static const char SEED_JSON[] =
     "\"heads\":2,\"head_dim\":2},"
     "{\"name\":\"l\",\"op\":\"lce\",\"user\":\"us\",\"candidate\":\"at\",\"out_tokens\":2},"
     "{\"name\":\"f\",\"op\":\"flatten\",\"input\":\"l\"},"
-    "{\"name\":\"o\",\"op\":\"linear\",\"input\":\"f\",\"out\":2,\"activation\":\"sigmoid\"}"
+    /* the ops of 2026-12-01 */
+    "{\"name\":\"ua\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"gelu\"},"
+    "{\"name\":\"un\",\"op\":\"layer_norm\",\"input\":\"ua\",\"eps\":0.001},"
+    "{\"name\":\"hl\",\"op\":\"linear\",\"input\":\"h\",\"out\":4,\"activation\":\"silu\"},"
+    "{\"name\":\"hx\",\"op\":\"mul\",\"inputs\":[\"h\",\"hl\"]},"
+    "{\"name\":\"hp\",\"op\":\"pool\",\"input\":\"hx\",\"fn\":\"last\"},"
+    "{\"name\":\"cm\",\"op\":\"mul\",\"a\":\"ce\",\"b\":\"un\"},"
+    "{\"name\":\"dt\",\"op\":\"dot_interaction\",\"inputs\":[\"us\",\"cm\",\"hp\"],"
+    "\"self\":false},"
+    "{\"name\":\"tl\",\"op\":\"token_linear\",\"input\":\"us\",\"out_tokens\":2},"
+    "{\"name\":\"tp\",\"op\":\"pool\",\"input\":\"tl\",\"fn\":\"max\"},"
+    "{\"name\":\"cr\",\"op\":\"cross\",\"x0\":\"cd\",\"input\":\"cm\",\"rank\":2},"
+    "{\"name\":\"cf\",\"op\":\"cross\",\"x0\":\"cd\",\"input\":\"cr\"},"
+    "{\"name\":\"gt\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":2},"
+    "{\"name\":\"mx\",\"op\":\"mixture\",\"experts\":[\"cr\",\"cf\"],\"gate\":\"gt\"},"
+    "{\"name\":\"ct\",\"op\":\"add\",\"inputs\":[\"mx\",\"tp\"]},"
+    "{\"name\":\"fc\",\"op\":\"concat\",\"inputs\":[\"f\",\"dt\",\"ct\"]},"
+    "{\"name\":\"o\",\"op\":\"linear\",\"input\":\"fc\",\"out\":2,\"activation\":\"sigmoid\"}"
     "],"
     "\"output\":{\"logits\":\"o\",\"tasks\":[\"x\",\"y\"],\"score_weights\":[1,0.5]}}";
 
@@ -154,7 +171,7 @@ static uint8_t *seed_weights(size_t *len)
     for (int i = 0; i < m->n_layers; i++)
         for (int j = 0; j < m->layers[i].n_w; j++, k++) {
             const md_weight *w = &m->layers[i].w[j];
-            int one_d = m->layers[i].op == MD_LINEAR && j == 1;
+            int one_d = w->one_d;
             fx_add_fill(b, w->name, dts[k % 3], one_d ? w->cols : w->rows, one_d ? -1 : w->cols);
         }
     model_def_free(m);
@@ -176,6 +193,14 @@ static const fz_token tokens[] = {
     T("\"ta\""), T("\"tb\""), T("\"stack\""), T("\"lce\""), T("\"add\""), T("\"linear\""),
     T("\"flatten\""), T("\"reshape\""), T("\"mean_pool\""), T("\"target_attention\""),
     T("\"history_embedding\""), T("\"embedding_bag\""), T("\"F16\""), T("\"BF16\""),
+    T("\"activation\""), T("\"layer_norm\""), T("\"concat\""), T("\"mul\""),
+    T("\"token_linear\""), T("\"dot_interaction\""), T("\"cross\""), T("\"mixture\""),
+    T("\"pool\""), T("\"fn\""), T("\"eps\""), T("\"self\""), T("\"rank\""),
+    T("\"experts\""), T("\"gate\""), T("\"x0\""), T("\"out_tokens\""), T("\"inputs\""),
+    T("\"gelu\""), T("\"silu\""), T("\"tanh\""), T("\"relu\""), T("\"none\""),
+    T("\"mean\""), T("\"max\""), T("\"last\""), T("\"sum\""), T("\"un\""), T("\"hx\""),
+    T("\"dt\""), T("\"tl\""), T("\"cr\""), T("\"mx\""), T("\"fc\""), T("false"),
+    T("1e-50"), T("64"), T("65"), T("256"), T("257"),
     T("\"F32\""), T("\"I32\""), T("\"a.b\""), T("\"\\u0001\""), T("\"\\n\""), T("[]"),
     T("{}"), T("[0,0]"), T("\"tables\""), T("\"x\""), T("\"__metadata__\""),
 };

@@ -1059,6 +1059,74 @@ static void test_unknown_op_lists_all(void **state)
              "layer 'x': 'layers[1].op' must be a string");
 }
 
+/* fx_check_model (loader_fixture.h) is an independent check of plans: it
+ * must refuse each of these one-field corruptions of a good plan. */
+static void test_checker_catches(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(
+        L_UE "," L_CE "," L_UT "," L_CT ","
+        "{\"name\":\"d\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"ut\",\"ce\"]},"
+        "{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"cd\",\"input\":\"cd\",\"rank\":3},"
+        "{\"name\":\"g\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":2},"
+        "{\"name\":\"mx\",\"op\":\"mixture\",\"experts\":[\"ce\",\"ce\"],\"gate\":\"g\"},"
+        "{\"name\":\"n\",\"op\":\"layer_norm\",\"input\":\"ut\"},"
+        "{\"name\":\"p\",\"op\":\"pool\",\"input\":\"ut\",\"fn\":\"max\"},"
+        "{\"name\":\"a\",\"op\":\"activation\",\"input\":\"ct\",\"fn\":\"tanh\"},"
+        "{\"name\":\"tl\",\"op\":\"linear\",\"input\":\"ct\",\"out\":3},"
+        "{\"name\":\"c\",\"op\":\"concat\",\"inputs\":[\"ce\",\"cd\"]},"
+        "{\"name\":\"mu\",\"op\":\"mul\",\"a\":\"ue\",\"b\":\"ce\"},"
+        "{\"name\":\"k\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":2}");
+    char why[256];
+    md_layer *l;
+    md_weight tw;
+    md_ref tr;
+#define MUST_CATCH(what, corrupt, restore)                                                      \
+    do {                                                                                       \
+        corrupt;                                                                               \
+        if (fx_check_model(m, 0, why, sizeof why) == 0)                                        \
+            fail_msg("checker missed: %s", what);                                              \
+        restore;                                                                               \
+        if (fx_check_model(m, 0, why, sizeof why))                                             \
+            fail_msg("restore after %s: %s", what, why);                                       \
+    } while (0)
+    l = (md_layer *)L(m, "d");
+    MUST_CATCH("dot pairs", l->dim--, l->dim++);
+    MUST_CATCH("dot self", l->self = 1, l->self = 0);
+    MUST_CATCH("dot domain", l->domain = MD_USER, l->domain = MD_CAND);
+    l = (md_layer *)L(m, "x");
+    MUST_CATCH("cross u/v order", (tw = l->w[0], l->w[0] = l->w[1], l->w[1] = tw),
+               (tw = l->w[0], l->w[0] = l->w[1], l->w[1] = tw));
+    MUST_CATCH("cross rank", l->rank = 0, l->rank = 3);
+    MUST_CATCH("cross bias 1-D", l->w[2].one_d = 0, l->w[2].one_d = 1);
+    l = (md_layer *)L(m, "mx");
+    MUST_CATCH("mixture gate last", (tr = l->in[0], l->in[0] = l->in[2], l->in[2] = tr),
+               (tr = l->in[0], l->in[0] = l->in[2], l->in[2] = tr));
+    MUST_CATCH("mixture width", l->dim = 2, l->dim = 8);
+    l = (md_layer *)L(m, "n");
+    MUST_CATCH("layer_norm eps", l->eps = 0, l->eps = 1e-5f);
+    MUST_CATCH("layer_norm kind", l->kind = MD_VEC, l->kind = MD_TOKENS);
+    MUST_CATCH("layer_norm weight", l->w[0].cols = 32, l->w[0].cols = 8);
+    l = (md_layer *)L(m, "p");
+    MUST_CATCH("pool fn", l->pooling = (enum bk_pool)7, l->pooling = BK_POOL_MAX);
+    l = (md_layer *)L(m, "a");
+    MUST_CATCH("activation none", l->act = BK_ACT_NONE, l->act = BK_ACT_TANH);
+    MUST_CATCH("activation tokens", l->tokens = 1, l->tokens = 2);
+    l = (md_layer *)L(m, "tl");
+    MUST_CATCH("linear tokens", l->tokens = 1, l->tokens = 2);
+    MUST_CATCH("linear weight", l->w[0].cols = 16, l->w[0].cols = 8);
+    l = (md_layer *)L(m, "c");
+    MUST_CATCH("concat width", l->dim++, l->dim--);
+    MUST_CATCH("concat mix", l->in[0].index = 0, l->in[0].index = 1); /* ue for ce */
+    l = (md_layer *)L(m, "mu");
+    MUST_CATCH("mul domain", l->domain = MD_USER, l->domain = MD_CAND);
+    l = (md_layer *)L(m, "k");
+    MUST_CATCH("token_linear weight", l->w[0].cols = 1, l->w[0].cols = 4);
+    MUST_CATCH("token_linear D", l->dim = 4, l->dim = 8);
+#undef MUST_CATCH
+    model_def_free(m);
+}
+
 /* md_ops[] (engine/op.h): one well-formed entry per enum md_op. */
 static void test_op_table(void **state)
 {
@@ -1143,6 +1211,7 @@ int main(void)
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_new_mixes),
         cmocka_unit_test(test_unknown_op_lists_all),
+        cmocka_unit_test(test_checker_catches),
         cmocka_unit_test(test_op_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
