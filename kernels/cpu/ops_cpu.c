@@ -506,34 +506,7 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
     return 0;
 }
 
-/* ---- add, copy_rows, gather ---- */
-
-int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
-            void *out, bk_err *err)
-{
-    (void)s;
-    const char *op = "add";
-    if (n < 0 || width < 0)
-        return cpu_bad_dims(op, n < 0 ? "row count" : "width", n < 0 ? n : width, err);
-    if (n == 0 || width == 0)
-        return 0;
-    if (!a || !b || !out) {
-        bk_seterr(err, "%s: NULL operand or output", op);
-        return -1;
-    }
-    if (map && cpu_check_map(op, map, n, -1, err))
-        return -1;
-    const float *af = a, *bf = b;
-    float *of = out;
-    for (int r = 0; r < n; r++) {
-        const float *ar = af + (size_t)r * width;
-        const float *br = bf + (size_t)(map ? map[r] : r) * width;
-        float *orow = of + (size_t)r * width;
-        for (int j = 0; j < width; j++)
-            orow[j] = ar[j] + br[j];
-    }
-    return 0;
-}
+/* ---- copy_rows, gather (add is beside mul in rank_cpu.c) ---- */
 
 int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst, int ldd,
                   bk_err *err)

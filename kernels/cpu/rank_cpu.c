@@ -142,13 +142,12 @@ int cpu_layer_norm(bk_stream *s, const void *x, int rows, int dim, const bk_weig
     return 0;
 }
 
-/* ---- mul ---- */
+/* ---- add, mul ---- */
 
-int cpu_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, const void *c, int n,
-            int width, void *out, bk_err *err)
+/* out = a + b[map] (add), or a * b[map] (+ c) (mul): one loop, one set of checks. */
+static int binary_rows(const char *op, int mul, const void *a, const void *b, const int32_t *map,
+                       const void *c, int n, int width, void *out, bk_err *err)
 {
-    (void)s;
-    const char *op = "mul";
     if (n < 0 || width < 0)
         return cpu_bad_dims(op, n < 0 ? "row count" : "width", n < 0 ? n : width, err);
     if (n == 0 || width == 0)
@@ -165,11 +164,25 @@ int cpu_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, cons
         const float *cr = c ? (const float *)c + (size_t)r * width : NULL;
         float *o = (float *)out + (size_t)r * width;
         for (int j = 0; j < width; j++) {
-            float p = ar[j] * br[j];
-            o[j] = cr ? p + cr[j] : p;
+            float v = mul ? ar[j] * br[j] : ar[j] + br[j];
+            o[j] = cr ? v + cr[j] : v;
         }
     }
     return 0;
+}
+
+int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
+            void *out, bk_err *err)
+{
+    (void)s;
+    return binary_rows("add", 0, a, b, map, NULL, n, width, out, err);
+}
+
+int cpu_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, const void *c, int n,
+            int width, void *out, bk_err *err)
+{
+    (void)s;
+    return binary_rows("mul", 1, a, b, map, c, n, width, out, err);
 }
 
 /* ---- token_linear ---- */
