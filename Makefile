@@ -31,7 +31,8 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcub
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # GPU checks and the kernel benchmark: built (not run) wherever nvcc is, run
 # on a GPU machine by bench/kernels/run.sh.
-GPU_BINS  := $(BUILD)/gpu/test_cuda_ops $(BUILD)/gpu/test_cuda_model $(BUILD)/gpu/bench_kernels
+GPU_BINS  := $(BUILD)/gpu/test_cuda_ops $(BUILD)/gpu/test_cuda_model $(BUILD)/gpu/bench_kernels \
+             $(BUILD)/gpu/bench_ops
 endif
 
 # Debian packages: what building needs, and what the tests need on top.
@@ -195,6 +196,11 @@ $(BUILD)/gpu/test_cuda_model: tests/gpu/test_cuda_model.c $(LIBIKBO)
 	    $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
 $(BUILD)/gpu/bench_kernels: bench/kernels/bench_kernels.cu $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
+	    -lcublasLt -lcublas
+
+$(BUILD)/gpu/bench_ops: bench/kernels/bench_ops.cu $(LIBIKBO)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
 	    -lcublasLt -lcublas

@@ -4,7 +4,9 @@
  * constructor bk_cuda_new.
  *
  * Why this exists: it lets `--device cuda:N` serve any model the CPU backend
- * serves. The IKBO ops live beside it (lce.cu, attention.cu); everything
+ * serves. The IKBO ops live beside it (lce.cu, attention.cu), and so do the
+ * ranking-model ops (elementwise.cu, norm.cu, pool.cu, interact.cu,
+ * mixture.cu; see cuda_internal.h); everything
  * here is either memory plumbing or a simple memory-bound kernel that does
  * one pass over its data.
  *
@@ -345,7 +347,7 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
 
 int cu_enter(bk_stream *s, bk_err *err) { return enter(s->be, err); }
 
-static unsigned grid_for(size_t n, unsigned block)
+unsigned cu_grid_for(size_t n, unsigned block)
 {
     size_t g = (n + block - 1) / block;
     if (g > 65536u * 16)
@@ -834,55 +836,11 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
     return cu_check_launch(s, err, "history_embedding");
 }
 
-/* Block (row, 32 columns): 32 x MP_LANES threads, lane y sums events y,
- * y + MP_LANES, ... with several loads in flight, then the lanes are added in
- * shared memory. One block per row with one thread per column serialized a
- * 1024-event history into 1024 dependent steps. */
-#define MP_LANES 16
-template <typename T>
-__global__ void k_mean_pool(const T *__restrict__ x, const int64_t *__restrict__ off, int dim,
-                            T *__restrict__ out)
-{
-    __shared__ float part[MP_LANES][33];
-    int r = blockIdx.x, j = blockIdx.y * 32 + threadIdx.x, ty = threadIdx.y;
-    int64_t s = off[r], e = off[r + 1];
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    if (j < dim) {
-        int64_t i = s + ty;
-        for (; i + 3 * MP_LANES < e; i += 4 * MP_LANES) {
-            a0 += cu_tof<T>(x[i * dim + j]);
-            a1 += cu_tof<T>(x[(i + MP_LANES) * dim + j]);
-            a2 += cu_tof<T>(x[(i + 2 * MP_LANES) * dim + j]);
-            a3 += cu_tof<T>(x[(i + 3 * MP_LANES) * dim + j]);
-        }
-        for (; i < e; i += MP_LANES)
-            a0 += cu_tof<T>(x[i * dim + j]);
-    }
-    part[ty][threadIdx.x] = (a0 + a1) + (a2 + a3);
-    __syncthreads();
-    if (ty == 0 && j < dim) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MP_LANES; k++)
-            acc += part[k][threadIdx.x];
-        if (e > s)
-            acc /= (float)(e - s);
-        out[(size_t)r * dim + j] = cu_fromf<T>(acc);
-    }
-}
-
+/* Being replaced by pool (pool.cu): its jagged mean. */
 static int cuda_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
                           void *out, bk_err *err)
 {
-    cu_prof_scope prof_(s, "mean_pool");
-    if (n <= 0 || dim <= 0)
-        return 0;
-    if (enter(s->be, err))
-        return -1;
-    dim3 grid((unsigned)n, (unsigned)((dim + 31) / 32)), block(32, MP_LANES);
-    CU_DISPATCH(cu_dt(s), (k_mean_pool<T><<<grid, block, 0, s->st>>>(
-                              (const T *)x, offsets, dim, (T *)out)));
-    return cu_check_launch(s, err, "mean_pool");
+    return cuda_pool(s, x, offsets, n, 0, dim, BK_POOL_MEAN, out, err);
 }
 
 template <typename T>
@@ -907,7 +865,7 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
     if (enter(s->be, err))
         return -1;
     size_t total = (size_t)n * width;
-    CU_DISPATCH(cu_dt(s), (k_add<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+    CU_DISPATCH(cu_dt(s), (k_add<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
                               (const T *)a, (const T *)b, map, (size_t)n, width, (T *)out)));
     return cu_check_launch(s, err, "add");
 }
@@ -1007,7 +965,7 @@ static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets
         return -1;
     if (!src_offsets) {
         size_t total = (size_t)nc * width;
-        CU_DISPATCH(cu_dt(s), (k_gather_dense<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+        CU_DISPATCH(cu_dt(s), (k_gather_dense<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
                                   (const T *)src, map, (size_t)nc, width, (T *)dst)));
     } else {
         if (!dst_offsets) {
@@ -1021,18 +979,6 @@ static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets
 }
 
 /* ------------------------------------------------------------ linear */
-
-template <typename T>
-__global__ void k_sigmoid_rows(T *y, int ldy, size_t rows, int width)
-{
-    size_t total = rows * (size_t)width;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / width, j = i - r * width;
-        T *p = y + r * ldy + j;
-        *p = cu_fromf<T>(1.0f / (1.0f + expf(-cu_tof<T>(*p))));
-    }
-}
 
 /* in == 0: y = act(bias), or zeros. */
 template <typename T>
@@ -1184,7 +1130,7 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
     cu_prof_scope prof_(s, s->prof ? prof_shape_name(s->prof, "linear", rows, in, out) : "linear");
     if (rows <= 0 || out <= 0)
         return 0;
-    if (act != BK_ACT_NONE && act != BK_ACT_RELU && act != BK_ACT_SIGMOID) {
+    if (act < BK_ACT_NONE || act >= BK_ACT_COUNT) {
         bk_seterr(err, "linear: unknown activation %d", (int)act);
         return -1;
     }
@@ -1202,7 +1148,7 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
     size_t es = s->be->act_size;
     if (in == 0) {
         size_t total = (size_t)rows * out;
-        CU_DISPATCH(dt, (k_bias_rows<T><<<grid_for(total, 256), 256, 0, s->st>>>(
+        CU_DISPATCH(dt, (k_bias_rows<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
                             (T *)y, ldy, (size_t)rows, out, bias ? (const T *)bias->data : NULL,
                             act == BK_ACT_RELU)));
         if (cu_check_launch(s, err, "linear bias"))
@@ -1246,13 +1192,8 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
                        err, "matmul"))
             return -1;
     }
-    if (act == BK_ACT_SIGMOID) {
-        size_t total = (size_t)rows * out;
-        CU_DISPATCH(dt, (k_sigmoid_rows<T><<<grid_for(total, 256), 256, 0, s->st>>>(
-                            (T *)y, ldy, (size_t)rows, out)));
-        return cu_check_launch(s, err, "linear sigmoid");
-    }
-    return 0;
+    /* What the epilogue lacks: sigmoid, exact gelu, silu, tanh (elementwise.cu). */
+    return act == BK_ACT_RELU ? 0 : cu_act_rows(s, y, ldy, rows, out, act, err);
 }
 
 /* ------------------------------------------------------------ the table */
@@ -1351,5 +1292,12 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->add = cuda_add;
     be->copy_rows = cuda_copy_rows;
     be->gather = cuda_gather;
+    be->pool = cuda_pool;
+    be->activation = cuda_activation;
+    be->layer_norm = cuda_layer_norm;
+    be->mul = cuda_mul;
+    be->token_linear = cuda_token_linear;
+    be->dot_interaction = cuda_dot_interaction;
+    be->mixture = cuda_mixture;
     return be;
 }

@@ -5,6 +5,9 @@
  * cuBLASLt; lce.cu: the IKBO linear compression; attention.cu: the IKBO
  * target attention). They share the private structs, the dtype dispatch and
  * the error helpers declared here; the engine only ever sees kernels/backend.h.
+ * The ranking-model ops sit one family per file: elementwise.cu (activation,
+ * mul), norm.cu (layer_norm), pool.cu (pool), interact.cu (token_linear,
+ * dot_interaction), mixture.cu (mixture).
  *
  * Activation dtype: chosen once per backend from IKBO_CUDA_DTYPE (bf16 by
  * default, fp16, or fp32 for tight checks against the CPU backend). Every
@@ -183,15 +186,81 @@ template <> __host__ __device__ inline __nv_bfloat16 cu_fromf<__nv_bfloat16>(flo
 }
 template <> __host__ __device__ inline __half cu_fromf<__half>(float x) { return __float2half_rn(x); }
 
-/* Runs BODY with T bound to the activation type of dtype DT. */
-#define CU_DISPATCH(DT, BODY)                                                 \
+/* Runs the body (the arguments after DT; a braced block may hold commas)
+ * with T bound to the activation type of dtype DT. */
+#define CU_DISPATCH(DT, ...)                                                  \
     do {                                                                      \
         switch (DT) {                                                         \
-        case CU_F32: { typedef float T; BODY; } break;                        \
-        case CU_BF16: { typedef __nv_bfloat16 T; BODY; } break;               \
-        case CU_F16: { typedef __half T; BODY; } break;                       \
+        case CU_F32: { typedef float T; __VA_ARGS__; } break;                 \
+        case CU_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;        \
+        case CU_F16: { typedef __half T; __VA_ARGS__; } break;                \
         }                                                                     \
     } while (0)
+
+/* act(x) in fp32 for every bk_act but NONE (identity): exact gelu (erf),
+ * shared by the activation op and linear's activation pass. */
+__device__ __forceinline__ float cu_act_f(float x, int act)
+{
+    switch (act) {
+    case BK_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case BK_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case BK_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case BK_ACT_SILU: return x / (1.0f + expf(-x));
+    case BK_ACT_TANH: return tanhf(x);
+    default: return x;
+    }
+}
+
+/* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
+unsigned cu_grid_for(size_t n, unsigned block);
+
+/* y[r, j] = act(y[r, j]) for rows x width (row stride ldy), in place: the
+ * activation op's kernel, also linear's pass for what cuBLASLt's epilogues
+ * lack (sigmoid, exact gelu, silu, tanh). elementwise.cu. */
+int cu_act_rows(bk_stream *s, void *y, int ldy, int rows, int width, enum bk_act act,
+                bk_err *err);
+
+/* The ranking-model ops (elementwise.cu, norm.cu, pool.cu, interact.cu,
+ * mixture.cu), with backend.h's signatures. */
+int cuda_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,
+                    bk_err *err);
+int cuda_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, const void *c, int n,
+             int width, void *out, bk_err *err);
+int cuda_layer_norm(bk_stream *s, const void *x, int rows, int dim, const bk_weight *w,
+                    const bk_weight *b, float eps, void *out, bk_err *err);
+int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
+              enum bk_pool fn, void *out, bk_err *err);
+int cuda_token_linear(bk_stream *s, const void *x, int rows, const bk_weight *w, int k, int m,
+                      int d, void *z, bk_err *err);
+int cuda_dot_interaction(bk_stream *s, const void *tu, const void *uu, const int32_t *map,
+                         const void *tc, int n, const bk_dot_order *ord, int d, int self,
+                         void *out, bk_err *err);
+int cuda_mixture(bk_stream *s, const void *const *experts, int n_experts, const void *gate, int n,
+                 int width, void *out, bk_err *err);
+
+/* 16-byte vectors of V = 16 / sizeof(T) elements, for the memory-bound
+ * kernels: loads widen to fp32, stores round once. */
+static inline bool cu_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+template <typename T> struct cu_vec {
+    static constexpr int V = 16 / sizeof(T);
+    __device__ __forceinline__ static void load(const T *p, float *f)
+    {
+        uint4 u = *(const uint4 *)p;
+        const T *t = (const T *)&u;
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            f[i] = cu_tof<T>(t[i]);
+    }
+    __device__ __forceinline__ static void store(T *p, const float *f)
+    {
+        uint4 u;
+        T *t = (T *)&u;
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            t[i] = cu_fromf<T>(f[i]);
+        *(uint4 *)p = u;
+    }
+};
 
 /* The IKBO ops (lce.cu, attention.cu), with backend.h's signatures. */
 int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,

@@ -1,0 +1,142 @@
+/* pool.cu - the CUDA pool op (sum, mean, max, last) over tokens or jagged
+ * events; mean_pool is pool's jagged mean.
+ *
+ * Why this exists: DLRM-style models reduce a row's tokens or a user's
+ * history events to one vector. Two layouts, two kernels:
+ * - jagged (offsets): a user's events can number thousands, so a block
+ *   (row, 32 columns) has PL_LANES lanes per column, lane y taking events
+ *   y, y + PL_LANES, ... with four loads in flight, and the lanes are
+ *   combined in shared memory (one block per row with one thread per column
+ *   serialized a 1024-event history into 1024 dependent steps);
+ * - tokens: k is small (a few to a few dozen), so one thread per output
+ *   vector of 16 bytes (or element) walks the k tokens in order.
+ * Empty segments give zeros for every fn. Accumulation in fp32; the order
+ * depends only on the segment length, never on the batch.
+ */
+#include <math.h>
+
+#include "kernels/cuda/cuda_internal.h"
+
+#define PL_LANES 16
+
+__device__ __forceinline__ float pool_step(float a, float v, int fn)
+{
+    return fn == BK_POOL_MAX ? fmaxf(a, v) : a + v;
+}
+
+/* Block (row, 32 columns), 32 x PL_LANES threads. */
+template <typename T>
+__global__ void k_pool_jagged(const T *__restrict__ x, const int64_t *__restrict__ off, int dim,
+                              int fn, T *__restrict__ out)
+{
+    __shared__ float part[PL_LANES][33];
+    const int r = blockIdx.x, j = blockIdx.y * 32 + threadIdx.x, ty = threadIdx.y;
+    const int64_t s = off[r], e = off[r + 1];
+    if (fn == BK_POOL_LAST) {
+        if (ty == 0 && j < dim)
+            out[(size_t)r * dim + j] = e > s ? x[(e - 1) * dim + j] : cu_fromf<T>(0.0f);
+        return;
+    }
+    const float id = fn == BK_POOL_MAX ? -INFINITY : 0.0f;
+    float a0 = id, a1 = id, a2 = id, a3 = id;
+    if (j < dim) {
+        int64_t i = s + ty;
+        for (; i + 3 * PL_LANES < e; i += 4 * PL_LANES) {
+            a0 = pool_step(a0, cu_tof<T>(x[i * dim + j]), fn);
+            a1 = pool_step(a1, cu_tof<T>(x[(i + PL_LANES) * dim + j]), fn);
+            a2 = pool_step(a2, cu_tof<T>(x[(i + 2 * PL_LANES) * dim + j]), fn);
+            a3 = pool_step(a3, cu_tof<T>(x[(i + 3 * PL_LANES) * dim + j]), fn);
+        }
+        for (; i < e; i += PL_LANES)
+            a0 = pool_step(a0, cu_tof<T>(x[i * dim + j]), fn);
+    }
+    part[ty][threadIdx.x] = pool_step(pool_step(a0, a1, fn), pool_step(a2, a3, fn), fn);
+    __syncthreads();
+    if (ty == 0 && j < dim) {
+        float acc = id;
+#pragma unroll
+        for (int k = 0; k < PL_LANES; k++)
+            acc = pool_step(acc, part[k][threadIdx.x], fn);
+        if (e == s)
+            acc = 0.0f;
+        else if (fn == BK_POOL_MEAN)
+            acc /= (float)(e - s);
+        out[(size_t)r * dim + j] = cu_fromf<T>(acc);
+    }
+}
+
+/* Tokens: x [n, k*d]; one thread per V-wide piece of an output row. */
+template <typename T, bool VEC>
+__global__ void k_pool_tokens(const T *__restrict__ x, size_t n, int k, int d, int fn,
+                              T *__restrict__ out)
+{
+    constexpr int V = VEC ? cu_vec<T>::V : 1;
+    const int du = d / V;
+    const size_t total = n * (size_t)du;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / du;
+        int j = (int)(i - r * du) * V;
+        const T *xr = x + r * (size_t)k * d + j;
+        float acc[V], f[V];
+        int t0 = fn == BK_POOL_LAST ? k - 1 : 0;
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            acc[q] = fn == BK_POOL_MAX ? -INFINITY : 0.0f;
+        for (int t = t0; t < k; t++) {
+            if constexpr (VEC) {
+                cu_vec<T>::load(xr + (size_t)t * d, f);
+            } else {
+                f[0] = cu_tof<T>(xr[(size_t)t * d]);
+            }
+#pragma unroll
+            for (int q = 0; q < V; q++)
+                acc[q] = pool_step(acc[q], f[q], fn);
+        }
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            acc[q] = k == 0 ? 0.0f : fn == BK_POOL_MEAN ? acc[q] / (float)k : acc[q];
+        if constexpr (VEC) {
+            cu_vec<T>::store(out + r * d + j, acc);
+        } else {
+            out[r * d + j] = cu_fromf<T>(acc[0]);
+        }
+    }
+}
+
+int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
+              enum bk_pool fn, void *out, bk_err *err)
+{
+    cu_prof_scope prof_(s, "pool");
+    if (fn != BK_POOL_SUM && fn != BK_POOL_MEAN && fn != BK_POOL_MAX && fn != BK_POOL_LAST) {
+        bk_seterr(err, "pool: unknown function %d", (int)fn);
+        return -1;
+    }
+    if (!offsets && k < 0) {
+        bk_seterr(err, "pool: %d tokens", k);
+        return -1;
+    }
+    if (n <= 0 || d <= 0)
+        return 0;
+    if (cu_enter(s, err))
+        return -1;
+    if (offsets) {
+        dim3 grid((unsigned)n, (unsigned)((d + 31) / 32)), block(32, PL_LANES);
+        CU_DISPATCH(cu_dt(s), (k_pool_jagged<T><<<grid, block, 0, s->st>>>(
+                                  (const T *)x, offsets, d, (int)fn, (T *)out)));
+        return cu_check_launch(s, err, "pool (jagged)");
+    }
+    const int v = 16 / (int)s->be->act_size;
+    const bool vec = d % v == 0 && cu_aligned16(x) && cu_aligned16(out);
+    const size_t units = (size_t)n * (vec ? d / v : d);
+    const unsigned grid = cu_grid_for(units, 256);
+    CU_DISPATCH(cu_dt(s), {
+        if (vec)
+            k_pool_tokens<T, true><<<grid, 256, 0, s->st>>>((const T *)x, (size_t)n, k, d,
+                                                             (int)fn, (T *)out);
+        else
+            k_pool_tokens<T, false><<<grid, 256, 0, s->st>>>((const T *)x, (size_t)n, k, d,
+                                                              (int)fn, (T *)out);
+    });
+    return cu_check_launch(s, err, "pool (tokens)");
+}
