@@ -135,12 +135,6 @@ struct bk_backend {
                              const int32_t *actions, const int64_t *offsets, int n,
                              void *out, bk_err *err);
 
-    /* Mean over each segment [offsets[r], offsets[r+1]) of x [*, dim];
-     * empty segment -> zeros. out [n, dim]. Being replaced by pool (fn MEAN,
-     * jagged): removed once both backends implement pool. */
-    int (*mean_pool)(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
-                     void *out, bk_err *err);
-
     /* Pool each row's tokens or events to one [d] row, out [n, d].
      * Jagged (offsets != NULL): row r's events are rows [offsets[r],
      * offsets[r+1]) of x [*, d], k ignored. Tokens (offsets NULL): x [n, k*d],

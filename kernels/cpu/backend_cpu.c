@@ -286,7 +286,6 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->weight_free = cpu_weight_free;
     be->embedding_bag = cpu_embedding_bag;
     be->history_embedding = cpu_history_embedding;
-    be->mean_pool = cpu_mean_pool;
     be->linear = cpu_linear;
     be->lce = cpu_lce;
     be->attention = cpu_attention;

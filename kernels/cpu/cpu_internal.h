@@ -122,8 +122,6 @@ int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
 int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
                           const bk_weight *position, const int64_t *ids, const int32_t *actions,
                           const int64_t *offsets, int n, void *out, bk_err *err);
-int cpu_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim, void *out,
-                  bk_err *err);
 int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,

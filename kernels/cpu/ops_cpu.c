@@ -198,14 +198,6 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
     return 0;
 }
 
-/* ---- mean_pool ---- */
-
-int cpu_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim, void *out,
-                  bk_err *err)
-{
-    return cpu_pool(s, x, offsets, n, 0, dim, BK_POOL_MEAN, out, err);
-}
-
 /* ---- linear ---- */
 
 

@@ -837,11 +837,6 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
 }
 
 /* Being replaced by pool (pool.cu): its jagged mean. */
-static int cuda_mean_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int dim,
-                          void *out, bk_err *err)
-{
-    return cuda_pool(s, x, offsets, n, 0, dim, BK_POOL_MEAN, out, err);
-}
 
 template <typename T>
 __global__ void k_add(const T *a, const T *__restrict__ b, const int32_t *__restrict__ map,
@@ -1285,7 +1280,6 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->weight_free = cuda_weight_free;
     be->embedding_bag = cuda_embedding_bag;
     be->history_embedding = cuda_history_embedding;
-    be->mean_pool = cuda_mean_pool;
     be->linear = cuda_linear;
     be->lce = cuda_lce;
     be->attention = cuda_attention;

@@ -211,177 +211,6 @@ static void compare(const char *what, pair *out, size_t rows, size_t width, size
     free(g);
 }
 
-/* ------------------------------------------------ CPU stand-ins (interim)
- * Until branch h-cpu (the CPU backend's ranking ops) is merged, the CPU
- * table lacks them; these plain fp32 loops, written from backend.h and the
- * semantics brief, take their place so the GPU kernels can be checked now.
- * install_standins only fills empty slots: once the CPU ops exist they are
- * what every test compares against, and this section should be deleted. */
-#include "kernels/cpu/cpu_internal.h"
-
-static int standins_used;
-
-static float sp_act(float x, int act)
-{
-    switch (act) {
-    case BK_ACT_RELU: return x > 0 ? x : 0;
-    case BK_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case BK_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case BK_ACT_SILU: return x / (1.0f + expf(-x));
-    case BK_ACT_TANH: return tanhf(x);
-    default: return x;
-    }
-}
-
-static int sp_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,
-                         bk_err *err)
-{
-    (void)s, (void)err;
-    for (size_t i = 0; i < n; i++)
-        ((float *)out)[i] = sp_act(((const float *)x)[i], act);
-    return 0;
-}
-
-static int sp_pool(bk_stream *s, const void *xv, const int64_t *off, int n, int k, int d,
-                   enum bk_pool fn, void *outv, bk_err *err)
-{
-    (void)s, (void)err;
-    const float *x = xv;
-    float *out = outv;
-    for (int r = 0; r < n; r++) {
-        int64_t a = off ? off[r] : (int64_t)r * k, e = off ? off[r + 1] : (int64_t)(r + 1) * k;
-        for (int j = 0; j < d; j++) {
-            float acc = fn == BK_POOL_MAX ? -INFINITY : 0.0f;
-            for (int64_t i = a; i < e; i++) {
-                float v = x[i * d + j];
-                acc = fn == BK_POOL_MAX ? (v > acc ? v : acc) : fn == BK_POOL_LAST ? v : acc + v;
-            }
-            if (e == a)
-                acc = 0.0f;
-            else if (fn == BK_POOL_MEAN)
-                acc /= (float)(e - a);
-            out[(size_t)r * d + j] = acc;
-        }
-    }
-    return 0;
-}
-
-static int sp_layer_norm(bk_stream *s, const void *xv, int rows, int dim, const bk_weight *w,
-                         const bk_weight *b, float eps, void *outv, bk_err *err)
-{
-    (void)s, (void)err;
-    for (int r = 0; r < rows; r++) {
-        const float *x = (const float *)xv + (size_t)r * dim;
-        float *o = (float *)outv + (size_t)r * dim, m = 0, v = 0;
-        for (int j = 0; j < dim; j++)
-            m += x[j];
-        m /= dim;
-        for (int j = 0; j < dim; j++)
-            v += (x[j] - m) * (x[j] - m);
-        float rs = 1.0f / sqrtf(v / dim + eps);
-        for (int j = 0; j < dim; j++)
-            o[j] = (x[j] - m) * rs * w->data[j] + b->data[j];
-    }
-    return 0;
-}
-
-static int sp_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, const void *c,
-                  int n, int width, void *out, bk_err *err)
-{
-    (void)s, (void)err;
-    for (int r = 0; r < n; r++)
-        for (int j = 0; j < width; j++) {
-            size_t i = (size_t)r * width + j, ib = (size_t)(map ? map[r] : r) * width + j;
-            float v = ((const float *)a)[i] * ((const float *)b)[ib];
-            ((float *)out)[i] = c ? v + ((const float *)c)[i] : v;
-        }
-    return 0;
-}
-
-static int sp_token_linear(bk_stream *s, const void *xv, int rows, const bk_weight *w, int k,
-                           int m, int d, void *zv, bk_err *err)
-{
-    (void)s, (void)err;
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < m; i++)
-            for (int j = 0; j < d; j++) {
-                float acc = 0;
-                for (int t = 0; t < k; t++)
-                    acc += w->data[i * k + t] * ((const float *)xv)[((size_t)r * k + t) * d + j];
-                ((float *)zv)[((size_t)r * m + i) * d + j] = acc;
-            }
-    return 0;
-}
-
-static int sp_dot_interaction(bk_stream *s, const void *tu, const void *uu, const int32_t *map,
-                              const void *tc, int n, const bk_dot_order *ord, int d, int self,
-                              void *outv, bk_err *err)
-{
-    (void)s, (void)err;
-    int ku = ord->ku, K = ku + ord->kc, P = self ? K * (K + 1) / 2 : K * (K - 1) / 2;
-    int Pu = self ? ku * (ku + 1) / 2 : ku * (ku - 1) / 2, at[BK_DOT_MAX_TOKENS];
-    for (int t = 0; t < K; t++)
-        at[ord->pos[t]] = t;
-    for (int r = 0; r < n; r++) {
-        int u = map ? map[r] : r, p = 0;
-        for (int i = 0; i < K; i++)
-            for (int j = self ? i : i + 1; j < K; j++, p++) {
-                int a = at[i], b = at[j];
-                float acc = 0;
-                if (uu && a < ku && b < ku) {
-                    int kk = self ? ku : ku - 1;
-                    acc = ((const float *)uu)[(size_t)u * Pu + a * (2 * kk - a + 1) / 2 + b - a -
-                                              (self ? 0 : 1)];
-                } else {
-                    const float *x = a < ku ? (const float *)tu + ((size_t)u * ku + a) * d
-                                            : (const float *)tc + ((size_t)r * ord->kc + a - ku) * d;
-                    const float *y = b < ku ? (const float *)tu + ((size_t)u * ku + b) * d
-                                            : (const float *)tc + ((size_t)r * ord->kc + b - ku) * d;
-                    for (int q = 0; q < d; q++)
-                        acc += x[q] * y[q];
-                }
-                ((float *)outv)[(size_t)r * P + p] = acc;
-            }
-    }
-    return 0;
-}
-
-static int sp_mixture(bk_stream *s, const void *const *ex, int E, const void *gate, int n,
-                      int width, void *outv, bk_err *err)
-{
-    (void)s, (void)err;
-    for (int r = 0; r < n; r++) {
-        const float *g = (const float *)gate + (size_t)r * E;
-        float m = g[0], sum = 0, w[BK_MIX_MAX_EXPERTS];
-        for (int e = 1; e < E; e++)
-            m = g[e] > m ? g[e] : m;
-        for (int e = 0; e < E; e++)
-            sum += (w[e] = expf(g[e] - m));
-        for (int j = 0; j < width; j++) {
-            float acc = 0;
-            for (int e = 0; e < E; e++)
-                acc += w[e] / sum * ((const float *)ex[e])[(size_t)r * width + j];
-            ((float *)outv)[(size_t)r * width + j] = acc;
-        }
-    }
-    return 0;
-}
-
-static void install_standins(bk_backend *be)
-{
-#define SP(slot, fn) if (!be->slot) { be->slot = fn; standins_used++; }
-    SP(activation, sp_activation);
-    SP(pool, sp_pool);
-    SP(layer_norm, sp_layer_norm);
-    SP(mul, sp_mul);
-    SP(token_linear, sp_token_linear);
-    SP(dot_interaction, sp_dot_interaction);
-    SP(mixture, sp_mixture);
-#undef SP
-    if (standins_used)
-        printf("note: %d CPU ops are test stand-ins (h-cpu not merged)\n", standins_used);
-}
-
 /* ------------------------------------------------------------------ ops */
 
 static void test_embedding_bag(int rows, int dim, int n, int maxbag, int pool, int pad)
@@ -478,8 +307,8 @@ static void test_mean_pool(int n, int dim, int maxlen)
     pair px = act_pair(x, (size_t)(off[n] ? off[n] : 1) * dim);
     pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
     pair out = out_pair((size_t)n * dim);
-    ok_or_die(cpu->mean_pool(cs, px.c, po.c, n, dim, out.c, &ec), "cpu mean_pool", &ec);
-    ok_or_die(gpu->mean_pool(gs, px.g, po.g, n, dim, out.g, &eg), "gpu mean_pool", &eg);
+    ok_or_die(cpu->pool(cs, px.c, po.c, n, 0, dim, BK_POOL_MEAN, out.c, &ec), "cpu pool mean", &ec);
+    ok_or_die(gpu->pool(gs, px.g, po.g, n, 0, dim, BK_POOL_MEAN, out.g, &eg), "gpu pool mean", &eg);
     char what[96];
     snprintf(what, sizeof what, "mean_pool n %d dim %d", n, dim);
     compare(what, &out, n, dim, dim);
@@ -1165,7 +994,6 @@ int main(int argc, char **argv)
     bk_err e = {{0}};
     if (!(cpu = bk_cpu_new(&e)) || !(cs = cpu->stream_new(cpu, &e)))
         DIE("cpu: %s", e.msg);
-    install_standins(cpu);
     for (int di = 0; di < nd; di++) {
         dtype_name = want[di];
         tol = !strcmp(dtype_name, "fp32") ? 1e-5 : !strcmp(dtype_name, "bf16") ? 2e-2 : 5e-3;
