@@ -18,13 +18,16 @@
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
 #            each op's GPU time and the final download, per batch shape
+#   ops      test_cuda_ops (every op, GPU vs CPU) at fp32, bf16 and fp16, the
+#            ranking ops under compute-sanitizer memcheck, and bench_ops (the
+#            ranking ops against their floors, bf16), from build/gpu
 #   zoo      the ranking reference models (carry build/gpu): test_cuda_model on
 #            models/{dlrm,dcn,mmoe}/1 and the random family models at fp32,
 #            bf16 and fp16, then the three under compute-sanitizer memcheck
 #            (fp32); zoo-bench: the three at bench scale (tools/reference/zoo.py
 #            --bench, written here), IKBO vs broadcast per batch shape
 #            (ZOO_SHAPES, default "16x70 64x70"), then one profiled IKBO run
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [zoo] [zoo-bench]
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -69,6 +72,17 @@ EOF
   done
   kill -TERM $pid; wait $pid; local drc=$?
   [ $rc = 0 ] && [ $drc = 0 ]
+}
+
+ops_check() {
+  local dt rc=0
+  for dt in fp32 bf16 fp16; do build/gpu/test_cuda_ops --dtype $dt | tail -n 2 || rc=1; done
+  compute-sanitizer --tool memcheck --error-exitcode 3 build/gpu/test_cuda_ops --ranking-only --dtype bf16 \
+      > "$OUT/ops_memcheck.log" 2>&1 || rc=1
+  grep "ERROR SUMMARY" "$OUT/ops_memcheck.log"
+  build/gpu/bench_ops --dtype bf16 > "$OUT/bench_ops.log" 2>&1 || rc=1
+  tail -n 30 "$OUT/bench_ops.log"
+  return $rc
 }
 
 zoo_models() { echo models/dlrm/1 models/dcn/1 models/mmoe/1 build/gpu/models/f_*/1; }
@@ -128,6 +142,8 @@ for s in $stages; do
   phases)
     [ -f models/bench/1/model.json ] || stage bench-model phases.log $PY models/bench/make_bench_model.py
     stage phases phases.log ${PHASES_BIN:-build/gpu/batch_phases} models/bench/1 --device cuda:0 ;;
+  ops)
+    stage ops ops.log ops_check ;;
   zoo)
     stage zoo zoo.log zoo_check ;;
   zoo-bench)
