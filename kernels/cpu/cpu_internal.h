@@ -101,14 +101,14 @@ int cpu_check_offsets(const char *op, const int64_t *offsets, int n, bk_err *err
 int cpu_check_map(const char *op, const int32_t *map, int n, int nu, bk_err *err);
 int cpu_bad_dims(const char *op, const char *what, long long v, bk_err *err);
 
-/* One activation in fp32 (libm's erff, expf, tanhf: exact functions, not
+/* One activation in fp32 (libm's erfcf, expf, tanhf: exact functions, not
  * approximations). NaN stays NaN, as in PyTorch. */
 static inline float cpu_activate(float v, enum bk_act act)
 {
     switch (act) {
     case BK_ACT_RELU: return v < 0.0f ? 0.0f : v;
     case BK_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    case BK_ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case BK_ACT_GELU: return 0.5f * v * erfcf(-v * 0.70710678118654752f); /* = 0.5 v (1 + erf(v/√2)), no cancellation for v << 0 */
     case BK_ACT_SILU: return v / (1.0f + expf(-v));
     case BK_ACT_TANH: return tanhf(v);
     default: return v;

@@ -204,7 +204,7 @@ __device__ __forceinline__ float cu_act_f(float x, int act)
     switch (act) {
     case BK_ACT_RELU: return x > 0.0f ? x : 0.0f;
     case BK_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case BK_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case BK_ACT_GELU: return 0.5f * x * erfcf(-x * 0.70710678118654752f); /* no cancellation for x << 0 */
     case BK_ACT_SILU: return x / (1.0f + expf(-x));
     case BK_ACT_TANH: return tanhf(x);
     default: return x;

@@ -149,6 +149,14 @@ static void test_activation_and_layer_norm(void **state)
         assert_memory_equal(x, out, n * sizeof(float));
         free(x); free(out); free(ref);
     }
+    /* gelu element by element on its negative tail, where 1 + erf cancels. */
+    float xs[64], ys[64];
+    for (int i = 0; i < 64; i++) xs[i] = -2.0f - 3.0f * (float)i / 64; /* down to -5 */
+    assert_int_equal(be->activation(st, xs, 64, BK_ACT_GELU, ys, &err), 0);
+    for (int i = 0; i < 64; i++) {
+        double r = act_ref(xs[i], BK_ACT_GELU);
+        if (fabs(ys[i] - r) > 5e-5 * fabs(r)) /* 1 + erff: 2e-4 at -3.6, 100% at -7 */ fail_msg("gelu(%g) = %g, expected %g", xs[i], ys[i], r);
+    }
     for (int it = 0; it < 20; it++) {
         int rows = it == 0 ? 1 : irand(1, 50), dim = it == 1 ? 1 : irand(1, 200);
         float eps = it % 2 ? 1e-5f : 1e-3f;
