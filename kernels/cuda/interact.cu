@@ -10,16 +10,14 @@
  * mma.sync, SIMT; lce.cu), not on a second GEMM written here. bench_ops
  * measures it against cuBLAS's strided-batched GEMM with a stride-0 weight.
  *
- * dot_interaction: a block takes R rows; it stages each row's virtual stack
- * T (K tokens of d, user tokens read through the map, candidate tokens
- * direct) in shared memory as fp32, transposed ([d][K+1], so a warp's pairs
- * (i, j..j+31) read one broadcast and 32 consecutive words, and the staging
- * writes are conflict-free), then its threads walk the row-major upper
- * triangle in output order, one pair each, with one fp32 FMA chain in
- * increasing d per pair. Pairs of two user tokens are copied from uu when
- * given (IKBO: computed once per user). No [n, K, d] stack exists in
- * global memory. Rows whose stack does not fit in shared memory read the
- * tokens from global memory (cached) instead.
+ * dot_interaction: one thread per 4 x 4 block of places of a row's upper
+ * triangle (diagonal blocks included), reading its eight tokens in 16-byte
+ * vectors straight from global memory - user tokens through the map,
+ * candidate tokens direct - with 16 fp32 FMA chains in increasing d, so a
+ * token is loaded once per four dots (a thread per pair, through a shared
+ * memory stack, ran 17-24x over the byte floor). Pairs of two user tokens
+ * are copied from uu when given (IKBO: computed once per user). No
+ * [n, K, d] stack exists anywhere.
  */
 #include "kernels/cuda/cuda_internal.h"
 
@@ -40,8 +38,7 @@ int cuda_token_linear(bk_stream *s, const void *x, int rows, const bk_weight *w,
 }
 
 #define DI_THREADS 256
-#define DI_MAX_ROWS 16               /* rows per block */
-#define DI_SMEM_DEFAULT (48 * 1024)  /* without raising the kernel's limit */
+#define DI_TILE 4 /* a thread's block of pairs: 4 x 4 places */
 
 /* The pair (i, j) at index p of the row-major upper triangle over K places
  * (i < j, or i <= j with self). */
@@ -66,57 +63,80 @@ __device__ __forceinline__ int tri_index(int a, int b, int K, int self)
     return a * (2 * kk - a + 1) / 2 + (b - a - (self ? 0 : 1));
 }
 
-/* SMEM: stacks staged in shared memory (R rows); else R = 1 and tokens are
- * read from global memory. */
-template <typename T, bool SMEM>
+/* One thread per tile (bi <= bj) of 4 x 4 places of a row: eight token
+ * pointers, 16 fp32 FMA chains in increasing d, the tokens read in 16-byte
+ * vectors (VEC) straight from global memory (a row's tokens are a few KiB
+ * and stay in L1 across the row's tiles). Places past K repeat place K-1
+ * and are not written. */
+template <typename T, bool VEC>
 __global__ void __launch_bounds__(DI_THREADS)
 k_dot_interaction(const T *__restrict__ tu, const T *__restrict__ uu,
                   const int32_t *__restrict__ map, const T *__restrict__ tc, int n,
-                  bk_dot_order ord, int d, int self, int R, T *__restrict__ out)
+                  bk_dot_order ord, int d, int self, T *__restrict__ out)
 {
-    extern __shared__ float st[]; /* [R][d][K + 1] */
+    constexpr int V = VEC ? cu_vec<T>::V : 1, TS = DI_TILE;
     __shared__ int16_t tok_at[BK_DOT_MAX_TOKENS];
-    const int ku = ord.ku, kc = ord.kc, K = ku + kc, K1 = K + 1;
+    const int ku = ord.ku, kc = ord.kc, K = ku + kc;
     const int P = self ? K * (K + 1) / 2 : K * (K - 1) / 2;
     const int Pu = self ? ku * (ku + 1) / 2 : ku * (ku - 1) / 2;
-    const int r0 = blockIdx.x * R;
-    const int nr = n - r0 < R ? n - r0 : R;
+    const int nb = (K + TS - 1) / TS, nt = nb * (nb + 1) / 2;
     for (int t = threadIdx.x; t < K; t += blockDim.x)
         tok_at[ord.pos[t]] = (int16_t)t;
-    /* Token t of row r (of user u). */
-    auto token = [&](int r, int u, int t) -> const T * {
-        return t < ku ? tu + ((size_t)u * ku + t) * d : tc + ((size_t)r * kc + (t - ku)) * d;
-    };
-    if constexpr (SMEM) {
-        const int per_row = K * d;
-        for (int q = threadIdx.x; q < nr * per_row; q += blockDim.x) {
-            int rr = q / per_row, rem = q - rr * per_row, t = rem / d, k = rem - t * d;
-            int r = r0 + rr, u = map ? map[r] : r;
-            st[((size_t)rr * d + k) * K1 + ord.pos[t]] = cu_tof<T>(token(r, u, t)[k]);
-        }
-    }
     __syncthreads();
-    for (int q = threadIdx.x; q < nr * P; q += blockDim.x) {
-        const int rr = q / P, p = q - rr * P, r = r0 + rr;
+    const size_t total = (size_t)n * nt;
+    for (size_t q = blockIdx.x * (size_t)blockDim.x + threadIdx.x; q < total;
+         q += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(q / nt), tile = (int)(q - (size_t)r * nt);
         const int u = map ? map[r] : r;
-        int i, j;
-        tri_pair(p, K, self, &i, &j);
-        const int ti = tok_at[i], tj = tok_at[j];
-        float acc = 0.0f;
-        if (uu && ti < ku && tj < ku) { /* two user tokens: ti <= tj, pos rises */
-            out[(size_t)r * P + p] = uu[(size_t)u * Pu + tri_index(ti, tj, ku, self)];
-            continue;
+        int bi, bj;
+        tri_pair(tile, nb, 1, &bi, &bj);
+        const T *pa[TS], *pb[TS];
+#pragma unroll
+        for (int a = 0; a < TS; a++) {
+            int ta = tok_at[min(bi * TS + a, K - 1)], tb = tok_at[min(bj * TS + a, K - 1)];
+            pa[a] = ta < ku ? tu + ((size_t)u * ku + ta) * d : tc + ((size_t)r * kc + ta - ku) * d;
+            pb[a] = tb < ku ? tu + ((size_t)u * ku + tb) * d : tc + ((size_t)r * kc + tb - ku) * d;
         }
-        if constexpr (SMEM) {
-            const float *base = st + (size_t)rr * d * K1;
-            for (int k = 0; k < d; k++)
-                acc = fmaf(base[k * K1 + i], base[k * K1 + j], acc);
-        } else {
-            const T *a = token(r, u, ti), *b = token(r, u, tj);
-            for (int k = 0; k < d; k++)
-                acc = fmaf(cu_tof<T>(a[k]), cu_tof<T>(b[k]), acc);
+        float acc[TS][TS];
+#pragma unroll
+        for (int a = 0; a < TS; a++)
+#pragma unroll
+            for (int b = 0; b < TS; b++)
+                acc[a][b] = 0.0f;
+        for (int k = 0; k < d; k += V) {
+            float fa[TS][V], fb[TS][V];
+#pragma unroll
+            for (int a = 0; a < TS; a++) {
+                if constexpr (VEC) {
+                    cu_vec<T>::load(pa[a] + k, fa[a]);
+                    cu_vec<T>::load(pb[a] + k, fb[a]);
+                } else {
+                    fa[a][0] = cu_tof<T>(pa[a][k]);
+                    fb[a][0] = cu_tof<T>(pb[a][k]);
+                }
+            }
+#pragma unroll
+            for (int v = 0; v < V; v++)
+#pragma unroll
+                for (int a = 0; a < TS; a++)
+#pragma unroll
+                    for (int b = 0; b < TS; b++)
+                        acc[a][b] = fmaf(fa[a][v], fb[b][v], acc[a][b]);
         }
-        out[(size_t)r * P + p] = cu_fromf<T>(acc);
+        T *orow = out + (size_t)r * P;
+#pragma unroll
+        for (int a = 0; a < TS; a++)
+#pragma unroll
+            for (int b = 0; b < TS; b++) {
+                const int i = bi * TS + a, j = bj * TS + b;
+                if (j >= K || (self ? i > j : i >= j))
+                    continue;
+                const int ti = tok_at[i], tj = tok_at[j];
+                if (uu && ti < ku && tj < ku) /* two user tokens: ti <= tj, pos rises */
+                    orow[tri_index(i, j, K, self)] = uu[(size_t)u * Pu + tri_index(ti, tj, ku, self)];
+                else
+                    orow[tri_index(i, j, K, self)] = cu_fromf<T>(acc[a][b]);
+            }
     }
 }
 
@@ -171,30 +191,18 @@ int cuda_dot_interaction(bk_stream *s, const void *tu, const void *uu, const int
     }
     if (cu_enter(s, err))
         return -1;
-    const int K = ord->ku + ord->kc, P = self ? K * (K + 1) / 2 : K * (K - 1) / 2;
-    const size_t row_bytes = (size_t)d * (K + 1) * sizeof(float);
-    int R = P >= DI_THREADS ? 1 : DI_THREADS / P;
-    if (R > DI_MAX_ROWS) R = DI_MAX_ROWS;
-    while (R > 1 && R * row_bytes > DI_SMEM_DEFAULT)
-        R--;
-    const size_t smem = R * row_bytes;
-    const bool in_smem = smem <= cu_impl(s->be)->smem_optin;
-    const unsigned grid = (unsigned)((n + R - 1) / R);
-    int rc = 0;
+    const int K = ord->ku + ord->kc, nb = (K + DI_TILE - 1) / DI_TILE;
+    const size_t tiles = (size_t)n * (nb * (nb + 1) / 2);
+    const int v = 16 / (int)s->be->act_size;
+    const bool vec = d % v == 0 && cu_aligned16(tu) && cu_aligned16(tc);
+    const unsigned grid = cu_grid_for(tiles, DI_THREADS);
     CU_DISPATCH(cu_dt(s), {
-        if (in_smem) {
-            if (smem > DI_SMEM_DEFAULT)
-                rc = cu_smem_limit(s, (const void *)k_dot_interaction<T, true>, (int)smem, err);
-            if (!rc)
-                k_dot_interaction<T, true><<<grid, DI_THREADS, smem, s->st>>>(
-                    (const T *)tu, (const T *)uu, map, (const T *)tc, n, *ord, d, self, R,
-                    (T *)out);
-        } else {
-            k_dot_interaction<T, false><<<n, DI_THREADS, 0, s->st>>>(
-                (const T *)tu, (const T *)uu, map, (const T *)tc, n, *ord, d, self, 1, (T *)out);
-        }
+        if (vec)
+            k_dot_interaction<T, true><<<grid, DI_THREADS, 0, s->st>>>(
+                (const T *)tu, (const T *)uu, map, (const T *)tc, n, *ord, d, self, (T *)out);
+        else
+            k_dot_interaction<T, false><<<grid, DI_THREADS, 0, s->st>>>(
+                (const T *)tu, (const T *)uu, map, (const T *)tc, n, *ord, d, self, (T *)out);
     });
-    if (rc)
-        return -1;
     return cu_check_launch(s, err, "dot_interaction");
 }
