@@ -329,20 +329,9 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
     wpair pw = weight_pair(w, out, in), pb = weight_pair(b, 1, out);
     pair px = act_pair(x, (size_t)rows * ldx);
     pair py = out_pair((size_t)rows * ldy);
-    if (cpu->linear(cs, px.c, ldx, rows, pw.c, has_bias ? pb.c : NULL, (enum bk_act)act, py.c,
-                    ldy, &ec)) {
-        /* Interim (h-cpu not merged): a CPU linear without gelu/silu/tanh
-         * is the plain linear, then the activation row by row. */
-        if (act < BK_ACT_GELU)
-            DIE("cpu linear: %s", ec.msg);
-        ok_or_die(cpu->linear(cs, px.c, ldx, rows, pw.c, has_bias ? pb.c : NULL, BK_ACT_NONE,
-                              py.c, ldy, &ec),
-                  "cpu linear", &ec);
-        for (int r = 0; r < rows; r++)
-            ok_or_die(cpu->activation(cs, (float *)py.c + (size_t)r * ldy, (size_t)out,
-                                      (enum bk_act)act, (float *)py.c + (size_t)r * ldy, &ec),
-                      "cpu activation", &ec);
-    }
+    ok_or_die(cpu->linear(cs, px.c, ldx, rows, pw.c, has_bias ? pb.c : NULL, (enum bk_act)act, py.c,
+                          ldy, &ec),
+              "cpu linear", &ec);
     ok_or_die(gpu->linear(gs, px.g, ldx, rows, pw.g, has_bias ? pb.g : NULL, (enum bk_act)act,
                           py.g, ldy, &eg),
               "gpu linear", &eg);
