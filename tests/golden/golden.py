@@ -18,7 +18,8 @@ empty histories and bags; histories longer than max_len), it runs
 which must print {"scores": [...], "task_scores": [[...], ...]} in request
 order and exit 0, and compares every score and task score with the reference
 interpreter (tools/reference/ikbo_ref.py, float64): relative error
-|c - r| / max(|r|, 1e-6) <= tol. It first checks that the reference's two
+|c - r| / max(|r|, 1e-6) <= tol. It first runs tests/golden/test_ref_ops.py (the reference's ranking ops
+against naive numpy loops) and checks that the reference's two
 implementations (naive per-candidate, batched nn.Module) agree.
 
 Prints one row per (model, request, mode) and exits 1 on any failure.
@@ -165,6 +166,12 @@ def main():
         print("  %-8s %-8s %-10s %5s  %-9s %-6s %s" % rows[-1], flush=True)
         if not ok and problem:
             print("      %s" % problem, flush=True)
+
+    # The reference's own ranking ops against naive numpy loops comes first.
+    ops = subprocess.run([sys.executable, os.path.join(REPO, "tests", "golden", "test_ref_ops.py")],
+                         capture_output=True, text=True)
+    row("ref_ops", "-", "selfcheck", 0, 0.0 if ops.returncode == 0 else math.inf,
+        (ops.stdout + ops.stderr).strip()[-2000:])
 
     # Models: the shipped ones plus the random ones.
     models = [(n, os.path.join(REPO, "models", n, "1")) for n in SHIPPED]
