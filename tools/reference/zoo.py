@@ -22,9 +22,9 @@ through the map:
     written exactly as two zero-padded placements (`linear` with a 0/1
     weight, no bias) added through the map: x * 1 + 0 * y is exact in
     floating point.
-Weights are random (seeded, PyTorch default init), not trained: the models
-are for numerics, serving and benchmarks; the logits are calibrated so that
-scores do not saturate. `check` draws random requests (make_request.py) and
+`export` writes random weights (seeded, PyTorch default init, the logits
+calibrated so that scores do not saturate); the shipped models are trained
+by train_zoo.py, which uses export_module. `check` draws random requests (make_request.py) and
 compares the module's float64 scores with the interpreter's on the exported
 directory.
 """
@@ -124,9 +124,9 @@ class DCNv2(_Features):
 
 class MMoE(_Features):
     """Shared bottom over [user, candidate] features, 4 experts, a softmax gate
-    and a tower per task, task logits concatenated."""
+    and a tower per task (click, like), task logits concatenated."""
 
-    def __init__(self, tasks=3, experts=4):
+    def __init__(self, tasks=2, experts=4):
         super().__init__()
         fu, fc = len(USER_SPARSE) * D + USER_DENSE, len(CAND_SPARSE) * D + CAND_DENSE
         self.fu = fu
@@ -256,12 +256,12 @@ def convert_mmoe(m):
         x = _linear(L, w, "tower%d_0" % t, "mix%d" % t, tower[0], "silu")
         logits.append(_linear(L, w, "tower%d_1" % t, x, tower[2]))
     L.append({"name": "logits", "op": "concat", "inputs": logits})
-    return L, w, ["click", "like", "share"]
+    return L, w, ["click", "like"][:len(m.towers)]
 
 
 MODELS = {"dlrm": (DLRM, convert_dlrm, "DLRM: bottom MLPs, dot interaction, top MLP"),
           "dcn": (DCNv2, convert_dcn, "DCNv2: full and low-rank cross layers, layer_norm, deep tower"),
-          "mmoe": (MMoE, convert_mmoe, "MMoE: shared bottom, 4 experts, softmax gates, 3 task towers")}
+          "mmoe": (MMoE, convert_mmoe, "MMoE: shared bottom, 4 experts, softmax gates, 2 task towers")}
 
 
 def module_inputs(plan, request):
@@ -292,18 +292,28 @@ def module_scores(m, plan, request):
 
 
 def export_model(name, out, seed=0):
-    cls, conv, desc = MODELS[name]
+    """A randomly initialised, calibrated model of architecture `name`."""
     torch.manual_seed(seed)
-    m = cls().double()
+    m = MODELS[name][0]().double()
+    return export_module(m, name, out, "random weights, seed %d%s" % (seed, ", bench scale" if W > 1 else ""),
+                         calibrate_seed=seed)
+
+
+def export_module(m, name, out, how, calibrate_seed=None, metadata=None):
+    """Writes module m (of architecture `name`) as an ikbo-model/1 version
+    directory; `how` goes into the description. With calibrate_seed the last
+    layers are first rescaled (random weights only)."""
+    _, conv, desc = MODELS[name]
+    m = m.double()
     layers, w, tasks = conv(m)
     spec = {"format": "ikbo-model/1", "name": name,
-            "description": "%s (tools/reference/zoo.py, random weights, seed %d%s)"
-                           % (desc, seed, ", bench scale" if W > 1 else ""),
+            "description": "%s (tools/reference/zoo.py, %s)" % (desc, how),
             "inputs": _inputs(), "tables": _tables(), "layers": layers,
             "output": {"logits": "logits", "tasks": tasks}}
-    _calibrate(m, spec, w, name, seed)
+    if calibrate_seed is not None:
+        _calibrate(m, spec, w, name, calibrate_seed)
     tensors = {k: v.detach().to(torch.float32) for k, v in w.items()}
-    return export.write_model(out, spec, tensors, "F32", metadata={"seed": seed, "zoo": name})
+    return export.write_model(out, spec, tensors, "F32", metadata=metadata or {"zoo": name})
 
 
 def _calibrate(m, spec, w, name, seed):
@@ -328,7 +338,7 @@ def check(model_dir, n_requests=5):
     the reference interpreter, on random requests."""
     ref = ikbo_ref.load_model(model_dir)
     name = ref.spec.get("name")
-    if ref.spec["description"].find("bench scale") >= 0:
+    if "bench scale" in ref.spec["description"]:
         bench_scale()
     cls, conv, _ = MODELS[name]
     m = cls().double()
