@@ -31,31 +31,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/cuda_internal.h"
 
-#define CK(x)                                                                 \
-    do {                                                                      \
-        cudaError_t e_ = (x);                                                 \
-        if (e_ != cudaSuccess) {                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,        \
-                    cudaGetErrorString(e_));                                  \
-            exit(2);                                                          \
-        }                                                                     \
-    } while (0)
 #define CB(x)                                                                 \
     do {                                                                      \
         cublasStatus_t s_ = (x);                                              \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                    \
             fprintf(stderr, "%s:%d: %s: cublas status %d\n", __FILE__,        \
                     __LINE__, #x, (int)s_);                                   \
-            exit(2);                                                          \
-        }                                                                     \
-    } while (0)
-#define BK(x)                                                                 \
-    do {                                                                      \
-        if ((x) != 0) {                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,        \
-                    berr.msg);                                                \
             exit(2);                                                          \
         }                                                                     \
     } while (0)
@@ -86,29 +70,6 @@ template <typename T> static void fill(T *p, size_t n, uint32_t seed, float scal
     CK(cudaGetLastError());
 }
 
-static double median_ms(cudaStream_t st, const std::function<void()> &f, int warm, int reps)
-{
-    for (int i = 0; i < warm; i++)
-        f();
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> t;
-    for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(a, st));
-        f();
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
 
 /* ---------------------------------------------------------------- ceilings */
 

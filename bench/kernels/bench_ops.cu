@@ -26,25 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/cuda_internal.h"
 
-#define CK(x)                                                                 \
-    do {                                                                      \
-        cudaError_t e_ = (x);                                                 \
-        if (e_ != cudaSuccess) {                                              \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,        \
-                    cudaGetErrorString(e_));                                  \
-            exit(2);                                                          \
-        }                                                                     \
-    } while (0)
-#define BK(x)                                                                 \
-    do {                                                                      \
-        if ((x) != 0) {                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,        \
-                    berr.msg);                                                \
-            exit(2);                                                          \
-        }                                                                     \
-    } while (0)
 
 static bk_err berr;
 static bk_backend *be;
@@ -98,29 +82,8 @@ static bk_weight *weight(int rows, int cols, uint32_t seed)
     return w;
 }
 
-static double median_us(const std::function<void()> &f)
-{
-    for (int i = 0; i < 5; i++)
-        f();
-    CK(cudaStreamSynchronize(bs->st));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    std::vector<float> t;
-    for (int i = 0; i < 30; i++) {
-        CK(cudaEventRecord(a, bs->st));
-        f();
-        CK(cudaEventRecord(b, bs->st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2] * 1e3;
-}
+/* Median of 30 runs after 5 warm-ups on the op's stream, in us. */
+static double median_us(const std::function<void()> &f) { return median_ms(bs->st, f, 5, 30) * 1e3; }
 
 /* One table line: time, floor, and the ratio. */
 static void report(const char *op, const char *shape, double us, double bytes, double flops)
