@@ -61,9 +61,6 @@ typedef struct ld {
 } ld;
 
 enum ref_kind { REF_VALUE, REF_SPARSE, REF_HISTORY };
-#define ACC_VALUE OP_ACC_VALUE
-#define ACC_SPARSE OP_ACC_SPARSE
-#define ACC_HISTORY OP_ACC_HISTORY
 
 
 /* ------------------------------------------------------------ helpers */
@@ -338,8 +335,8 @@ static int resolve(ld *L, int i, const char *pre, const char *what, const char *
         return -1;
     }
 
-    if (kind == REF_SPARSE && !(accept & ACC_SPARSE)) {
-        if (accept & ACC_HISTORY)
+    if (kind == REF_SPARSE && !(accept & OP_ACC_SPARSE)) {
+        if (accept & OP_ACC_HISTORY)
             js_fail(&L->jc, "%shistory_embedding input must be 'user.history', got '%s'", pre, q);
         else
             js_fail(&L->jc, "%s%s '%s' is a sparse feature; only embedding_bag reads sparse "
@@ -347,8 +344,8 @@ static int resolve(ld *L, int i, const char *pre, const char *what, const char *
                     pre, what, q, opn);
         return -1;
     }
-    if (kind == REF_HISTORY && !(accept & ACC_HISTORY)) {
-        if (accept & ACC_SPARSE)
+    if (kind == REF_HISTORY && !(accept & OP_ACC_HISTORY)) {
+        if (accept & OP_ACC_SPARSE)
             js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
                             "candidate.sparse.<f>), got '%s'",
                     pre, q);
@@ -358,8 +355,8 @@ static int resolve(ld *L, int i, const char *pre, const char *what, const char *
                     pre, what, opn);
         return -1;
     }
-    if (kind == REF_VALUE && !(accept & ACC_VALUE)) {
-        if (accept & ACC_SPARSE)
+    if (kind == REF_VALUE && !(accept & OP_ACC_VALUE)) {
+        if (accept & OP_ACC_SPARSE)
             js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
                             "candidate.sparse.<f>), got '%s'",
                     pre, q);
@@ -651,8 +648,8 @@ int op_weight(const op_plan *p, const char *param, long long rows, long long col
     md_layer *l = p->l;
     if (l->n_w >= MD_MAX_WEIGHTS)
         return op_fail(p, "internal: more than %d weights", MD_MAX_WEIGHTS);
-    if (rows < 1 || cols < 1 || rows * cols > MD_MAX_DIM * 64) /* both < 2^31 */
-        return op_fail(p, "weight '%s' [%lld, %lld] is too large", param, rows, cols);
+    if (rows < 1 || cols < 1 || rows > MD_MAX_DIM || cols > MD_MAX_DIM)
+        return op_fail(p, "weight '%s' has shape [%lld, %lld]", param, rows, cols);
     md_weight *w = &l->w[l->n_w];
     size_t n = strlen(l->name) + strlen(param) + 2;
     if (!(w->name = malloc(n))) {
