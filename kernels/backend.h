@@ -65,6 +65,29 @@ typedef struct bk_dot_order {
     uint16_t pos[BK_DOT_MAX_TOKENS];  /* pos[t]: token t's place in the stack T */
 } bk_dot_order;
 
+/* self_attention's weighting of the keys. */
+enum bk_att_kind { BK_ATT_SOFTMAX = 0, BK_ATT_SILU = 1 };
+
+/* One self_attention call (see the op): the self part over each user's
+ * events and, optionally, the target part of a target_attention that
+ * shares the layer's K/V (shared_with) - one launch on the GPU. */
+typedef struct bk_seq_att {
+    const void *k, *v;       /* [offsets[nu], heads*dh] packed jagged        */
+    const int64_t *offsets;  /* [nu+1] event rows of each user               */
+    int nu, heads, dh;
+    /* Self part (q NULL: none). q, o [offsets[nu], heads*dh]. */
+    const void *q;
+    void *o;
+    int causal;
+    enum bk_att_kind kind;
+    /* Target part (tq NULL: none): the attention op's semantics with
+     * q = tq [nc*tq_tokens, heads*dh], map [nc] non-decreasing, o = to. */
+    const void *tq;
+    const int32_t *map;
+    int nc, tq_tokens;
+    void *to;
+} bk_seq_att;
+
 /* mixture takes at most this many experts (pointers passed by value). */
 #define BK_MIX_MAX_EXPERTS 64
 
@@ -214,6 +237,32 @@ struct bk_backend {
     int (*attention)(bk_stream *s, const void *q, const void *k, const void *v,
                      const int64_t *offsets, int nu, const int32_t *map, int nc, int tq,
                      int heads, int dh, void *o, bk_err *err);
+
+    /* Self-attention over packed jagged histories. For user u with events
+     * [e0, e1) = [offsets[u], offsets[u+1]), n = e1 - e0, event i, head h,
+     * keys j in [e0, e1) with j <= i when causal (all j otherwise):
+     *   softmax: o[i, h] = sum_j softmax_j(q_i . k_j / sqrt(dh)) v_j
+     *   silu:    o[i, h] = sum_j silu(q_i . k_j / sqrt(dh)) / n * v_j
+     * Dots and sums in fp32; a user with no events has no rows. The target
+     * part, when present, is computed as the attention op computes it. */
+    int (*self_attention)(bk_stream *s, const bk_seq_att *a, bk_err *err);
+
+    /* DIN attention at n rows (candidates). For row r with user u = map ?
+     * map[r] : r and u's events j in [offsets[u], offsets[u+1]) of h [*, d]
+     * and hp [*, h1]:
+     *   pre_j = qp[r] + hp[j] + wd @ (q[r] * h[j])        (h1 values)
+     *   s_j   = w2 . act(pre_j) + b2
+     *   a     = softmax_j(s) (normalize) or s (no normalize)
+     *   out[r] = sum_j a_j h[j]; a user with no events gives zeros.
+     * q [n, d]; qp [n, h1]; wd [h1, d], w2 [1, h1], b2 [1, 1] weights;
+     * out [n, d]. The engine folds the q and h columns of DIN's w1 into qp
+     * (at n rows) and hp (once per event), so only the q * h term is
+     * computed per (row, event) pair. Sums in fp32, increasing j. */
+    int (*din_attention)(bk_stream *s, const void *q, const void *qp, const void *h,
+                         const void *hp, const int64_t *offsets, const int32_t *map, int n,
+                         int d, int h1, const bk_weight *wd, const bk_weight *w2,
+                         const bk_weight *b2, enum bk_act act, int normalize, void *out,
+                         bk_err *err);
 
     /* out[r, :] = a[r, :] + b[map ? map[r] : r, :], width elements, n rows.
      * out may alias a. */
