@@ -49,6 +49,9 @@ struct ikbo_model {
     /* [n_layers]: the stack a layer writes its output into (its only
      * reader), -1 = its own buffer; and its first column there. */
     int *into, *into_col;
+    /* [n_layers]: a self_attention's fused target_attention, and a
+     * target_attention's self_attention that computed it; -1 none. */
+    int *fuse;
     ikbo_model_info info;
 };
 
@@ -74,6 +77,7 @@ struct ikbo_ctx {
     const int64_t **bag_ids, **bag_off; /* [n_layers]: embedding_bag inputs */
     void **stack_buf;                   /* [n_layers]: a stack's buffer, once taken */
     char *stack_taken;                  /* [n_layers]: taken in this pass */
+    void *(*aux)[OP_AUX];               /* [n_layers]: buffers a later layer reads (op_aux) */
     /* Bytes broadcast mode would have copied to C rows for the last batch
      * (0 in broadcast mode, where they were copied). */
     uint64_t avoided;
@@ -100,6 +104,7 @@ static void model_release(ikbo_model *m)
     free(m->layer_w);
     free(m->into);
     free(m->into_col);
+    free(m->fuse);
     model_def_free(m->def);
     free(m);
 }
@@ -166,6 +171,25 @@ static int plan_in_place(ikbo_model *m)
     return 0;
 }
 
+/* Which target_attention runs inside its shared self_attention's launch
+ * (IKBO mode): one per self_attention, whose query is computed before the
+ * self_attention runs. The others read the shared K/V afterwards. */
+static int plan_fuse(ikbo_model *m)
+{
+    const model_def *d = m->def;
+    if (!(m->fuse = malloc(((size_t)d->n_layers + 1) * sizeof(int)))) return -1;
+    for (int i = 0; i < d->n_layers; i++) m->fuse[i] = -1;
+    if (m->mode != IKBO_MODE_IKBO) return 0;
+    for (int t = 0; t < d->n_layers; t++) {
+        const md_layer *l = &d->layers[t];
+        if (l->op != MD_TARGET_ATTENTION || l->shared < 0 || m->fuse[l->shared] >= 0) continue;
+        if (l->in[0].src == MD_SRC_LAYER && l->in[0].index > l->shared) continue;
+        m->fuse[l->shared] = t;
+        m->fuse[t] = l->shared;
+    }
+    return 0;
+}
+
 static bk_weight *upload_weight(ikbo_model *m, md_weight *w, ikbo_err *err)
 {
     bk_weight *h = m->be->weight_new(m->be, w->data, w->rows, w->cols, err);
@@ -213,11 +237,15 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
         if (!used) continue;
         if (!(m->table_w[i] = upload_weight(m, &t->w, err))) goto fail_where;
     }
+    for (int l = 0; l < d->n_layers; l++) {
+        const md_op_def *od = md_ops[d->layers[l].op];
+        if (od->prepare && od->prepare(&d->layers[l], err)) goto fail_where;
+    }
     for (int l = 0; l < d->n_layers; l++)
         for (int j = 0; j < d->layers[l].n_w; j++)
             if (!(m->layer_w[l][j] = upload_weight(m, &d->layers[l].w[j], err))) goto fail_where;
 
-    if (plan_in_place(m)) {
+    if (plan_in_place(m) || plan_fuse(m)) {
         bk_seterr(err, "out of memory");
         goto fail;
     }
@@ -295,33 +323,44 @@ void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out) { m->be->get_stats(m->
 
 /* ------------------------------------------------------------- context */
 
+/* Frees what a context holds; any field may still be NULL. */
+static void ctx_release(ikbo_ctx *c)
+{
+    bk_backend *be = c->m ? c->m->be : NULL;
+    for (int t = 0; be && t < BK_TAG_COUNT; t++)
+        if (c->ar[t].base) be->free(be, c->ar[t].base, c->ar[t].cap, (enum bk_tag)t);
+    if (c->s) be->stream_free(c->s);
+    free(c->vals);
+    free(c->bag_ids);
+    free(c->bag_off);
+    free(c->stack_buf);
+    free(c->stack_taken);
+    free(c->aux);
+    free(c->h_index);
+    free(c->h_logits);
+    free(c);
+}
+
 ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
 {
     ikbo_ctx *c = calloc(1, sizeof(*c));
     size_t nl = (size_t)m->def->n_layers + 1;
-    if (!c || !(c->vals = calloc(nl, sizeof(value))) ||
-        !(c->bag_ids = calloc(nl, sizeof(*c->bag_ids))) ||
-        !(c->bag_off = calloc(nl, sizeof(*c->bag_off))) ||
-        !(c->stack_buf = calloc(nl, sizeof(*c->stack_buf))) ||
-        !(c->stack_taken = calloc(nl, 1))) {
-        if (c) {
-            free(c->vals);
-            free(c->bag_ids);
-            free(c->bag_off);
-            free(c->stack_buf);
-        }
-        free(c);
+    if (!c) {
         bk_seterr(err, "out of memory");
         return NULL;
     }
     c->m = m;
+    if (!(c->vals = calloc(nl, sizeof(value))) ||
+        !(c->bag_ids = calloc(nl, sizeof(*c->bag_ids))) ||
+        !(c->bag_off = calloc(nl, sizeof(*c->bag_off))) ||
+        !(c->stack_buf = calloc(nl, sizeof(*c->stack_buf))) ||
+        !(c->stack_taken = calloc(nl, 1)) || !(c->aux = calloc(nl, sizeof(*c->aux)))) {
+        ctx_release(c);
+        bk_seterr(err, "out of memory");
+        return NULL;
+    }
     if (!(c->s = m->be->stream_new(m->be, err))) {
-        free(c->vals);
-        free(c->bag_ids);
-        free(c->bag_off);
-        free(c->stack_buf);
-        free(c->stack_taken);
-        free(c);
+        ctx_release(c);
         return NULL;
     }
     return c;
@@ -329,19 +368,7 @@ ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
 
 void ikbo_ctx_free(ikbo_ctx *c)
 {
-    if (!c) return;
-    bk_backend *be = c->m->be;
-    for (int t = 0; t < BK_TAG_COUNT; t++)
-        if (c->ar[t].base) be->free(be, c->ar[t].base, c->ar[t].cap, (enum bk_tag)t);
-    be->stream_free(c->s);
-    free(c->vals);
-    free(c->bag_ids);
-    free(c->bag_off);
-    free(c->stack_buf);
-    free(c->stack_taken);
-    free(c->h_index);
-    free(c->h_logits);
-    free(c);
+    if (c) ctx_release(c);
 }
 
 void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
@@ -689,6 +716,17 @@ void op_bag(const op_run *r, const int64_t **ids, const int64_t **off)
     *ids = r->c->bag_ids[r->li];
     *off = r->c->bag_off[r->li];
 }
+
+value op_in_of(const op_run *r, int li, int k)
+{
+    return input_value(r->c, r->f, r->d->layers[li].in[k]);
+}
+
+bk_weight *const *op_layer_w(const op_run *r, int li) { return r->c->m->layer_w[li]; }
+
+void **op_aux(const op_run *r, int li) { return r->c->aux[li]; }
+
+int op_fuse(const op_run *r) { return r->c->m->fuse[r->li]; }
 
 /* One layer: its op's run from the table. */
 static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)

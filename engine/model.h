@@ -38,6 +38,8 @@ enum md_op {
     MD_CROSS,
     MD_MIXTURE,
     MD_POOL,
+    MD_SELF_ATTENTION,
+    MD_DIN_ATTENTION,
     MD_OP_COUNT /* keep last: engine/ops/ops.c's table is checked against it */
 };
 
@@ -79,7 +81,7 @@ typedef struct md_table {
     md_weight w; /* "tables.<name>" [rows, dim] */
 } md_table;
 
-#define MD_MAX_WEIGHTS 4
+#define MD_MAX_WEIGHTS 6
 
 typedef struct md_layer {
     char *name;
@@ -99,7 +101,12 @@ typedef struct md_layer {
     int table;            /* embedding_bag, history_embedding: index into tables */
     enum bk_pool pooling; /* embedding_bag, pool */
     enum bk_act act;      /* linear, activation */
-    int heads, head_dim;  /* target_attention */
+    int heads, head_dim;  /* target_attention, self_attention */
+    int causal;           /* self_attention */
+    enum bk_att_kind att_kind; /* self_attention */
+    int shared;           /* target_attention: the self_attention layer it shares, -1 none */
+    int hidden;           /* din_attention: H1 */
+    int normalize;        /* din_attention: softmax over events */
     float eps;            /* layer_norm */
     int self;             /* dot_interaction: pairs i <= j */
     int rank;             /* cross: 0 = full rank */

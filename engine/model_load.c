@@ -40,7 +40,7 @@
 #define QBUF (JS_QUOTE_MAX * 4 + 8)
 
 /* The ops that read user rows through the map (MODEL_FORMAT.md). */
-#define MIXING_OPS "lce, target_attention, add, mul and dot_interaction"
+#define MIXING_OPS "lce, target_attention, din_attention, add, mul and dot_interaction"
 
 /* A name -> index entry, for sorted lookup (hostile files can hold millions of
  * names; nothing here is quadratic). */
@@ -547,6 +547,22 @@ static int add_ref(const op_plan *p, const char *role, const char *r, int accept
     return 0;
 }
 
+int op_layer(const op_plan *p, const char *key, int *index)
+{
+    const char *r;
+    md_ref ref;
+    md_shape sh;
+    *index = -1;
+    if (!json_object_get(p->o, key))
+        return 0;
+    if (op_str(p, key, 1, &r) || resolve(p->L, p->i, p->pre, key, r, OP_ACC_VALUE, &ref, &sh, NULL))
+        return -1;
+    if (ref.src != MD_SRC_LAYER)
+        return op_fail(p, "'%s' must name a layer", key);
+    *index = ref.index;
+    return 0;
+}
+
 int op_input(const op_plan *p, const char *key, const char *role, int accept, md_shape *s)
 {
     const char *r;
@@ -770,8 +786,10 @@ static int parse_layers(ld *L, const json_t *arr)
         return -1;
     }
     m->n_layers = (int)n;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         m->layers[i].table = -1;
+        m->layers[i].shared = -1;
+    }
 
     /* Pass 1: names, so that a forward reference can be told from a typo. */
     for (size_t i = 0; i < n; i++) {

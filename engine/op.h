@@ -70,6 +70,8 @@ int op_act(const op_plan *p, const char *key, int allow_none, enum bk_act dflt, 
 /* Appends the input named by string key to l->in; role names it in errors
  * ("input", "query"). s gets its shape. */
 int op_input(const op_plan *p, const char *key, const char *role, int accept, md_shape *s);
+/* The earlier layer named by string key (optional): *index, or -1 when absent. */
+int op_layer(const op_plan *p, const char *key, int *index);
 /* Appends the inputs listed by array key (value references); *s gets their
  * shapes (malloc'd, caller frees), *n their count (>= 1). */
 int op_inputs(const op_plan *p, const char *key, md_shape **s, int *n);
@@ -164,6 +166,18 @@ void op_avoided(op_run *r, size_t rows, size_t width);
 void *op_gather_base(op_run *r);
 /* True when input k of a gathering layer was written in place. */
 int op_in_placed(const op_run *r, int k);
+/* Input k of another layer li (one that runs later: a fused launch). */
+value op_in_of(const op_run *r, int li, int k);
+/* Layer li's weights, in its op_weight order. */
+bk_weight *const *op_layer_w(const op_run *r, int li);
+/* Layer li's OP_AUX slots: buffers it took in this pass that a later layer
+ * reads (a self_attention's K and V); NULL in the dry pass. */
+#define OP_AUX 4
+void **op_aux(const op_run *r, int li);
+/* For a self_attention: the target_attention computed in its launch; for
+ * a target_attention: the self_attention that computed it; -1 none
+ * (engine.c's plan_fuse). */
+int op_fuse(const op_run *r);
 /* The backend weight of table t. */
 const bk_weight *op_table_w(const op_run *r, int t);
 /* Backend ids/offsets of an embedding_bag's sparse input for this batch. */
@@ -183,6 +197,9 @@ typedef struct md_op_def {
     int flags;
     int (*plan)(op_plan *p);
     int (*run)(op_run *r);
+    /* Optional, at load before the weights go to the backend: rewrites
+     * the layer's host weights (a split of DIN's w1). */
+    int (*prepare)(md_layer *l, bk_err *err);
 } md_op_def;
 
 extern const md_op_def *const md_ops[MD_OP_COUNT];

@@ -1,48 +1,98 @@
-/* attention.c - target_attention: each candidate's query tokens attend to
- * its user's history (IKBO).
+/* attention.c - the attention family: target_attention (candidates' query
+ * tokens attend to their user's history, IKBO), self_attention over the
+ * history (at U) and din_attention (DIN's activation unit, IKBO).
  *
- * Why this exists: K and V are projected once per user, at the history's
- * event rows, and the attention kernel reads them through the map; the
- * broadcast baseline copies the history to every candidate and projects K/V
- * per candidate. Sequence ops of the history (part 2) join this file's
- * family.
+ * Why this exists: the history side of a sequence model is request-only,
+ * so it runs once per user and the candidates read its results through the
+ * map; the broadcast baseline copies the history to every candidate.
+ * - target_attention: K and V projected once per user at the history's
+ *   event rows; the kernel reads them through the map. With shared_with it
+ *   uses its self_attention layer's weights and K/V: when its query is
+ *   ready before that layer runs, the engine fuses both into one backend
+ *   call (engine.c plan_fuse) and this layer only projects the output.
+ * - self_attention: user-only (runs at U in both modes); keeps K and V in
+ *   its op_aux slots for a sharing target_attention.
+ * - din_attention: w1 [q; h; q - h; q * h] = (Wq + Wd) q + (Wh - Wd) h +
+ *   Wm (q * h) (prepare splits w1 at load), so the h term is one GEMM at
+ *   the history's event rows and the q term one at C; only the q * h term
+ *   is per (candidate, event) pair, inside the kernel, never a [C, L, D]
+ *   tensor.
  */
 #include "ops.h"
 
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define QB 280
+
+/* aux slots of a self_attention layer */
+enum { AUX_K, AUX_V, AUX_TO };
+
+static int plan_heads(op_plan *p, int D)
+{
+    long long H, dh;
+    if (op_int(p, "heads", 1, 0, 1, INT_MAX, &H) || op_int(p, "head_dim", 1, 0, 1, INT_MAX, &dh))
+        return -1;
+    if (H * dh > INT_MAX / 4)
+        return op_fail(p, "heads * head_dim = %lld is too large", H * dh);
+    p->l->heads = (int)H;
+    p->l->head_dim = (int)dh;
+    return op_weight(p, "wq", H * dh, D) || op_weight(p, "wk", H * dh, D) ||
+                   op_weight(p, "wv", H * dh, D) || op_weight(p, "wo", D, H * dh)
+               ? -1
+               : 0;
+}
+
+static int history_input(op_plan *p, int k, const char *op, md_shape sb)
+{
+    char q[QB], s1[96];
+    if (sb.dom != MD_USER || sb.kind != MD_JAGGED)
+        return op_fail(p, "%s history '%s' is %s; it must be a user-domain jagged history "
+                          "(history_embedding output or a layer over it)",
+                       op, op_in_name(p, k, q, sizeof q), op_shape_str(s1, sizeof s1, sb));
+    return 0;
+}
+
+/* ---- target_attention ---- */
 
 static int plan_target_attention(op_plan *p)
 {
     md_shape s, sb;
-    long long H, dh;
     char q[QB], q2[QB], s1[96];
+    int S;
     if (op_input(p, "query", "query", OP_ACC_VALUE, &s) ||
-        op_input(p, "history", "history", OP_ACC_VALUE, &sb) ||
-        op_int(p, "heads", 1, 0, 1, INT_MAX, &H) || op_int(p, "head_dim", 1, 0, 1, INT_MAX, &dh))
+        op_input(p, "history", "history", OP_ACC_VALUE, &sb) || op_layer(p, "shared_with", &S))
         return -1;
     if (s.dom != MD_CAND || s.kind == MD_JAGGED)
         return op_fail(p, "target_attention query '%s' is %s; it must be candidate-domain vec [D] "
                           "or tokens [Tq, D]",
                        op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
-    if (sb.dom != MD_USER || sb.kind != MD_JAGGED)
-        return op_fail(p, "target_attention history '%s' is %s; it must be a user-domain jagged "
-                          "history (history_embedding output)",
-                       op_in_name(p, 1, q, sizeof q), op_shape_str(s1, sizeof s1, sb));
+    if (history_input(p, 1, "target_attention", sb))
+        return -1;
     if (sb.dim != s.dim)
         return op_fail(p, "target_attention history '%s' has D=%d, query '%s' has D=%d",
                        op_in_name(p, 1, q, sizeof q), sb.dim, op_in_name(p, 0, q2, sizeof q2),
                        s.dim);
-    if (H * dh > INT_MAX)
-        return op_fail(p, "heads * head_dim = %lld is too large", H * dh);
-    p->l->heads = (int)H;
-    p->l->head_dim = (int)dh;
-    return op_output(p, MD_CAND, MD_TOKENS, s.tokens, s.dim) ||
-                   op_weight(p, "wq", H * dh, s.dim) || op_weight(p, "wk", H * dh, s.dim) ||
-                   op_weight(p, "wv", H * dh, s.dim) || op_weight(p, "wo", s.dim, H * dh)
-               ? -1
-               : 0;
+    if (op_output(p, MD_CAND, MD_TOKENS, s.tokens, s.dim))
+        return -1;
+    if (S < 0)
+        return plan_heads(p, s.dim);
+    const md_layer *sl = &p->m->layers[S];
+    if (sl->op != MD_SELF_ATTENTION)
+        return op_fail(p, "shared_with '%s' is a %s layer; it must name a self_attention layer",
+                       sl->name, md_ops[sl->op]->name);
+    if (json_object_get(p->o, "heads") || json_object_get(p->o, "head_dim"))
+        return op_fail(p, "with shared_with, heads and head_dim come from '%s'; remove them",
+                       sl->name);
+    md_ref h = p->l->in[1], sh = sl->in[0];
+    if (h.src != sh.src || h.index != sh.index)
+        return op_fail(p, "history '%s' must be the input of shared_with layer '%s'",
+                       op_in_name(p, 1, q, sizeof q), sl->name);
+    p->l->shared = S;
+    p->l->heads = sl->heads;
+    p->l->head_dim = sl->head_dim;
+    return 0;
 }
 
 static int run_target_attention(op_run *r)
@@ -51,40 +101,229 @@ static int run_target_attention(op_run *r)
     const fwd *f = r->f;
     value q = op_in(r, 0), h = op_in(r, 1);
     int D = l->dim, tq = l->tokens, H = l->heads, dh = l->head_dim, hd = H * dh, C = r->C;
+    bk_weight *const *w = l->shared >= 0 ? op_layer_w(r, l->shared) : r->w;
+    bk_backend *be = r->be;
+    /* What the baseline copies: the history and its K and V, per candidate. */
+    if (!r->bc) op_avoided(r, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
+    void *out = r->out->p = op_out(r, (size_t)C, (size_t)md_layer_width(l));
+    if (op_fuse(r) >= 0) {
+        /* Computed in the self_attention's launch; only Wo is left. */
+        void **aux = op_aux(r, l->shared);
+        OP_TRY(r, be->linear(r->s, aux ? aux[AUX_TO] : NULL, hd, C * tq, w[3], NULL,
+                             BK_ACT_NONE, out, D, r->err));
+        return 0;
+    }
     const void *hp = h.p;
     const int64_t *hoff = h.offsets;
     const int32_t *map = f->map;
     int nu = r->U;
     int64_t ev = f->n_events;
-    enum bk_tag kv_tag = BK_TAG_USER;
+    void *Q = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
+    void *O = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
+    const void *K, *V;
     if (r->bc) {
         /* The baseline: every candidate gets its own copy of the history,
          * and K/V are projected per candidate. */
         void *g = op_take(r, BK_TAG_BROADCAST, (size_t)f->bc_events, (size_t)D);
-        OP_TRY(r, r->be->gather(r->s, h.p, h.offsets, f->map, C, f->bc_off, D, g, r->err));
+        OP_TRY(r, be->gather(r->s, h.p, h.offsets, f->map, C, f->bc_off, D, g, r->err));
         hp = g;
         hoff = f->bc_off;
         map = f->identity;
         nu = C;
         ev = f->bc_events;
-        kv_tag = BK_TAG_BROADCAST;
     }
-    /* What the baseline copies: the history and its K and V, per candidate. */
-    op_avoided(r, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
-    void *Q = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
-    void *K = op_take(r, kv_tag, (size_t)ev, (size_t)hd);
-    void *V = op_take(r, kv_tag, (size_t)ev, (size_t)hd);
-    void *O = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
-    void *out = r->out->p = op_out(r, (size_t)C, (size_t)md_layer_width(l));
-    bk_backend *be = r->be;
-    OP_TRY(r, be->linear(r->s, q.p, D, C * tq, r->w[0], NULL, BK_ACT_NONE, Q, hd, r->err));
-    OP_TRY(r, be->linear(r->s, hp, D, (int)ev, r->w[1], NULL, BK_ACT_NONE, K, hd, r->err));
-    OP_TRY(r, be->linear(r->s, hp, D, (int)ev, r->w[2], NULL, BK_ACT_NONE, V, hd, r->err));
+    if (l->shared >= 0 && !r->bc) {
+        void **aux = op_aux(r, l->shared); /* K/V once per user, by the self_attention */
+        K = aux ? aux[AUX_K] : NULL;
+        V = aux ? aux[AUX_V] : NULL;
+    } else {
+        enum bk_tag kv_tag = r->bc ? BK_TAG_BROADCAST : BK_TAG_USER;
+        void *k = op_take(r, kv_tag, (size_t)ev, (size_t)hd);
+        void *v = op_take(r, kv_tag, (size_t)ev, (size_t)hd);
+        OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, k, hd, r->err));
+        OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, v, hd, r->err));
+        K = k;
+        V = v;
+    }
+    OP_TRY(r, be->linear(r->s, q.p, D, C * tq, w[0], NULL, BK_ACT_NONE, Q, hd, r->err));
     OP_TRY(r, be->attention(r->s, Q, K, V, hoff, nu, map, C, tq, H, dh, O, r->err));
-    OP_TRY(r, be->linear(r->s, O, hd, C * tq, r->w[3], NULL, BK_ACT_NONE, out, D, r->err));
+    OP_TRY(r, be->linear(r->s, O, hd, C * tq, w[3], NULL, BK_ACT_NONE, out, D, r->err));
     return 0;
 }
 
-static const char *const ta_keys[] = {"name", "op", "query", "history", "heads", "head_dim", NULL};
+static const char *const ta_keys[] = {"name",     "op",       "query",       "history",
+                                      "heads",    "head_dim", "shared_with", NULL};
 const md_op_def md_op_target_attention = {"target_attention", ta_keys, 0, plan_target_attention,
-                                          run_target_attention};
+                                          run_target_attention, NULL};
+
+/* ---- self_attention ---- */
+
+static int plan_self_attention(op_plan *p)
+{
+    md_shape s;
+    int causal, kind;
+    static const char *const kinds[] = {"softmax", "silu"};
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s) || op_bool(p, "causal", 1, &causal) ||
+        op_enum(p, "kind", kinds, 2, BK_ATT_SOFTMAX, &kind) || history_input(p, 0, "self_attention", s))
+        return -1;
+    p->l->causal = causal;
+    p->l->att_kind = (enum bk_att_kind)kind;
+    return op_output(p, MD_USER, MD_JAGGED, 1, s.dim) || plan_heads(p, s.dim) ? -1 : 0;
+}
+
+static int run_self_attention(op_run *r)
+{
+    const md_layer *l = r->l;
+    const fwd *f = r->f;
+    value x = op_in(r, 0);
+    int D = l->dim, hd = l->heads * l->head_dim, ev = x.rows;
+    bk_backend *be = r->be;
+    void *Q = op_take(r, BK_TAG_USER, (size_t)ev, (size_t)hd);
+    void *K = op_take(r, BK_TAG_USER, (size_t)ev, (size_t)hd);
+    void *V = op_take(r, BK_TAG_USER, (size_t)ev, (size_t)hd);
+    void *O = op_take(r, BK_TAG_USER, (size_t)ev, (size_t)hd);
+    void *out = op_out_like(r, 0);
+    bk_seq_att a = {.k = K, .v = V, .offsets = x.offsets, .nu = r->U, .heads = l->heads,
+                    .dh = l->head_dim, .q = Q, .o = O, .causal = l->causal, .kind = l->att_kind};
+    int t = op_fuse(r);
+    if (t >= 0) {
+        /* The sharing target_attention's queries, in the same launch. */
+        const md_layer *tl = &r->d->layers[t];
+        value tqv = op_in_of(r, t, 0);
+        a.tq = op_take(r, BK_TAG_CAND, (size_t)r->C * tl->tokens, (size_t)hd);
+        a.to = op_take(r, BK_TAG_CAND, (size_t)r->C * tl->tokens, (size_t)hd);
+        a.map = f->map;
+        a.nc = r->C;
+        a.tq_tokens = tl->tokens;
+        OP_TRY(r, be->linear(r->s, tqv.p, D, r->C * tl->tokens, r->w[0], NULL, BK_ACT_NONE,
+                             (void *)a.tq, hd, r->err));
+    }
+    OP_TRY(r, be->linear(r->s, x.p, D, ev, r->w[0], NULL, BK_ACT_NONE, Q, hd, r->err));
+    OP_TRY(r, be->linear(r->s, x.p, D, ev, r->w[1], NULL, BK_ACT_NONE, K, hd, r->err));
+    OP_TRY(r, be->linear(r->s, x.p, D, ev, r->w[2], NULL, BK_ACT_NONE, V, hd, r->err));
+    OP_TRY(r, be->self_attention(r->s, &a, r->err));
+    OP_TRY(r, be->linear(r->s, O, hd, ev, r->w[3], NULL, BK_ACT_NONE, out, D, r->err));
+    void **aux = op_aux(r, r->li);
+    aux[AUX_K] = K;
+    aux[AUX_V] = V;
+    aux[AUX_TO] = a.to;
+    return 0;
+}
+
+static const char *const sa_keys[] = {"name", "op", "input", "heads", "head_dim", "causal",
+                                      "kind", NULL};
+const md_op_def md_op_self_attention = {"self_attention", sa_keys, 0, plan_self_attention,
+                                        run_self_attention, NULL};
+
+/* ---- din_attention ---- */
+
+/* w[] after prepare: 0 Wq' = Wq + Wd [H1, D], 1 b1, 2 w2, 3 b2, 4 Wh' = Wh - Wd,
+ * 5 Wm (the q * h columns). */
+enum { DIN_WQ, DIN_B1, DIN_W2, DIN_B2, DIN_WH, DIN_WM };
+
+static int plan_din_attention(op_plan *p)
+{
+    md_shape s, sb;
+    long long H1;
+    int norm;
+    enum bk_act act;
+    char q[QB], q2[QB], s1[96];
+    static const char *const norms[] = {"none", "softmax"};
+    if (op_input(p, "query", "query", OP_ACC_VALUE, &s) ||
+        op_input(p, "history", "history", OP_ACC_VALUE, &sb) ||
+        op_int(p, "hidden", 1, 0, 1, INT_MAX, &H1) || op_act(p, "activation", 1, BK_ACT_RELU, &act) ||
+        op_enum(p, "normalize", norms, 2, 1, &norm))
+        return -1;
+    if (s.dom != MD_CAND || s.kind != MD_VEC)
+        return op_fail(p, "din_attention query '%s' is %s; it must be a candidate-domain vec [D]",
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
+    if (history_input(p, 1, "din_attention", sb))
+        return -1;
+    if (sb.dim != s.dim)
+        return op_fail(p, "din_attention history '%s' has D=%d, query '%s' has D=%d",
+                       op_in_name(p, 1, q, sizeof q), sb.dim, op_in_name(p, 0, q2, sizeof q2),
+                       s.dim);
+    if (4LL * s.dim > INT_MAX)
+        return op_fail(p, "din_attention D=%d is too wide", s.dim);
+    p->l->hidden = (int)H1;
+    p->l->act = act;
+    p->l->normalize = norm;
+    return op_output(p, MD_CAND, MD_VEC, 1, s.dim) || op_weight(p, "w1", H1, 4LL * s.dim) ||
+                   op_weight1(p, "b1", H1) || op_weight(p, "w2", 1, H1) || op_weight1(p, "b2", 1)
+               ? -1
+               : 0;
+}
+
+/* Splits w1 [H1, 4D] = [Wq | Wh | Wd | Wm] into Wq + Wd, Wh - Wd and Wm
+ * ([H1, D] each). */
+static int prepare_din(md_layer *l, bk_err *err)
+{
+    const int H1 = l->hidden, D = l->dim;
+    md_weight *w1 = &l->w[DIN_WQ];
+    float *wq = malloc((size_t)H1 * D * sizeof(float));
+    float *wh = malloc((size_t)H1 * D * sizeof(float));
+    float *wm = malloc((size_t)H1 * D * sizeof(float));
+    size_t nl = strlen(w1->name) + 4;
+    char *nh = malloc(nl), *nm = malloc(nl);
+    if (!wq || !wh || !wm || !nh || !nm) {
+        free(wq), free(wh), free(wm), free(nh), free(nm);
+        bk_seterr(err, "layer '%s': out of memory", l->name);
+        return -1;
+    }
+    for (int k = 0; k < H1; k++) {
+        const float *row = w1->data + (size_t)k * 4 * D;
+        for (int e = 0; e < D; e++) {
+            wq[(size_t)k * D + e] = row[e] + row[2 * D + e];
+            wh[(size_t)k * D + e] = row[D + e] - row[2 * D + e];
+            wm[(size_t)k * D + e] = row[3 * D + e];
+        }
+    }
+    snprintf(nh, nl, "%s(h)", w1->name);
+    snprintf(nm, nl, "%s(m)", w1->name);
+    free(w1->data);
+    w1->data = wq;
+    w1->cols = D;
+    l->w[DIN_WH] = (md_weight){.name = nh, .rows = H1, .cols = D, .data = wh};
+    l->w[DIN_WM] = (md_weight){.name = nm, .rows = H1, .cols = D, .data = wm};
+    l->n_w = 6;
+    return 0;
+}
+
+static int run_din_attention(op_run *r)
+{
+    const md_layer *l = r->l;
+    const fwd *f = r->f;
+    value q = op_in(r, 0), h = op_in(r, 1);
+    int D = l->dim, H1 = l->hidden, C = r->C;
+    bk_backend *be = r->be;
+    const void *hv = h.p;
+    const int64_t *hoff = h.offsets;
+    const int32_t *map = f->map;
+    int64_t ev = h.rows;
+    enum bk_tag tag = BK_TAG_USER;
+    if (r->bc) {
+        void *g = op_take(r, BK_TAG_BROADCAST, (size_t)f->bc_events, (size_t)D);
+        OP_TRY(r, be->gather(r->s, h.p, h.offsets, f->map, C, f->bc_off, D, g, r->err));
+        hv = g;
+        hoff = f->bc_off;
+        map = f->identity;
+        ev = f->bc_events;
+        tag = BK_TAG_BROADCAST;
+    } else {
+        /* The baseline copies the history and its projection per candidate. */
+        op_avoided(r, (size_t)f->bc_events, (size_t)D + (size_t)H1);
+    }
+    void *qp = op_take(r, BK_TAG_CAND, (size_t)C, (size_t)H1);
+    void *hp = op_take(r, tag, (size_t)ev, (size_t)H1);
+    void *out = r->out->p = op_out(r, (size_t)C, (size_t)D);
+    OP_TRY(r, be->linear(r->s, q.p, D, C, r->w[DIN_WQ], r->w[DIN_B1], BK_ACT_NONE, qp, H1, r->err));
+    OP_TRY(r, be->linear(r->s, hv, D, (int)ev, r->w[DIN_WH], NULL, BK_ACT_NONE, hp, H1, r->err));
+    OP_TRY(r, be->din_attention(r->s, q.p, qp, hv, hp, hoff, map, C, D, H1, r->w[DIN_WM],
+                                r->w[DIN_W2], r->w[DIN_B2], l->act, l->normalize, out, r->err));
+    return 0;
+}
+
+static const char *const din_keys[] = {"name",   "op",         "query",     "history",
+                                       "hidden", "activation", "normalize", NULL};
+const md_op_def md_op_din_attention = {"din_attention", din_keys, 0, plan_din_attention,
+                                       run_din_attention, prepare_din};

@@ -51,7 +51,7 @@ static int run_linear(op_run *r)
 }
 
 static const char *const linear_keys[] = {"name", "op", "input", "out", "activation", NULL};
-const md_op_def md_op_linear = {"linear", linear_keys, OP_PLACED, plan_linear, run_linear};
+const md_op_def md_op_linear = {"linear", linear_keys, OP_PLACED, plan_linear, run_linear, NULL};
 
 static int plan_token_linear(op_plan *p)
 {
@@ -81,7 +81,7 @@ static int run_token_linear(op_run *r)
 
 static const char *const tl_keys[] = {"name", "op", "input", "out_tokens", NULL};
 const md_op_def md_op_token_linear = {"token_linear", tl_keys, 0, plan_token_linear,
-                                      run_token_linear};
+                                      run_token_linear, NULL};
 
 /* DCNv2 cross: y = x0 * (W x + b) + x, W full [F, F] or u @ v of rank r. */
 static int plan_cross(op_plan *p)
@@ -133,4 +133,4 @@ static int run_cross(op_run *r)
 }
 
 static const char *const cross_keys[] = {"name", "op", "x0", "input", "rank", NULL};
-const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross};
+const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross, NULL};

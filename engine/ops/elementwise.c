@@ -33,7 +33,7 @@ static int run_activation(op_run *r)
 }
 
 static const char *const act_keys[] = {"name", "op", "input", "fn", NULL};
-const md_op_def md_op_activation = {"activation", act_keys, 0, plan_activation, run_activation};
+const md_op_def md_op_activation = {"activation", act_keys, 0, plan_activation, run_activation, NULL};
 
 static int plan_layer_norm(op_plan *p)
 {
@@ -59,7 +59,7 @@ static int run_layer_norm(op_run *r)
 }
 
 static const char *const ln_keys[] = {"name", "op", "input", "eps", NULL};
-const md_op_def md_op_layer_norm = {"layer_norm", ln_keys, 0, plan_layer_norm, run_layer_norm};
+const md_op_def md_op_layer_norm = {"layer_norm", ln_keys, 0, plan_layer_norm, run_layer_norm, NULL};
 
 /* add, mul: equal shapes; the output takes the candidate domain if either is. */
 static int plan_binary(op_plan *p)
@@ -110,8 +110,8 @@ static int run_binary(op_run *r)
 
 /* add: "inputs": [a, b] (the brief), or "a"/"b" (the op table's wording). */
 static const char *const bin_keys[] = {"name", "op", "inputs", "a", "b", NULL};
-const md_op_def md_op_add = {"add", bin_keys, 0, plan_binary, run_binary};
-const md_op_def md_op_mul = {"mul", bin_keys, 0, plan_binary, run_binary};
+const md_op_def md_op_add = {"add", bin_keys, 0, plan_binary, run_binary, NULL};
+const md_op_def md_op_mul = {"mul", bin_keys, 0, plan_binary, run_binary, NULL};
 
 /* MMoE/PLE: y = sum_e softmax(gate)_e * experts_e. Inputs: experts..., gate. */
 static int plan_mixture(op_plan *p)
@@ -169,4 +169,4 @@ static int run_mixture(op_run *r)
 }
 
 static const char *const mix_keys[] = {"name", "op", "experts", "gate", NULL};
-const md_op_def md_op_mixture = {"mixture", mix_keys, 0, plan_mixture, run_mixture};
+const md_op_def md_op_mixture = {"mixture", mix_keys, 0, plan_mixture, run_mixture, NULL};

@@ -33,7 +33,7 @@ static int run_embedding_bag(op_run *r)
 
 static const char *const eb_keys[] = {"name", "op", "input", "table", "pooling", NULL};
 const md_op_def md_op_embedding_bag = {"embedding_bag", eb_keys, OP_PLACED, plan_embedding_bag,
-                                       run_embedding_bag};
+                                       run_embedding_bag, NULL};
 
 static int plan_history_embedding(op_plan *p)
 {
@@ -61,4 +61,4 @@ static int run_history_embedding(op_run *r)
 
 static const char *const he_keys[] = {"name", "op", "input", "table", NULL};
 const md_op_def md_op_history_embedding = {"history_embedding", he_keys, 0,
-                                           plan_history_embedding, run_history_embedding};
+                                           plan_history_embedding, run_history_embedding, NULL};

@@ -74,7 +74,7 @@ static int run_lce(op_run *r)
 }
 
 static const char *const lce_keys[] = {"name", "op", "user", "candidate", "out_tokens", NULL};
-const md_op_def md_op_lce = {"lce", lce_keys, 0, plan_lce, run_lce};
+const md_op_def md_op_lce = {"lce", lce_keys, 0, plan_lce, run_lce, NULL};
 
 static int plan_dot_interaction(op_plan *p)
 {
@@ -203,4 +203,4 @@ static int run_dot_interaction(op_run *r)
 
 static const char *const dot_keys[] = {"name", "op", "inputs", "self", NULL};
 const md_op_def md_op_dot_interaction = {"dot_interaction", dot_keys, 0, plan_dot_interaction,
-                                         run_dot_interaction};
+                                         run_dot_interaction, NULL};

@@ -16,7 +16,7 @@ const md_op_def *const md_ops[] = {
     &md_op_reshape,        &md_op_stack,             &md_op_flatten,     &md_op_target_attention,
     &md_op_lce,            &md_op_add,               &md_op_activation,  &md_op_layer_norm,
     &md_op_concat,         &md_op_mul,               &md_op_token_linear, &md_op_dot_interaction,
-    &md_op_cross,          &md_op_mixture,           &md_op_pool,
+    &md_op_cross,          &md_op_mixture,           &md_op_pool,             &md_op_self_attention, &md_op_din_attention,
 };
 _Static_assert(sizeof md_ops / sizeof md_ops[0] == MD_OP_COUNT,
                "md_ops[] must list one entry per enum md_op, in enum order");
@@ -31,7 +31,7 @@ int md_op_find(const char *name)
 
 const char *md_op_list(void)
 {
-    /* Built on every call (only error paths need it); 19 short names fit. */
+    /* Built on every call (only error paths need it); 21 short names fit. */
     static __thread char buf[512];
     size_t o = 0;
     buf[0] = 0;

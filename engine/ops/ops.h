@@ -21,6 +21,6 @@ extern const md_op_def md_op_mean_pool, md_op_pool;
 /* interact.c */
 extern const md_op_def md_op_lce, md_op_dot_interaction;
 /* attention.c */
-extern const md_op_def md_op_target_attention;
+extern const md_op_def md_op_target_attention, md_op_self_attention, md_op_din_attention;
 
 #endif

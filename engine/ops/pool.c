@@ -52,5 +52,5 @@ static int run_pool(op_run *r)
 
 static const char *const one_keys[] = {"name", "op", "input", NULL};
 static const char *const pool_keys[] = {"name", "op", "input", "fn", NULL};
-const md_op_def md_op_mean_pool = {"mean_pool", one_keys, 0, plan_mean_pool, run_pool};
-const md_op_def md_op_pool = {"pool", pool_keys, 0, plan_pool, run_pool};
+const md_op_def md_op_mean_pool = {"mean_pool", one_keys, 0, plan_mean_pool, run_pool, NULL};
+const md_op_def md_op_pool = {"pool", pool_keys, 0, plan_pool, run_pool, NULL};

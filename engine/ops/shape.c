@@ -55,8 +55,8 @@ static int plan_flatten(op_plan *p)
 
 static const char *const reshape_keys[] = {"name", "op", "input", "tokens", NULL};
 static const char *const one_keys[] = {"name", "op", "input", NULL};
-const md_op_def md_op_reshape = {"reshape", reshape_keys, OP_VIEW, plan_reshape, run_view};
-const md_op_def md_op_flatten = {"flatten", one_keys, OP_VIEW, plan_flatten, run_view};
+const md_op_def md_op_reshape = {"reshape", reshape_keys, OP_VIEW, plan_reshape, run_view, NULL};
+const md_op_def md_op_flatten = {"flatten", one_keys, OP_VIEW, plan_flatten, run_view, NULL};
 
 /* stack: [D] or [K_i, D] of one D -> [sum K_i, D]; concat: [F_i] -> [sum F_i]. */
 static int plan_gather(op_plan *p)
@@ -120,5 +120,5 @@ static int run_gather(op_run *r)
 }
 
 static const char *const gather_keys[] = {"name", "op", "inputs", NULL};
-const md_op_def md_op_stack = {"stack", gather_keys, OP_GATHERS, plan_gather, run_gather};
-const md_op_def md_op_concat = {"concat", gather_keys, OP_GATHERS, plan_gather, run_gather};
+const md_op_def md_op_stack = {"stack", gather_keys, OP_GATHERS, plan_gather, run_gather, NULL};
+const md_op_def md_op_concat = {"concat", gather_keys, OP_GATHERS, plan_gather, run_gather, NULL};

@@ -289,6 +289,8 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->linear = cpu_linear;
     be->lce = cpu_lce;
     be->attention = cpu_attention;
+    be->self_attention = cpu_self_attention;
+    be->din_attention = cpu_din_attention;
     be->add = cpu_add;
     be->copy_rows = cpu_copy_rows;
     be->gather = cpu_gather;

@@ -130,6 +130,11 @@ int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const 
 int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
                   const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                   int dh, void *o, bk_err *err);
+int cpu_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err);
+int cpu_din_attention(bk_stream *s, const void *q, const void *qp, const void *h, const void *hp,
+                      const int64_t *offsets, const int32_t *map, int n, int d, int h1,
+                      const bk_weight *wd, const bk_weight *w2, const bk_weight *b2,
+                      enum bk_act act, int normalize, void *out, bk_err *err);
 int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
             void *out, bk_err *err);
 int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst, int ldd,

@@ -8,7 +8,7 @@
  * Determinism (hard requirement; see cpu_internal.h): every reduction has a
  * fixed order that depends only on the widths, never on the batch:
  *   - sums over bag/history/segment members run in member order;
- *   - matmul-shaped ops (linear, lce, attention) go through gemm_cpu_tile,
+ *   - matmul-shaped ops (linear, lce; attention in attention_cpu.c) go through gemm_cpu_tile,
  *     one fp32 accumulator per output element, k in increasing order. Rows
  *     are processed GEMM_MR at a time; a short last tile repeats a valid row
  *     pointer and drops its results, so a row's arithmetic is the same alone
@@ -20,11 +20,10 @@
  * bitwise equal (rows are independent); splitting a reduction would not.
  *
  * IKBO: lce computes the user term at nu rows (scratch) and adds it in the
- * candidate epilogue; attention reads a user's keys/values through map[c]
- * and processes all query rows of a run of candidates sharing that user
- * together. Neither copies a user tensor to candidate batch size.
+ * candidate epilogue (attention_cpu.c has the attention family). It never
+ * copies a user tensor to candidate batch size.
  *
- * Scratch (lce's user term, attention's transposed keys) comes from the
+ * Scratch (lce's user term) comes from the
  * accounted allocator under BK_TAG_USER and is freed before the op returns.
  *
  * Index arrays are validated as far as the op can see (offsets
@@ -375,126 +374,6 @@ int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const 
         small_gemm(w_cand->data, m, kc, ecf + (size_t)c * kc * d, d, Y + (size_t)map[c] * md,
                    zf + (size_t)c * md);
     cpu_free(s->be, Y, ybytes, BK_TAG_USER);
-    return 0;
-}
-
-/* ---- attention ---- */
-
-int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
-                  const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
-                  int dh, void *o, bk_err *err)
-{
-    const char *op = "attention";
-    if (nu < 0 || nc < 0 || tq < 0 || heads <= 0 || dh <= 0) {
-        bk_seterr(err, "%s: bad sizes nu %d nc %d tq %d heads %d dh %d", op, nu, nc, tq, heads,
-                  dh);
-        return -1;
-    }
-    if (nc == 0 || tq == 0)
-        return 0;
-    if (!q || !o) {
-        bk_seterr(err, "%s: NULL query or output", op);
-        return -1;
-    }
-    if (cpu_check_map(op, map, nc, nu, err) || cpu_check_offsets(op, offsets, nu, err))
-        return -1;
-    int64_t lmax = 0;
-    for (int u = 0; u < nu; u++)
-        if (offsets[u + 1] - offsets[u] > lmax)
-            lmax = offsets[u + 1] - offsets[u];
-    if (lmax > INT32_MAX / GEMM_MR) {
-        bk_seterr(err, "%s: a user has %lld events, too many", op, (long long)lmax);
-        return -1;
-    }
-    if (lmax > 0 && (!k || !v)) {
-        bk_seterr(err, "%s: NULL keys or values", op);
-        return -1;
-    }
-
-    /* Scratch: one head's keys transposed to [dh, lp] and pre-scaled by
-     * 1/sqrt(dh) (so scores vectorize over events and need no extra pass),
-     * and GEMM_MR rows of scores. lp is L rounded up to GEMM_NR; the padding
-     * keys are zero and the softmax zeroes the padding probabilities. */
-    const size_t hd = (size_t)heads * dh;
-    const size_t lpmax = ((size_t)lmax + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    const size_t sbytes = ((size_t)dh + GEMM_MR) * (lpmax ? lpmax : GEMM_NR) * sizeof(float);
-    float *kt = cpu_alloc(s->be, sbytes, BK_TAG_USER, err);
-    if (!kt)
-        return -1;
-    float *sc = kt + (size_t)dh * (lpmax ? lpmax : GEMM_NR);
-
-    const float scale = 1.0f / sqrtf((float)dh);
-    float dummy[GEMM_NR] = {0};
-    const float *qf = q, *kf = k, *vf = v;
-    float *of = o;
-    for (int c0 = 0, c1; c0 < nc; c0 = c1) {
-        /* A run of candidates of one user shares its keys (map is grouped by
-         * user, so runs are long; any map works). */
-        const int u = map[c0];
-        for (c1 = c0 + 1; c1 < nc && map[c1] == u; c1++)
-            ;
-        const size_t row0 = (size_t)c0 * tq;
-        const int nrows = (c1 - c0) * tq;
-        const int L = (int)(offsets[u + 1] - offsets[u]);
-        if (L == 0) {
-            memset(of + row0 * hd, 0, (size_t)nrows * hd * sizeof(float));
-            continue;
-        }
-        const int lp = (L + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-        const float *ku = kf + (size_t)offsets[u] * hd, *vu = vf + (size_t)offsets[u] * hd;
-        for (int h = 0; h < heads; h++) {
-            const size_t hoff = (size_t)h * dh;
-            for (int e = 0; e < dh; e++) {
-                float *kte = kt + (size_t)e * lp;
-                for (int j = 0; j < L; j++)
-                    kte[j] = ku[(size_t)j * hd + hoff + e] * scale;
-                for (int j = L; j < lp; j++)
-                    kte[j] = 0.0f;
-            }
-            for (int i0 = 0; i0 < nrows; i0 += GEMM_MR) {
-                const int mr = min_int(GEMM_MR, nrows - i0);
-                const float *a[GEMM_MR];
-                float sum[GEMM_MR];
-                for (int i = 0; i < GEMM_MR; i++)
-                    a[i] = qf + (row0 + (size_t)(i0 + min_int(i, mr - 1))) * hd + hoff;
-                /* Scores: one sequential dot product over dh per event. */
-                for (int j0 = 0; j0 < lp; j0 += GEMM_NR) {
-                    float *c[GEMM_MR];
-                    for (int i = 0; i < GEMM_MR; i++)
-                        c[i] = sc + (size_t)i * lp + j0; /* spare rows: scratch */
-                    gemm_cpu_tile(a, kt + j0, (size_t)lp, dh, GEMM_NR, c, 0);
-                }
-                /* Stable softmax numerators; the division comes after P V. */
-                for (int i = 0; i < mr; i++)
-                    sum[i] = cpu_softmax_row(sc + (size_t)i * lp, L);
-                for (int i = 0; i < GEMM_MR; i++)
-                    a[i] = sc + (size_t)min_int(i, mr - 1) * lp;
-                for (int d0 = 0; d0 < dh; d0 += GEMM_NR) {
-                    const int nr = min_int(GEMM_NR, dh - d0);
-                    float *c[GEMM_MR];
-                    for (int i = 0; i < GEMM_MR; i++)
-                        c[i] = i < mr ? of + (row0 + (size_t)(i0 + i)) * hd + hoff + d0 : dummy;
-                    gemm_cpu_tile(a, vu + hoff + d0, hd, L, nr, c, 0);
-                    for (int i = 0; i < mr; i++) {
-                        if (nr == GEMM_NR) { /* the same divisions, 4 lanes at a time */
-                            const v4f t = {sum[i], sum[i], sum[i], sum[i]};
-                            v4f x0, x1;
-                            V4_LD(x0, c[i]);
-                            V4_LD(x1, c[i] + 4);
-                            x0 = x0 / t;
-                            x1 = x1 / t;
-                            V4_ST(c[i], x0);
-                            V4_ST(c[i] + 4, x1);
-                        } else {
-                            for (int j = 0; j < nr; j++)
-                                c[i][j] = c[i][j] / sum[i];
-                        }
-                    }
-                }
-            }
-        }
-    }
-    cpu_free(s->be, kt, sbytes, BK_TAG_USER);
     return 0;
 }
 
