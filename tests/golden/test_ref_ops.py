@@ -5,7 +5,8 @@ The C engine is checked against tools/reference/ikbo_ref.py, so the
 reference itself needs a check that does not share its code: for each new op
 (activation, layer_norm, concat, mul, token_linear, dot_interaction, cross
 full and low rank, mixture, pool, linear over tokens and jagged, add/mul over
-jagged) a tiny model is run through the interpreter (forward_one) and through
+jagged; the sequence ops self_attention, target_attention shared_with and
+din_attention through a request, two users of different history lengths) a tiny model is run through the interpreter (forward_one) and through
 the batched IkboModule, and compared with the value of naive numpy loops
 written here from MODEL_FORMAT.md; then analyze() must refuse each bad model
 of BAD_MODELS with a message naming the layer.
@@ -241,6 +242,214 @@ def case_cross_mixture():
     return _check("cross + mixture", spec, w, expect)
 
 
+# ---------------------------------------------------------------- sequence ops
+# These go through a RankRequest (parse_request's max_len cut; the batched
+# module with two users of different lengths, so its padding masks are used).
+
+MAX_LEN = 5                  # _spec(history=True): max_len 5, actions 2, table t [7, D]
+OTHER_HIST = ([4, 0, 6, 2, 5, 1], [1, 0, 1, 1, 0, 0])     # the second user: longer than max_len
+
+
+def _f32(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float64)
+
+
+def _run_req(spec, weights, users, cands):
+    """users: [(dense, ids, acts)], cands: [(dense, user)] -> (ref logits [C, T], module logits [C, T])."""
+    plan = ikbo_ref.analyze(spec)
+    w = {n: torch.tensor(weights[n], dtype=torch.float64) for n in plan.param_shapes}
+    model = ikbo_ref.Model(None, spec, plan, w, {})
+    req = {"users": [{"dense": [float(v) for v in d], "historyIds": list(i), "historyActions": list(a)}
+                     for d, i, a in users],
+           "candidates": [{"id": k, "user": u, "dense": [float(v) for v in d]} for k, (d, u) in enumerate(cands)]}
+    us, cs = ikbo_ref.parse_request(plan, req)
+    a = np.stack([ikbo_ref.forward_one(model, us[c["user"]], c).numpy() for c in cs])
+    m = export.IkboModule(spec, dtype=torch.float64)
+    with torch.no_grad():
+        for n, t in w.items():
+            m.param(n).copy_(t)
+        b = m(export.batch_from_request(plan, req)).numpy()
+    return a, b
+
+
+def _check_seq(name, spec, weights, expect, hist):
+    """expect(user dense, cand dense, kept ids, kept actions) -> logits; candidate 0 of the user with
+    `hist`, candidate 1 of a second user with OTHER_HIST."""
+    users = [(_f32(RNG.normal(size=UD)),) + tuple(hist), (_f32(RNG.normal(size=UD)),) + OTHER_HIST]
+    cands = [(_f32(RNG.normal(size=CD)), 0), (_f32(RNG.normal(size=CD)), 1)]
+    want = np.stack([expect(users[u][0], c, list(users[u][1])[-MAX_LEN:], list(users[u][2])[-MAX_LEN:])
+                     for c, u in cands])
+    a, b = _run_req(spec, weights, users, cands)
+    err = max(np.abs(a - want).max(), np.abs(b - want).max()) / max(1.0, np.abs(want).max())
+    ok = err < 1e-12
+    print("  %-26s %.1e %s" % (name, err, "ok" if ok else "FAIL: ref %s module %s want %s" % (a, b, want)))
+    return ok
+
+
+HISTS = {0: ([], []), 1: ([3], [1]), MAX_LEN: ([3, 9, 1, 0, 12], [0, 1, 1, 0, 1]),
+         7: ([8, 3, 9, 1, 0, 12, 5], [1, 1, 0, 1, 1, 0, 0])}
+
+
+def _hist_rows(T, Ac, Po, ids, acts):
+    return np.array([T[i % 7] + Ac[a] + Po[t] for t, (i, a) in enumerate(zip(ids, acts))]).reshape(-1, D)
+
+
+def _naive_self_attention(X, Wq, Wk, Wv, Wo, H, dh, causal, kind):
+    n = len(X)
+    out = np.zeros((n, D))
+    for i in range(n):
+        cat = np.zeros(H * dh)
+        for h in range(H):
+            rows = slice(h * dh, (h + 1) * dh)
+            q = Wq[rows] @ X[i]
+            js = range(i + 1) if causal else range(n)
+            sc = [sum(q[e] * (Wk[rows] @ X[j])[e] for e in range(dh)) / math.sqrt(dh) for j in js]
+            if kind == "softmax":
+                mx = max(sc)
+                ex = [math.exp(v - mx) for v in sc]
+                wts = [v / sum(ex) for v in ex]
+            else:
+                wts = [v / (1 + math.exp(-v)) / n for v in sc]        # n = the kept event count
+            cat[rows] = sum(wt * (Wv[rows] @ X[j]) for wt, j in zip(wts, js))
+        out[i] = Wo @ cat
+    return out
+
+
+def _naive_target_attention(q, X, Wq, Wk, Wv, Wo, H, dh):
+    if len(X) == 0:
+        return np.zeros(D)
+    cat = np.zeros(H * dh)
+    for h in range(H):
+        rows = slice(h * dh, (h + 1) * dh)
+        sc = [(Wq[rows] @ q) @ (Wk[rows] @ x) / math.sqrt(dh) for x in X]
+        ex = [math.exp(v - max(sc)) for v in sc]
+        cat[rows] = sum(e / sum(ex) * (Wv[rows] @ x) for e, x in zip(ex, X))
+    return Wo @ cat
+
+
+def _sa_weights(H, dh):
+    return {"tables.t": _w(7, D), "h.action": _w(2, D), "h.position": _w(MAX_LEN, D),
+            "sa.wq": _w(H * dh, D), "sa.wk": _w(H * dh, D), "sa.wv": _w(H * dh, D), "sa.wo": _w(D, H * dh)}
+
+
+def case_self_attention():
+    """history -> self_attention (causal on/off, softmax/silu) -> sum(sa * h), last, mean pools -> mixed
+    with the candidate by mul; L = 0, 1, max_len and longer than max_len."""
+    oks = []
+    H, dh = 2, 2
+    for causal in (True, False):
+        for kind in ("softmax", "silu"):
+            for L, hist in HISTS.items():
+                w = _sa_weights(H, dh)
+                w.update({"u.weight": _w(D, 3 * D), "u.bias": _w(D), "c.weight": _w(D, CD), "c.bias": _w(D),
+                          "lg.weight": _w(1, D), "lg.bias": _w(1)})
+                sa = {"name": "sa", "op": "self_attention", "input": "h", "heads": H, "head_dim": dh}
+                if not causal or RNG.random() < 0.5:            # causal true: sometimes by default
+                    sa["causal"] = causal
+                if kind == "silu" or RNG.random() < 0.5:
+                    sa["kind"] = kind
+                spec = _spec([{"name": "h", "op": "history_embedding", "input": "user.history", "table": "t"}, sa,
+                              {"name": "m", "op": "mul", "inputs": ["sa", "h"]},
+                              {"name": "p1", "op": "pool", "input": "m", "fn": "sum"},
+                              {"name": "p2", "op": "pool", "input": "sa", "fn": "last"},
+                              {"name": "p3", "op": "pool", "input": "sa", "fn": "mean"},
+                              {"name": "pc", "op": "concat", "inputs": ["p1", "p2", "p3"]},
+                              _lin("u", "pc", D), _lin("c", "candidate.dense", D),
+                              {"name": "x", "op": "mul", "a": "u", "b": "c"}, _lin("lg", "x", 1)], "lg",
+                             history=True)
+
+                def expect(u, c, ids, acts, w=w, causal=causal, kind=kind):
+                    X = _hist_rows(w["tables.t"], w["h.action"], w["h.position"], ids, acts)
+                    S = _naive_self_attention(X, w["sa.wq"], w["sa.wk"], w["sa.wv"], w["sa.wo"], H, dh, causal, kind)
+                    n = len(X)
+                    p1 = (S * X).sum(0) if n else np.zeros(D)
+                    p2 = S[-1] if n else np.zeros(D)
+                    p3 = S.sum(0) / n if n else np.zeros(D)
+                    uu = w["u.weight"] @ np.concatenate([p1, p2, p3]) + w["u.bias"]
+                    return w["lg.weight"] @ (uu * (w["c.weight"] @ c + w["c.bias"])) + w["lg.bias"]
+                oks.append(_check_seq("self_attn %s causal=%d L=%d" % (kind, causal, L), spec, w, expect, hist))
+    return all(oks)
+
+
+def case_shared_target_attention():
+    """target_attention shared_with a self_attention (silu and causal there: the target part is still
+    softmax without mask); [D] and [2, D] queries; the SA output also used."""
+    oks = []
+    H, dh = 3, 2
+    for kind, causal in (("silu", True), ("softmax", False)):
+        for tq in (1, 2):
+            for L, hist in HISTS.items():
+                w = _sa_weights(H, dh)
+                w.update({"q.weight": _w(tq * D, CD), "q.bias": _w(tq * D), "lg.bias": _w(1),
+                          "ln.weight": _w(D), "ln.bias": _w(D)})
+                layers = [{"name": "h", "op": "history_embedding", "input": "user.history", "table": "t"},
+                          {"name": "ln", "op": "layer_norm", "input": "h"},
+                          {"name": "sa", "op": "self_attention", "input": "ln", "heads": H, "head_dim": dh,
+                           "causal": causal, "kind": kind},
+                          {"name": "sp", "op": "pool", "input": "sa", "fn": "last"},
+                          _lin("q", "candidate.dense", tq * D)]
+                if tq == 2:
+                    layers.append({"name": "qt", "op": "reshape", "input": "q", "tokens": 2})
+                layers += [{"name": "ta", "op": "target_attention", "query": "qt" if tq == 2 else "q",
+                            "history": "ln", "shared_with": "sa"},
+                           {"name": "tf", "op": "flatten", "input": "ta"},
+                           _lin("sl", "sp", tq * D),                # the SA output joins through add
+                           {"name": "x", "op": "add", "a": "tf", "b": "sl"},
+                           {"name": "cc", "op": "concat", "inputs": ["x", "tf"]}]
+                w.update({"sl.weight": _w(tq * D, D), "sl.bias": _w(tq * D), "lg.weight": _w(1, 2 * tq * D)})
+                layers.append(_lin("lg", "cc", 1))
+                spec = _spec(layers, "lg", history=True)
+
+                def expect(u, c, ids, acts, w=w, tq=tq, kind=kind, causal=causal):
+                    X = _hist_rows(w["tables.t"], w["h.action"], w["h.position"], ids, acts)
+                    N = np.array([_naive_layer_norm(x, w["ln.weight"], w["ln.bias"], 1e-5) for x in X]).reshape(-1, D)
+                    S = _naive_self_attention(N, w["sa.wq"], w["sa.wk"], w["sa.wv"], w["sa.wo"], H, dh, causal, kind)
+                    sp = S[-1] if len(S) else np.zeros(D)
+                    Q = (w["q.weight"] @ c + w["q.bias"]).reshape(tq, D)
+                    tf = np.concatenate([_naive_target_attention(Q[k], N, w["sa.wq"], w["sa.wk"], w["sa.wv"],
+                                                                 w["sa.wo"], H, dh) for k in range(tq)])
+                    x = tf + w["sl.weight"] @ sp + w["sl.bias"]
+                    return w["lg.weight"] @ np.concatenate([x, tf]) + w["lg.bias"]
+                oks.append(_check_seq("shared ta %s Tq=%d L=%d" % (kind, tq, L), spec, w, expect, hist))
+    return all(oks)
+
+
+def case_din_attention():
+    """din_attention over the history embeddings, every activation, normalize softmax/none, each L."""
+    oks = []
+    H1 = 4
+    for act in ("relu", "none", "sigmoid", "gelu", "silu", "tanh"):
+        for norm in ("softmax", "none"):
+            for L, hist in HISTS.items():
+                if act not in ("relu", "gelu") and L in (1, 7):       # every act at L = 0 and max_len
+                    continue
+                w = {"tables.t": _w(7, D), "h.action": _w(2, D), "h.position": _w(MAX_LEN, D),
+                     "q.weight": _w(D, CD), "q.bias": _w(D), "din.w1": _w(H1, 4 * D), "din.b1": _w(H1),
+                     "din.w2": _w(1, H1), "din.b2": _w(1), "lg.weight": _w(1, D), "lg.bias": _w(1)}
+                din = {"name": "din", "op": "din_attention", "query": "q", "history": "h", "hidden": H1}
+                if act != "relu" or RNG.random() < 0.5:
+                    din["activation"] = act
+                if norm != "softmax" or RNG.random() < 0.5:
+                    din["normalize"] = norm
+                spec = _spec([{"name": "h", "op": "history_embedding", "input": "user.history", "table": "t"},
+                              _lin("q", "candidate.dense", D), din, _lin("lg", "din", 1)], "lg", history=True)
+
+                def expect(u, c, ids, acts, w=w, act=act, norm=norm):
+                    X = _hist_rows(w["tables.t"], w["h.action"], w["h.position"], ids, acts)
+                    q = w["q.weight"] @ c + w["q.bias"]
+                    s = []
+                    for x in X:
+                        z = _act(w["din.w1"] @ np.concatenate([q, x, q - x, q * x]) + w["din.b1"], act)
+                        s.append(sum(w["din.w2"][0, k] * z[k] for k in range(H1)) + w["din.b2"][0])
+                    if norm == "softmax" and s:
+                        ex = [math.exp(v - max(s)) for v in s]
+                        s = [e / sum(ex) for e in ex]
+                    out = sum((a * x for a, x in zip(s, X)), np.zeros(D))
+                    return w["lg.weight"] @ out + w["lg.bias"]
+                oks.append(_check_seq("din %s %s L=%d" % (act, norm, L), spec, w, expect, hist))
+    return all(oks)
+
+
 def _bad(name, layers, needle, history=False):
     spec = _spec(layers, layers[-1]["name"], history)
     try:
@@ -283,13 +492,75 @@ def case_refusals():
         ("token_linear jagged", [hist, {"name": "c", "op": "token_linear", "input": "h", "out_tokens": 2}, c1],
          "layer 'c'"),
     ]
-    return all([_bad(n, layers, needle, history=(layers[0] is hist)) for n, layers, needle in cases])
+    oks = [_bad(n, layers, needle, history=(layers[0] is hist)) for n, layers, needle in cases]
+
+    # Sequence ops: each message must name the layer ('c').
+    ln = {"name": "ln", "op": "layer_norm", "input": "h"}
+    sa = {"name": "sa", "op": "self_attention", "input": "ln", "heads": 1, "head_dim": 2}
+    q = _lin("q", "candidate.dense", D)
+    ut = _lin("ut", "user.dense", D)
+
+    def sa_c(**kw):
+        l = {"name": "c", "op": "self_attention", "input": "h", "heads": 2, "head_dim": 2}
+        l.update(kw)
+        return [hist, l, {"name": "cp", "op": "pool", "input": "c", "fn": "sum"}, q,
+                {"name": "lg", "op": "mul", "a": "cp", "b": "q"}]
+
+    def din_c(**kw):
+        l = {"name": "c", "op": "din_attention", "query": "q", "history": "h", "hidden": 3}
+        l.update(kw)
+        return [hist, q, ut, {"name": "ur", "op": "reshape", "input": "ut", "tokens": 1}, l, c1]
+
+    def ta_c(**kw):
+        l = {"name": "c", "op": "target_attention", "query": "q", "history": "ln", "shared_with": "sa"}
+        l.update(kw)
+        return [hist, ln, sa, q, l, {"name": "cf", "op": "flatten", "input": "c"}, _lin("lg", "cf", 1)]
+
+    k = [hist, {"name": "tk", "op": "reshape", "input": "user.dense", "tokens": 2}]
+    seq_cases = [
+        ("sa of tokens", k + [{"name": "c", "op": "self_attention", "input": "tk", "heads": 1, "head_dim": 2}, c1]),
+        ("sa of a vector", [hist, {"name": "c", "op": "self_attention", "input": "user.dense", "heads": 1,
+                                   "head_dim": 2}, c1]),
+        ("sa missing heads", [hist, {"name": "c", "op": "self_attention", "input": "h", "head_dim": 2}, c1]),
+        ("sa head_dim 0", sa_c(head_dim=0)),
+        ("sa heads true", sa_c(heads=True)),
+        ("sa kind relu", sa_c(kind="relu")),
+        ("sa causal 1", sa_c(causal=1)),
+        ("sa unknown key", sa_c(mask="causal")),
+        ("din query user", din_c(query="ut")),
+        ("din query tokens", [hist, _lin("q2", "candidate.dense", 2 * D),
+                              {"name": "q", "op": "reshape", "input": "q2", "tokens": 2},
+                              {"name": "c", "op": "din_attention", "query": "q", "history": "h", "hidden": 3}, c1]),
+        ("din history vector", din_c(history="ut")),
+        ("din history tokens", din_c(history="ur")),
+        ("din width", [hist, _lin("q", "candidate.dense", D + 1),
+                       {"name": "c", "op": "din_attention", "query": "q", "history": "h", "hidden": 3}, c1]),
+        ("din hidden 0", din_c(hidden=0)),
+        ("din missing hidden", [hist, q, {"name": "c", "op": "din_attention", "query": "q", "history": "h"}, c1]),
+        ("din activation", din_c(activation="softmax")),
+        ("din normalize", din_c(normalize="sum")),
+        ("ta shared + heads", ta_c(heads=1)),
+        ("ta shared + head_dim", ta_c(head_dim=2)),
+        ("ta shared not sa", ta_c(shared_with="ln")),
+        ("ta shared unknown", ta_c(shared_with="nope")),
+        ("ta shared later", [hist, ln, q, {"name": "c", "op": "target_attention", "query": "q", "history": "ln",
+                                           "shared_with": "sa"}, sa,
+                             {"name": "cf", "op": "flatten", "input": "c"}, _lin("lg", "cf", 1)]),
+        ("ta shared other hist", ta_c(history="h")),
+        ("ta shared sa output", [hist, ln, sa, q, {"name": "c", "op": "target_attention", "query": "q",
+                                                   "history": "sa", "shared_with": "sa"}, c1]),
+        ("ta no heads", [hist, q, {"name": "c", "op": "target_attention", "query": "q", "history": "h",
+                                   "head_dim": 2}, c1]),
+    ]
+    for n, layers in seq_cases:
+        oks.append(_bad(n, layers, "layer 'c'", history=True))
+    return all(oks)
 
 
 def main():
     print("test_ref_ops: reference ops vs naive loops")
     oks = [f() for f in (case_activations, case_tokens, case_jagged, case_dot_concat, case_cross_mixture,
-                         case_refusals)]
+                         case_self_attention, case_shared_target_attention, case_din_attention, case_refusals)]
     print("test_ref_ops: %s" % ("ok" if all(oks) else "FAILED"))
     return 0 if all(oks) else 1
 

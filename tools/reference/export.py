@@ -70,6 +70,9 @@ class IkboModule(torch.nn.Module):
         if op == "cross":                           # DCNv2: fan-in F for W, u @ v, b
             f = shape[0]
             return (torch.rand(shape, generator=gen) * 2 - 1) / math.sqrt(f)
+        if op == "din_attention":                   # w1/b1 and w2/b2 as two nn.Linear
+            fan_in = self.plan.param_shapes[layer + (".w1" if param in ("w1", "b1") else ".w2")][1]
+            return (torch.rand(shape, generator=gen) * 2 - 1) / math.sqrt(fan_in)
         if param in ("weight", "bias"):
             fan_in = self.plan.param_shapes[layer + ".weight"][1]
             bound = 1.0 / math.sqrt(fan_in)
@@ -139,17 +142,17 @@ class IkboModule(torch.nn.Module):
                 q = q.unsqueeze(1) if q.dim() == 2 else q           # a [D] query is one token
                 h, mask = get(layer["history"])
                 B, tq, _ = q.shape
-                H, dh = layer["heads"], layer["head_dim"]
-                Q = F.linear(q, P(name + ".wq")).reshape(B, tq, H, dh).transpose(1, 2)
-                K = F.linear(h, P(name + ".wk")).reshape(B, -1, H, dh).transpose(1, 2)
-                V = F.linear(h, P(name + ".wv")).reshape(B, -1, H, dh).transpose(1, 2)
+                wn, H, dh = ikbo_ref.attention_params(self.plan, layer)   # own or shared_with weights
+                Q = F.linear(q, P(wn + ".wq")).reshape(B, tq, H, dh).transpose(1, 2)
+                K = F.linear(h, P(wn + ".wk")).reshape(B, -1, H, dh).transpose(1, 2)
+                V = F.linear(h, P(wn + ".wv")).reshape(B, -1, H, dh).transpose(1, 2)
                 m = mask[:, None, None, :]
                 S = (Q @ K.transpose(-1, -2) / math.sqrt(dh)).masked_fill(~m, -1e30)
                 # Rows with no events get a uniform softmax zeroed by the mask:
                 # L = 0 -> zero output, without NaN in forward or backward.
                 A = torch.softmax(S, dim=-1) * m.to(S.dtype)
                 O = (A @ V).transpose(1, 2).reshape(B, tq, H * dh)
-                y = F.linear(O, P(name + ".wo"))
+                y = F.linear(O, P(wn + ".wo"))
             elif op == "lce":
                 eu, ec = get(layer["user"]), get(layer["candidate"])
                 eu = eu.unsqueeze(1) if eu.dim() == 2 else eu       # a [D] operand is one token
@@ -235,6 +238,38 @@ def _ranking_op(layer, get, P):
         last = (n.squeeze(1) - 1).clamp(min=0)                      # left-aligned events
         y = x[torch.arange(x.shape[0]), last]
         return torch.where(n > 0, y, torch.zeros_like(y))
+    if op == "self_attention":
+        h, mask = get(layer["input"])
+        B, L, _ = h.shape
+        H, dh = layer["heads"], layer["head_dim"]
+        Q = F.linear(h, P(name + ".wq")).reshape(B, L, H, dh).transpose(1, 2)
+        K = F.linear(h, P(name + ".wk")).reshape(B, L, H, dh).transpose(1, 2)
+        V = F.linear(h, P(name + ".wv")).reshape(B, L, H, dh).transpose(1, 2)
+        S = Q @ K.transpose(-1, -2) / math.sqrt(dh)                   # [B, H, L, L]
+        keep = mask[:, None, None, :]                                  # real keys (left-aligned)
+        if layer.get("causal", True):
+            keep = keep & torch.ones((L, L), dtype=torch.bool).tril()
+        if layer.get("kind", "softmax") == "softmax":
+            # Padded query rows keep a finite (unused) output; no NaN anywhere.
+            A = torch.softmax(S.masked_fill(~keep, -1e30), dim=-1) * keep.to(S.dtype)
+        else:                                                          # silu / n_u (the user's event count)
+            n = mask.sum(1).clamp(min=1).to(S.dtype)[:, None, None, None]
+            A = F.silu(S) * keep.to(S.dtype) / n
+        O = (A @ V).transpose(1, 2).reshape(B, L, H * dh)
+        return (F.linear(O, P(name + ".wo")), mask)
+    if op == "din_attention":
+        q = get(layer["query"])
+        h, mask = get(layer["history"])
+        qe = q.unsqueeze(1).expand_as(h)
+        x = torch.cat([qe, h, qe - h, qe * h], dim=-1)                 # [B, L, 4D]
+        z = _activate(F.linear(x, P(name + ".w1"), P(name + ".b1")), layer.get("activation", "relu"))
+        s = F.linear(z, P(name + ".w2"), P(name + ".b2")).squeeze(-1)  # [B, L]
+        m = mask.to(s.dtype)
+        if layer.get("normalize", "softmax") == "softmax":
+            a = torch.softmax(s.masked_fill(~mask, -1e30), dim=1) * m   # L = 0 -> zeros
+        else:
+            a = s * m
+        return (a.unsqueeze(-1) * h).sum(1)
     raise AssertionError(op)
 
 

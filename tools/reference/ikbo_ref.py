@@ -41,6 +41,8 @@ TOP_REQUIRED = {"format", "inputs", "tables", "layers", "output"}
 ACTIVATIONS = ("none", "relu", "sigmoid", "gelu", "silu", "tanh")
 POOLINGS = ("sum", "mean")
 POOL_FNS = ("mean", "sum", "max", "last")
+ATTENTION_KINDS = ("softmax", "silu")
+DIN_NORMALIZE = ("softmax", "none")
 MAX_DOT_TOKENS = 256
 MAX_EXPERTS = 64
 
@@ -53,7 +55,9 @@ LAYER_KEYS = {
     "reshape": ({"input", "tokens"}, set()),
     "stack": ({"inputs"}, set()),
     "flatten": ({"input"}, set()),
-    "target_attention": ({"query", "history", "heads", "head_dim"}, set()),
+    # heads/head_dim are required unless "shared_with" names a self_attention
+    # layer (then they must be absent); checked in analyze().
+    "target_attention": ({"query", "history"}, {"heads", "head_dim", "shared_with"}),
     "lce": ({"user", "candidate", "out_tokens"}, set()),
     # add: operands as "a" and "b" (the op table's wording) or "inputs": [a, b]
     # (like stack); the C engine accepts both forms, so does this file.
@@ -68,9 +72,12 @@ LAYER_KEYS = {
     "cross": ({"x0", "input"}, {"rank"}),
     "mixture": ({"experts", "gate"}, set()),
     "pool": ({"input", "fn"}, set()),
+    # Sequence ops (issue 15).
+    "self_attention": ({"input", "heads", "head_dim"}, {"causal", "kind"}),
+    "din_attention": ({"query", "history", "hidden"}, {"activation", "normalize"}),
 }
 # Ops allowed to take inputs from both domains (MODEL_FORMAT.md).
-MIXING_OPS = {"target_attention", "lce", "add", "mul", "dot_interaction"}
+MIXING_OPS = {"target_attention", "lce", "add", "mul", "dot_interaction", "din_attention"}
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -247,7 +254,53 @@ def _analyze_ranking_op(p, layer, lw, ref, srcs, fail, pos_int):
         if s[0] not in ("tok", "jag"):
             fail("%s: input must be [K, D] tokens or jagged, got %s" % (lw, shape_str(s)))
         return ("vec", s[-1])
+    if op == "self_attention":
+        d, s = ref("input")
+        srcs.append((d, s))
+        if d != "user" or s[0] != "jag":
+            fail("%s: input must be a user jagged sequence, got %s %s" % (lw, d, shape_str(s)))
+        heads = pos_int(layer["heads"], "%s: heads" % lw)
+        hd = pos_int(layer["head_dim"], "%s: head_dim" % lw)
+        if not isinstance(layer.get("causal", True), bool):
+            fail("%s: causal must be true or false, got %r" % (lw, layer["causal"]))
+        if layer.get("kind", "softmax") not in ATTENTION_KINDS:
+            fail("%s: kind must be one of %s, got %r" % (lw, ", ".join(ATTENTION_KINDS), layer["kind"]))
+        dim = s[1]
+        for w in ("wq", "wk", "wv"):
+            p.param_shapes["%s.%s" % (name, w)] = (heads * hd, dim)
+        p.param_shapes[name + ".wo"] = (dim, heads * hd)
+        return s
+    if op == "din_attention":
+        dq, sq = ref("query")
+        dh_, sh = ref("history")
+        srcs += [(dq, sq), (dh_, sh)]
+        if dq != "candidate" or sq[0] != "vec":
+            fail("%s: query must be a candidate [D] vector, got %s %s" % (lw, dq, shape_str(sq)))
+        if dh_ != "user" or sh[0] != "jag":
+            fail("%s: history must be a user jagged sequence, got %s %s" % (lw, dh_, shape_str(sh)))
+        if sh[1] != sq[1]:
+            fail("%s: history width %d differs from query width %d" % (lw, sh[1], sq[1]))
+        h1 = pos_int(layer["hidden"], "%s: hidden" % lw)
+        if layer.get("activation", "relu") not in ACTIVATIONS:
+            fail("%s: activation must be one of %s, got %r" % (lw, ", ".join(ACTIVATIONS), layer["activation"]))
+        if layer.get("normalize", "softmax") not in DIN_NORMALIZE:
+            fail("%s: normalize must be one of %s, got %r" % (lw, ", ".join(DIN_NORMALIZE), layer["normalize"]))
+        dim = sq[1]
+        p.param_shapes[name + ".w1"] = (h1, 4 * dim)
+        p.param_shapes[name + ".b1"] = (h1,)
+        p.param_shapes[name + ".w2"] = (1, h1)
+        p.param_shapes[name + ".b2"] = (1,)
+        return sq
     raise AssertionError(op)
+
+
+def attention_params(plan, layer):
+    """(weight-owning layer name, heads, head_dim) of a target_attention: its
+    own, or those of the self_attention layer it is shared_with."""
+    if "shared_with" in layer:
+        sa = next(l for l in plan.layers if l["name"] == layer["shared_with"])
+        return sa["name"], sa["heads"], sa["head_dim"]
+    return layer["name"], layer["heads"], layer["head_dim"]
 
 
 def analyze(spec, where="model.json"):
@@ -447,12 +500,26 @@ def analyze(spec, where="model.json"):
                 fail("%s: history must be a user jagged sequence, got %s %s" % (lw, dh_, shape_str(sh)))
             if sh[1] != sq[2]:
                 fail("%s: history width %d differs from query width %d" % (lw, sh[1], sq[2]))
-            heads = pos_int(layer["heads"], "%s: heads" % lw)
-            hd = pos_int(layer["head_dim"], "%s: head_dim" % lw)
             dim = sq[2]
-            for w in ("wq", "wk", "wv"):
-                p.param_shapes["%s.%s" % (name, w)] = (heads * hd, dim)
-            p.param_shapes[name + ".wo"] = (dim, heads * hd)
+            if "shared_with" in layer:
+                sw = layer["shared_with"]
+                if "heads" in layer or "head_dim" in layer:
+                    fail("%s: heads and head_dim come from the shared_with layer; remove them" % lw)
+                sa = next((l for l in p.layers if l["name"] == sw), None) if isinstance(sw, str) else None
+                if sa is None or sa["op"] != "self_attention":
+                    fail("%s: shared_with %r is not an earlier self_attention layer" % (lw, sw))
+                if layer["history"] != sa["input"]:
+                    fail("%s: history %r must be the input of shared_with layer %r (%r)"
+                         % (lw, layer["history"], sw, sa["input"]))
+            else:
+                missing = {"heads", "head_dim"} - set(layer)
+                if missing:
+                    fail("%s: missing key(s) %s" % (lw, ", ".join(sorted(missing))))
+                heads = pos_int(layer["heads"], "%s: heads" % lw)
+                hd = pos_int(layer["head_dim"], "%s: head_dim" % lw)
+                for w in ("wq", "wk", "wv"):
+                    p.param_shapes["%s.%s" % (name, w)] = (heads * hd, dim)
+                p.param_shapes[name + ".wo"] = (dim, heads * hd)
             out = ("tok", sq[1], dim)
         elif op == "lce":
             du, su = ref("user")
@@ -768,7 +835,43 @@ def _ranking_op(layer, get, W):
         return y
     if op == "pool":
         return _pool(get(layer["input"]), layer["fn"])
+    if op == "self_attention":
+        return _self_attention(get(layer["input"]), W[name + ".wq"], W[name + ".wk"], W[name + ".wv"],
+                               W[name + ".wo"], layer["heads"], layer["head_dim"],
+                               layer.get("causal", True), layer.get("kind", "softmax"))
+    if op == "din_attention":
+        q, h = get(layer["query"]), get(layer["history"])
+        n = h.shape[0]
+        if n == 0:
+            return torch.zeros(q.shape[0], dtype=torch.float64)
+        qe = q.unsqueeze(0).expand(n, -1)
+        x = torch.cat([qe, h, qe - h, qe * h], dim=1)                # [n, 4D]
+        z = _act(x @ W[name + ".w1"].T + W[name + ".b1"], layer.get("activation", "relu"))
+        s = (z @ W[name + ".w2"].T + W[name + ".b2"]).reshape(n)     # one score per event
+        a = torch.softmax(s, dim=0) if layer.get("normalize", "softmax") == "softmax" else s
+        return a @ h
     raise AssertionError(op)
+
+
+def _self_attention(h, wq, wk, wv, wo, heads, dh, causal, kind):
+    """One user's self-attention over its n kept events: [n, D] -> [n, D]."""
+    n, dim = h.shape
+    if n == 0:
+        return torch.zeros((0, dim), dtype=torch.float64)
+    # Head j owns columns [j*dh, (j+1)*dh) of Q, K, V and of concat(O).
+    Q = (h @ wq.T).reshape(n, heads, dh).transpose(0, 1)
+    K = (h @ wk.T).reshape(n, heads, dh).transpose(0, 1)
+    V = (h @ wv.T).reshape(n, heads, dh).transpose(0, 1)
+    S = Q @ K.transpose(1, 2) / math.sqrt(dh)                       # [H, n, n]
+    keep = torch.ones((n, n), dtype=torch.bool)
+    if causal:
+        keep = torch.tril(keep)                                     # key j <= query i
+    if kind == "softmax":
+        A = torch.softmax(S.masked_fill(~keep, float("-inf")), dim=-1)
+    else:                                                           # silu (HSTU): / n, not / (i + 1)
+        A = torch.where(keep, S * torch.sigmoid(S), torch.zeros_like(S)) / n
+    O = (A @ V).transpose(0, 1).reshape(n, heads * dh)
+    return O @ wo.T
 
 
 def forward_one(model, user, cand):
@@ -822,18 +925,19 @@ def forward_one(model, user, cand):
         elif op == "target_attention":
             q, h = get(layer["query"]), get(layer["history"])
             q = q.unsqueeze(0) if q.dim() == 1 else q           # a [D] query is one token
-            heads, dh = layer["heads"], layer["head_dim"]
+            wn, heads, dh = attention_params(p, layer)   # own weights or the shared_with layer's
             tq, dim = q.shape
             if h.shape[0] == 0:
                 y = torch.zeros((tq, dim), dtype=torch.float64)
             else:
                 # Head j owns columns [j*dh, (j+1)*dh) of Q, K, V and of concat(O).
-                Q = (q @ W[name + ".wq"].T).reshape(tq, heads, dh).transpose(0, 1)
-                K = (h @ W[name + ".wk"].T).reshape(-1, heads, dh).transpose(0, 1)
-                V = (h @ W[name + ".wv"].T).reshape(-1, heads, dh).transpose(0, 1)
+                # Softmax, no mask, whatever the shared layer's kind and causal.
+                Q = (q @ W[wn + ".wq"].T).reshape(tq, heads, dh).transpose(0, 1)
+                K = (h @ W[wn + ".wk"].T).reshape(-1, heads, dh).transpose(0, 1)
+                V = (h @ W[wn + ".wv"].T).reshape(-1, heads, dh).transpose(0, 1)
                 A = torch.softmax(Q @ K.transpose(1, 2) / math.sqrt(dh), dim=-1)
                 O = (A @ V).transpose(0, 1).reshape(tq, heads * dh)
-                y = O @ W[name + ".wo"].T
+                y = O @ W[wn + ".wo"].T
         elif op == "lce":
             eu, ec = get(layer["user"]), get(layer["candidate"])
             eu = eu.unsqueeze(0) if eu.dim() == 1 else eu       # a [D] operand is one token
