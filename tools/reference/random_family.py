@@ -1,13 +1,14 @@
 #!/usr/bin/python3
 """Random valid `ikbo-model/1` models of the ranking architectures (DLRM,
-DCNv2, MMoE), for numerics tests of the C engine against the reference.
+DCNv2, MMoE) and the sequence models (transformer, HSTU), for numerics
+tests of the C engine against the reference.
 
-    random_family.py --family dlrm|dcn|mmoe --seed S --out DIR/<name>/<version>
+    random_family.py --family dlrm|dcn|mmoe|seq|hstu --seed S --out DIR/<name>/<version>
 
 Every shape is drawn from the seed: widths, feature counts, depths, token
 orders, activations, ranks, experts and tasks. The families use every op of
-MODEL_FORMAT.md's "Ops for real ranking architectures" that is not a sequence
-op, with user-only parts in the user domain and the mixing ops (mul,
+MODEL_FORMAT.md's "Ops for real ranking architectures" (the sequence ops in
+seq and hstu), with user-only parts in the user domain and the mixing ops (mul,
 dot_interaction, add, lce) reading user rows through the map:
   dlrm  bottom MLPs on user and candidate dense, embedding bags, a
         dot_interaction over user and candidate vectors and tokens in a random
@@ -19,6 +20,15 @@ dot_interaction, add, lce) reading user rows through the map:
   mmoe  a shared bottom (token_linear over candidate tokens, pool, mul with a
         user vector, activation), E experts, one softmax gate per task
         (mixture), per-task towers, task logits by concat.
+  seq   a history (max_len 4..24, 1..4 actions) through 1-2 pre-LN
+        transformer blocks (layer_norm -> self_attention, random heads 1..3,
+        head_dim 4/8/16, causal or not -> add -> layer_norm -> linear
+        gelu/silu -> linear -> add), pooled last and/or mean; a
+        target_attention shared_with one block's self_attention (query a
+        candidate [D] vector or 2 projected tokens); a din_attention over
+        the history (random activation and normalize); user vectors meet
+        candidate ones through mul, add, lce and dot_interaction.
+  hstu  the same with self_attention kind "silu".
 The logits layer is rescaled (random_model.calibrate) so that sigmoid does
 not saturate and relative errors of scores are meaningful.
 """
@@ -46,6 +56,7 @@ class _Spec:
         self.cs = ["c%d" % i for i in range(rng.randint(1, 3))]
         self.tables = {"t_" + f: {"rows": rng.randint(5, 800), "dim": D} for f in self.us + self.cs}
         self.name = name
+        self.history = None                         # {"max_len", "actions"} for the sequence families
 
     def add(self_, **layer):                        # noqa: N805 ("self" is a layer key)
         self_.layers.append(layer)
@@ -68,7 +79,8 @@ class _Spec:
     def spec(self, logits, tasks):
         return {"format": "ikbo-model/1", "name": self.name,
                 "description": "random %s model (tools/reference/random_family.py)" % self.name,
-                "inputs": {"user": {"dense": self.ud, "sparse": self.us},
+                "inputs": {"user": dict({"dense": self.ud, "sparse": self.us},
+                                        **({"history": self.history} if self.history else {})),
                            "candidate": {"dense": self.cd, "sparse": self.cs}},
                 "tables": self.tables, "layers": self.layers,
                 "output": {"logits": logits, "tasks": ["task%d" % t for t in range(tasks)]}}
@@ -145,7 +157,63 @@ def mmoe(rng, name):
     return s.spec(s.add(name="logits", op="concat", inputs=logits), tasks)
 
 
-FAMILIES = {"dlrm": dlrm, "dcn": dcn, "mmoe": mmoe}
+def seq(rng, name, kind="softmax"):
+    D = rng.choice((8, 16))
+    s = _Spec(rng, name, D)
+    s.history = {"max_len": rng.randint(4, 24), "actions": rng.randint(1, 4)}
+    ue, ce = s.embeddings("user"), s.embeddings("candidate")
+    x = s.add(name="hist", op="history_embedding", input="user.history", table="t_" + s.cs[0])
+    blocks = []                                      # (layer_norm name = the attention's input, attention)
+    for b in range(rng.randint(1, 2)):               # pre-LN transformer blocks over the history
+        ln = s.add(name="b%d_ln1" % b, op="layer_norm", input=x)
+        kw = {"causal": rng.random() < 0.6}
+        if kw["causal"] and rng.random() < 0.5:      # sometimes the defaults (causal, softmax) by omission
+            del kw["causal"]
+        if kind != "softmax" or rng.random() < 0.5:
+            kw["kind"] = kind
+        sa = s.add(name="b%d_attn" % b, op="self_attention", input=ln, heads=rng.randint(1, 3),
+                   head_dim=rng.choice((4, 8, 16)), **kw)
+        blocks.append((ln, sa))
+        r = s.add(name="b%d_res1" % b, op="add", inputs=[x, sa])
+        ln2 = s.add(name="b%d_ln2" % b, op="layer_norm", input=r)
+        f = s.add(name="b%d_ff1" % b, op="linear", input=ln2, out=rng.randint(D, 3 * D),
+                  activation=rng.choice(("gelu", "silu")))
+        f = s.add(name="b%d_ff2" % b, op="linear", input=f, out=D)
+        x = s.add(name="b%d_out" % b, op="add", inputs=[r, f])
+    pools = [s.add(name="pool_" + fn, op="pool", input=x, fn=fn)
+             for fn in rng.choice((("last",), ("mean",), ("last", "mean")))]
+    # Candidate side: a [D] query or 2 tokens projected from the candidate features.
+    cdl = s.add(name="cdl", op="linear", input="candidate.dense", out=D, activation=s.act())
+    if rng.random() < 0.5:
+        q = ce[0]
+    else:
+        q = s.add(name="ctok", op="reshape", tokens=2,
+                  input=s.add(name="cq", op="linear", input=s.add(name="ccat", op="concat", inputs=ce + [cdl]),
+                              out=2 * D))
+    ln, sa = rng.choice(blocks)
+    ta = s.add(name="ta", op="target_attention", query=q, history=ln, shared_with=sa)
+    din = s.add(name="din", op="din_attention", query=rng.choice(ce + [cdl]), hidden=rng.randint(2, 16),
+                history=rng.choice(["hist", x]), activation=rng.choice(("none",) + ACTS),
+                normalize=rng.choice(("softmax", "none")))
+    # User vectors meet candidate ones only through mixing ops.
+    uvec = s.add(name="uvec", op="linear", input=s.add(name="ucat", op="concat", inputs=pools + ue + ["user.dense"]),
+                 out=D, activation=s.act())
+    m = s.add(name="u_din", op="mul", inputs=[uvec, din] if rng.random() < 0.5 else [din, uvec])
+    a = s.add(name="u_cdl", op="add", inputs=[cdl, pools[0]] if rng.random() < 0.5 else [pools[0], cdl])
+    lce = s.add(name="lce", op="lce", user=s.add(name="utok", op="stack", inputs=pools + ue),
+                candidate=s.add(name="ctoks", op="stack", inputs=[ta, din] + ce), out_tokens=rng.randint(1, 4))
+    dot = s.add(name="dot", op="dot_interaction", inputs=[uvec, ta, cdl] + ue)
+    h = s.add(name="h", op="concat", inputs=[m, a, s.add(name="lce_flat", op="flatten", input=lce), dot])
+    tasks = rng.randint(1, 3)
+    top = s.mlp("top", h, [rng.randint(8, 32)])
+    return s.spec(s.add(name="logits", op="linear", input=top, out=tasks), tasks)
+
+
+def hstu(rng, name):
+    return seq(rng, name, kind="silu")
+
+
+FAMILIES = {"dlrm": dlrm, "dcn": dcn, "mmoe": mmoe, "seq": seq, "hstu": hstu}
 
 
 def make(family, seed, out, name=None, dtype="F32"):
