@@ -74,6 +74,7 @@ enum bk_att_kind { BK_ATT_SOFTMAX = 0, BK_ATT_SILU = 1 };
 typedef struct bk_seq_att {
     const void *k, *v;       /* [offsets[nu], heads*dh] packed jagged        */
     const int64_t *offsets;  /* [nu+1] event rows of each user               */
+    int64_t events;          /* offsets[nu]: rows of q, k, v, o (GPU sizing)  */
     int nu, heads, dh;
     /* Self part (q NULL: none). q, o [offsets[nu], heads*dh]. */
     const void *q;

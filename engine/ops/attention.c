@@ -183,7 +183,7 @@ static int run_self_attention(op_run *r)
     void *V = op_take(r, BK_TAG_USER, (size_t)ev, (size_t)hd);
     void *O = op_take(r, BK_TAG_USER, (size_t)ev, (size_t)hd);
     void *out = op_out_like(r, 0);
-    bk_seq_att a = {.k = K, .v = V, .offsets = x.offsets, .nu = r->U, .heads = l->heads,
+    bk_seq_att a = {.k = K, .v = V, .offsets = x.offsets, .events = ev, .nu = r->U, .heads = l->heads,
                     .dh = l->head_dim, .q = Q, .o = O, .causal = l->causal, .kind = l->att_kind};
     int t = op_fuse(r);
     if (t >= 0) {

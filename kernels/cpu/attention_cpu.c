@@ -226,6 +226,11 @@ int cpu_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
     if (cpu_check_offsets(op, a->offsets, a->nu, err))
         return -1;
     const int64_t ev = a->offsets[a->nu] - a->offsets[0];
+    if (a->events != a->offsets[a->nu]) {
+        bk_seterr(err, "%s: events %lld but offsets end at %lld", op, (long long)a->events,
+                  (long long)a->offsets[a->nu]);
+        return -1;
+    }
     if (ev > 0 && (!a->k || !a->v || (a->q && !a->o))) {
         bk_seterr(err, "%s: NULL keys, values or output", op);
         return -1;

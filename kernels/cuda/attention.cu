@@ -51,7 +51,7 @@
 #define ATT_MAP_SMEM 12288 /* ints: 48 KiB, the default dynamic limit */
 __global__ void __launch_bounds__(1024)
 k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__restrict__ tiles,
-            int *__restrict__ ntiles, int cap, int map_smem)
+            int *__restrict__ ntiles, int cap, int map_smem, const int *__restrict__ base)
 {
     extern __shared__ int map_s[];
     __shared__ int warp_sum[32];
@@ -65,10 +65,10 @@ k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__r
         map = map_s;
     }
     if (tid == 0)
-        carry_s = 0;
+        carry_s = base ? *base : 0; /* after the self tiles of a fused launch */
     __syncthreads();
-    for (int base = 0; base < nc; base += blockDim.x) {
-        int c = base + tid, cnt = 0, end = 0, u = 0;
+    for (int b0 = 0; b0 < nc; b0 += blockDim.x) {
+        int c = b0 + tid, cnt = 0, end = 0, u = 0;
         if (c < nc) {
             u = map[c];
             if (c == 0 || map[c - 1] != u) {
@@ -119,6 +119,51 @@ k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__r
     }
     if (tid == 0)
         *ntiles = carry_s < cap ? carry_s : cap;
+}
+
+/* Self-attention tiles (one block): user u's events split into tiles of
+ * ATT_BM rows from its first event, so tile t of a user holds positions
+ * [t*BM, (t+1)*BM) and, causal, needs key blocks 0..t only. Tiles are
+ * written longest first (a counting sort by key blocks: LPT order for the
+ * persistent kernel, which takes work items in table order), as {row0,
+ * row_end, user, 1 | t << 1}. Slot order within a cost is arbitrary; each
+ * tile's result does not depend on it. */
+#define ATT_SELF_BUCKETS 64
+__global__ void __launch_bounds__(1024)
+k_att_self_tiles(const int64_t *__restrict__ off, int nu, int causal, int4 *__restrict__ tiles,
+                 int *__restrict__ nself, int cap)
+{
+    __shared__ int cnt[ATT_SELF_BUCKETS], cur[ATT_SELF_BUCKETS];
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const int tid = threadIdx.x;
+    if (tid < ATT_SELF_BUCKETS)
+        cnt[tid] = 0;
+    __syncthreads();
+    for (int u = tid; u < nu; u += blockDim.x) {
+        const int L = (int)(off[u + 1] - off[u]), nt = (L + ATT_BM - 1) / ATT_BM;
+        for (int t = 0; t < nt; t++)
+            atomicAdd(&cnt[min(causal ? t + 1 : nt, ATT_SELF_BUCKETS) - 1], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int start = 0;
+        for (int b = ATT_SELF_BUCKETS - 1; b >= 0; b--) {
+            cur[b] = start;
+            start += cnt[b];
+        }
+        *nself = start < cap ? start : cap;
+    }
+    __syncthreads();
+    for (int u = tid; u < nu; u += blockDim.x) {
+        const int64_t e0 = off[u], e1 = off[u + 1];
+        const int nt = (int)((e1 - e0 + ATT_BM - 1) / ATT_BM);
+        for (int t = 0; t < nt; t++) {
+            const int pos = atomicAdd(&cur[min(causal ? t + 1 : nt, ATT_SELF_BUCKETS) - 1], 1);
+            const int64_t r0 = e0 + (int64_t)t * ATT_BM;
+            if (pos < cap)
+                tiles[pos] = make_int4((int)r0, (int)min(r0 + ATT_BM, e1), u, 1 | (t << 1));
+        }
+    }
 }
 
 /* ------------------------------------------------------ tensor-core flash */
@@ -365,13 +410,39 @@ template <int DH> struct attw_cfg {
 #define ATTW_PREFETCH_Q 1 /* flags: the next tile's Q rows into L2 */
 #define ATTW_VEC_STORE 2  /* flags: o is 16-byte aligned, store 16 bytes at a time */
 
+/* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
+ * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
+ * index in the user); other tiles are target tiles (q, o). */
+template <typename T> struct attw_args {
+    const T *q, *k, *v, *qs;
+    T *o, *os;
+    const int64_t *off;
+    const int4 *tiles;
+    const int *ntiles;
+    int heads, flags;
+    int causal, silu;   /* self tiles: keys j <= i; silu(q.k / sqrt(dh)) / n weights */
+    float scale_log2;   /* log2(e) / sqrt(dh) */
+    float scale;        /* 1 / sqrt(dh) */
+    uint32_t lbo_v, sbo_v;
+};
+
+/* Key blocks a tile reads: all of its user's, or, causal self tile t,
+ * blocks 0..t (the last one the diagonal). */
+__device__ __forceinline__ int attw_nkb(int4 ti, int L, int causal, int bn)
+{
+    const int nkb = (L + bn - 1) / bn;
+    return (ti.w & 1) && causal ? min(nkb, (ti.w >> 1) + 1) : nkb;
+}
+
 template <typename T, int DH, bool PP, bool OV>
 __global__ void __launch_bounds__(384, 1)
-k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
-         const int64_t *__restrict__ off, const int4 *__restrict__ tiles,
-         const int *__restrict__ ntiles, int heads, float scale_log2, T *__restrict__ o,
-         uint32_t lbo_v, uint32_t sbo_v, int flags)
+k_att_wg(const __grid_constant__ attw_args<T> a)
 {
+    const T *__restrict__ q = a.q, *__restrict__ k = a.k, *__restrict__ v = a.v;
+    const int64_t *__restrict__ off = a.off;
+    const int4 *__restrict__ tiles = a.tiles;
+    const int heads = a.heads, flags = a.flags;
+    const float scale_log2 = a.scale_log2;
     typedef attw_cfg<DH> CFG;
     constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
     static_assert(BM == BN, "Q and K/V tiles share the copy layout");
@@ -379,7 +450,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
     /* Launched as the tile table's programmatic dependent: wait for it (a
      * no-op when launched plainly). */
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    const long W = (long)*ntiles * heads;
+    const long W = (long)*a.ntiles * heads;
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -415,7 +486,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             const int h = (int)(w % heads);
             const int64_t kv0 = off[ti.z];
             const int L = (int)(off[ti.z + 1] - kv0);
-            const int nkb = (L + BN - 1) / BN;
+            const int nkb = attw_nkb(ti, L, a.causal, BN);
             if (nkb == 0)
                 continue;
             const T *kb_ = k + (size_t)kv0 * hd + h * DH + lc * 8;
@@ -438,12 +509,13 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                     /* Q after the first K/V block: that one only needed a
                      * free stage, Q waits for the last tile's last S. */
                     mbar_wait(qempty, (qt & 1) ^ 1);
-                    const T *qb = q + h * DH + lc * 8;
+                    const T *qsrc = (ti.w & 1) ? a.qs : q;
+                    const T *qb = qsrc + h * DH + lc * 8;
 #pragma unroll
                     for (int n = 0; n < NR; n++) {
                         const int row = ti.x + lr + n * RSTEP;
                         const bool ok = row < ti.y;
-                        cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : q, ok);
+                        cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : qsrc, ok);
                     }
                     cp_async_mbar_arrive_noinc(qfull);
                     qt++;
@@ -454,7 +526,9 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                         const int4 tn = tiles[w2 / heads];
                         const int row = tn.x + tid;
                         if (row < tn.y)
-                            bulk_prefetch_l2(q + (size_t)row * hd + (int)(w2 % heads) * DH, DH * 2);
+                            bulk_prefetch_l2(((tn.w & 1) ? a.qs : q) + (size_t)row * hd +
+                                                 (int)(w2 % heads) * DH,
+                                             DH * 2);
                     }
                 }
             }
@@ -514,14 +588,30 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
      * s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1).
      * Every block has at least one valid key, so the max is finite. */
     float corr[2];
-    auto softmax_p = [&](int kb, int L) {
-        if ((kb + 1) * BN > L) {
+    /* diag: the causal block of a self tile (key kk > row rl masked, both
+     * relative to the block); silu: HSTU weights, no running max. */
+    auto softmax_p = [&](int kb, int L, bool diag, bool silu) {
+        if ((kb + 1) * BN > L || diag) {
+            const int rl = wg * 64 + wq * 16 + g;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-                for (int x = 0; x < 4; x++)
-                    if (kb * BN + 8 * j + 2 * t + (x & 1) >= L)
+                for (int x = 0; x < 4; x++) {
+                    const int kk = 8 * j + 2 * t + (x & 1);
+                    if (kb * BN + kk >= L || (diag && kk > rl + 8 * (x >> 1)))
                         s[4 * j + x] = -INFINITY;
+                }
+        }
+        if (silu) {
+            /* p = silu(s / sqrt(dh)); the division by n comes at the end. */
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) {
+                const float x = s[i] * a.scale;
+                const float sg = __frcp_rn(1.0f + att_ex2(-x * 1.4426950408889634f));
+                s[i] = s[i] == -INFINITY ? 0.0f : x * sg;
+            }
+            corr[0] = corr[1] = 1.0f;
+            return;
         }
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -578,7 +668,10 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
         const int4 ti = ti_n;
         const int h = (int)(w % heads);
         const int L = L_n;
-        const int nkb = (L + BN - 1) / BN;
+        const bool self_t = ti.w & 1, silu = self_t && a.silu;
+        const int nkb = attw_nkb(ti, L, a.causal, BN);
+        /* causal self tiles end on their diagonal block */
+        const bool diag_last = self_t && a.causal;
         const long w2 = w + gridDim.x;
         if (w2 < W)
             ti_n = tiles[w2 / heads];
@@ -602,7 +695,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             wg_fence_regs<BN / 2>(s);
             if (nkb == 1 && lead)
                 mbar_arrive(qempty);
-            softmax_p(0, L);
+            softmax_p(0, L, diag_last && nkb == 1, silu);
             softmax_o();
             /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
             for (int kb = 1; kb < nkb; kb++) {
@@ -633,7 +726,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                     mbar_arrive(qempty);
                 if (kb == 1 && w2 < W)
                     L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
-                softmax_p(kb, L);
+                softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
                 if (OV) {
                     wg_wait<0>();
                     wg_fence_regs<DH / 2>(oacc);
@@ -668,7 +761,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
             float l = lrow[r];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            inv[r] = l > 0.0f ? 1.0f / l : 0.0f;
+            inv[r] = silu ? 1.0f / (float)L : l > 0.0f ? 1.0f / l : 0.0f;
         }
         if (flags & ATTW_VEC_STORE) {
             /* 16-byte stores: the quad (t = 0..3) holds 4 chunks of 8
@@ -679,7 +772,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
-                T *orow = o + (size_t)row * hd + h * DH;
+                T *orow = (self_t ? a.os : a.o) + (size_t)row * hd + h * DH;
 #pragma unroll
                 for (int a = 0; a < DH / 32; a++) {
                     uint32_t w4[4];
@@ -703,7 +796,7 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
                 int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
                 if (row >= ti.y)
                     continue;
-                T *orow = o + (size_t)row * hd + h * DH;
+                T *orow = (self_t ? a.os : a.o) + (size_t)row * hd + h * DH;
 #pragma unroll
                 for (int j = 0; j < DH / 8; j++)
                     *(uint32_t *)(orow + j * 8 + 2 * t) =
@@ -721,12 +814,16 @@ k_att_wg(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
 
 #define SIMT_MAX_DH 256
 
-/* One warp per (query row, head); lane owns head columns lane, lane+32, ... */
+/* One warp per (query row, head); lane owns head columns lane, lane+32, ...
+ * Target rows (nu_self = 0): user map[row / tq], all its keys, softmax.
+ * Self rows (nu_self = nu): the user whose events hold the row (binary
+ * search of off), keys j <= the row's position when causal, softmax or
+ * silu(s) / n. */
 template <typename T>
 __global__ void __launch_bounds__(256)
 k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
            const int64_t *__restrict__ off, const int32_t *__restrict__ map, long rows, int tq,
-           int heads, int dh, float scale, T *__restrict__ o)
+           int heads, int dh, float scale, T *__restrict__ o, int nu_self, int causal, int silu)
 {
     long wid = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -735,8 +832,22 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
     const long row = wid / heads;
     const int h = (int)(wid - row * heads);
     const int hd = heads * dh;
-    const int u = map[row / tq];
+    int u;
+    if (nu_self) {
+        int lo = 0, hi = nu_self - 1; /* the last u with off[u] <= row */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (off[mid] <= row)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        u = lo;
+    } else {
+        u = map[row / tq];
+    }
     const int64_t kv0 = off[u], L = off[u + 1] - kv0;
+    const int64_t lim = nu_self && causal ? row - kv0 + 1 : L;
     float qv[SIMT_MAX_DH / 32], acc[SIMT_MAX_DH / 32];
 #pragma unroll
     for (int i = 0; i < SIMT_MAX_DH / 32; i++) {
@@ -745,7 +856,7 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
         acc[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = 0; j < L; j++) {
+    for (int64_t j = 0; j < lim; j++) {
         const T *kr = k + (size_t)(kv0 + j) * hd + h * dh;
         const T *vr = v + (size_t)(kv0 + j) * hd + h * dh;
         float sdot = 0.0f;
@@ -759,18 +870,24 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
         for (int x = 16; x > 0; x >>= 1)
             sdot += __shfl_xor_sync(0xffffffffu, sdot, x);
         sdot *= scale;
-        float mnew = fmaxf(m, sdot);
-        float corr = expf(m - mnew), p = expf(sdot - mnew);
-        l = l * corr + p;
+        float corr = 1.0f, p;
+        if (silu) {
+            p = sdot / (1.0f + expf(-sdot));
+        } else {
+            float mnew = fmaxf(m, sdot);
+            corr = expf(m - mnew);
+            p = expf(sdot - mnew);
+            l = l * corr + p;
+            m = mnew;
+        }
 #pragma unroll
         for (int i = 0; i < SIMT_MAX_DH / 32; i++) {
             int c = lane + 32 * i;
             if (c < dh)
                 acc[i] = acc[i] * corr + p * cu_tof<T>(vr[c]);
         }
-        m = mnew;
     }
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float inv = silu ? (L > 0 ? 1.0f / (float)L : 0.0f) : l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int i = 0; i < SIMT_MAX_DH / 32; i++) {
         int c = lane + 32 * i;
@@ -781,29 +898,110 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
 
 /* ------------------------------------------------------------------ host */
 
-/* Builds the tile table, then runs the tensor-core kernel: wgmma (WG = 1,
- * Hopper) or mma.sync (WG = 0). */
-template <typename T, int DH, int WG>
-static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int64_t *off, int nu,
-                     const int32_t *map, int nc, int tq, int heads, T *o, bk_err *err)
+/* One attention launch: a target part (q, map, nc, tq -> o), a self part
+ * (qs over ev event rows -> os), or both (a fused self + target launch). */
+template <typename T> struct att_job {
+    const T *q, *k, *v, *qs;
+    T *o, *os;
+    const int64_t *off;
+    const int32_t *map;
+    int nu, nc, tq, heads, causal, silu;
+    int64_t ev; /* event rows: self part sizing */
+};
+
+/* Blocks of 8 warps for rows x heads warps, or -1 when too many. */
+static int simt_blocks(long rows, int heads, bk_err *err, long *blocks)
 {
-    long rows = (long)nc * tq;
-    long cap = rows / ATT_BM + (nu < nc ? nu : nc) + 1;
-    if (cap > INT32_MAX / 2) {
-        bk_seterr(err, "attention: %ld query rows are too many for one launch", rows);
+    long warps = rows * heads;
+    *blocks = (warps + 7) / 8;
+    if (*blocks >= (1L << 31)) {
+        bk_seterr(err, "attention: %ld (row, head) pairs are too many for one launch", warps);
+        return -1;
+    }
+    return 0;
+}
+
+template <typename T>
+static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
+{
+    if (dh > SIMT_MAX_DH) {
+        bk_seterr(err, "attention: head_dim %d exceeds the CUDA backend's limit of %d", dh,
+                  SIMT_MAX_DH);
+        return -1;
+    }
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    long blocks;
+    if (j.qs && j.ev > 0) {
+        if (simt_blocks((long)j.ev, j.heads, err, &blocks))
+            return -1;
+        k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(j.qs, j.k, j.v, j.off, NULL, (long)j.ev,
+                                                            1, j.heads, dh, scale, j.os, j.nu,
+                                                            j.causal, j.silu);
+        if (cu_check_launch(s, err, "self_attention (SIMT)"))
+            return -1;
+    }
+    if (j.q && j.nc > 0) {
+        if (simt_blocks((long)j.nc * j.tq, j.heads, err, &blocks))
+            return -1;
+        k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(j.q, j.k, j.v, j.off, j.map,
+                                                            (long)j.nc * j.tq, j.tq, j.heads, dh,
+                                                            scale, j.o, 0, 0, 0);
+        if (cu_check_launch(s, err, "attention (SIMT)"))
+            return -1;
+    }
+    return 0;
+}
+
+/* Builds the tile table(s) into the stream's scratch: self tiles first
+ * (longest first), then target tiles. *ntiles gets the total. */
+template <typename T>
+static int build_tiles(bk_stream *s, const att_job<T> &j, int4 **tiles_out, int **ntiles_out,
+                       long *cap_out, bk_err *err)
+{
+    long rows = j.q ? (long)j.nc * j.tq : 0;
+    long cap_t = j.q ? rows / ATT_BM + (j.nu < j.nc ? j.nu : j.nc) + 1 : 0;
+    long cap_s = j.qs ? (long)(j.ev / ATT_BM) + j.nu + 1 : 0;
+    long cap = cap_t + cap_s;
+    if (cap > INT32_MAX / 2 || (j.qs && j.ev > INT32_MAX)) {
+        bk_seterr(err, "attention: %ld query rows are too many for one launch",
+                  rows + (long)j.ev);
         return -1;
     }
     if (cu_scratch_get(s, &s->att_tile, 16 + (size_t)cap * sizeof(int4), err))
         return -1;
-    int *ntiles = (int *)s->att_tile.p;
+    int *cnt = (int *)s->att_tile.p; /* [0] total, [1] self tiles */
     int4 *tiles = (int4 *)((char *)s->att_tile.p + 16);
-    const int map_smem = nc <= ATT_MAP_SMEM;
-    k_att_tiles<<<1, 1024, map_smem ? (size_t)nc * sizeof(int) : 0, s->st>>>(
-        map, nc, tq, ATT_BM, tiles, ntiles, (int)cap, map_smem);
-    if (cu_check_launch(s, err, "attention tile table"))
+    if (j.qs) {
+        k_att_self_tiles<<<1, 1024, 0, s->st>>>(j.off, j.nu, j.causal, tiles,
+                                                 j.q ? cnt + 1 : cnt, (int)cap_s);
+        if (cu_check_launch(s, err, "self_attention tile table"))
+            return -1;
+    }
+    if (j.q) {
+        const int map_smem = j.nc <= ATT_MAP_SMEM;
+        k_att_tiles<<<1, 1024, map_smem ? (size_t)j.nc * sizeof(int) : 0, s->st>>>(
+            j.map, j.nc, j.tq, ATT_BM, tiles, cnt, (int)cap, map_smem, j.qs ? cnt + 1 : NULL);
+        if (cu_check_launch(s, err, "attention tile table"))
+            return -1;
+    }
+    *tiles_out = tiles;
+    *ntiles_out = cnt;
+    *cap_out = cap;
+    return 0;
+}
+
+/* The wgmma kernel (WG = 1, Hopper, dh 64/128) over the tile table, or the
+ * mma.sync one (WG = 0; target part only). */
+template <typename T, int DH, int WG>
+static int launch_tc(bk_stream *s, const att_job<T> &j, bk_err *err)
+{
+    int4 *tiles;
+    int *ntiles;
+    long cap;
+    if (build_tiles(s, j, &tiles, &ntiles, &cap, err))
         return -1;
-    float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
-    dim3 grid((unsigned)cap, (unsigned)heads);
+    const double rs = 1.0 / sqrt((double)DH);
+    float scale_log2 = (float)(1.4426950408889634 * rs);
     if constexpr (WG && (DH == 64 || DH == 128)) {
         /* IKBO_ATT_WG_DIAG (diagnostics; timing comparisons): 'p' no
          * ping-pong between the consumer warpgroups, 'o' no overlap of
@@ -811,8 +1009,9 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
          * 4-byte output stores even where 16-byte ones could be used. */
         const char *dg = cu_impl(s->be)->att_diag; /* read at backend creation */
         bool no_pp = strchr(dg, 'p'), no_ov = strchr(dg, 'o');
+        bool al16 = ((uintptr_t)j.o | (uintptr_t)j.os) % 16 == 0;
         int flags = (strchr(dg, 'f') ? 0 : ATTW_PREFETCH_Q) |
-                    ((uintptr_t)o % 16 == 0 && !strchr(dg, 's') ? ATTW_VEC_STORE : 0);
+                    (al16 && !strchr(dg, 's') ? ATTW_VEC_STORE : 0);
         auto kern = no_pp ? (no_ov ? k_att_wg<T, DH, false, false> : k_att_wg<T, DH, false, true>)
                           : (no_ov ? k_att_wg<T, DH, true, false> : k_att_wg<T, DH, true, true>);
         if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
@@ -820,9 +1019,13 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
          * groups 1024 bytes apart (SBO); the swapped assignment was checked
          * on the H200 and faults. */
-        uint32_t lbo = attw_cfg<DH>::BN * 128, sbo = 1024;
+        attw_args<T> a = {};
+        a.q = j.q, a.k = j.k, a.v = j.v, a.qs = j.qs, a.o = j.o, a.os = j.os, a.off = j.off;
+        a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags;
+        a.causal = j.causal, a.silu = j.silu, a.scale_log2 = scale_log2, a.scale = (float)rs;
+        a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
         /* Persistent: one CTA per SM (or per work item, if fewer). */
-        long work = cap * heads, sms = cu_impl(s->be)->sm_count;
+        long work = cap * j.heads, sms = cu_impl(s->be)->sm_count;
         unsigned pgrid = (unsigned)(work < sms ? work : sms);
         cudaLaunchConfig_t cfg = {};
         cudaLaunchAttribute at;
@@ -834,62 +1037,46 @@ static int launch_tc(bk_stream *s, const T *q, const T *k, const T *v, const int
         cfg.stream = s->st;
         cfg.attrs = &at;
         cfg.numAttrs = 1;
-        CU_TRY(cudaLaunchKernelEx(&cfg, kern, q, k, v, off, (const int4 *)tiles,
-                                  (const int *)ntiles, heads, scale_log2, o, lbo, sbo, flags),
-               "attention (wgmma)");
+        CU_TRY(cudaLaunchKernelEx(&cfg, kern, a), "attention (wgmma)");
         return cu_check_launch(s, err, "attention (wgmma)");
     } else {
         auto kern = k_att_tc<T, DH>;
         if (cu_smem_limit(s, (const void *)kern, (int)att_cfg<DH>::SMEM, err))
             return -1;
-        kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(q, k, v, off, tiles, ntiles, heads * DH,
-                                                      scale_log2, o);
+        dim3 grid((unsigned)cap, (unsigned)j.heads);
+        kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(j.q, j.k, j.v, j.off, tiles, ntiles,
+                                                      j.heads * DH, scale_log2, j.o);
         return cu_check_launch(s, err, "attention (tensor cores)");
     }
 }
 
+/* Chooses the kernel: wgmma for dh 64/128 at bf16/fp16 (both parts in one
+ * launch), mma.sync for the target part at dh 32/96 (IKBO_CUDA_ATTN=2: at
+ * 64/128 too), SIMT otherwise (fp32, other head sizes, unaligned operands;
+ * IKBO_CUDA_ATTN=1 forces it). */
 template <typename T>
-static int attention_t(bk_stream *s, const void *q, const void *k, const void *v,
-                       const int64_t *off, int nu, const int32_t *map, int nc, int tq, int heads,
-                       int dh, void *o, bk_err *err)
+static int attention_t(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
 {
     int variant = cu_impl(s->be)->att_variant;
-    bool al = (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0 && ((uintptr_t)o & 3) == 0;
+    bool al = (((uintptr_t)j.q | (uintptr_t)j.qs | (uintptr_t)j.k | (uintptr_t)j.v) & 15) == 0 &&
+              (((uintptr_t)j.o | (uintptr_t)j.os) & 3) == 0;
     if constexpr (sizeof(T) == 2) {
         if (variant != 1 && al) {
-            const T *qt = (const T *)q, *kt = (const T *)k, *vt = (const T *)v;
-            T *ot = (T *)o;
-            /* Variants: 0 automatic (wgmma for dh 64/128), 1 SIMT, 2 mma.sync,
-             */
-            bool wgv = variant != 2;
-            switch (dh) {
-            case 32: return launch_tc<T, 32, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            case 64:
-                return wgv ? launch_tc<T, 64, 1>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err)
-                           : launch_tc<T, 64, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            case 96: return launch_tc<T, 96, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            case 128:
-                return wgv ? launch_tc<T, 128, 1>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err)
-                           : launch_tc<T, 128, 0>(s, qt, kt, vt, off, nu, map, nc, tq, heads, ot, err);
-            default: break;
+            bool wgv = variant != 2 && (dh == 64 || dh == 128);
+            if (wgv)
+                return dh == 64 ? launch_tc<T, 64, 1>(s, j, err) : launch_tc<T, 128, 1>(s, j, err);
+            if (!j.qs) {
+                switch (dh) {
+                case 32: return launch_tc<T, 32, 0>(s, j, err);
+                case 64: return launch_tc<T, 64, 0>(s, j, err);
+                case 96: return launch_tc<T, 96, 0>(s, j, err);
+                case 128: return launch_tc<T, 128, 0>(s, j, err);
+                default: break;
+                }
             }
         }
     }
-    if (dh > SIMT_MAX_DH) {
-        bk_seterr(err, "attention: head_dim %d exceeds the CUDA backend's limit of %d", dh,
-                  SIMT_MAX_DH);
-        return -1;
-    }
-    long warps = (long)nc * tq * heads;
-    long blocks = (warps + 7) / 8;
-    if (blocks >= (1L << 31)) {
-        bk_seterr(err, "attention: %ld (row, head) pairs are too many for one launch", warps);
-        return -1;
-    }
-    k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(
-        (const T *)q, (const T *)k, (const T *)v, off, map, (long)nc * tq, tq, heads, dh,
-        (float)(1.0 / sqrt((double)dh)), (T *)o);
-    return cu_check_launch(s, err, "attention (SIMT)");
+    return launch_simt<T>(s, j, dh, err);
 }
 
 int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
@@ -906,7 +1093,49 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
     if (cu_enter(s, err))
         return -1;
     int rc = 0;
-    CU_DISPATCH(cu_dt(s), rc = attention_t<T>(s, q, k, v, offsets, nu, map, nc, tq, heads, dh, o,
-                                              err));
+    CU_DISPATCH(cu_dt(s), {
+        att_job<T> j = {};
+        j.q = (const T *)q, j.k = (const T *)k, j.v = (const T *)v, j.o = (T *)o;
+        j.off = offsets, j.map = map, j.nu = nu, j.nc = nc, j.tq = tq, j.heads = heads;
+        rc = attention_t<T>(s, j, dh, err);
+    });
+    return rc;
+}
+
+int cuda_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
+{
+    cu_prof_scope prof_(s, a->tq ? "self_attention+target" : "self_attention");
+    if (a->heads <= 0 || a->dh <= 0 || a->nu < 0 || a->events < 0 ||
+        (a->tq && (a->nc < 0 || a->tq_tokens < 0))) {
+        bk_seterr(err, "self_attention: bad sizes nu %d events %lld heads %d dh %d", a->nu,
+                  (long long)a->events, a->heads, a->dh);
+        return -1;
+    }
+    if (a->kind != BK_ATT_SOFTMAX && a->kind != BK_ATT_SILU) {
+        bk_seterr(err, "self_attention: unknown kind %d", (int)a->kind);
+        return -1;
+    }
+    const bool self_part = a->q && a->events > 0 && a->nu > 0;
+    const bool tgt_part = a->tq && a->nc > 0 && a->tq_tokens > 0;
+    if (!self_part && !tgt_part)
+        return 0;
+    if (tgt_part && a->nu <= 0) {
+        bk_seterr(err, "self_attention: %d candidates but no users", a->nc);
+        return -1;
+    }
+    if (cu_enter(s, err))
+        return -1;
+    int rc = 0;
+    CU_DISPATCH(cu_dt(s), {
+        att_job<T> j = {};
+        j.k = (const T *)a->k, j.v = (const T *)a->v, j.off = a->offsets, j.nu = a->nu;
+        j.heads = a->heads, j.causal = a->causal, j.silu = a->kind == BK_ATT_SILU;
+        if (self_part)
+            j.qs = (const T *)a->q, j.os = (T *)a->o, j.ev = a->events;
+        if (tgt_part)
+            j.q = (const T *)a->tq, j.o = (T *)a->to, j.map = a->map, j.nc = a->nc,
+            j.tq = a->tq_tokens;
+        rc = attention_t<T>(s, j, a->dh, err);
+    });
     return rc;
 }

@@ -269,5 +269,6 @@ int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const
 int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
                    const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                    int dh, void *o, bk_err *err);
+int cuda_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err);
 
 #endif

@@ -66,6 +66,8 @@ RANDOM_FAMILIES = {
     "dlrm_a": ("dlrm", 11, "F32"), "dlrm_b": ("dlrm", 14, "BF16"), "dlrm_c": ("dlrm", 13, "F32"),
     "dcn_a": ("dcn", 21, "F32"), "dcn_b": ("dcn", 22, "F16"), "dcn_c": ("dcn", 23, "F32"),
     "mmoe_a": ("mmoe", 31, "F32"), "mmoe_b": ("mmoe", 32, "BF16"), "mmoe_c": ("mmoe", 33, "F32"),
+    "seq_a": ("seq", 41, "F32"), "seq_b": ("seq", 42, "BF16"), "seq_c": ("seq", 43, "F32"),
+    "hstu_a": ("hstu", 51, "F32"), "hstu_b": ("hstu", 52, "F16"), "hstu_c": ("hstu", 53, "F32"),
 }
 # The shipped models; a missing directory is a failure.
 SHIPPED = ("demo", "dlrm", "dcn", "mmoe")
@@ -149,6 +151,7 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-5, help="max relative error")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated --mode values")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per scorer run")
+    ap.add_argument("--only", default="", help="comma-separated model names to check (default: all)")
     args = ap.parse_args()
     score_bin = os.path.abspath(args.score_bin) if os.path.exists(args.score_bin) else args.score_bin
     work = args.work or tempfile.mkdtemp(prefix="ikbo-golden-")
@@ -185,6 +188,9 @@ def main():
         random_family.make(family, seed, out, name, dtype)
         models.append((name, out))
 
+    if args.only:
+        keep = set(args.only.split(","))
+        models = [(n, d) for n, d in models if n in keep]
     print("golden: scorer %s, tol %g, work %s" % (score_bin, args.tol, work))
     print("  %-8s %-8s %-10s %5s  %-9s %-6s %s" % ("model", "request", "mode", "cands", "max_rel", "secs", ""))
     for mi, (mname, mdir) in enumerate(models):

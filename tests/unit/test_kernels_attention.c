@@ -127,7 +127,7 @@ static void self_case(int nu, int lmax, int heads, int dh, int causal, enum bk_a
     for (int c = 0; c < nc; c++) map[c] = (int)((long)c * nu / nc);
     float *tqv = rnd((size_t)nc * tq * hd, 1.5), *to = poisoned((size_t)nc * tq * hd),
           *to2 = poisoned((size_t)nc * tq * hd);
-    bk_seq_att a = {.k = k, .v = v, .offsets = off, .nu = nu, .heads = heads, .dh = dh,
+    bk_seq_att a = {.k = k, .v = v, .offsets = off, .events = ev, .nu = nu, .heads = heads, .dh = dh,
                     .q = q, .o = o, .causal = causal, .kind = kind};
     if (nc) {
         a.tq = tqv;
@@ -178,11 +178,11 @@ static void test_self_attention_user_alone(void **state)
     float *q = rnd((size_t)ev * hd, 1), *k = rnd((size_t)ev * hd, 1), *v = rnd((size_t)ev * hd, 1);
     float *o = poisoned((size_t)ev * hd), *o1 = poisoned((size_t)37 * hd);
     for (int kind = 0; kind < 2; kind++) {
-        bk_seq_att a = {.k = k, .v = v, .offsets = off, .nu = 3, .heads = heads, .dh = dh,
+        bk_seq_att a = {.k = k, .v = v, .offsets = off, .events = ev, .nu = 3, .heads = heads, .dh = dh,
                         .q = q, .o = o, .causal = 1, .kind = (enum bk_att_kind)kind};
         assert_int_equal(be->self_attention(st, &a, &err), 0);
         int64_t off1[2] = {0, 37};
-        bk_seq_att b = {.k = k + 13 * hd, .v = v + 13 * hd, .offsets = off1, .nu = 1,
+        bk_seq_att b = {.k = k + 13 * hd, .v = v + 13 * hd, .offsets = off1, .events = 37, .nu = 1,
                         .heads = heads, .dh = dh, .q = q + 13 * hd, .o = o1, .causal = 1,
                         .kind = (enum bk_att_kind)kind};
         assert_int_equal(be->self_attention(st, &b, &err), 0);
@@ -277,6 +277,9 @@ static void test_errors(void **state)
     int64_t ok[2] = {0, 2};
     a.offsets = ok;
     a.nu = 1;
+    assert_int_equal(be->self_attention(st, &a, &err), -1); /* events 0 != 2 */
+    assert_non_null(strstr(err.msg, "events 0 but offsets end at 2"));
+    a.events = 2;
     a.kind = (enum bk_att_kind)7;
     assert_int_equal(be->self_attention(st, &a, &err), -1);
     assert_non_null(strstr(err.msg, "unknown kind"));
