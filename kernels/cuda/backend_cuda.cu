@@ -1284,6 +1284,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->lce = cuda_lce;
     be->attention = cuda_attention;
     be->self_attention = cuda_self_attention;
+    be->din_attention = cuda_din_attention;
     be->add = cuda_add;
     be->copy_rows = cuda_copy_rows;
     be->gather = cuda_gather;

@@ -270,5 +270,9 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
                    const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                    int dh, void *o, bk_err *err);
 int cuda_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err);
+int cuda_din_attention(bk_stream *s, const void *q, const void *qp, const void *h,
+                       const void *hp, const int64_t *offsets, const int32_t *map, int n, int d,
+                       int h1, const bk_weight *wd, const bk_weight *w2, const bk_weight *b2,
+                       enum bk_act act, int normalize, void *out, bk_err *err); /* din.cu */
 
 #endif
