@@ -12,8 +12,9 @@
  * with tol = 1e-5 (fp32), 2e-2 (bf16), 5e-3 (fp16). A NaN anywhere in the
  * compared region (an unwritten element) fails. The ranking-model ops
  * (pool, activation, layer_norm, mul, token_linear, dot_interaction,
- * mixture) are checked the same way, dot_interaction also with the
- * user-user pairs passed as uu and with interleaved token orders.
+ * mixture, din_attention) are checked the same way, dot_interaction also
+ * with the user-user pairs passed as uu and with interleaved token orders,
+ * din_attention through identity, grouped and shuffled maps.
  *
  * Kernel variants are separate backends (IKBO_CUDA_LCE / IKBO_CUDA_ATTN are
  * read when a backend is made): automatic, SIMT everywhere, and each
@@ -778,6 +779,180 @@ static void test_mixture(int n, int ne, int width)
     free(g);
 }
 
+/* DIN attention rows through a map (mode 0: identity, map NULL, row r is
+ * user r; 1: grouped by user, counts[u] rows of user u; 2: the grouped map
+ * shuffled - any map must work). lens[u]: user u's events. */
+static void test_din(int nu, const int *counts, const int *lens, int mode, int d, int h1,
+                     int act, int normalize)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    if (!cpu->din_attention || !gpu->din_attention) {
+        checks++;
+        failures++;
+        printf("FAIL [%s] din_attention missing on the %s backend\n", dtype_name,
+               cpu->din_attention ? "cuda" : "cpu");
+        return;
+    }
+    int n = nu;
+    int32_t *map = NULL;
+    if (mode) {
+        map = make_map(nu, counts, &n);
+        for (int i = n - 1; mode == 2 && i > 0; i--) {
+            int j = irand(0, i);
+            int32_t t = map[i];
+            map[i] = map[j];
+            map[j] = t;
+        }
+    }
+    int64_t *off = xmalloc((size_t)(nu + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int u = 0; u < nu; u++)
+        off[u + 1] = off[u] + lens[u];
+    size_t ne = (size_t)(off[nu] ? off[nu] : 1);
+    /* Scores of O(1): pre ~ a few units, s = w2 . act(pre) ~ 1. */
+    float *q = rand_vec((size_t)n * d + 1, 1.0f), *qp = rand_vec((size_t)n * h1 + 1, 0.5f);
+    float *h = rand_vec(ne * d, 1.0f), *hp = rand_vec(ne * h1, 0.5f);
+    float *wd = rand_vec((size_t)h1 * d, (float)(2.0 / sqrt(d)));
+    float *w2 = rand_vec((size_t)h1, (float)(2.0 / sqrt(h1))), *b2 = rand_vec(1, 0.5f);
+    wpair pwd = weight_pair(wd, h1, d), pw2 = weight_pair(w2, 1, h1), pb2 = weight_pair(b2, 1, 1);
+    pair pq = act_pair(q, (size_t)n * d + 1), pqp = act_pair(qp, (size_t)n * h1 + 1);
+    pair ph = act_pair(h, ne * d), php = act_pair(hp, ne * h1);
+    int32_t none = 0;
+    pair pm = raw_pair(map ? map : &none, (size_t)(map && n ? n : 1) * sizeof(int32_t));
+    pair po = raw_pair(off, (size_t)(nu + 1) * sizeof(int64_t));
+    pair out = out_pair((size_t)(n ? n : 1) * d);
+    ok_or_die(cpu->din_attention(cs, pq.c, pqp.c, ph.c, php.c, po.c, map ? pm.c : NULL, n, d, h1,
+                                 pwd.c, pw2.c, pb2.c, (enum bk_act)act, normalize, out.c, &ec),
+              "cpu din_attention", &ec);
+    ok_or_die(gpu->din_attention(gs, pq.g, pqp.g, ph.g, php.g, po.g, map ? pm.g : NULL, n, d, h1,
+                                 pwd.g, pw2.g, pb2.g, (enum bk_act)act, normalize, out.g, &eg),
+              "gpu din_attention", &eg);
+    int lmax = 0;
+    for (int u = 0; u < nu; u++)
+        lmax = lens[u] > lmax ? lens[u] : lmax;
+    char what[160];
+    snprintf(what, sizeof what, "din_attention nu %d n %d map %d d %d h1 %d act %d norm %d Lmax %d",
+             nu, n, mode, d, h1, act, normalize, lmax);
+    compare(what, &out, n, d, d);
+    pair_free(&pq);
+    pair_free(&pqp);
+    pair_free(&ph);
+    pair_free(&php);
+    pair_free(&pm);
+    pair_free(&po);
+    pair_free(&out);
+    wpair_free(&pwd);
+    wpair_free(&pw2);
+    wpair_free(&pb2);
+    free(map);
+    free(off);
+    free(q);
+    free(qp);
+    free(h);
+    free(hp);
+    free(wd);
+    free(w2);
+    free(b2);
+}
+
+/* din_attention's argument checks: each call must fail with a message. */
+static void test_din_refusals(void)
+{
+    if (!gpu->din_attention)
+        return; /* test_din reported it */
+    bk_err e = {{0}};
+    float w[64] = {0};
+    bk_weight *wd = gpu->weight_new(gpu, w, 4, 16, &e), *w2 = gpu->weight_new(gpu, w, 1, 4, &e),
+              *b2 = gpu->weight_new(gpu, w, 1, 1, &e);
+    bk_weight *wide = gpu->weight_new(gpu, w, 1, 64, &e); /* [1, 64]: not [1, 1] or [1, 4] */
+    if (!wd || !w2 || !b2 || !wide)
+        DIE("weight_new: %s", e.msg);
+    void *buf = gpu->alloc(gpu, 4096, BK_TAG_CAND, &e);
+    if (!buf)
+        DIE("alloc: %s", e.msg);
+    int bad = 0;
+#define DIN_REFUSES(...)                                                      \
+    do {                                                                      \
+        e.msg[0] = 0;                                                         \
+        bad += gpu->din_attention(gs, __VA_ARGS__, &e) != -1 || !e.msg[0];    \
+    } while (0)
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, -1, 16, 4, wd, w2, b2, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 2, 0, 4, wd, w2, b2, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 2, 16, 5, wd, w2, b2, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 2, 16, 4, wd, wide, b2, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 2, 16, 4, wd, w2, wide, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 2, 16, 4, NULL, w2, b2, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 2, 16, 4, wd, w2, b2, (enum bk_act)BK_ACT_COUNT, 1,
+                buf);
+    DIN_REFUSES(NULL, buf, buf, buf, buf, NULL, 2, 16, 4, wd, w2, b2, BK_ACT_RELU, 1, buf);
+    DIN_REFUSES(buf, buf, buf, buf, NULL, NULL, 2, 16, 4, wd, w2, b2, BK_ACT_RELU, 1, buf);
+    /* d past shared memory (the warps' h rows alone): refused, not truncated. */
+    float *wz = calloc(8000, sizeof(float));
+    bk_weight *wbig = wz ? gpu->weight_new(gpu, wz, 1, 8000, &e) : NULL;
+    bk_weight *w21 = gpu->weight_new(gpu, w, 1, 1, &e);
+    if (!wbig || !w21)
+        DIE("weight_new: %s", e.msg);
+    DIN_REFUSES(buf, buf, buf, buf, buf, NULL, 1, 8000, 1, wbig, w21, b2, BK_ACT_RELU, 1, buf);
+    gpu->weight_free(gpu, wbig);
+    gpu->weight_free(gpu, w21);
+    free(wz);
+#undef DIN_REFUSES
+    gpu->sync(gs, &e);
+    gpu->free(gpu, buf, 4096, BK_TAG_CAND);
+    gpu->weight_free(gpu, wd);
+    gpu->weight_free(gpu, w2);
+    gpu->weight_free(gpu, b2);
+    gpu->weight_free(gpu, wide);
+    checks++;
+    if (bad) {
+        failures++;
+        printf("FAIL [%s] %d din_attention argument checks accepted bad arguments\n", dtype_name,
+               bad);
+    }
+}
+
+/* Histories of 0, 1 and 300 events; d 16/64, h1 8/80; identity, grouped
+ * and shuffled maps; normalize 0/1; act none/relu/sigmoid; n 1 and 500. */
+static void suite_din(void)
+{
+    const int acts[] = {BK_ACT_NONE, BK_ACT_RELU, BK_ACT_SIGMOID}, ds[] = {16, 64},
+              h1s[] = {8, 80};
+    int k = 0;
+    for (int di = 0; di < 2; di++)
+        for (int hi = 0; hi < 2; hi++)
+            for (int norm = 0; norm < 2; norm++)
+                for (int ai = 0; ai < 3; ai++, k++) {
+                    const int d = ds[di], h1 = h1s[hi], act = acts[ai];
+                    int c1[] = {1}, l1[] = {k % 3 == 0 ? 0 : k % 3 == 1 ? 1 : 300};
+                    test_din(1, c1, l1, k % 2, d, h1, act, norm); /* n = 1 */
+                    int c4[] = {3, 0, 2, 1}, l4[] = {300, 1, 5, 0};
+                    test_din(4, c4, l4, 1 + k % 2, d, h1, act, norm);
+                }
+    /* n = 500. Identity: a user per row, histories of 0, 1 or up to 300. */
+    for (int di = 0; di < 2; di++)
+        for (int hi = 0; hi < 2; hi++)
+            for (int norm = 0; norm < 2; norm++, k++) {
+                const int d = ds[di], h1 = h1s[hi], act = acts[k % 3];
+                int c500[500], l500[500];
+                for (int u = 0; u < 500; u++) {
+                    c500[u] = 1;
+                    l500[u] = u % 5 == 0 ? 0 : u % 5 == 1 ? 1 : irand(2, 300);
+                }
+                test_din(500, c500, l500, 0, d, h1, act, norm);
+                int cg[] = {250, 249, 1}, lg[] = {300, 0, 1};
+                test_din(3, cg, lg, 1 + k % 2, d, h1, act, norm); /* grouped, 500 rows */
+            }
+    /* Odd sizes; several score tiles (online softmax); M past shared memory
+     * (wd read from global memory). */
+    int c3[] = {2, 3, 1}, l3[] = {37, 2500, 1};
+    test_din(3, c3, l3, 1, 33, 37, BK_ACT_SIGMOID, 1);
+    test_din(3, c3, l3, 2, 64, 80, BK_ACT_RELU, 0);
+    int cb[] = {3, 2}, lb[] = {200, 1100};
+    test_din(2, cb, lb, 1, 256, 256, BK_ACT_RELU, 1);
+    test_din(2, cb, lb, 1, 7, 1, BK_ACT_NONE, 1);
+    test_din_refusals();
+}
+
 /* Argument checks: each call must fail with a message, not launch. */
 static void test_refusals(void)
 {
@@ -856,6 +1031,7 @@ static void suite_ranking(void)
         test_mixture(irand(1, 300), ne[i], mw[i]);
     test_mixture(1120, 8, 512);
     test_refusals();
+    suite_din();
 }
 
 static void suite_lce(void)
