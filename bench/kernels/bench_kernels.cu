@@ -19,7 +19,10 @@
  * Every time is the median of repeated runs timed with CUDA events after
  * warm-up. A short table is printed last.
  *
- *   bench_kernels [--quick] [--only lce|att]
+ * - self_attention over 64 users' jagged histories (bench_self_attention)
+ *   and the fused self + target launch against two launches.
+ *
+ *   bench_kernels [--quick] [--only lce|att|self]
  */
 #include <algorithm>
 #include <functional>
@@ -46,7 +49,7 @@
 
 static bk_err berr;
 static int quick, profile;
-static const char *only; /* --only lce|att: one kernel family */
+static const char *only; /* --only lce|att|self: one kernel family */
 static std::vector<std::string> table;
 
 template <typename T>
@@ -458,6 +461,98 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     be->destroy(be);
 }
 
+/* Self-attention over 64 users' jagged histories of mean length L (lengths
+ * L/4 + ((37 u) mod 64) * 3L/126: L/4 .. 7L/4, the same formula as
+ * bench/kernels/sdpa_self.py's baselines), H = 2, dh = 128; TFLOP/s counts
+ * only real work: 4 dh H sum_u L_u^2 (full) or 4 dh H sum_u L_u (L_u + 1) / 2
+ * (causal). Then the fused self + target launch (70 candidates per user,
+ * Tq = 1, the target_attention shared_with case) against the two launches
+ * (self_attention, then attention over the same K/V). Lines "SELF ..." and
+ * "FUSED ..." are read by sdpa_self.py. */
+static std::vector<int64_t> self_offsets(int U, int L)
+{
+    std::vector<int64_t> off(U + 1, 0);
+    for (int u = 0; u < U; u++)
+        off[u + 1] = off[u] + L / 4 + (int64_t)((37 * u) % 64) * 3 * L / 126;
+    return off;
+}
+
+template <typename T> static void bench_self_attention(const char *dtname, double rate, int L)
+{
+    const int U = 64, H = 2, dh = 128, hd = H * dh, ratio = 70, C = U * ratio;
+    std::vector<int64_t> off = self_offsets(U, L);
+    const int64_t ev = off[U];
+    double work_full = 0, work_causal = 0;
+    for (int u = 0; u < U; u++) {
+        double n = (double)(off[u + 1] - off[u]);
+        work_full += n * n;
+        work_causal += n * (n + 1) / 2;
+    }
+    std::vector<int32_t> map(C);
+    for (int c = 0; c < C; c++)
+        map[c] = c / ratio;
+    bk_backend *be = make_backend(dtname, "0", "0");
+    bk_stream *s = be->stream_new(be, &berr);
+    BK(!s);
+    T *q, *k, *v, *o, *tq, *to;
+    int64_t *doff;
+    int32_t *dmap;
+    CK(cudaMalloc(&q, (size_t)ev * hd * sizeof(T)));
+    CK(cudaMalloc(&k, (size_t)ev * hd * sizeof(T)));
+    CK(cudaMalloc(&v, (size_t)ev * hd * sizeof(T)));
+    CK(cudaMalloc(&o, (size_t)ev * hd * sizeof(T)));
+    CK(cudaMalloc(&tq, (size_t)C * hd * sizeof(T)));
+    CK(cudaMalloc(&to, (size_t)C * hd * sizeof(T)));
+    CK(cudaMalloc(&doff, (U + 1) * 8));
+    CK(cudaMalloc(&dmap, C * 4));
+    CK(cudaMemcpy(doff, off.data(), (U + 1) * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dmap, map.data(), C * 4, cudaMemcpyHostToDevice));
+    fill<T>(q, (size_t)ev * hd, 31, 1.5f);
+    fill<T>(k, (size_t)ev * hd, 32, 1.5f);
+    fill<T>(v, (size_t)ev * hd, 33, 1.0f);
+    fill<T>(tq, (size_t)C * hd, 34, 1.5f);
+    CK(cudaDeviceSynchronize());
+    int warm = 3, reps = quick ? 5 : 20;
+    bk_seq_att a = {};
+    a.k = k, a.v = v, a.offsets = doff, a.events = ev, a.nu = U, a.heads = H, a.dh = dh;
+    a.q = q, a.o = o;
+    const char *kinds[] = {"softmax", "silu"};
+    for (int kind = 0; kind < 2; kind++)
+        for (int causal = 1; causal >= 0; causal--) {
+            a.causal = causal;
+            a.kind = (enum bk_att_kind)kind;
+            double ms = median_ms(s->st, [&] { BK(be->self_attention(s, &a, &berr)); }, warm, reps);
+            double fl = 4.0 * dh * H * (causal ? work_causal : work_full);
+            printf("SELF %s L %d causal %d %s ours %.4f ms %.1f TFLOP/s (%.2fx GEMM)\n", dtname, L,
+                   causal, kinds[kind], ms, fl / (ms * 1e-3) / 1e12, fl / (ms * 1e-3) / rate);
+        }
+    /* Fused self + target vs two launches (causal softmax self part). */
+    a.causal = 1;
+    a.kind = BK_ATT_SOFTMAX;
+    bk_seq_att f = a;
+    f.tq = tq, f.map = dmap, f.nc = C, f.tq_tokens = 1, f.to = to;
+    double two = median_ms(s->st, [&] {
+        BK(be->self_attention(s, &a, &berr));
+        BK(be->attention(s, tq, k, v, doff, U, dmap, C, 1, H, dh, to, &berr));
+    }, warm, reps);
+    double fused = median_ms(s->st, [&] { BK(be->self_attention(s, &f, &berr)); }, warm, reps);
+    double fl = 4.0 * dh * H * (work_causal + (double)ratio * (double)ev);
+    printf("FUSED %s L %d fused %.4f ms two_launches %.4f ms speedup %.3f (%.1f vs %.1f TFLOP/s)\n",
+           dtname, L, fused, two, two / fused, fl / (fused * 1e-3) / 1e12,
+           fl / (two * 1e-3) / 1e12);
+    char line[256];
+    snprintf(line, sizeof line, "SELF %-4s L %4d fused self+target %.3f ms vs two launches %.3f ms (%.2fx)",
+             dtname, L, fused, two, two / fused);
+    table.push_back(line);
+    T *ps[] = {q, k, v, o, tq, to};
+    for (T *p : ps)
+        CK(cudaFree(p));
+    CK(cudaFree(doff));
+    CK(cudaFree(dmap));
+    be->stream_free(s);
+    be->destroy(be);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -499,6 +594,11 @@ int main(int argc, char **argv)
             bench_attention<__half>("fp16", g_rate_f16, Ls[i], 0);
         bench_attention<__half>("fp16", g_rate_f16, 1024, 1);
         bench_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024, 0);
+    }
+    if (!only || !strcmp(only, "self")) {
+        for (int i = 0; i < 3; i++)
+            bench_self_attention<__half>("fp16", g_rate_f16, Ls[i]);
+        bench_self_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024);
     }
     cublasDestroy(h);
     printf("\n==== summary (%s) ====\n", prop.name);

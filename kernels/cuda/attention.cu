@@ -578,7 +578,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     auto issue_pv = [&](const unsigned char *Vb) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, lbo_v, sbo_v));
+            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, a.lbo_v, a.sbo_v));
     };
     /* Online softmax of block kb (base 2), in two parts so that the first
      * can run while this warpgroup's previous P V is still on the tensor

@@ -41,5 +41,6 @@ mk r6 --seed 7 --dim 128 --heads 2 --head-dim 128 --out-tokens 230 --user-dense-
 # Random models of the ranking architectures (tools/reference/random_family.py).
 fam() { [ -f "$B/models/f_$1$2/1/model.json" ] || $PY tools/reference/random_family.py --family $1 --seed $2 --out "$B/models/f_$1$2/1" >/dev/null; }
 for s in 11 13; do fam dlrm $s; done; for s in 21 23; do fam dcn $s; done; for s in 31 33; do fam mmoe $s; done
+for s in 41 43; do fam seq $s; done; for s in 51 53; do fam hstu $s; done
 if [ -f models/demo/1/model.json ]; then mkdir -p $B/models/demo && rm -rf $B/models/demo/1 && cp -r models/demo/1 $B/models/demo/1; fi
 du -sh $B

@@ -12,7 +12,8 @@
  * with tol = 1e-5 (fp32), 2e-2 (bf16), 5e-3 (fp16). A NaN anywhere in the
  * compared region (an unwritten element) fails. The ranking-model ops
  * (pool, activation, layer_norm, mul, token_linear, dot_interaction,
- * mixture, din_attention) are checked the same way, dot_interaction also
+ * mixture, din_attention, self_attention with and without the fused
+ * target part) are checked the same way, dot_interaction also
  * with the user-user pairs passed as uu and with interleaved token orders,
  * din_attention through identity, grouped and shuffled maps.
  *
@@ -435,6 +436,76 @@ static void test_attention(int nu, const int *counts, const int *lens, int tq, i
     free(q);
     free(k);
     free(v);
+}
+
+/* self_attention over jagged histories of lens[u] events; with counts, the
+ * target part of a shared_with target_attention in the same call. */
+static void test_self_attention(int nu, const int *lens, int heads, int dh, int causal, int kind,
+                                const int *counts, int tq)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int64_t *off = xmalloc((size_t)(nu + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int u = 0; u < nu; u++)
+        off[u + 1] = off[u] + lens[u];
+    int nc = 0;
+    int32_t *map = counts ? make_map(nu, counts, &nc) : NULL;
+    size_t hd = (size_t)heads * dh, ne = (size_t)(off[nu] ? off[nu] : 1) * hd,
+           nq = (size_t)(nc ? nc : 1) * tq * hd;
+    float *q = rand_vec(ne, 1.5f), *k = rand_vec(ne, 1.5f), *v = rand_vec(ne, 1.0f),
+          *t = rand_vec(nq, 1.5f);
+    pair pq = act_pair(q, ne), pk = act_pair(k, ne), pv = act_pair(v, ne), pt = act_pair(t, nq);
+    pair po = raw_pair(off, (size_t)(nu + 1) * sizeof(int64_t));
+    pair pm = raw_pair(map ? (const void *)map : (const void *)off, map ? (size_t)nc * 4 : 8);
+    pair out = out_pair(ne), tout = out_pair(nq);
+    bk_seq_att a = {.events = off[nu], .nu = nu, .heads = heads, .dh = dh, .causal = causal,
+                    .kind = (enum bk_att_kind)kind, .nc = nc, .tq_tokens = tq};
+    a.k = pk.c, a.v = pv.c, a.offsets = po.c, a.q = pq.c, a.o = out.c;
+    if (map)
+        a.tq = pt.c, a.map = pm.c, a.to = tout.c;
+    ok_or_die(cpu->self_attention(cs, &a, &ec), "cpu self_attention", &ec);
+    a.k = pk.g, a.v = pv.g, a.offsets = po.g, a.q = pq.g, a.o = out.g;
+    if (map)
+        a.tq = pt.g, a.map = pm.g, a.to = tout.g;
+    ok_or_die(gpu->self_attention(gs, &a, &eg), "gpu self_attention", &eg);
+    char what[200];
+    int lmax = 0;
+    for (int u = 0; u < nu; u++)
+        lmax = lens[u] > lmax ? lens[u] : lmax;
+    snprintf(what, sizeof what, "self_attention nu %d H %d dh %d Lmax %d causal %d %s%s", nu,
+             heads, dh, lmax, causal, kind ? "silu" : "softmax", map ? " +target" : "");
+    compare(what, &out, (size_t)off[nu], hd, hd);
+    if (map) {
+        snprintf(what, sizeof what, "fused target part nu %d nc %d tq %d H %d dh %d Lmax %d", nu,
+                 nc, tq, heads, dh, lmax);
+        compare(what, &tout, (size_t)nc * tq, hd, hd);
+    }
+    pair_free(&pq), pair_free(&pk), pair_free(&pv), pair_free(&pt), pair_free(&po);
+    pair_free(&pm), pair_free(&out), pair_free(&tout);
+    free(off), free(map), free(q), free(k), free(v), free(t);
+}
+
+static void suite_self_attention(void)
+{
+    int dhs[] = {32, 64, 128};
+    for (int kind = 0; kind < 2; kind++)
+        for (int causal = 0; causal < 2; causal++)
+            for (int i = 0; i < 3; i++) {
+                int l1[] = {1};
+                test_self_attention(1, l1, 1, dhs[i], causal, kind, NULL, 0);
+                int lens[] = {0, 127, 128, 129, 1, 300, 64};
+                test_self_attention(7, lens, 2, dhs[i], causal, kind, NULL, 0);
+                int cnt[] = {2, 0, 3, 1, 1, 5, 1};
+                test_self_attention(7, lens, 2, dhs[i], causal, kind, cnt, 3);
+            }
+    if (!quick) {
+        int lb[] = {4096, 1, 700, 2048, 0, 1500};
+        test_self_attention(6, lb, 2, 128, 1, 0, NULL, 0);
+        test_self_attention(6, lb, 2, 128, 0, 1, NULL, 0);
+        int cb[] = {70, 3, 1, 64, 2, 9};
+        test_self_attention(6, lb, 2, 128, 1, 0, cb, 64);
+        test_self_attention(6, lb, 3, 64, 1, 1, cb, 1);
+    }
 }
 
 static void test_add(int n, int width, int nb, int use_map, int alias)
@@ -1032,6 +1103,7 @@ static void suite_ranking(void)
     test_mixture(1120, 8, 512);
     test_refusals();
     suite_din();
+    suite_self_attention();
 }
 
 static void suite_lce(void)
@@ -1188,6 +1260,7 @@ int main(int argc, char **argv)
         for (int v = 0; v < 2; v++) {
             make_backends(dtype_name, "0", av[v]);
             suite_attention();
+            suite_self_attention();
             free_gpu();
         }
         printf("%s: %d/%d checks passed\n", dtype_name, (checks - c0) - (failures - f0),
