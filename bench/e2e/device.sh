@@ -27,7 +27,9 @@
 #            (fp32); zoo-bench: the three at bench scale (tools/reference/zoo.py
 #            --bench, written here), IKBO vs broadcast per batch shape
 #            (ZOO_SHAPES, default "16x70 64x70"), then one profiled IKBO run
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench]
+#   seq      sequence ops and models (issue 15): op tests + memcheck, test_cuda_model
+#   seq-bench self_attention vs PyTorch SDPA (cuDNN, flash), fused vs two launches
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -83,6 +85,37 @@ ops_check() {
   build/gpu/bench_ops --dtype bf16 > "$OUT/bench_ops.log" 2>&1 || rc=1
   tail -n 30 "$OUT/bench_ops.log"
   return $rc
+}
+
+seq_models() { echo $(ls -d models/seq/1 models/hstu/1 2>/dev/null) build/gpu/models/f_seq*/1 build/gpu/models/f_hstu*/1; }
+
+# Sequence ops (issue 15): the op tests (self_attention, din_attention) at
+# three dtypes and under memcheck, whole sequence models at three dtypes
+# and one under memcheck.
+seq_check() {
+  local dt rc=0
+  for dt in fp32 bf16 fp16; do build/gpu/test_cuda_ops --ranking-only --dtype $dt | grep -E "^FAIL|checks passed" | tail -n 12 || rc=1; done
+  for dt in fp32 bf16; do
+    IKBO_TEST_NO_OOM=1 compute-sanitizer --tool memcheck --error-exitcode 3 build/gpu/test_cuda_ops --ranking-only --quick --dtype $dt \
+        > "$OUT/seq_ops_memcheck_$dt.log" 2>&1 || rc=1
+    echo "ops memcheck $dt: $(grep "ERROR SUMMARY" "$OUT/seq_ops_memcheck_$dt.log")"
+  done
+  for dt in fp32 bf16 fp16; do
+    echo "-- IKBO_CUDA_DTYPE=$dt"
+    IKBO_CUDA_DTYPE=$dt build/gpu/test_cuda_model $(seq_models) || rc=1
+  done
+  IKBO_CUDA_DTYPE=bf16 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      build/gpu/test_cuda_model $(seq_models | tr ' ' '\n' | head -n 2) > "$OUT/seq_model_memcheck.log" 2>&1 || rc=1
+  echo "model memcheck: $(grep "ERROR SUMMARY" "$OUT/seq_model_memcheck.log")"
+  return $rc
+}
+
+# Self-attention against PyTorch's cuDNN and flash SDPA on the same jagged
+# histories, and the fused self + target launch (bench_kernels --only self).
+seq_bench() {
+  build/gpu/bench_kernels --only self > "$OUT/self_bench.log" 2>&1 || return 1
+  grep -E "^SELF|^FUSED|GEMM" "$OUT/self_bench.log"
+  $PY bench/kernels/sdpa_self.py --ours "$OUT/self_bench.log"
 }
 
 zoo_models() { echo models/dlrm/1 models/dcn/1 models/mmoe/1 build/gpu/models/f_*/1; }
@@ -148,6 +181,10 @@ for s in $stages; do
     stage zoo zoo.log zoo_check ;;
   zoo-bench)
     stage zoo-bench zoo_bench.log zoo_bench ;;
+  seq)
+    stage seq seq.log seq_check ;;
+  seq-bench)
+    stage seq-bench seq_bench.log seq_bench ;;
   e2e)
     [ -f models/bench/1/model.json ] || stage bench-model e2e.log $PY models/bench/make_bench_model.py
     # Saturation = the best of 8, 32 and 256 calls in flight, from 4 loadgen

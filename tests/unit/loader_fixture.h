@@ -453,8 +453,10 @@ FX_FN int fx_check_base_op(const md_layer *l, int i, const fx_in *s, int need_da
         FX_REQ(l->n_in == 2 && s->d[0] == MD_CAND && s->k[0] != MD_JAGGED && s->d[1] == MD_USER &&
                    s->k[1] == MD_JAGGED && s->dm[0] == s->dm[1] && l->kind == MD_TOKENS &&
                    l->tokens == s->tk[0] && l->dim == s->dm[0] && l->heads >= 1 &&
-                   l->head_dim >= 1 && l->n_w == 4,
+                   l->head_dim >= 1 && l->n_w == (l->shared >= 0 ? 0 : 4) && l->shared < i,
                "attention");
+        if (l->shared >= 0)
+            return 0; /* the shared self_attention's weights (checked by the loader's test) */
         FX_REQ(fx_w(l, 0, "wq", hd, l->dim, need_data) && fx_w(l, 1, "wk", hd, l->dim, need_data) &&
                    fx_w(l, 2, "wv", hd, l->dim, need_data) &&
                    fx_w(l, 3, "wo", l->dim, hd, need_data),
@@ -550,6 +552,28 @@ FX_FN int fx_check_new_op(const md_layer *l, int i, const fx_in *s, int need_dat
                    "mixture input");
         return 0;
     }
+    case MD_SELF_ATTENTION: {
+        int hd = l->heads * l->head_dim;
+        FX_REQ(l->n_in == 1 && s->d[0] == MD_USER && s->k[0] == MD_JAGGED &&
+                   l->kind == MD_JAGGED && l->domain == MD_USER && l->dim == s->dm[0] &&
+                   l->heads >= 1 && l->head_dim >= 1 && l->n_w == 4 &&
+                   (l->att_kind == BK_ATT_SOFTMAX || l->att_kind == BK_ATT_SILU),
+               "self_attention");
+        FX_REQ(fx_w(l, 0, "wq", hd, l->dim, need_data) && fx_w(l, 1, "wk", hd, l->dim, need_data) &&
+                   fx_w(l, 2, "wv", hd, l->dim, need_data) &&
+                   fx_w(l, 3, "wo", l->dim, hd, need_data),
+               "self_attention weights");
+        return 0;
+    }
+    case MD_DIN_ATTENTION:
+        FX_REQ(l->n_in == 2 && s->d[0] == MD_CAND && s->k[0] == MD_VEC && s->d[1] == MD_USER &&
+                   s->k[1] == MD_JAGGED && s->dm[0] == s->dm[1] && l->kind == MD_VEC &&
+                   l->dim == s->dm[0] && l->hidden >= 1 && l->n_w == 4 &&
+                   fx_w(l, 0, "w1", l->hidden, 4 * l->dim, need_data) &&
+                   fx_w(l, 1, "b1", -1, l->hidden, need_data) &&
+                   fx_w(l, 2, "w2", 1, l->hidden, need_data) && fx_w(l, 3, "b2", -1, 1, need_data),
+               "din_attention");
+        return 0;
     case MD_POOL:
         FX_REQ(l->n_in == 1 && (s->k[0] == MD_TOKENS || s->k[0] == MD_JAGGED) &&
                    l->kind == MD_VEC && l->dim == s->dm[0] && l->n_w == 0 &&
@@ -616,7 +640,7 @@ FX_FN int fx_check_layer(const model_def *m, int i, int need_data, char *why, si
     }
     FX_REQ(l->domain == (any_c ? MD_CAND : MD_USER), "domain rule");
     FX_REQ(!(any_c && any_u) || l->op == MD_LCE || l->op == MD_TARGET_ATTENTION ||
-               l->op == MD_ADD || l->op == MD_MUL || l->op == MD_DOT_INTERACTION,
+               l->op == MD_DIN_ATTENTION || l->op == MD_ADD || l->op == MD_MUL || l->op == MD_DOT_INTERACTION,
            "mixing");
     int rc = fx_check_base_op(l, i, &s, need_data, why, whyn);
     return rc == 1 ? fx_check_new_op(l, i, &s, need_data, why, whyn) : rc;

@@ -1,5 +1,5 @@
 /* test_accounting.c - IKBO mode copies no user tensor to candidate rows, for
- * every model with mixing ops.
+ * every model with mixing ops, sequence models included.
  *
  * Why this exists: test_engine.c proves the byte accounting on one model of
  * the first format's ops; the ranking ops (mul and dot_interaction read user
@@ -65,6 +65,39 @@ static const char *MIX_JSON =
     " ],"
     " \"output\": {\"logits\": \"logits\", \"tasks\": [\"a\", \"b\"]}}";
 
+/* The sequence ops: a pre-LN block over the history (softmax, causal), an
+ * HSTU layer (silu, full), two target_attentions sharing the block's K/V -
+ * one fused into its launch (query ready before it), one not - and DIN. */
+static const char *SEQ_JSON =
+    "{\"format\": \"ikbo-model/1\","
+    " \"inputs\": {\"user\": {\"dense\": 4, \"history\": {\"max_len\": 9, \"actions\": 3}},"
+    "             \"candidate\": {\"dense\": 3, \"sparse\": [\"c\"]}},"
+    " \"tables\": {\"t\": {\"rows\": 50, \"dim\": 8}},"
+    " \"layers\": ["
+    "  {\"name\": \"ce\", \"op\": \"embedding_bag\", \"input\": \"candidate.sparse.c\", \"table\": \"t\", \"pooling\": \"sum\"},"
+    "  {\"name\": \"h\", \"op\": \"history_embedding\", \"input\": \"user.history\", \"table\": \"t\"},"
+    "  {\"name\": \"n1\", \"op\": \"layer_norm\", \"input\": \"h\"},"
+    "  {\"name\": \"sa\", \"op\": \"self_attention\", \"input\": \"n1\", \"heads\": 2, \"head_dim\": 4},"
+    "  {\"name\": \"r1\", \"op\": \"add\", \"inputs\": [\"h\", \"sa\"]},"
+    "  {\"name\": \"f1\", \"op\": \"linear\", \"input\": \"r1\", \"out\": 16, \"activation\": \"gelu\"},"
+    "  {\"name\": \"f2\", \"op\": \"linear\", \"input\": \"f1\", \"out\": 8},"
+    "  {\"name\": \"r2\", \"op\": \"add\", \"inputs\": [\"r1\", \"f2\"]},"
+    "  {\"name\": \"hs\", \"op\": \"self_attention\", \"input\": \"r2\", \"heads\": 1, \"head_dim\": 8, \"kind\": \"silu\", \"causal\": false},"
+    "  {\"name\": \"last\", \"op\": \"pool\", \"input\": \"hs\", \"fn\": \"last\"},"
+    "  {\"name\": \"t1\", \"op\": \"target_attention\", \"query\": \"ce\", \"history\": \"n1\", \"shared_with\": \"sa\"},"
+    "  {\"name\": \"cq\", \"op\": \"linear\", \"input\": \"candidate.dense\", \"out\": 16},"
+    "  {\"name\": \"cqt\", \"op\": \"reshape\", \"input\": \"cq\", \"tokens\": 2},"
+    "  {\"name\": \"t2\", \"op\": \"target_attention\", \"query\": \"cqt\", \"history\": \"n1\", \"shared_with\": \"sa\"},"
+    "  {\"name\": \"t2f\", \"op\": \"flatten\", \"input\": \"t2\"},"
+    "  {\"name\": \"t1f\", \"op\": \"flatten\", \"input\": \"t1\"},"
+    "  {\"name\": \"din\", \"op\": \"din_attention\", \"query\": \"ce\", \"history\": \"h\", \"hidden\": 6, \"activation\": \"sigmoid\"},"
+    "  {\"name\": \"x\", \"op\": \"concat\", \"inputs\": [\"t1f\", \"t2f\", \"din\"]},"
+    "  {\"name\": \"xc\", \"op\": \"linear\", \"input\": \"x\", \"out\": 8},"
+    "  {\"name\": \"s\", \"op\": \"add\", \"inputs\": [\"xc\", \"last\"]},"
+    "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"s\", \"out\": 1}"
+    " ],"
+    " \"output\": {\"logits\": \"logits\", \"tasks\": [\"p\"]}}";
+
 /* The shipped models with mixing ops; a missing one fails. */
 static const char *const SHIPPED[] = {"models/demo/1", "models/dlrm/1", "models/dcn/1",
                                       "models/mmoe/1"};
@@ -79,20 +112,20 @@ static void write_file(const char *path, const void *data, size_t n)
     fclose(f);
 }
 
-/* MIX_JSON with weights made from its own plan. */
-static void write_mix_model(void)
+/* A model json with weights made from its own plan, in mix_dir. */
+static void write_mix_model(const char *json)
 {
     char path[512];
     bk_err e = {{0}};
     model_def *d = NULL;
     snprintf(mix_dir, sizeof mix_dir, "/tmp/ikbo_test_accounting_%d", (int)getpid());
     mkdir(mix_dir, 0755);
-    if (model_def_plan(mix_dir, MIX_JSON, strlen(MIX_JSON), &d, &e))
+    if (model_def_plan(mix_dir, json, strlen(json), &d, &e))
         fail_msg("mix model: %s", e.msg);
     size_t n;
     uint8_t *w = fx_weights_for(d, "F32", &n);
     snprintf(path, sizeof path, "%s/model.json", mix_dir);
-    write_file(path, MIX_JSON, strlen(MIX_JSON));
+    write_file(path, json, strlen(json));
     snprintf(path, sizeof path, "%s/weights.safetensors", mix_dir);
     write_file(path, w, n);
     free(w);
@@ -264,7 +297,7 @@ static void check_model(const char *dir)
 static void test_mixing_ops_model(void **state)
 {
     (void)state;
-    write_mix_model();
+    write_mix_model(MIX_JSON);
     check_model(mix_dir);
     /* This model mixes in every op that may: broadcast mode copies something. */
     ikbo_model *mb = load(mix_dir, IKBO_MODE_BROADCAST);
@@ -285,6 +318,14 @@ static void test_mixing_ops_model(void **state)
     remove_mix_model();
 }
 
+static void test_sequence_model(void **state)
+{
+    (void)state;
+    write_mix_model(SEQ_JSON);
+    check_model(mix_dir);
+    remove_mix_model();
+}
+
 static void test_shipped_models(void **state)
 {
     (void)state;
@@ -299,6 +340,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mixing_ops_model),
+        cmocka_unit_test(test_sequence_model),
         cmocka_unit_test(test_shipped_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -193,8 +193,8 @@ static void test_candidate_chain(void **state)
 static void test_refused_mixes(void **state)
 {
     (void)state;
-    const char *msg = "cannot mix user and candidate inputs; only lce, target_attention, add, mul "
-                      "and dot_interaction read user rows through the map";
+    const char *msg = "cannot mix user and candidate inputs; only lce, target_attention, din_attention, "
+                      "add, mul and dot_interaction read user rows through the map";
     plan_err(L_UE "," L_CE ",{\"name\":\"s\",\"op\":\"stack\",\"inputs\":[\"ue\",\"ce\"]}",
              "layer 's': op 'stack'", msg);
     plan_err(L_UE "," L_CE ",{\"name\":\"s\",\"op\":\"stack\",\"inputs\":[\"ce\",\"user.dense\"]}",
@@ -328,6 +328,119 @@ static void test_attention_refused(void **state)
     plan_err(L_H "," L_CT ",{\"name\":\"a\",\"op\":\"target_attention\",\"query\":\"ct\","
                           "\"history\":\"user.history\",\"heads\":1,\"head_dim\":4}",
              "layer 'a': history 'user.history' is the raw history; only history_embedding");
+}
+
+/* ------------------------------------------------------ sequence ops */
+
+#define L_SA "{\"name\":\"sa\",\"op\":\"self_attention\",\"input\":\"h\",\"heads\":2,\"head_dim\":4}"
+
+static void test_self_attention(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(L_H "," L_SA ","
+                           "{\"name\":\"hs\",\"op\":\"self_attention\",\"input\":\"sa\",\"heads\":1,"
+                           "\"head_dim\":3,\"causal\":false,\"kind\":\"silu\"}," L_CE ","
+                           "{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                           "\"history\":\"h\",\"shared_with\":\"sa\"}");
+    shape_is(m, "sa", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "hs", MD_USER, MD_JAGGED, 1, 8);
+    shape_is(m, "t", MD_CAND, MD_TOKENS, 1, 8);
+    const md_layer *sa = L(m, "sa"), *hs = L(m, "hs"), *t = L(m, "t");
+    assert_int_equal(sa->causal, 1); /* the default */
+    assert_int_equal(sa->att_kind, BK_ATT_SOFTMAX);
+    assert_int_equal(hs->causal, 0);
+    assert_int_equal(hs->att_kind, BK_ATT_SILU);
+    weight_is(m, "sa", 0, "sa.wq", 8, 8);
+    weight_is(m, "sa", 3, "sa.wo", 8, 8);
+    weight_is(m, "hs", 1, "hs.wk", 3, 8);
+    assert_int_equal(t->shared, 1);
+    assert_int_equal(t->n_w, 0); /* no params of its own */
+    assert_int_equal(t->heads, 2);
+    assert_int_equal(t->head_dim, 4);
+    assert_int_equal(L(m, "sa")->shared, -1);
+    model_def_free(m);
+}
+
+static void test_self_attention_refused(void **state)
+{
+    (void)state;
+    plan_err(L_CT ",{\"name\":\"s\",\"op\":\"self_attention\",\"input\":\"ct\",\"heads\":1,"
+                  "\"head_dim\":4}",
+             "layer 's': self_attention history 'ct' is candidate tokens [2, 8]; it must be a "
+             "user-domain jagged history");
+    plan_err(L_H "," L_HM ",{\"name\":\"s\",\"op\":\"self_attention\",\"input\":\"hm\",\"heads\":1,"
+                           "\"head_dim\":4}",
+             "layer 's': self_attention history 'hm' is user vec [8]");
+    plan_err(L_H ",{\"name\":\"s\",\"op\":\"self_attention\",\"input\":\"h\",\"heads\":1,"
+                 "\"head_dim\":4,\"kind\":\"relu\"}",
+             "layer 's'", "kind", "softmax", "silu");
+    plan_err(L_H ",{\"name\":\"s\",\"op\":\"self_attention\",\"input\":\"h\",\"heads\":1,"
+                 "\"head_dim\":4,\"causal\":1}",
+             "layer 's'", "causal", "must be true or false");
+    plan_err(L_H ",{\"name\":\"s\",\"op\":\"self_attention\",\"input\":\"h\",\"heads\":2}",
+             "layer 's'", "head_dim");
+    /* shared_with: unknown, not a self_attention, defined later, other history, extra keys */
+    plan_err(L_H "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                          "\"history\":\"h\",\"shared_with\":\"nope\"}",
+             "layer 't'", "unknown shared_with 'nope'");
+    plan_err(L_H "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                          "\"history\":\"h\",\"shared_with\":\"ce\"}",
+             "layer 't': shared_with 'ce' is a embedding_bag layer; it must name a self_attention");
+    plan_err(L_H "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                          "\"history\":\"h\",\"shared_with\":\"sa\"}," L_SA,
+             "layer 't'", "shared_with 'sa' is defined later");
+    plan_err(L_H "," L_SA "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                                   "\"history\":\"sa\",\"shared_with\":\"sa\"}",
+             "layer 't': history 'sa' must be the input of shared_with layer 'sa'");
+    plan_err(L_H "," L_SA "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                                   "\"history\":\"h\",\"shared_with\":\"sa\",\"heads\":2}",
+             "layer 't': with shared_with, heads and head_dim come from 'sa'");
+}
+
+#define L_DIN(extra)                                                                           \
+    "{\"name\":\"d\",\"op\":\"din_attention\",\"query\":\"ce\",\"history\":\"h\",\"hidden\":5" extra "}"
+
+static void test_din_attention(void **state)
+{
+    (void)state;
+    model_def *m = plan_ok(L_H "," L_CE "," L_DIN(",\"activation\":\"sigmoid\",\"normalize\":\"none\""));
+    shape_is(m, "d", MD_CAND, MD_VEC, 1, 8);
+    const md_layer *d = L(m, "d");
+    assert_int_equal(d->hidden, 5);
+    assert_int_equal(d->act, BK_ACT_SIGMOID);
+    assert_int_equal(d->normalize, 0);
+    weight_is(m, "d", 0, "d.w1", 5, 32);
+    weight_is(m, "d", 1, "d.b1", 1, 5);
+    weight_is(m, "d", 2, "d.w2", 1, 5);
+    weight_is(m, "d", 3, "d.b2", 1, 1);
+    model_def_free(m);
+    m = plan_ok(L_H "," L_CE "," L_DIN(""));
+    assert_int_equal(L(m, "d")->act, BK_ACT_RELU); /* defaults */
+    assert_int_equal(L(m, "d")->normalize, 1);
+    model_def_free(m);
+}
+
+static void test_din_attention_refused(void **state)
+{
+    (void)state;
+    plan_err(L_H "," L_UE ",{\"name\":\"d\",\"op\":\"din_attention\",\"query\":\"ue\","
+                          "\"history\":\"h\",\"hidden\":5}",
+             "layer 'd': din_attention query 'ue' is user vec [8]; it must be a candidate-domain vec");
+    plan_err(L_H "," L_CT ",{\"name\":\"d\",\"op\":\"din_attention\",\"query\":\"ct\","
+                          "\"history\":\"h\",\"hidden\":5}",
+             "layer 'd': din_attention query 'ct' is candidate tokens [2, 8]");
+    plan_err(L_CE "," L_CE2 ",{\"name\":\"d\",\"op\":\"din_attention\",\"query\":\"ce\","
+                            "\"history\":\"ce2\",\"hidden\":5}",
+             "layer 'd': din_attention history 'ce2' is candidate vec [8]");
+    plan_err(L_H16 "," L_CE ",{\"name\":\"d\",\"op\":\"din_attention\",\"query\":\"ce\","
+                            "\"history\":\"h16\",\"hidden\":5}",
+             "layer 'd': din_attention history 'h16' has D=16, query 'ce' has D=8");
+    plan_err(L_H "," L_CE ",{\"name\":\"d\",\"op\":\"din_attention\",\"query\":\"ce\","
+                          "\"history\":\"h\"}",
+             "layer 'd'", "hidden");
+    plan_err(L_H "," L_CE "," L_DIN(",\"normalize\":\"l1\""), "layer 'd'", "normalize", "softmax");
+    plan_err(L_H "," L_CE "," L_DIN(",\"activation\":\"swish\""), "layer 'd'", "activation");
+    plan_err(L_H "," L_CE "," L_DIN(",\"heads\":2"), "layer 'd'", "heads");
 }
 
 /* ------------------------------------------------------------------- add */
@@ -473,8 +586,8 @@ static void test_refs_and_misc(void **state)
 #define L_HL "{\"name\":\"hl\",\"op\":\"linear\",\"input\":\"h\",\"out\":8}"
 /* The refusal of a user/candidate mix, as every one-domain op words it. */
 #define MIX_MSG(op)                                                                            \
-    "op '" op "' cannot mix user and candidate inputs; only lce, target_attention, add, mul "    \
-    "and dot_interaction read user rows through the map"
+    "op '" op "' cannot mix user and candidate inputs; only lce, target_attention, din_attention, " \
+    "add, mul and dot_interaction read user rows through the map"
 
 /* "\"r\",\"r\",..." n times (a static buffer: one list at a time). */
 static const char *refs(const char *r, int n)
@@ -1052,7 +1165,7 @@ static void test_unknown_op_lists_all(void **state)
     plan_err(L_UE ",{\"name\":\"x\",\"op\":\"softmax\",\"input\":\"ue\"}",
              "layer 'x': unknown op 'softmax' (ops: embedding_bag, history_embedding, mean_pool, "
              "linear, reshape, stack, flatten, target_attention, lce, add, activation, "
-             "layer_norm, concat, mul, token_linear, dot_interaction, cross, mixture, pool)");
+             "layer_norm, concat, mul, token_linear, dot_interaction, cross, mixture, pool, self_attention, din_attention)");
     plan_err(L_UE ",{\"name\":\"x\",\"op\":\"Pool\",\"input\":\"ue\"}",
              "layer 'x': unknown op 'Pool'");
     plan_err(L_UE ",{\"name\":\"x\",\"op\":3,\"input\":\"ue\"}",
@@ -1170,7 +1283,8 @@ static void test_op_table(void **state)
         [MD_CONCAT] = "concat",               [MD_MUL] = "mul",
         [MD_TOKEN_LINEAR] = "token_linear",   [MD_DOT_INTERACTION] = "dot_interaction",
         [MD_CROSS] = "cross",                 [MD_MIXTURE] = "mixture",
-        [MD_POOL] = "pool",
+        [MD_POOL] = "pool",                   [MD_SELF_ATTENTION] = "self_attention",
+        [MD_DIN_ATTENTION] = "din_attention",
     };
     char list[512];
     size_t o = 0;
@@ -1193,6 +1307,10 @@ int main(void)
         cmocka_unit_test(test_lce_refused),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_refused),
+        cmocka_unit_test(test_self_attention),
+        cmocka_unit_test(test_self_attention_refused),
+        cmocka_unit_test(test_din_attention),
+        cmocka_unit_test(test_din_attention_refused),
         cmocka_unit_test(test_add),
         cmocka_unit_test(test_add_refused),
         cmocka_unit_test(test_stack_refused),
