@@ -478,7 +478,7 @@ static void test_shape_errors(void **state)
            "layer 'hist_mean': mean_pool input 'u_dense1' is user vec [64]; it must be a jagged history");
     EX_ERR("\"inputs\": [\"x_cand\", \"ta\"]", "\"inputs\": [\"x_cand\", \"hist_mean\"]",
            "layer 'e_cand': op 'stack' cannot mix user and candidate inputs; only lce, "
-           "target_attention, add, mul and dot_interaction read user rows through the map");
+           "target_attention, din_attention, add, mul and dot_interaction read user rows through the map");
     EX_ERR("\"out_tokens\": 6", "\"out_tokens\": 0", "'layers[15].out_tokens' must be an integer in [1, ");
 }
 
