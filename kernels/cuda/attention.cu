@@ -51,7 +51,7 @@
 #define ATT_MAP_SMEM 12288 /* ints: 48 KiB, the default dynamic limit */
 __global__ void __launch_bounds__(1024)
 k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__restrict__ tiles,
-            int *__restrict__ ntiles, int cap, int map_smem, const int *__restrict__ base)
+            int *__restrict__ ntiles, int cap, int map_smem)
 {
     extern __shared__ int map_s[];
     __shared__ int warp_sum[32];
@@ -65,7 +65,7 @@ k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__r
         map = map_s;
     }
     if (tid == 0)
-        carry_s = base ? *base : 0; /* after the self tiles of a fused launch */
+        carry_s = 0;
     __syncthreads();
     for (int b0 = 0; b0 < nc; b0 += blockDim.x) {
         int c = b0 + tid, cnt = 0, end = 0, u = 0;
@@ -126,12 +126,14 @@ k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__r
  * [t*BM, (t+1)*BM) and, causal, needs key blocks 0..t only. Tiles are
  * written longest first (a counting sort by key blocks: LPT order for the
  * persistent kernel, which takes work items in table order), as {row0,
- * row_end, user, 1 | t << 1}. Slot order within a cost is arbitrary; each
- * tile's result does not depend on it. */
+ * row_end, user, 1 | t << 1}, after `*base` target tiles when fused (a
+ * target tile reads all of its user's keys: as much as that user's most
+ * expensive self tile, so target tiles go first). Slot order within a cost
+ * is arbitrary; each tile's result does not depend on it. */
 #define ATT_SELF_BUCKETS 64
 __global__ void __launch_bounds__(1024)
 k_att_self_tiles(const int64_t *__restrict__ off, int nu, int causal, int4 *__restrict__ tiles,
-                 int *__restrict__ nself, int cap)
+                 int *__restrict__ nself, int cap, const int *__restrict__ base)
 {
     __shared__ int cnt[ATT_SELF_BUCKETS], cur[ATT_SELF_BUCKETS];
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -146,7 +148,7 @@ k_att_self_tiles(const int64_t *__restrict__ off, int nu, int causal, int4 *__re
     }
     __syncthreads();
     if (tid == 0) {
-        int start = 0;
+        int start = base ? *base : 0; /* after the target tiles of a fused launch */
         for (int b = ATT_SELF_BUCKETS - 1; b >= 0; b--) {
             cur[b] = start;
             start += cnt[b];
@@ -387,6 +389,17 @@ __device__ __forceinline__ float att_ex2(float x)
     return y;
 }
 
+/* tanh on the special-function unit (max relative error about 2^-11: below
+ * the bf16/fp16 rounding of P it feeds). HSTU's silu as
+ * x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU op per element, as
+ * softmax's exp2, instead of exp2 and a reciprocal. */
+__device__ __forceinline__ float att_tanh(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* One butterfly step of a transpose across lanes l and l ^ m: the lane
  * with the bit set (hi) trades its x for its partner's y, the other trades
  * its y for the partner's x. */
@@ -606,9 +619,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             /* p = silu(s / sqrt(dh)); the division by n comes at the end. */
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) {
-                const float x = s[i] * a.scale;
-                const float sg = __frcp_rn(1.0f + att_ex2(-x * 1.4426950408889634f));
-                s[i] = s[i] == -INFINITY ? 0.0f : x * sg;
+                const float h2 = s[i] * (0.5f * a.scale);
+                s[i] = s[i] == -INFINITY ? 0.0f : fmaf(h2, att_tanh(h2), h2);
             }
             corr[0] = corr[1] = 1.0f;
             return;
@@ -952,8 +964,8 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
     return 0;
 }
 
-/* Builds the tile table(s) into the stream's scratch: self tiles first
- * (longest first), then target tiles. *ntiles gets the total. */
+/* Builds the tile table(s) into the stream's scratch: target tiles first,
+ * then self tiles (longest first). *ntiles gets the total. */
 template <typename T>
 static int build_tiles(bk_stream *s, const att_job<T> &j, int4 **tiles_out, int **ntiles_out,
                        long *cap_out, bk_err *err)
@@ -969,19 +981,20 @@ static int build_tiles(bk_stream *s, const att_job<T> &j, int4 **tiles_out, int 
     }
     if (cu_scratch_get(s, &s->att_tile, 16 + (size_t)cap * sizeof(int4), err))
         return -1;
-    int *cnt = (int *)s->att_tile.p; /* [0] total, [1] self tiles */
+    int *cnt = (int *)s->att_tile.p; /* [0] total, [1] target tiles of a fused launch */
     int4 *tiles = (int4 *)((char *)s->att_tile.p + 16);
-    if (j.qs) {
-        k_att_self_tiles<<<1, 1024, 0, s->st>>>(j.off, j.nu, j.causal, tiles,
-                                                 j.q ? cnt + 1 : cnt, (int)cap_s);
-        if (cu_check_launch(s, err, "self_attention tile table"))
-            return -1;
-    }
+    const bool both = j.q && j.qs;
     if (j.q) {
         const int map_smem = j.nc <= ATT_MAP_SMEM;
         k_att_tiles<<<1, 1024, map_smem ? (size_t)j.nc * sizeof(int) : 0, s->st>>>(
-            j.map, j.nc, j.tq, ATT_BM, tiles, cnt, (int)cap, map_smem, j.qs ? cnt + 1 : NULL);
+            j.map, j.nc, j.tq, ATT_BM, tiles, both ? cnt + 1 : cnt, (int)cap_t, map_smem);
         if (cu_check_launch(s, err, "attention tile table"))
+            return -1;
+    }
+    if (j.qs) {
+        k_att_self_tiles<<<1, 1024, 0, s->st>>>(j.off, j.nu, j.causal, tiles, cnt, (int)cap,
+                                                 both ? cnt + 1 : NULL);
+        if (cu_check_launch(s, err, "self_attention tile table"))
             return -1;
     }
     *tiles_out = tiles;
