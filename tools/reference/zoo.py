@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""The reference ranking models - DLRM, DCNv2, MMoE - as PyTorch modules
-written the usual way, and their conversion to `ikbo-model/1`.
+"""The reference ranking models - DLRM, DCNv2, MMoE and the sequence models
+SeqModel (transformer) and HSTUModel - as PyTorch modules written the usual
+way, and their conversion to `ikbo-model/1`.
 
-    zoo.py export MODEL OUT_DIR [--seed S]     # MODEL: dlrm, dcn, mmoe
+    zoo.py export MODEL OUT_DIR [--seed S]     # MODEL: dlrm, dcn, mmoe, seq, hstu
     zoo.py check MODEL_DIR [--requests N]      # module vs reference interpreter
 
 Each module takes the features a feed service has - user dense and sparse
@@ -21,14 +22,24 @@ through the map:
   - DCNv2's cross network needs x0 = cat(u[cand_user], c) itself; it is
     written exactly as two zero-padded placements (`linear` with a 0/1
     weight, no bias) added through the map: x * 1 + 0 * y is exact in
-    floating point.
+    floating point;
+  - the sequence models take the history as a padded (ids, actions,
+    lengths) batch per user (nn.Embedding for items - the candidates' item
+    table, shared -, actions and positions); their transformer blocks
+    (nn.LayerNorm, bias-free nn.Linear q/k/v/o, explicit q k^T with a causal
+    mask) are `layer_norm`, `self_attention`, `add`, `linear` at U; the
+    candidates' target attention over `K = wk(ln1(h))[cand_user]` with the
+    first block's projections is `target_attention` `shared_with` that
+    block's `self_attention`; DIN pooling over `h[cand_user]` is
+    `din_attention`.
 `export` writes random weights (seeded, PyTorch default init, the logits
 calibrated so that scores do not saturate); the shipped models are trained
 by train_zoo.py, which uses export_module. `check` draws random requests (make_request.py) and
 compares the module's float64 scores with the interpreter's on the exported
-directory.
+directory (pass: <= 1e-12 relative).
 """
 import argparse
+import math
 import os
 import sys
 
@@ -45,6 +56,7 @@ USER_SPARSE = {"country": 64, "lang": 16}
 CAND_SPARSE = {"item": 5000, "author": 500}
 USER_DENSE, CAND_DENSE, D = 8, 4, 16
 W = 1               # hidden-width multiplier
+HIST_MAX_LEN, HIST_ACTIONS = 32, 4     # the sequence models' history (the demo's actions; max_len 64 there)
 
 
 def bench_scale():
@@ -149,11 +161,121 @@ class MMoE(_Features):
         return torch.cat(out, dim=1)
 
 
+class _Block(nn.Module):
+    """Pre-LN transformer block over a padded, left-aligned history [U, L, D]:
+    x + attn(ln1(x)), then + ff2(act(ff1(ln2(.)))). Causal; attention
+    `softmax` or HSTU's `silu` (pointwise silu(q.k/sqrt(dh)) / n_u)."""
+
+    def __init__(self, kind, heads, head_dim, ff, ff_act):
+        super().__init__()
+        self.kind, self.heads, self.dh = kind, heads, head_dim
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.wq, self.wk, self.wv = (nn.Linear(D, heads * head_dim, bias=False) for _ in range(3))
+        self.wo = nn.Linear(heads * head_dim, D, bias=False)
+        self.ff1, self.ff2 = nn.Linear(D, ff), nn.Linear(ff, D)
+        self.ff_act = ff_act
+
+    def split(self, x):                                  # [N, T, H*dh] -> [N, H, T, dh]
+        return x.reshape(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
+
+    def attention(self, a, mask):
+        U, L, _ = a.shape
+        q, k, v = self.split(self.wq(a)), self.split(self.wk(a)), self.split(self.wv(a))
+        s = q @ k.transpose(-1, -2) / math.sqrt(self.dh)                    # [U, H, L, L]
+        keep = mask[:, None, None, :] & torch.ones(L, L, dtype=torch.bool).tril()
+        if self.kind == "softmax":
+            att = F.softmax(s.masked_fill(~keep, -1e30), dim=-1) * keep
+        else:
+            n = mask.sum(1).clamp(min=1)[:, None, None, None]
+            att = F.silu(s) * keep / n
+        return self.wo((att @ v).transpose(1, 2).reshape(U, L, -1))
+
+    def target(self, q, a, mask):
+        """Candidates' queries q [C, Tq, D] over their users' ln1(history) a
+        [C, L, D] with this block's projections; softmax, no causal mask."""
+        C, tq, _ = q.shape
+        s = self.split(self.wq(q)) @ self.split(self.wk(a)).transpose(-1, -2) / math.sqrt(self.dh)
+        m = mask[:, None, None, :]
+        att = F.softmax(s.masked_fill(~m, -1e30), dim=-1) * m
+        return self.wo((att @ self.split(self.wv(a))).transpose(1, 2).reshape(C, tq, -1))
+
+    def forward(self, x, mask):
+        a = self.ln1(x)
+        x = x + self.attention(a, mask)
+        return x + self.ff2(self.ff_act(self.ff1(self.ln2(x)))), a
+
+
+class _SeqBase(_Features):
+    """A sequence ranking model over the user's history (item + action +
+    position embeddings; the item table is the candidates' `item` table):
+    transformer block(s), the last event's output as the user's sequence
+    vector; a target attention of the candidate's item over the first
+    block's ln1(history) with that block's own attention weights; DIN
+    pooling of the raw history embeddings by the candidate's item; a top
+    MLP over [user features, candidate features]."""
+    KIND, BLOCKS, FF_ACT = "softmax", 1, "gelu"
+
+    def __init__(self, tasks=2, heads=2, head_dim=8, din_hidden=16):
+        super().__init__()
+        first = list(CAND_SPARSE)[0]                                    # "item" (the bench scale: "c0")
+        self.hist_item = nn.Embedding(CAND_SPARSE[first], D)
+        self.hist_item.weight = self.cand_emb[first].weight             # one table
+        self.hist_action = nn.Embedding(HIST_ACTIONS, D)
+        self.hist_pos = nn.Embedding(HIST_MAX_LEN, D)
+        act = nn.GELU() if self.FF_ACT == "gelu" else nn.SiLU()
+        self.blocks = nn.ModuleList([_Block(self.KIND, heads, head_dim, 2 * D, act) for _ in range(self.BLOCKS)])
+        self.user_dense = nn.Linear(USER_DENSE, D)
+        self.cand_dense = nn.Linear(CAND_DENSE, D)
+        self.din = nn.Sequential(nn.Linear(4 * D, din_hidden), nn.ReLU(), nn.Linear(din_hidden, 1))
+        self.fu = (2 + len(USER_SPARSE)) * D
+        fc = (6 + len(CAND_SPARSE)) * D
+        self.top = nn.Sequential(nn.Linear(self.fu + fc, 64 * W), nn.ReLU(), nn.Linear(64 * W, tasks))
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user, history):
+        ids, acts, lens = history                   # [U, L] oldest first, left-aligned; [U]
+        U, L = ids.shape
+        mask = torch.arange(L)[None, :] < lens[:, None]
+        h = self.hist_item(ids % self.hist_item.num_embeddings) + self.hist_action(acts) + self.hist_pos.weight[:L]
+        x, a0 = h, None
+        for blk in self.blocks:
+            x, a = blk(x, mask)
+            a0 = a if a0 is None else a0
+        last = x[torch.arange(U), (lens - 1).clamp(min=0)] * (lens > 0)[:, None]
+        u = torch.cat([last] + self.user(user_sparse) + [torch.relu(self.user_dense(user_dense))], dim=1)
+        c_parts = self.cand(cand_sparse)
+        item = c_parts[0]
+        cm = mask[cand_user]
+        ta = self.blocks[0].target(item[:, None], a0[cand_user], cm)[:, 0]
+        hc = h[cand_user]                                                   # [C, L, D]
+        qe = item[:, None].expand_as(hc)
+        s = self.din(torch.cat([qe, hc, qe - hc, qe * hc], dim=-1)).squeeze(-1)
+        w = F.softmax(s.masked_fill(~cm, -1e30), dim=1) * cm
+        din = (w[..., None] * hc).sum(1)
+        # the candidate's item against the user's sequence: attention outputs and products
+        c = torch.cat(c_parts + [torch.relu(self.cand_dense(cand_dense)), ta, din, ta * item, din * item,
+                                 last[cand_user] * item], dim=1)
+        return self.top(torch.cat([u[cand_user], c], dim=1))
+
+
+class SeqModel(_SeqBase):
+    """One pre-LN transformer block (softmax attention, 2 heads x 8, causal,
+    gelu feed-forward 32)."""
+    KIND, BLOCKS, FF_ACT = "softmax", 1, "gelu"
+
+
+class HSTUModel(_SeqBase):
+    """HSTU-style: two pre-LN blocks of pointwise silu attention normalised
+    by the user's event count (causal), silu feed-forward."""
+    KIND, BLOCKS, FF_ACT = "silu", 2, "silu"
+
+
 # ------------------------------------------------------------ conversion
 
-def _inputs():
-    return {"user": {"dense": USER_DENSE, "sparse": list(USER_SPARSE)},
-            "candidate": {"dense": CAND_DENSE, "sparse": list(CAND_SPARSE)}}
+def _inputs(history=False):
+    user = {"dense": USER_DENSE, "sparse": list(USER_SPARSE)}
+    if history:
+        user["history"] = {"max_len": HIST_MAX_LEN, "actions": HIST_ACTIONS}
+    return {"user": user, "candidate": {"dense": CAND_DENSE, "sparse": list(CAND_SPARSE)}}
 
 
 def _tables():
@@ -259,9 +381,57 @@ def convert_mmoe(m):
     return L, w, ["click", "like"][:len(m.towers)]
 
 
+def _ln(layers, w, name, x, ln):
+    layers.append({"name": name, "op": "layer_norm", "input": x})
+    w[name + ".weight"], w[name + ".bias"] = ln.weight, ln.bias
+    return name
+
+
+def convert_seq(m):
+    L, w = [], {}
+    ue, ce = _bags(m, L, w)
+    L.append({"name": "hist", "op": "history_embedding", "input": "user.history", "table": list(CAND_SPARSE)[0]})
+    w["hist.action"], w["hist.position"] = m.hist_action.weight, m.hist_pos.weight
+    x = "hist"
+    for b, blk in enumerate(m.blocks):
+        a = _ln(L, w, "b%d_ln1" % b, x, blk.ln1)
+        L.append({"name": "b%d_attn" % b, "op": "self_attention", "input": a, "heads": blk.heads,
+                  "head_dim": blk.dh, "causal": True, "kind": blk.kind})
+        for p in ("wq", "wk", "wv", "wo"):
+            w["b%d_attn.%s" % (b, p)] = getattr(blk, p).weight
+        L.append({"name": "b%d_res" % b, "op": "add", "inputs": [x, "b%d_attn" % b]})
+        f = _ln(L, w, "b%d_ln2" % b, "b%d_res" % b, blk.ln2)
+        f = _linear(L, w, "b%d_ff1" % b, f, blk.ff1, m.FF_ACT)
+        f = _linear(L, w, "b%d_ff2" % b, f, blk.ff2)
+        L.append({"name": "b%d_out" % b, "op": "add", "inputs": ["b%d_res" % b, f]})
+        x = "b%d_out" % b
+    L.append({"name": "seq_last", "op": "pool", "input": x, "fn": "last"})
+    ud = _linear(L, w, "u_dense", "user.dense", m.user_dense, "relu")
+    cd = _linear(L, w, "c_dense", "candidate.dense", m.cand_dense, "relu")
+    L.append({"name": "ta", "op": "target_attention", "query": ce[0], "history": "b0_ln1", "shared_with": "b0_attn"})
+    L.append({"name": "ta_flat", "op": "flatten", "input": "ta"})
+    L.append({"name": "din", "op": "din_attention", "query": ce[0], "history": "hist",
+              "hidden": m.din[0].out_features, "activation": "relu", "normalize": "softmax"})
+    w["din.w1"], w["din.b1"], w["din.w2"], w["din.b2"] = m.din[0].weight, m.din[0].bias, m.din[2].weight, m.din[2].bias
+    L.append({"name": "xu", "op": "concat", "inputs": ["seq_last"] + ue + [ud]})
+    L.append({"name": "ta_x_item", "op": "mul", "inputs": ["ta_flat", ce[0]]})
+    L.append({"name": "din_x_item", "op": "mul", "inputs": ["din", ce[0]]})
+    L.append({"name": "seq_x_item", "op": "mul", "inputs": ["seq_last", ce[0]]})     # through the map
+    L.append({"name": "xc", "op": "concat", "inputs": ce + [cd, "ta_flat", "din", "ta_x_item", "din_x_item",
+                                                           "seq_x_item"]})
+    top = _split_linear(L, w, "top0", "xu", "xc", m.top[0], m.fu, "relu")
+    _linear(L, w, "logits", top, m.top[2])
+    return L, w, ["click", "like"]
+
+
 MODELS = {"dlrm": (DLRM, convert_dlrm, "DLRM: bottom MLPs, dot interaction, top MLP"),
           "dcn": (DCNv2, convert_dcn, "DCNv2: full and low-rank cross layers, layer_norm, deep tower"),
-          "mmoe": (MMoE, convert_mmoe, "MMoE: shared bottom, 4 experts, softmax gates, 2 task towers")}
+          "mmoe": (MMoE, convert_mmoe, "MMoE: shared bottom, 4 experts, softmax gates, 2 task towers"),
+          "seq": (SeqModel, convert_seq, "sequence model: a pre-LN transformer block over the history, "
+                  "target attention sharing its weights, DIN pooling, top MLP"),
+          "hstu": (HSTUModel, convert_seq, "HSTU-style: two pre-LN blocks of silu attention over the history, "
+                   "target attention sharing the first block's weights, DIN pooling, top MLP")}
+SEQ_MODELS = ("seq", "hstu")          # take the history (the modules' last argument)
 
 
 def module_inputs(plan, request):
@@ -279,9 +449,20 @@ def module_inputs(plan, request):
             out[f] = (torch.tensor(ids, dtype=torch.int64), torch.tensor(offs, dtype=torch.int64))
         return out
 
-    return (torch.stack([u["dense"].to(torch.float64) for u in users]), bags(users, USER_SPARSE),
+    args = (torch.stack([u["dense"].to(torch.float64) for u in users]), bags(users, USER_SPARSE),
             torch.stack([c["dense"].to(torch.float64) for c in cands]), bags(cands, CAND_SPARSE),
             torch.tensor([c["user"] for c in cands], dtype=torch.int64))
+    if not plan.history:
+        return args
+    # history: (ids, actions) [U, L] padded, oldest first, left-aligned (the kept events), lengths [U]
+    lens = [len(u["hist_ids"]) for u in users]
+    L = max(lens + [1])
+    ids = torch.zeros((len(users), L), dtype=torch.int64)
+    acts = torch.zeros((len(users), L), dtype=torch.int64)
+    for i, u in enumerate(users):
+        ids[i, :lens[i]] = torch.tensor(u["hist_ids"], dtype=torch.int64)
+        acts[i, :lens[i]] = torch.tensor(u["hist_actions"], dtype=torch.int64)
+    return args + ((ids, acts, torch.tensor(lens, dtype=torch.int64)),)
 
 
 def module_scores(m, plan, request):
@@ -308,7 +489,7 @@ def export_module(m, name, out, how, calibrate_seed=None, metadata=None):
     layers, w, tasks = conv(m)
     spec = {"format": "ikbo-model/1", "name": name,
             "description": "%s (tools/reference/zoo.py, %s)" % (desc, how),
-            "inputs": _inputs(), "tables": _tables(), "layers": layers,
+            "inputs": _inputs(history=name in SEQ_MODELS), "tables": _tables(), "layers": layers,
             "output": {"logits": "logits", "tasks": tasks}}
     if calibrate_seed is not None:
         _calibrate(m, spec, w, name, calibrate_seed)
@@ -378,7 +559,7 @@ def main(argv=None):
         return 0
     err = check(a.model_dir, a.requests)
     print("%s: module vs interpreter max relative error %.2e" % (a.model_dir, err))
-    return 0 if err < 1e-9 else 1
+    return 0 if err <= 1e-12 else 1
 
 
 if __name__ == "__main__":
