@@ -87,7 +87,7 @@ ops_check() {
   return $rc
 }
 
-seq_models() { echo $(ls -d models/seq/1 models/hstu/1 2>/dev/null) build/gpu/models/f_seq*/1 build/gpu/models/f_hstu*/1; }
+seq_models() { echo models/seq/1 models/hstu/1 build/gpu/models/f_seq*/1 build/gpu/models/f_hstu*/1; }
 
 # Sequence ops (issue 15): the op tests (self_attention, din_attention) at
 # three dtypes and under memcheck, whole sequence models at three dtypes
@@ -136,7 +136,7 @@ zoo_check() {
 
 zoo_bench() {
   local m mode
-  for m in dlrm dcn mmoe; do
+  for m in ${ZOO_BENCH_MODELS:-dlrm dcn mmoe seq hstu}; do
     [ -f /tmp/zoo-bench/$m/1/model.json ] || $PY tools/reference/zoo.py export $m /tmp/zoo-bench/$m/1 --bench || return 1
     for mode in ikbo broadcast; do
       build/gpu/batch_phases /tmp/zoo-bench/$m/1 --device cuda:0 --mode $mode \

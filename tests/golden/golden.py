@@ -70,7 +70,7 @@ RANDOM_FAMILIES = {
     "hstu_a": ("hstu", 51, "F32"), "hstu_b": ("hstu", 52, "F16"), "hstu_c": ("hstu", 53, "F32"),
 }
 # The shipped models; a missing directory is a failure.
-SHIPPED = ("demo", "dlrm", "dcn", "mmoe")
+SHIPPED = ("demo", "dlrm", "dcn", "mmoe", "seq", "hstu")
 
 # Requests: name -> make_request.generate keyword arguments (counts = candidates
 # per distinct user).

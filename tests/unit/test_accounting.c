@@ -100,7 +100,7 @@ static const char *SEQ_JSON =
 
 /* The shipped models with mixing ops; a missing one fails. */
 static const char *const SHIPPED[] = {"models/demo/1", "models/dlrm/1", "models/dcn/1",
-                                      "models/mmoe/1"};
+                                      "models/mmoe/1", "models/seq/1", "models/hstu/1"};
 
 static char mix_dir[256];
 

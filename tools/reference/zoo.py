@@ -59,14 +59,20 @@ W = 1               # hidden-width multiplier
 HIST_MAX_LEN, HIST_ACTIONS = 32, 4     # the sequence models' history (the demo's actions; max_len 64 there)
 
 
+ATT_HEAD_DIM, DIN_HIDDEN = 8, 16      # the sequence models' attention head size, DIN's hidden units
+
+
 def bench_scale():
     """The same architectures at a GPU-bound scale (bench/RESULTS.md): 4 user
     and 8 candidate sparse features of 4000 rows, width 64, dense 32/16,
-    hidden layers 8x wider. Not shipped: written on the GPU machine."""
-    global USER_SPARSE, CAND_SPARSE, USER_DENSE, CAND_DENSE, D, W
+    hidden layers 8x wider; the sequence models over 512-event histories
+    with 2 heads of 64 and DIN hidden 64. Not shipped: written on the GPU
+    machine."""
+    global USER_SPARSE, CAND_SPARSE, USER_DENSE, CAND_DENSE, D, W, HIST_MAX_LEN, ATT_HEAD_DIM, DIN_HIDDEN
     USER_SPARSE = {"u%d" % i: 4000 for i in range(4)}
     CAND_SPARSE = {"c%d" % i: 4000 for i in range(8)}
     USER_DENSE, CAND_DENSE, D, W = 32, 16, 64, 8
+    HIST_MAX_LEN, ATT_HEAD_DIM, DIN_HIDDEN = 512, 64, 64
 
 
 class _Features(nn.Module):
@@ -215,8 +221,10 @@ class _SeqBase(_Features):
     MLP over [user features, candidate features]."""
     KIND, BLOCKS, FF_ACT = "softmax", 1, "gelu"
 
-    def __init__(self, tasks=2, heads=2, head_dim=8, din_hidden=16):
+    def __init__(self, tasks=2, heads=2, head_dim=None, din_hidden=None):
         super().__init__()
+        head_dim = head_dim or ATT_HEAD_DIM
+        din_hidden = din_hidden or DIN_HIDDEN
         first = list(CAND_SPARSE)[0]                                    # "item" (the bench scale: "c0")
         self.hist_item = nn.Embedding(CAND_SPARSE[first], D)
         self.hist_item.weight = self.cand_emb[first].weight             # one table
