@@ -22,7 +22,9 @@
  * - self_attention over 64 users' jagged histories (bench_self_attention)
  *   and the fused self + target launch against two launches.
  *
- *   bench_kernels [--quick] [--only lce|att|self]
+ * - din_attention at the bench sequence model's shape (bench_din).
+ *
+ *   bench_kernels [--quick] [--only lce|att|self|din]
  */
 #include <algorithm>
 #include <functional>
@@ -49,7 +51,7 @@
 
 static bk_err berr;
 static int quick, profile;
-static const char *only; /* --only lce|att|self: one kernel family */
+static const char *only; /* --only lce|att|self|din: one kernel family */
 static std::vector<std::string> table;
 
 template <typename T>
@@ -553,6 +555,65 @@ template <typename T> static void bench_self_attention(const char *dtname, doubl
     be->destroy(be);
 }
 
+/* din_attention at the bench sequence model's shape: 16 users x 70
+ * candidates, 512-event histories, D 64, H1 64; TFLOP/s of the per-pair
+ * q * h term (2 C L D H1), the op's dominant work. */
+template <typename T> static void bench_din(const char *dtname, double rate)
+{
+    const int U = 16, ratio = 70, C = U * ratio, L = 512, D = 64, H1 = 64;
+    bk_backend *be = make_backend(dtname, "0", "0");
+    bk_stream *s = be->stream_new(be, &berr);
+    BK(!s);
+    std::vector<int64_t> off(U + 1);
+    for (int u = 0; u <= U; u++)
+        off[u] = (int64_t)u * L;
+    std::vector<int32_t> map(C);
+    for (int c = 0; c < C; c++)
+        map[c] = c / ratio;
+    std::vector<float> w((size_t)H1 * D);
+    for (size_t i = 0; i < w.size(); i++)
+        w[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    bk_weight *wm = be->weight_new(be, w.data(), H1, D, &berr), *w2 = be->weight_new(be, w.data(), 1, H1, &berr),
+              *b2 = be->weight_new(be, w.data(), 1, 1, &berr);
+    BK(!wm || !w2 || !b2);
+    T *q, *qp, *h, *hp, *o;
+    int64_t *doff;
+    int32_t *dmap;
+    CK(cudaMalloc(&q, (size_t)C * D * sizeof(T)));
+    CK(cudaMalloc(&qp, (size_t)C * H1 * sizeof(T)));
+    CK(cudaMalloc(&h, (size_t)U * L * D * sizeof(T)));
+    CK(cudaMalloc(&hp, (size_t)U * L * H1 * sizeof(T)));
+    CK(cudaMalloc(&o, (size_t)C * D * sizeof(T)));
+    CK(cudaMalloc(&doff, (U + 1) * 8));
+    CK(cudaMalloc(&dmap, C * 4));
+    CK(cudaMemcpy(doff, off.data(), (U + 1) * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dmap, map.data(), C * 4, cudaMemcpyHostToDevice));
+    fill<T>(q, (size_t)C * D, 41, 1.0f);
+    fill<T>(qp, (size_t)C * H1, 42, 1.0f);
+    fill<T>(h, (size_t)U * L * D, 43, 1.0f);
+    fill<T>(hp, (size_t)U * L * H1, 44, 1.0f);
+    CK(cudaDeviceSynchronize());
+    double ms = median_ms(s->st, [&] {
+        BK(be->din_attention(s, q, qp, h, hp, doff, dmap, C, D, H1, wm, w2, b2, BK_ACT_RELU, 1, o,
+                             &berr));
+    }, 3, quick ? 5 : 20);
+    double fl = 2.0 * C * L * (double)D * H1;
+    printf("DIN %s C %d L %d D %d H1 %d: %.4f ms, q*h term %.1f TFLOP/s (%.2fx GEMM)\n", dtname, C,
+           L, D, H1, ms, fl / (ms * 1e-3) / 1e12, fl / (ms * 1e-3) / rate);
+    char line[200];
+    snprintf(line, sizeof line, "DIN  %-4s 16x70 L 512 D 64 H1 64: %.3f ms, %.1f TF/s of q*h", dtname,
+             ms, fl / (ms * 1e-3) / 1e12);
+    table.push_back(line);
+    T *ps[] = {q, qp, h, hp, o};
+    for (T *p : ps)
+        CK(cudaFree(p));
+    CK(cudaFree(doff));
+    CK(cudaFree(dmap));
+    be->weight_free(be, wm), be->weight_free(be, w2), be->weight_free(be, b2);
+    be->stream_free(s);
+    be->destroy(be);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -599,6 +660,10 @@ int main(int argc, char **argv)
         for (int i = 0; i < 3; i++)
             bench_self_attention<__half>("fp16", g_rate_f16, Ls[i]);
         bench_self_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024);
+    }
+    if (!only || !strcmp(only, "din")) {
+        bench_din<__nv_bfloat16>("bf16", g_rate_bf16);
+        bench_din<float>("fp32", g_rate_bf16);
     }
     cublasDestroy(h);
     printf("\n==== summary (%s) ====\n", prop.name);

@@ -1021,6 +1021,10 @@ static void suite_din(void)
     int cb[] = {3, 2}, lb[] = {200, 1100};
     test_din(2, cb, lb, 1, 256, 256, BK_ACT_RELU, 1);
     test_din(2, cb, lb, 1, 7, 1, BK_ACT_NONE, 1);
+    /* The tensor-core path's other widths (d 32, 128), several tiles. */
+    test_din(3, c3, l3, 1, 32, 64, BK_ACT_SIGMOID, 1);
+    test_din(2, cb, lb, 1, 128, 32, BK_ACT_RELU, 1);
+    test_din(2, cb, lb, 2, 128, 48, BK_ACT_NONE, 0);
     test_din_refusals();
 }
 
