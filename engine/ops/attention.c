@@ -54,26 +54,35 @@ static int history_input(op_plan *p, int k, const char *op, md_shape sb)
     return 0;
 }
 
+/* A candidate query (a vec, or with tokens_ok tokens too) and a user
+ * history of the same D. */
+static int query_history(op_plan *p, const char *op, md_shape s, md_shape sb, int tokens_ok)
+{
+    char q[QB], q2[QB], s1[96];
+    if (s.dom != MD_CAND || s.kind == MD_JAGGED || (!tokens_ok && s.kind != MD_VEC))
+        return op_fail(p, "%s query '%s' is %s; it must be a candidate-domain vec [D]%s", op,
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s),
+                       tokens_ok ? " or tokens [Tq, D]" : "");
+    if (history_input(p, 1, op, sb))
+        return -1;
+    if (sb.dim != s.dim)
+        return op_fail(p, "%s history '%s' has D=%d, query '%s' has D=%d", op,
+                       op_in_name(p, 1, q, sizeof q), sb.dim, op_in_name(p, 0, q2, sizeof q2),
+                       s.dim);
+    return 0;
+}
+
 /* ---- target_attention ---- */
 
 static int plan_target_attention(op_plan *p)
 {
     md_shape s, sb;
-    char q[QB], q2[QB], s1[96];
+    char q[QB];
     int S;
     if (op_input(p, "query", "query", OP_ACC_VALUE, &s) ||
-        op_input(p, "history", "history", OP_ACC_VALUE, &sb) || op_layer(p, "shared_with", &S))
+        op_input(p, "history", "history", OP_ACC_VALUE, &sb) || op_layer(p, "shared_with", &S) ||
+        query_history(p, "target_attention", s, sb, 1))
         return -1;
-    if (s.dom != MD_CAND || s.kind == MD_JAGGED)
-        return op_fail(p, "target_attention query '%s' is %s; it must be candidate-domain vec [D] "
-                          "or tokens [Tq, D]",
-                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
-    if (history_input(p, 1, "target_attention", sb))
-        return -1;
-    if (sb.dim != s.dim)
-        return op_fail(p, "target_attention history '%s' has D=%d, query '%s' has D=%d",
-                       op_in_name(p, 1, q, sizeof q), sb.dim, op_in_name(p, 0, q2, sizeof q2),
-                       s.dim);
     if (op_output(p, MD_CAND, MD_TOKENS, s.tokens, s.dim))
         return -1;
     if (S < 0)
@@ -227,22 +236,12 @@ static int plan_din_attention(op_plan *p)
     long long H1;
     int norm;
     enum bk_act act;
-    char q[QB], q2[QB], s1[96];
     static const char *const norms[] = {"none", "softmax"};
     if (op_input(p, "query", "query", OP_ACC_VALUE, &s) ||
         op_input(p, "history", "history", OP_ACC_VALUE, &sb) ||
         op_int(p, "hidden", 1, 0, 1, INT_MAX, &H1) || op_act(p, "activation", 1, BK_ACT_RELU, &act) ||
-        op_enum(p, "normalize", norms, 2, 1, &norm))
+        op_enum(p, "normalize", norms, 2, 1, &norm) || query_history(p, "din_attention", s, sb, 0))
         return -1;
-    if (s.dom != MD_CAND || s.kind != MD_VEC)
-        return op_fail(p, "din_attention query '%s' is %s; it must be a candidate-domain vec [D]",
-                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
-    if (history_input(p, 1, "din_attention", sb))
-        return -1;
-    if (sb.dim != s.dim)
-        return op_fail(p, "din_attention history '%s' has D=%d, query '%s' has D=%d",
-                       op_in_name(p, 1, q, sizeof q), sb.dim, op_in_name(p, 0, q2, sizeof q2),
-                       s.dim);
     if (4LL * s.dim > INT_MAX)
         return op_fail(p, "din_attention D=%d is too wide", s.dim);
     p->l->hidden = (int)H1;

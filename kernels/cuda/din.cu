@@ -51,34 +51,23 @@ static size_t din_smem_base(int d, int h1)
            + 2 * DN_WARPS;      /* block reductions      */
 }
 
-__device__ __forceinline__ float dn_block_max(float v, float *red)
+/* A block-wide max (MAX) or sum of v, the same in every thread; red holds
+ * DN_WARPS floats. Both barriers also order shared-memory writes before
+ * the caller's next reads. */
+template <bool MAX> __device__ __forceinline__ float dn_block_reduce(float v, float *red)
 {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const float x = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, x) : v + x;
+    }
     if ((threadIdx.x & 31) == 0)
         red[threadIdx.x >> 5] = v;
     __syncthreads();
     float m = red[0];
 #pragma unroll
     for (int w = 1; w < DN_WARPS; w++)
-        m = fmaxf(m, red[w]);
-    __syncthreads();
-    return m;
-}
-
-__device__ __forceinline__ float dn_block_sum(float v, float *red)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float m = red[0];
-#pragma unroll
-    for (int w = 1; w < DN_WARPS; w++)
-        m += red[w];
+        m = MAX ? fmaxf(m, red[w]) : m + red[w];
     __syncthreads();
     return m;
 }
@@ -325,7 +314,7 @@ k_din(const T *__restrict__ q, const T *__restrict__ qp, const T *__restrict__ h
             float mx = -INFINITY;
             for (int j = tid; j < tn; j += blockDim.x)
                 mx = fmaxf(mx, S.sc[j]);
-            mx = dn_block_max(mx, S.red);
+            mx = dn_block_reduce<true>(mx, S.red);
             const float m_new = fmaxf(m_run, mx);
             scale = m_run == -INFINITY ? 0.0f : expf(m_run - m_new);
             float sum = 0.0f;
@@ -334,7 +323,7 @@ k_din(const T *__restrict__ q, const T *__restrict__ qp, const T *__restrict__ h
                 S.sc[j] = ev;
                 sum += ev;
             }
-            sum = dn_block_sum(sum, S.red); /* also orders the sc writes before the reads */
+            sum = dn_block_reduce<false>(sum, S.red); /* also orders the sc writes before the reads */
             l_run = l_run * scale + sum;
             m_run = m_new;
         }

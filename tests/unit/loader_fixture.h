@@ -397,6 +397,13 @@ FX_FN int fx_w(const md_layer *l, int j, const char *param, int rows, int cols, 
            w->name[ln] == '.' && strcmp(w->name + ln + 1, param) == 0 && w->one_d == one_d;
 }
 
+/* An attention layer's wq, wk, wv [hd, D] and wo [D, hd]. */
+FX_FN int fx_att_w(const md_layer *l, int hd, int need_data)
+{
+    return fx_w(l, 0, "wq", hd, l->dim, need_data) && fx_w(l, 1, "wk", hd, l->dim, need_data) &&
+           fx_w(l, 2, "wv", hd, l->dim, need_data) && fx_w(l, 3, "wo", l->dim, hd, need_data);
+}
+
 /* The shapes of a layer's inputs, as fx_ref_shape gives them; the most
  * inputs an op takes: dot_interaction's 256 tokens as 256 vectors. */
 #define FX_MAX_IN 256
@@ -457,10 +464,7 @@ FX_FN int fx_check_base_op(const md_layer *l, int i, const fx_in *s, int need_da
                "attention");
         if (l->shared >= 0)
             return 0; /* the shared self_attention's weights (checked by the loader's test) */
-        FX_REQ(fx_w(l, 0, "wq", hd, l->dim, need_data) && fx_w(l, 1, "wk", hd, l->dim, need_data) &&
-                   fx_w(l, 2, "wv", hd, l->dim, need_data) &&
-                   fx_w(l, 3, "wo", l->dim, hd, need_data),
-               "attention weights");
+        FX_REQ(fx_att_w(l, hd, need_data), "attention weights");
         return 0;
     }
     case MD_LCE:
@@ -559,10 +563,7 @@ FX_FN int fx_check_new_op(const md_layer *l, int i, const fx_in *s, int need_dat
                    l->heads >= 1 && l->head_dim >= 1 && l->n_w == 4 &&
                    (l->att_kind == BK_ATT_SOFTMAX || l->att_kind == BK_ATT_SILU),
                "self_attention");
-        FX_REQ(fx_w(l, 0, "wq", hd, l->dim, need_data) && fx_w(l, 1, "wk", hd, l->dim, need_data) &&
-                   fx_w(l, 2, "wv", hd, l->dim, need_data) &&
-                   fx_w(l, 3, "wo", l->dim, hd, need_data),
-               "self_attention weights");
+        FX_REQ(fx_att_w(l, hd, need_data), "self_attention weights");
         return 0;
     }
     case MD_DIN_ATTENTION:

@@ -23,58 +23,8 @@
 
 #include <cmocka.h>
 
-#include "kernels/backend.h"
-
-static uint64_t rng = 777;
-static double frand(void) /* uniform in [-1, 1) */
-{
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(rng >> 11) / (double)(1ULL << 53) * 2.0 - 1.0;
-}
-static int irand(int lo, int hi) { return lo + (int)((frand() + 1) * 0.5 * (hi - lo + 1)) % (hi - lo + 1); }
-
-static bk_backend *be;
-static bk_stream *st;
-static bk_err err;
-
-static float *rnd(size_t n, double scale)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = (float)(frand() * scale);
-    return p;
-}
-static float *poisoned(size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
-
-static void check(const char *what, const float *got, const double *ref, size_t n, double tol)
-{
-    double mx = 1e-3, e = 0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) fail_msg("%s: element %zu is not finite", what, i);
-        e = fmax(e, fabs(got[i] - ref[i]) / mx);
-    }
-    if (e > tol) fail_msg("%s: relative error %.3g > %.3g", what, e, tol);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    be = bk_cpu_new(&err);
-    st = be->stream_new(be, &err);
-    return be && st ? 0 : -1;
-}
-static int teardown(void **state)
-{
-    (void)state;
-    be->stream_free(st);
-    be->destroy(be);
-    return 0;
-}
+#define KF_SEED 777ULL
+#include "tests/unit/kernel_fixture.h"
 
 /* ---- self_attention ---- */
 

@@ -316,8 +316,8 @@ static void test_attention_refused(void **state)
     /* a user query */
     plan_err(L_H "," L_UT ",{\"name\":\"a\",\"op\":\"target_attention\",\"query\":\"ut\","
                           "\"history\":\"h\",\"heads\":1,\"head_dim\":4}",
-             "layer 'a': target_attention query 'ut' is user tokens [4, 8]; it must be "
-             "candidate-domain");
+             "layer 'a': target_attention query 'ut' is user tokens [4, 8]; it must be a "
+             "candidate-domain vec [D] or tokens [Tq, D]");
     /* D mismatch */
     plan_err(L_H16 "," L_CT ",{\"name\":\"a\",\"op\":\"target_attention\",\"query\":\"ct\","
                             "\"history\":\"h16\",\"heads\":1,\"head_dim\":4}",
