@@ -290,7 +290,8 @@ tsan:
 # allocation calls in engine/, server/ and kernels/cpu/.
 AF_WRAP := malloc calloc realloc free strdup strndup posix_memalign aligned_alloc \
            protobuf_c_message_unpack protobuf_c_message_free_unpacked log_thread_name
-AF_OBJS := $(BUILD)/obj/tests/alloc/test_alloc_fail.o $(BUILD)/obj/tests/alloc/alloc_fail.o
+AF_OBJS := $(BUILD)/obj/tests/alloc/test_alloc_fail.o $(BUILD)/obj/tests/alloc/alloc_fail.o \
+           $(BUILD)/obj/tools/loadgen/client.o
 $(BUILD)/tests/alloc_fail: $(AF_OBJS) $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(foreach f,$(AF_WRAP),-Wl,--wrap=$(f)) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) \

@@ -113,7 +113,14 @@ struct worker {
     grpc_completion_queue *cq;
     pthread_t thread;
     int started;
+    /* Call slots this worker owes its queue: a request_call that failed
+     * (out of memory) after a call arrived. Retried every
+     * REREQUEST_MS until made good, so a transient failure does not leave
+     * the server unable to accept that method. Worker thread only. */
+    int owed[M_COUNT];
 };
+
+#define REREQUEST_MS 10
 
 struct grpcsrv {
     grpc_server *server;
@@ -426,14 +433,30 @@ static int check_call(call *c)
 
 /* ---- workers ------------------------------------------------------------ */
 
+/* Requests the call slots owed; returns how many are still owed. */
+static int rerequest(worker *w)
+{
+    int left = 0;
+    for (int m = 0; m < M_COUNT; m++) {
+        while (w->owed[m] > 0 && request_call(w, (enum method)m) == 0) w->owed[m]--;
+        left += w->owed[m];
+    }
+    return left;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
+    int owed = 0;
     log_thread_name("ikbo-grpc", w->index);
     for (;;) {
-        grpc_event ev =
-            grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        gpr_timespec until =
+            owed ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                gpr_time_from_millis(REREQUEST_MS, GPR_TIMESPAN))
+                 : gpr_inf_future(GPR_CLOCK_REALTIME);
+        grpc_event ev = grpc_completion_queue_next(w->cq, until, NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (owed) owed = rerequest(w);
         if (ev.type != GRPC_OP_COMPLETE) continue;
         call_tag *t = ev.tag;
         call *c = t->c;
@@ -464,7 +487,10 @@ static void *worker_main(void *arg)
         if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, rank_now_ns() / 1000000);
         /* Keep accepting: the next call of this method may arrive while this
          * one waits in the batcher. */
-        request_call(w, c->method);
+        if (request_call(w, c->method)) {
+            w->owed[c->method]++;
+            owed++;
+        }
         atomic_init(&c->refs, 2);
         grpc_op close_op;
         memset(&close_op, 0, sizeof close_op);
@@ -730,11 +756,12 @@ void grpcsrv_free(grpcsrv *s)
         if (w->started) {
             pthread_join(w->thread, NULL);
         } else {
-            /* Never ran: drain its queue here (failed requests). */
+            /* Never ran: drain its queue here (the requested calls, each
+             * completing as failed; the tag is the call's t_request). */
             grpc_event ev;
             do {
                 ev = grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-                if (ev.type == GRPC_OP_COMPLETE) call_free(ev.tag);
+                if (ev.type == GRPC_OP_COMPLETE) call_free(((call_tag *)ev.tag)->c);
             } while (ev.type != GRPC_QUEUE_SHUTDOWN);
         }
         grpc_completion_queue_destroy(w->cq);

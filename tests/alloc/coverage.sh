@@ -2,7 +2,8 @@
 # coverage.sh SITES - which allocation call sites in engine/, server/ and
 # kernels/cpu/ the out-of-memory sweep (make alloc-fail) made fail.
 # SITES: the file test_alloc_fail writes (AF_SITES): "path:line calls failed".
-# Prints reached/total and every call site never made to fail.
+# Prints reached/total and every call site never made to fail; exits 1
+# when there is one (every out-of-memory branch must be exercised).
 set -eu
 sites=$1
 tmp=$(mktemp -d)
@@ -32,8 +33,9 @@ echo "alloc-fail coverage: $(wc -l < "$tmp/reached") of $(wc -l < "$tmp/all") al
      "in engine/ server/ kernels/cpu/ made to fail"
 grep -E '^\[lib' "$sites" | awk '{printf "  %s: %d allocations, %d made to fail\n", $1, $2, $3}'
 if [ -s "$tmp/missed" ]; then
-    echo "  never failed:"
+    echo "  never failed (give each a sweep in tests/alloc/test_alloc_fail.c):"
     while IFS=: read -r f l; do
         printf '    %s:%s: %s\n' "$f" "$l" "$(sed -n "${l}p" "$f" | sed 's/^ *//' | cut -c1-90)"
     done < "$tmp/missed"
+    exit 1
 fi

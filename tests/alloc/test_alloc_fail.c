@@ -16,10 +16,14 @@
  *   - leave the object working: the same registry / batcher / loader then
  *     succeeds with failures off, with bitwise the reference scores.
  * Sweeps: model load + score (ikbo and broadcast mode), the registry's first
- * load and a hot swap to a new version, a Rank request end to end (gRPC wire
- * bytes through the fast decoder, through the protobuf-c fallback, and the
- * HTTP JSON body; on a fresh server and on a warm one), a batcher merge of
- * three requests, ModelInfo, and config resolution.
+ * load, a hot swap to a new version and an unload of 66 versions at once, a
+ * Rank request end to end (gRPC wire bytes through the fast decoder, through
+ * the protobuf-c fallback, and the HTTP JSON body; on a fresh server and on
+ * a warm one), a batcher merge of three requests, ModelInfo, config
+ * resolution, and the transports on loopback: starting the gRPC server
+ * (with and without TLS files) and the HTTP server, a gRPC Rank call
+ * (the client on this thread, not counted; the server's ikbo-grpc thread
+ * and the batcher counted) and /healthz plus a chunked HTTP :rank.
  *
  * Determinism: allocations count only on the threads a sweep names (roles
  * in alloc_fail.h); the request sweeps count the test thread and the
@@ -57,6 +61,8 @@
 #include "engine/ikbo.h"
 #include "server/batcher.h"
 #include "server/config.h"
+#include "server/grpc_server.h"
+#include "server/http.h"
 #include "server/log.h"
 #include "server/metrics.h"
 #include "server/pb_arena.h"
@@ -64,6 +70,14 @@
 #include "server/rank_wire.h"
 #include "server/registry.h"
 #include "server/request.h"
+#include "tools/loadgen/client.h"
+
+#include <arpa/inet.h>
+#include <grpc/grpc.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #define WAIT_S 20             /* longest wait for an answer or a free */
 #define MAX_ITER 200000       /* a sweep that does not end is a bug */
@@ -430,6 +444,263 @@ static int must_serve(world *w, char *why)
     why_t inner = "";
     int rc = one_request(w, T_WIRE, 0, inner);
     return rc ? failf(why, "afterwards a request failed: %s", rc > 0 ? "clean error" : inner) : 0;
+}
+
+/* ---- sweeps: transports ------------------------------------------------ */
+
+/* A warm world with a gRPC server (TLS when tls) and/or an HTTP server. */
+typedef struct tr_arg {
+    world w;
+    int tls;
+    grpcsrv *g;
+    http_server *h;
+    grpc_channel *ch;
+} tr_arg;
+
+static atomic_int g_not_draining;
+static char g_cert[96], g_key[96];
+static char *g_json_nm; /* the example request without "model": :rank takes the path's */
+static size_t g_json_nm_len;
+
+/* A self-signed certificate (openssl, a test dependency) whose file is
+ * padded past grpc_server.c read_file's first 8 KiB buffer (PEM readers
+ * skip text outside the BEGIN/END lines), so the sweep reaches its
+ * realloc too. */
+static int transport_fixture(char *why)
+{
+    snprintf(g_cert, sizeof g_cert, "%s/cert.pem", g_repo);
+    snprintf(g_key, sizeof g_key, "%s/key.pem", g_repo);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "openssl req -x509 -newkey rsa:2048 -nodes -keyout %s -out %s.raw -days 2 "
+             "-subj /CN=localhost >/dev/null 2>&1", g_key, g_cert);
+    if (system(cmd) != 0) return failf(why, "openssl req failed (is openssl installed?)");
+    char raw[128];
+    snprintf(raw, sizeof raw, "%s.raw", g_cert);
+    size_t n;
+    char *pem = read_file(raw, &n);
+    FILE *f = fopen(g_cert, "w");
+    if (!pem || !f) return failf(why, "cannot write %s", g_cert);
+    for (int i = 0; i < 200; i++)
+        fprintf(f, "padding line %03d: text outside the PEM block, skipped by readers\n", i);
+    fwrite(pem, 1, n, f);
+    fclose(f);
+    af_sys_free(pem);
+    unlink(raw);
+    json_t *o = json_loadb(g_json, g_json_len, 0, NULL);
+    char *d = o && !json_object_del(o, "model") ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!d) return failf(why, "example request without model");
+    g_json_nm_len = strlen(d);
+    g_json_nm = af_sys_malloc(g_json_nm_len + 1);
+    memcpy(g_json_nm, d, g_json_nm_len + 1);
+    free(d);
+    return 0;
+}
+
+static grpcsrv *grpc_up(tr_arg *a, ikbo_err *err)
+{
+    grpcsrv_opts o = {.listen = "127.0.0.1:0", .threads = 1, .max_message_bytes = 64 << 20,
+                      .rank = &a->w.env, .reg = a->w.reg, .metrics = &a->w.mx,
+                      .draining = &g_not_draining};
+    if (a->tls) o.tls_cert_file = g_cert, o.tls_key_file = g_key;
+    return grpcsrv_start(&o, err);
+}
+
+static http_server *http_up(tr_arg *a, ikbo_err *err)
+{
+    http_opts o = {.listen = "127.0.0.1:0", .max_body_bytes = 64 << 20, .rank = &a->w.env,
+                   .reg = a->w.reg, .metrics = &a->w.mx, .draining = &g_not_draining,
+                   .admin = HTTP_ADMIN_OFF};
+    return http_start(&o, err);
+}
+
+static int tr_world(tr_arg *a, char *why)
+{
+    memset(&a->w, 0, sizeof a->w);
+    world_batching(&a->w, 0, 0);
+    if (world_metrics(&a->w, why) || world_open(&a->w, 0, why)) return -1;
+    return must_serve(&a->w, why);
+}
+
+static void tr_teardown(void *p)
+{
+    tr_arg *a = p;
+    if (a->ch) grpc_channel_destroy(a->ch);
+    if (a->g) {
+        grpcsrv_shutdown(a->g, 0);
+        grpcsrv_free(a->g);
+    }
+    if (a->h) http_stop(a->h, 0);
+    a->ch = NULL, a->g = NULL, a->h = NULL;
+    world_free(&a->w);
+}
+
+static int tr_setup_world(void *p, char *why) { return tr_world(p, why); }
+
+/* Starting and stopping the servers: NULL with an error, or a server that
+ * stops cleanly. */
+static int start_op(void *p, char *why)
+{
+    tr_arg *a = p;
+    ikbo_err err = {{0}};
+    grpcsrv *g = grpc_up(a, &err);
+    if (!g) return err.msg[0] ? 1 : failf(why, "grpcsrv_start: NULL without an error");
+    grpcsrv_shutdown(g, 0);
+    grpcsrv_free(g);
+    if (a->tls) return 0;
+    http_server *h = http_up(a, &err);
+    if (!h) return err.msg[0] ? 1 : failf(why, "http_start: NULL without an error");
+    http_stop(h, 0);
+    return 0;
+}
+
+/* One Rank over gRPC (lg_unary on this thread, not counted). 0 OK with the
+ * reference scores, 1 a clean error status, -1 a bug. */
+static int grpc_rank(tr_arg *a, char *why)
+{
+    int code = -1;
+    char *details = NULL;
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    /* Persistent mode: the dispatcher retries a batch it cannot allocate
+     * until the call's deadline (as in the request sweeps). */
+    const int timeout_ms = g_persistent ? (int)(REQ_DEADLINE_NS / 1000000) : WAIT_S * 1000;
+    if (lg_unary(a->ch, "/ikbo.v1.Ranker/Rank", g_wire, g_wire_len, timeout_ms, &code, &details,
+                 &resp, &n))
+        return failf(why, "the call could not be started");
+    int rc;
+    if (code == 0) {
+        Ikbo__V1__RankResponse *r = ikbo__v1__rank_response__unpack(NULL, n, resp);
+        rc = r ? check_scores(r, why) : failf(why, "response does not unpack");
+        if (r) ikbo__v1__rank_response__free_unpacked(r, NULL);
+    } else {
+        /* clean_code's set, as gRPC codes: RESOURCE_EXHAUSTED, INTERNAL,
+         * UNAVAILABLE, DEADLINE_EXCEEDED when persistent; with a message */
+        const int ok = code == 8 || code == 13 || code == 14 || (code == 4 && g_persistent);
+        rc = ok && details && details[0]
+                 ? 1
+                 : failf(why, "status %d (%s)", code, details ? details : "");
+    }
+    free(details);
+    free(resp);
+    return rc;
+}
+
+static int grpc_setup(void *p, char *why)
+{
+    tr_arg *a = p;
+    ikbo_err err = {{0}};
+    if (tr_world(a, why)) return -1;
+    if (!(a->g = grpc_up(a, &err))) return failf(why, "grpcsrv_start: %s", err.msg);
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", grpcsrv_port(a->g));
+    a->ch = lg_channel_new(target, 0);
+    if (lg_channel_wait_ready(a->ch, WAIT_S * 1000)) return failf(why, "channel not ready");
+    return grpc_rank(a, why) ? failf(why, "the warm-up call failed: %s", why) : 0;
+}
+
+static int grpc_call_op(void *p, char *why) { return grpc_rank(p, why); }
+
+static int grpc_after(void *p, char *why)
+{
+    why_t inner = "";
+    return grpc_rank(p, inner) ? failf(why, "afterwards a call failed: %s", inner) : 0;
+}
+
+/* HTTP/1.1 on a blocking socket: the request, then the whole response
+ * (Connection: close). Returns the status, 0 when the server closed
+ * without one (a clean error), -1 on a socket error. */
+static int http_call(int port, const char *req, size_t req_len, char *body, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    for (size_t off = 0; off < req_len;) {
+        ssize_t w = send(fd, req + off, req_len - off, MSG_NOSIGNAL);
+        if (w <= 0) break; /* the server may close early: read what it said */
+        off += (size_t)w;
+    }
+    size_t len = 0;
+    int64_t until = mono_ns() + (int64_t)WAIT_S * 1000000000;
+    while (len + 1 < cap && mono_ns() < until) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 100) <= 0) continue;
+        ssize_t r = recv(fd, body + len, cap - 1 - len, 0);
+        if (r <= 0) break;
+        len += (size_t)r;
+    }
+    close(fd);
+    body[len] = 0;
+    int status = 0;
+    if (len && sscanf(body, "HTTP/1.%*d %d", &status) != 1) status = 0;
+    return status;
+}
+
+/* A :rank JSON body's scores equal the reference (9 significant digits
+ * give a float back exactly). */
+static int http_scores(const char *body, char *why)
+{
+    json_t *o = json_loads(body, 0, NULL), *sc = json_object_get(o, "scores");
+    int rc = json_array_size(sc) == (size_t)g_C ? 0 : failf(why, ":rank: %zu scores", json_array_size(sc));
+    for (size_t k = 0; !rc && k < json_array_size(sc); k++) {
+        json_t *e = json_array_get(sc, k);
+        json_int_t i = json_integer_value(json_object_get(e, "index"));
+        float v = (float)json_number_value(json_object_get(e, "score"));
+        if (i < 0 || i >= g_C || memcmp(&v, &g_ref_scores[i], 4))
+            rc = failf(why, ":rank: score %zu (candidate %lld) differs from the reference", k,
+                       (long long)i);
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* GET /healthz, then a chunked POST :rank of the example request (the model
+ * named by the path only). */
+static int http_requests(tr_arg *a, char *why)
+{
+    static char resp[1 << 20];
+    const int port = http_port(a->h);
+    const char *get = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    int st = http_call(port, get, strlen(get), resp, sizeof resp);
+    if (st < 0) return failf(why, "connect failed");
+    if (st != 200) return st == 0 || st == 500 || st == 503 ? 1 : failf(why, "/healthz %d", st);
+    size_t cap = g_json_nm_len + 512, n = 0;
+    char *req = af_sys_malloc(cap);
+    n += (size_t)snprintf(req, cap, "POST /v1/models/demo:rank HTTP/1.1\r\nHost: x\r\n"
+                          "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                          "Connection: close\r\n\r\n%zx\r\n", g_json_nm_len);
+    memcpy(req + n, g_json_nm, g_json_nm_len);
+    n += g_json_nm_len;
+    n += (size_t)snprintf(req + n, cap - n, "\r\n0\r\n\r\n");
+    st = http_call(port, req, n, resp, sizeof resp);
+    af_sys_free(req);
+    if (st == 200) {
+        const char *b = strstr(resp, "\r\n\r\n");
+        return http_scores(b ? b + 4 : "", why);
+    }
+    return st == 0 || st == 500 || st == 503 ? 1 : failf(why, ":rank %d: %.200s", st, resp);
+}
+
+static int http_setup(void *p, char *why)
+{
+    tr_arg *a = p;
+    ikbo_err err = {{0}};
+    if (tr_world(a, why)) return -1;
+    if (!(a->h = http_up(a, &err))) return failf(why, "http_start: %s", err.msg);
+    return http_requests(a, why) ? failf(why, "the warm-up requests failed: %s", why) : 0;
+}
+
+static int http_op(void *p, char *why) { return http_requests(p, why); }
+
+static int http_after(void *p, char *why)
+{
+    why_t inner = "";
+    return http_requests(p, inner) ? failf(why, "afterwards a request failed: %s", inner) : 0;
 }
 
 /* ---- the sweep driver --------------------------------------------------- */
@@ -843,6 +1114,92 @@ static int write_config(char *why)
     return 0;
 }
 
+/* ---- sweep: unloading many versions at once ----------------------------- */
+
+/* More versions than one relist block holds (registry.c keeps 64 instances
+ * per block and chains another when a pass retires more). */
+#define MANY_V 66
+static char g_repo_many[96];
+
+typedef struct many_arg {
+    registry *reg;
+} many_arg;
+
+/* g_repo_many/demo/1..MANY_V: links to the demo version (made once). */
+static int many_fixture(char *why)
+{
+    char p[256];
+    snprintf(g_repo_many, sizeof g_repo_many, "%s/many", g_repo);
+    snprintf(p, sizeof p, "%s/demo", g_repo_many);
+    if (mkdir(g_repo_many, 0755) || mkdir(p, 0755)) return failf(why, "mkdir %s", p);
+    for (int v = 1; v <= MANY_V; v++) {
+        snprintf(p, sizeof p, "%s/demo/%d", g_repo_many, v);
+        if (symlink(g_v1, p)) return failf(why, "symlink %s: %s", p, strerror(errno));
+    }
+    return 0;
+}
+
+static void many_cleanup(void)
+{
+    char p[256];
+    if (!g_repo_many[0]) return;
+    for (int v = 1; v <= MANY_V; v++) {
+        snprintf(p, sizeof p, "%s/demo/%d", g_repo_many, v);
+        unlink(p);
+    }
+    snprintf(p, sizeof p, "%s/demo", g_repo_many);
+    rmdir(p);
+    rmdir(g_repo_many);
+}
+
+static int many_setup(void *p, char *why)
+{
+    many_arg *a = p;
+    static const registry_model_policy pol[] = {{"demo", {.latest = MANY_V}}};
+    registry_opts o;
+    memset(&o, 0, sizeof o);
+    o.repository = g_repo_many;
+    o.policies = pol;
+    o.n_policies = 1;
+    o.device = "cpu";
+    o.n_slots = 1;
+    ikbo_err err = {{0}};
+    if (!(a->reg = registry_new(&o, &err))) return failf(why, "registry_new: %s", err.msg);
+    registry_poll_once(a->reg, 1);
+    for (int v = 1; v <= MANY_V; v++)
+        if (vstate(a->reg, v).state != REGISTRY_READY) return failf(why, "version %d not ready", v);
+    return 0;
+}
+
+/* Unloads every version in one pass: OK whatever memory does (an instance
+ * the registry cannot queue is released under the lock instead). */
+static int many_op(void *p, char *why)
+{
+    many_arg *a = p;
+    rq_status st;
+    if (registry_admin_unload(a->reg, "demo", 0, &st) != 0)
+        return st.code == RQ_INTERNAL || st.code == RQ_RESOURCE_EXHAUSTED ? 1
+               : failf(why, "unload: %s", st.msg);
+    return 0;
+}
+
+static int many_after(void *p, char *why)
+{
+    many_arg *a = p;
+    for (int v = 1; v <= MANY_V; v++) {
+        vfind f = vstate(a->reg, v);
+        if (f.state == REGISTRY_READY) return failf(why, "version %d still READY", v);
+    }
+    return 0;
+}
+
+static void many_teardown(void *p)
+{
+    many_arg *a = p;
+    registry_free(a->reg);
+    a->reg = NULL;
+}
+
 static void cleanup(void)
 {
     char p[512];
@@ -851,6 +1208,9 @@ static void cleanup(void)
     snprintf(p, sizeof p, "%s/demo", g_repo);
     rmdir(p);
     unlink(g_config_path);
+    many_cleanup();
+    if (g_cert[0]) unlink(g_cert), unlink(g_key);
+    af_sys_free(g_json_nm);
     rmdir(g_repo);
 }
 
@@ -862,12 +1222,15 @@ int main(void)
     FILE *devnull = fopen("/dev/null", "w");
     log_setup(LOG_LEVEL_ERROR, 0, devnull ? devnull : stderr);
     why_t why = "";
-    if (fixtures(why) || write_config(why)) {
+    grpc_init();
+    if (fixtures(why) || write_config(why) || transport_fixture(why) || many_fixture(why)) {
         fprintf(stderr, "test_alloc_fail: %s\n", why);
         cleanup();
         return 1;
     }
-    const unsigned REQ = AF_MAIN | AF_DISPATCH | AF_INSTANCE | AF_COMPLETE;
+    const unsigned REQ_BATCH = AF_DISPATCH | AF_INSTANCE | AF_COMPLETE, REQ = AF_MAIN | REQ_BATCH;
+    static tr_arg tr_a[4] = {{.tls = 0}, {.tls = 1}, {.tls = 0}, {.tls = 0}};
+    static many_arg many_a;
     static load_arg la[2] = {{IKBO_MODE_IKBO, NULL}, {IKBO_MODE_BROADCAST, NULL}};
     static req_arg ra[] = {
         {.t = T_WIRE, .warm = 0},         {.t = T_WIRE, .warm = 1},
@@ -903,6 +1266,18 @@ int main(void)
         {"metrics render", AF_MAIN, req_setup, metrics_op, metrics_after, req_teardown,
          &desc_a[0], 0},
         {"config resolve", AF_MAIN | AF_LIBS, NULL, config_op, config_after, no_teardown, NULL, 0},
+        /* The transports in-process on loopback: starting them (gRPC with
+         * and without TLS files, HTTP), and a call through each. The client
+         * side runs on this thread and is not counted; the servers' threads
+         * (ikbo-grpc, ikbo-http: AF_OTHER) and the batcher's are. */
+        {"grpc+http start/stop", AF_MAIN, tr_setup_world, start_op, NULL, tr_teardown, &tr_a[0], 0},
+        {"grpc start (tls)", AF_MAIN, tr_setup_world, start_op, NULL, tr_teardown, &tr_a[1], 0},
+        {"grpc Rank call", AF_OTHER | REQ_BATCH, grpc_setup, grpc_call_op, grpc_after, tr_teardown,
+         &tr_a[2], 0},
+        {"http healthz + chunked rank", AF_OTHER | REQ_BATCH, http_setup, http_op, http_after,
+         tr_teardown, &tr_a[3], 0},
+        {"registry unload of 66 versions", AF_MAIN, many_setup, many_op, many_after,
+         many_teardown, &many_a, 0},
     };
     /* Reference scores per mode, failures off. */
     for (int i = 0; i < 2; i++)
@@ -929,6 +1304,7 @@ int main(void)
         }
     }
     cleanup();
+    grpc_shutdown();
     printf("%s\n", failed ? "test_alloc_fail: FAILED" : "test_alloc_fail: all sweeps passed");
     return failed;
 }
