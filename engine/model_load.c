@@ -905,22 +905,6 @@ static int parse_output(ld *L, const json_t *o)
 
 /* ------------------------------------------------------------- serving */
 
-static int valid_device(const char *d)
-{
-    if (strcmp(d, "cpu") == 0)
-        return 1;
-    if (strncmp(d, "cuda:", 5) != 0)
-        return 0;
-    const char *p = d + 5;
-    size_t n = strlen(p);
-    if (n == 0 || n > 9 || (p[0] == '0' && n > 1))
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (p[i] < '0' || p[i] > '9')
-            return 0;
-    return 1;
-}
-
 static int parse_serving(ld *L, const json_t *o)
 {
     static const char *const keys[] = {"max_batch_candidates", "max_batch_users",
@@ -953,7 +937,7 @@ static int parse_serving(ld *L, const json_t *o)
     if (js_get_str(&L->jc, o, "serving", "", "device", 0, &str))
         return -1;
     if (str) {
-        if (!valid_device(str))
+        if (bk_parse_device(str, NULL) != 0)
             return enum_error(L, "serving", "", "device", str, "\"cpu\" or \"cuda:N\"");
         snprintf(s->device, sizeof s->device, "%s", str);
     }

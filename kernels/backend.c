@@ -25,17 +25,21 @@ void bk_seterr(bk_err *err, const char *fmt, ...)
     va_end(ap);
 }
 
-/* "cuda:N" with N a decimal ordinal in [0, INT_MAX]; -1 if malformed. */
-static int cuda_ordinal(const char *s)
+int bk_parse_device(const char *s, int *ordinal)
 {
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v > INT_MAX)
-        return -1;
-    return (int)v;
+    if (ordinal) *ordinal = -1;
+    if (!s) return -1;
+    if (strcmp(s, "cpu") == 0) return 0;
+    if (strncmp(s, "cuda:", 5) != 0) return -1;
+    const char *p = s + 5;
+    int v = 0, n = 0;
+    for (; p[n]; n++) {
+        if (p[n] < '0' || p[n] > '9' || n == 3) return -1;
+        v = v * 10 + (p[n] - '0');
+    }
+    if (n == 0 || (p[0] == '0' && n > 1) || v > BK_MAX_CUDA_ORDINAL) return -1;
+    if (ordinal) *ordinal = v;
+    return 0;
 }
 
 static bk_backend *backend_create(const char *device, bk_err *err)
@@ -44,13 +48,13 @@ static bk_backend *backend_create(const char *device, bk_err *err)
         bk_seterr(err, "no device given (expected \"cpu\" or \"cuda:N\")");
         return NULL;
     }
-    if (strcmp(device, "cpu") == 0)
+    int ordinal;
+    if (bk_parse_device(device, &ordinal) == 0 && ordinal < 0)
         return bk_cpu_new(err);
     if (strncmp(device, "cuda:", 5) == 0) {
-        int ordinal = cuda_ordinal(device + 5);
-        if (ordinal < 0) {
-            bk_seterr(err, "device %.64s: bad CUDA device ordinal (expected \"cuda:N\", N >= 0)",
-                      device);
+        if (bk_parse_device(device, &ordinal) != 0) {
+            bk_seterr(err, "device %.64s: bad CUDA device ordinal (expected \"cuda:N\", N in "
+                           "0..%d without leading zeros)", device, BK_MAX_CUDA_ORDINAL);
             return NULL;
         }
 #ifdef IKBO_CUDA

@@ -283,6 +283,13 @@ struct bk_backend {
                   int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err);
 };
 
+/* The one device-string rule (server config, model.json serving, the
+ * repository watcher, the backend): "cpu" (*ordinal = -1), or "cuda:N"
+ * with N decimal, no sign, no leading zero, 0..BK_MAX_CUDA_ORDINAL
+ * (*ordinal = N). Returns 0, or -1 when s is neither. ordinal may be NULL. */
+#define BK_MAX_CUDA_ORDINAL 999
+int bk_parse_device(const char *s, int *ordinal);
+
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms
  * the backend's fault injection from IKBO_FAULT (kernels/fault.h). */

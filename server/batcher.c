@@ -148,7 +148,8 @@ void batcher_resolve(const config_batching *server, const ikbo_serving *sv, cons
         if (sv->max_queue_delay_us >= 0) out->max_queue_delay_us = sv->max_queue_delay_us;
         if (sv->instances >= 0) out->instances = (int)sv->instances;
     }
-    const int gpu = device && !strncmp(device, "cuda", 4);
+    int ordinal = -1;
+    const int gpu = bk_parse_device(device, &ordinal) == 0 && ordinal >= 0;
     if (out->instances <= 0) out->instances = gpu ? 2 : 1;
     if (out->max_batch_candidates <= 0)
         out->max_batch_candidates = gpu ? CONFIG_BATCH_AUTO_CANDIDATES_GPU

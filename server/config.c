@@ -12,6 +12,8 @@
 
 #include <jansson.h>
 
+#include "../kernels/backend.h"
+
 #define DEFAULT_GRPC_LISTEN "127.0.0.1:50051"
 #define DEFAULT_HTTP_LISTEN "127.0.0.1:8080"
 #define DEFAULT_MODEL_REPOSITORY "models"
@@ -99,14 +101,7 @@ static int set_listen(char **dst, const char *v, int allow_unix, const char *whe
 static int set_device(config *c, const char *v, const char *where, ikbo_err *err)
 {
     char b[80];
-    int ok = !strcmp(v, "cpu");
-    if (!ok && !strncmp(v, "cuda:", 5) && v[5] && strlen(v + 5) <= 3) {
-        ok = 1;
-        for (const char *p = v + 5; *p; p++)
-            if (!isdigit((unsigned char)*p))
-                ok = 0;
-    }
-    if (!ok)
+    if (bk_parse_device(v, NULL) != 0)
         return fail(err, "%s: expected \"cpu\" or \"cuda:N\", got %s", where, q(v, b, sizeof b));
     return set_str(&c->device, v, err);
 }

@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 
+#include "../kernels/backend.h"
+
 /* Kept free on the host after a load, so a load never takes the last pages
  * live traffic needs. */
 #define HOST_RESERVE_BYTES (64ull << 20)
@@ -224,18 +226,6 @@ void repo_serving_merge(ikbo_serving *dst, const ikbo_serving *src)
     if (src->device[0]) snprintf(dst->device, sizeof dst->device, "%s", src->device);
 }
 
-static int valid_device(const char *d)
-{
-    if (!strcmp(d, "cpu")) return 1;
-    if (strncmp(d, "cuda:", 5) != 0) return 0;
-    const char *p = d + 5;
-    size_t n = strlen(p);
-    if (n == 0 || n > 9 || (p[0] == '0' && n > 1)) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (!isdigit((unsigned char)p[i])) return 0;
-    return 1;
-}
-
 static int serving_int(const char *file, const char *key, json_t *v, long long lo,
                        int64_t *dst, ikbo_err *err)
 {
@@ -317,7 +307,7 @@ int repo_read_model_config(const char *model_dir, ikbo_serving *out, ikbo_err *e
             snprintf(out->mode, sizeof out->mode, "%s", m);
         } else if (!strcmp(key, "device")) {
             const char *d = json_string_value(v);
-            if (!d || !valid_device(d)) {
+            if (!d || bk_parse_device(d, NULL) != 0) {
                 bk_seterr(err, "%.400s: serving.device: expected \"cpu\" or \"cuda:N\"", path);
                 goto done;
             }
@@ -425,7 +415,8 @@ int repo_estimate_memory(const char *version_dir, const char *device, uint64_t *
         largest = 0;
     }
     close(fd);
-    int cuda = device && !strncmp(device, "cuda:", 5);
+    int ordinal = -1;
+    int cuda = bk_parse_device(device, &ordinal) == 0 && ordinal >= 0;
     /* The loader stages every weight as fp32 on the host, then the backend
      * makes its copy one weight at a time and the staging copy of that weight
      * is freed: the host peak is the staging plus one tensor (cpu), and the

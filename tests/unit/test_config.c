@@ -12,6 +12,8 @@
 
 #include <cmocka.h>
 
+#include "kernels/backend.h"
+
 #include "server/config.h"
 
 static void apply_err(const char *json, const char *substr)
@@ -177,6 +179,10 @@ static void test_bad_values(void **s)
     apply_err("{\"device\":\"gpu\"}", "device: expected \"cpu\" or \"cuda:N\", got \"gpu\"");
     apply_err("{\"device\":\"cuda:\"}", "device: expected \"cpu\" or \"cuda:N\"");
     apply_err("{\"device\":\"cuda:x\"}", "device: expected \"cpu\" or \"cuda:N\"");
+    /* the one device rule (kernels/backend.h bk_parse_device), as in model.json */
+    apply_err("{\"device\":\"cuda:01\"}", "device: expected \"cpu\" or \"cuda:N\"");
+    apply_err("{\"device\":\"cuda:1000\"}", "device: expected \"cpu\" or \"cuda:N\"");
+    apply_err("{\"device\":\"cuda:+1\"}", "device: expected \"cpu\" or \"cuda:N\"");
     apply_err("{\"mode\":\"fast\"}", "mode: expected \"ikbo\" or \"broadcast\", got \"fast\"");
     apply_err("{\"mode\":true}", "mode: expected string, got true");
     apply_err("{\"models\":\"demo\"}", "models: expected a non-empty array of model names (omit for all), got \"demo\"");
@@ -203,6 +209,26 @@ static void test_bad_values(void **s)
     apply_err("{\"threads\":2,\"threads\":3}", "invalid JSON");
     apply_err("[1]", "expected a JSON object at the top level, got array");
     apply_err("{", "invalid JSON at line 1");
+}
+
+/* The device rule every parser shares. */
+static void test_parse_device(void **s)
+{
+    (void)s;
+    static const struct { const char *d; int rc, ord; } cases[] = {
+        {"cpu", 0, -1},      {"cuda:0", 0, 0},    {"cuda:7", 0, 7},   {"cuda:999", 0, 999},
+        {"cuda:1000", -1, -1}, {"cuda:01", -1, -1}, {"cuda:", -1, -1},  {"cuda:-1", -1, -1},
+        {"cuda:+1", -1, -1}, {"cuda:1 ", -1, -1}, {"cuda", -1, -1},    {"gpu", -1, -1},
+        {"CPU", -1, -1},     {"", -1, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int ord = 12345;
+        int rc = bk_parse_device(cases[i].d, &ord);
+        if (rc != cases[i].rc || ord != cases[i].ord)
+            fail_msg("bk_parse_device(\"%s\") = %d, ordinal %d; want %d, %d", cases[i].d, rc, ord,
+                     cases[i].rc, cases[i].ord);
+    }
+    assert_int_equal(bk_parse_device(NULL, NULL), -1);
 }
 
 static void test_unknown_keys(void **s)
@@ -490,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_good_config),
         cmocka_unit_test(test_shipped_config),
+        cmocka_unit_test(test_parse_device),
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_unknown_keys),
         cmocka_unit_test(test_batching),

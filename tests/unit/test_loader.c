@@ -519,6 +519,7 @@ static void test_serving_errors(void **state)
     SERVING_ERR("{\"device\": \"cuda:\"}", "'serving.device' must be");
     SERVING_ERR("{\"device\": \"cuda:-1\"}", "'serving.device' must be");
     SERVING_ERR("{\"device\": \"cuda:01\"}", "'serving.device' must be");
+    SERVING_ERR("{\"device\": \"cuda:1000\"}", "'serving.device' must be");
     SERVING_ERR("{\"mode\": 1}", "'serving.mode' must be a string, got integer");
     SERVING_ERR("{\"batch\": 1}", "unknown key 'serving.batch'");
 #undef SERVING_ERR
