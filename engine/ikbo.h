@@ -29,6 +29,12 @@ typedef struct ikbo_ctx ikbo_ctx;
 
 enum ikbo_mode { IKBO_MODE_IKBO = 0, IKBO_MODE_BROADCAST = 1 };
 
+/* The modes' names, as the server config and model.json's serving block
+ * spell them: "ikbo", "broadcast". ikbo_mode_parse returns 0, or -1 when s
+ * is neither (out untouched); out may be NULL. */
+const char *ikbo_mode_name(enum ikbo_mode m);
+int ikbo_mode_parse(const char *s, enum ikbo_mode *out);
+
 typedef struct ikbo_load_opts {
     const char *device; /* "cpu" (default when NULL), "cuda:N" */
     enum ikbo_mode mode;

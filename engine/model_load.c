@@ -930,7 +930,7 @@ static int parse_serving(ld *L, const json_t *o)
     if (js_get_str(&L->jc, o, "serving", "", "mode", 0, &str))
         return -1;
     if (str) {
-        if (strcmp(str, "ikbo") != 0 && strcmp(str, "broadcast") != 0)
+        if (ikbo_mode_parse(str, NULL) != 0)
             return enum_error(L, "serving", "", "mode", str, "\"ikbo\" or \"broadcast\"");
         snprintf(s->mode, sizeof s->mode, "%s", str);
     }

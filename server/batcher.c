@@ -22,15 +22,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "hash.h"
 #include "log.h"
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* ---- records ------------------------------------------------------------ */
 
@@ -184,7 +178,7 @@ static void breq_complete(batcher *b, breq *q)
     res.compute_seconds = q->compute_s;
     if (q->failed) {
         res.st = q->st;
-        res.queue_seconds = (double)(now_ns() - q->enq_ns) * 1e-9;
+        res.queue_seconds = (double)(clock_mono_ns() - q->enq_ns) * 1e-9;
         m_add(b->m_rejected[q->reason], 1);
     } else {
         rq_status_ok(&res.st);
@@ -699,7 +693,7 @@ static void *dispatcher_main(void *arg)
     log_thread_name("ikbo-batch", -1);
     pthread_mutex_lock(&b->mu);
     for (;;) {
-        int64_t now = now_ns();
+        int64_t now = clock_mono_ns();
         breq *done = NULL;
         int64_t earliest = sweep(b, now, &done);
         if (done) {
@@ -728,7 +722,7 @@ static void *dispatcher_main(void *arg)
         }
         bbatch *bt = pop_batch(b);
         if (!bt) { /* out of memory: let the instances drain, retry */
-            timed_wait(&b->cv_disp, &b->mu, now_ns() + 1000000);
+            timed_wait(&b->cv_disp, &b->mu, clock_mono_ns() + 1000000);
             continue;
         }
         b->active++;
@@ -772,11 +766,11 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
                           err.msg);
     }
     if (b->hooks.before_compute) b->hooks.before_compute(b->hooks.arg, in->index, bt->n_requests);
-    int64_t t0 = now_ns(), t1 = t0;
+    int64_t t0 = clock_mono_ns(), t1 = t0;
     if (st.code == RQ_OK) {
         if (ikbo_score(in->ctx, &bt->batch, bt->task_scores, bt->scores, &err) != 0)
             rq_status_set(&st, RQ_INTERNAL, "model '%s': scoring failed: %s", b->label, err.msg);
-        t1 = now_ns();
+        t1 = clock_mono_ns();
     }
     double dt = (double)(t1 - t0) * 1e-9;
     if (st.code == RQ_OK) {
@@ -984,7 +978,7 @@ int batcher_submit_reserved(batcher *b, const batcher_request *r, rq_status *st)
     bseg *tail = segs;
     while (tail->next) tail = tail->next;
     pthread_mutex_lock(&b->mu);
-    q->enq_ns = now_ns();
+    q->enq_ns = clock_mono_ns();
     if (b->tail)
         b->tail->next = segs;
     else
@@ -1276,7 +1270,7 @@ static void *reaper_main(void *arg)
     log_thread_name("ikbo-reaper", -1);
     pthread_mutex_lock(&s->rmu);
     while (!s->stop) {
-        int64_t until = now_ns() + (int64_t)REAP_INTERVAL_MS * 1000000;
+        int64_t until = clock_mono_ns() + (int64_t)REAP_INTERVAL_MS * 1000000;
         timed_wait(&s->rcv, &s->rmu, until);
         if (s->stop) break;
         pthread_mutex_unlock(&s->rmu);

@@ -96,7 +96,7 @@ typedef void (*batcher_done_fn)(void *arg, const batcher_result *r);
 typedef struct batcher_request {
     const Ikbo__V1__RankRequest *req; /* user keys come from here */
     const rq_plan *plan;              /* validated against the batcher's model */
-    int64_t deadline_ns;              /* CLOCK_MONOTONIC ns (rank_now_ns), 0 = none */
+    int64_t deadline_ns;              /* clock_mono_ns() (clock.h), 0 = none */
     const atomic_int *cancelled;      /* nonzero once the client is gone; NULL = never */
     batcher_done_fn done;             /* called exactly once when batcher_submit returned 0 */
     void *arg;

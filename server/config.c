@@ -109,11 +109,7 @@ static int set_device(config *c, const char *v, const char *where, ikbo_err *err
 static int set_mode(config *c, const char *v, const char *where, ikbo_err *err)
 {
     char b[80];
-    if (!strcmp(v, "ikbo"))
-        c->mode = IKBO_MODE_IKBO;
-    else if (!strcmp(v, "broadcast"))
-        c->mode = IKBO_MODE_BROADCAST;
-    else
+    if (ikbo_mode_parse(v, &c->mode) != 0)
         return fail(err, "%s: expected \"ikbo\" or \"broadcast\", got %s", where,
                     q(v, b, sizeof b));
     return 0;
@@ -866,11 +862,6 @@ const char *config_log_format_name(enum config_log_format f)
     return (unsigned)f < 2 ? FORMATS[f] : "?";
 }
 
-const char *config_mode_name(enum ikbo_mode m)
-{
-    return m == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo";
-}
-
 static json_t *jstr_or_null(const char *s)
 {
     return s ? json_string(s) : json_null();
@@ -906,7 +897,7 @@ char *config_to_json(const config *c)
         "config_file", jstr_or_null(c->config_file), "grpc_listen", c->grpc_listen ? c->grpc_listen : "",
         "http_listen", c->http_listen ? c->http_listen : "", "model_repository",
         c->model_repository ? c->model_repository : "", "models", models, "device",
-        c->device ? c->device : "", "mode", config_mode_name(c->mode), "threads", c->threads,
+        c->device ? c->device : "", "mode", ikbo_mode_name(c->mode), "threads", c->threads,
         "limits", "max_users", (json_int_t)c->limits.max_users, "max_candidates",
         (json_int_t)c->limits.max_candidates, "max_ids_per_bag",
         (json_int_t)c->limits.max_ids_per_bag, "max_history", (json_int_t)c->limits.max_history,

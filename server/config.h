@@ -182,10 +182,9 @@ void config_free(config *c);
 /* --help text: usage line, then every flag on its own line. */
 void config_write_help(FILE *f, const char *prog);
 
-/* "debug" / "info" / "warn" / "error"; "plain" / "json"; "ikbo" / "broadcast". */
+/* "debug" / "info" / "warn" / "error"; "plain" / "json" (modes: ikbo_mode_name). */
 const char *config_log_level_name(enum config_log_level l);
 const char *config_log_format_name(enum config_log_format f);
-const char *config_mode_name(enum ikbo_mode m);
 const char *config_admin_http_name(enum config_admin_http a); /* "local" / "any" / "off" */
 
 /* The resolved config as one-line JSON (for the startup log; TLS file paths

@@ -15,6 +15,7 @@
  * down, so no request or batch is ever started on a destroyed server or a
  * shut-down queue.
  */
+#include "clock.h"
 #include "grpc_server.h"
 
 #include <errno.h>
@@ -282,7 +283,7 @@ static int64_t deadline_ns(const call *c)
     gpr_timespec d = c->deadline;
     if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0) return 0;
     gpr_timespec left = gpr_time_sub(d, gpr_now(d.clock_type));
-    int64_t now = rank_now_ns();
+    int64_t now = clock_mono_ns();
     if (left.tv_sec < 0) return now; /* already passed */
     if (left.tv_sec > 10L * 365 * 86400) return 0;
     return now + (int64_t)left.tv_sec * 1000000000 + left.tv_nsec;
@@ -484,7 +485,7 @@ static void *worker_main(void *arg)
             call_free(c);
             continue;
         }
-        if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, rank_now_ns() / 1000000);
+        if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, clock_mono_ns() / 1000000);
         /* Keep accepting: the next call of this method may arrive while this
          * one waits in the batcher. */
         if (request_call(w, c->method)) {
@@ -699,13 +700,12 @@ fail_unstarted:
 
 int grpcsrv_port(const grpcsrv *s) { return s->port; }
 
-static int64_t mono_ms(void) { return rank_now_ns() / 1000000; }
 
 int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
 {
     if (s->shutdown_started) return 0;
     s->shutdown_started = 1;
-    int64_t t0 = mono_ms();
+    int64_t t0 = clock_mono_ms();
     if (drain_timeout_ms < 0) drain_timeout_ms = 0;
 
     /* Lame duck: gRPC core cancels (CANCELLED, not UNAVAILABLE) every call
@@ -715,12 +715,12 @@ int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
      * workers; once no call has arrived for LAME_DUCK_QUIET_MS (clients have
      * moved away) or half the drain budget is spent, shutdown proper starts. */
     int64_t lame_max = drain_timeout_ms / 2;
-    while (mono_ms() - t0 < lame_max &&
-           mono_ms() - atomic_load(&s->last_call_ms) < LAME_DUCK_QUIET_MS) {
+    while (clock_mono_ms() - t0 < lame_max &&
+           clock_mono_ms() - atomic_load(&s->last_call_ms) < LAME_DUCK_QUIET_MS) {
         struct timespec ts = {0, 5 * 1000000};
         nanosleep(&ts, NULL);
     }
-    int64_t lame_ms = mono_ms() - t0;
+    int64_t lame_ms = clock_mono_ms() - t0;
 
     static int shutdown_tag;
     grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, &shutdown_tag);
@@ -728,7 +728,7 @@ int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
     gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                       gpr_time_from_millis(left > 0 ? left : 0, GPR_TIMESPAN));
     grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, until, NULL);
-    int result = (int)(mono_ms() - t0);
+    int result = (int)(clock_mono_ms() - t0);
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
         log_msg(LOG_LEVEL_WARN, "drain_timeout",
                 "calls still running after %d ms: cancelling them", drain_timeout_ms);

@@ -1,4 +1,5 @@
 /* http.c - HTTP endpoints on libevent's evhttp (see http.h). */
+#include "clock.h"
 #include "http.h"
 
 #include <arpa/inet.h>
@@ -167,7 +168,7 @@ static json_t *model_json(const registry_entry_view *e, const char *def_mode,
             json_array_append_new(w, json_float(mi->score_weights[t]));
         json_object_set_new(m, "score_weights", w);
         json_object_set_new(m, "mode",
-                            json_string(mi->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo"));
+                            json_string(ikbo_mode_name(mi->mode)));
         json_object_set_new(m, "device", json_string(mi->device ? mi->device : def_device));
     } else {
         json_object_set_new(m, "mode", json_string(def_mode));
@@ -216,7 +217,7 @@ static char *models_json(http_server *h, const char *only, int *found)
 {
     models_ctx c = {.models = json_array(),
                     .only = only,
-                    .def_mode = registry_mode(h->o.reg) == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo",
+                    .def_mode = ikbo_mode_name(registry_mode(h->o.reg)),
                     .def_device = registry_device(h->o.reg)};
     if (!c.models) return NULL;
     registry_foreach(h->o.reg, visit_model, &c);
@@ -680,7 +681,7 @@ static void handle_rank(http_server *h, struct evhttp_request *req, const char *
                         "X-Request-Timeout-Ms: expected milliseconds >= 0, got '%.40s'", tmo);
             return;
         }
-        deadline = rank_now_ns() + (ms > 86400000LL ? 86400000LL : ms) * 1000000LL;
+        deadline = clock_mono_ns() + (ms > 86400000LL ? 86400000LL : ms) * 1000000LL;
     }
     rank_start(h, req, rr, deadline);
 }

@@ -1,4 +1,5 @@
 /* rank.c - one Rank request end to end (see rank.h). */
+#include "clock.h"
 #include "rank.h"
 
 #include <stdlib.h>
@@ -6,13 +7,6 @@
 #include <time.h>
 
 #include "log.h"
-
-int64_t rank_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* One request between rank_submit and its callback. */
 typedef struct rank_job {
@@ -42,7 +36,7 @@ static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
                         (double)j->plan->batch.n_cands);
         metrics_observe(metrics_series_get(mx->request_unique_users, NULL), (double)n_users);
     }
-    double secs = (double)(rank_now_ns() - j->t0) * 1e-9;
+    double secs = (double)(clock_mono_ns() - j->t0) * 1e-9;
     const char *code = rq_code_name(st->code);
     const char *const mc[] = {model_label, code};
     metrics_add_l(mx->requests_total, mc, 1);
@@ -105,7 +99,7 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     }
     j->env = env;
     j->req = req;
-    j->t0 = rank_now_ns();
+    j->t0 = clock_mono_ns();
     j->transport = transport;
     j->done = done;
     j->arg = arg;
@@ -126,7 +120,7 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     if (!b) goto fail;
     const ikbo_model_info *mi = registry_model_info(j->m);
     if (rq_validate(req, mi, env->limits, &st) == 0) j->plan = rq_plan_build(req, mi, &st);
-    if (j->plan && deadline_ns && rank_now_ns() >= deadline_ns)
+    if (j->plan && deadline_ns && clock_mono_ns() >= deadline_ns)
         rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
                       "deadline exceeded before scoring (%zu candidates, %d unique users)",
                       req->n_candidates, j->plan->batch.n_users);

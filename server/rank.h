@@ -30,8 +30,7 @@ typedef struct rank_env {
     batcher_set *batchers;
 } rank_env;
 
-/* Now on CLOCK_MONOTONIC, in nanoseconds: the clock of every deadline here. */
-int64_t rank_now_ns(void);
+/* Every deadline here is clock.h's clock_mono_ns() (CLOCK_MONOTONIC ns). */
 
 /* The answer: resp (the callee owns it: rq_response_free) or NULL with *st
  * the status to send. */

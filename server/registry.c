@@ -1,6 +1,7 @@
 /* registry.c - models, versions, states, refcounted handles, and the worker
  * that polls the repository and loads, swaps and retires versions (see
  * registry.h for the rules). */
+#include "clock.h"
 #include "registry.h"
 
 #include <ctype.h>
@@ -165,25 +166,11 @@ static void safe_name(const char *s, char *out, size_t n)
     out[j] = '\0';
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int64_t wall_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---- instances ----------------------------------------------------------- */
@@ -762,7 +749,7 @@ static registry_model *load_instance(registry *r, const job *j, ikbo_err *err)
 {
     ikbo_serving s = r->defaults, over;
     snprintf(s.device, sizeof s.device, "%s", r->device);
-    snprintf(s.mode, sizeof s.mode, "%s", r->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo");
+    snprintf(s.mode, sizeof s.mode, "%s", ikbo_mode_name(r->mode));
     if (ikbo_model_peek_serving(j->dir, &over, err) != 0) return NULL;
     repo_serving_merge(&s, &over);
     if (repo_read_model_config(j->model_dir, &over, err) != 0) return NULL;
@@ -785,8 +772,9 @@ static registry_model *load_instance(registry *r, const job *j, ikbo_err *err)
         if (m) instance_destroy(m);
         return NULL;
     }
-    ikbo_load_opts lo = {.device = s.device,
-                         .mode = strcmp(s.mode, "broadcast") ? IKBO_MODE_IKBO : IKBO_MODE_BROADCAST};
+    enum ikbo_mode mode = IKBO_MODE_IKBO; /* s.mode was checked where it was read */
+    ikbo_mode_parse(s.mode, &mode);
+    ikbo_load_opts lo = {.device = s.device, .mode = mode};
     m->model = ikbo_model_load(j->dir, &lo, err);
     if (!m->model) {
         instance_destroy(m);
@@ -858,7 +846,7 @@ static void commit(registry *r, const job *j, registry_model *m, const char *err
         const char *const labels[] = {j->name};
         metrics_add_l(r->load_failures, labels, 1);
     }
-    decide(r, e, now_ms(), rel);
+    decide(r, e, clock_mono_ms(), rel);
 }
 
 static int count_ready(registry *r)
@@ -881,7 +869,7 @@ static int pass(registry *r, int trusted)
     scan_item *items = NULL;
     int n = scan_repo(r, &items);
     relist rel = {0};
-    int64_t now = now_ms();
+    int64_t now = clock_mono_ms();
     pthread_rwlock_wrlock(&r->lock);
     if (n >= 0) merge_scan(r, items, n, trusted, now);
     pthread_rwlock_unlock(&r->lock);
@@ -890,7 +878,7 @@ static int pass(registry *r, int trusted)
     for (;;) {
         job j;
         pthread_rwlock_wrlock(&r->lock);
-        now = now_ms();
+        now = clock_mono_ms();
         for (int k = 0; k < r->n_entries; k++) decide(r, &r->entries[k], now, &rel);
         int have = !atomic_load(&r->stop) && pick_job(r, now, &j);
         pthread_rwlock_unlock(&r->lock);
@@ -899,9 +887,9 @@ static int pass(registry *r, int trusted)
 
         ikbo_err err;
         memset(&err, 0, sizeof err);
-        double t0 = now_seconds();
+        double t0 = clock_mono_s();
         registry_model *m = load_instance(r, &j, &err);
-        double secs = now_seconds() - t0;
+        double secs = clock_mono_s() - t0;
         pthread_rwlock_wrlock(&r->lock);
         commit(r, &j, m, m ? NULL : (err.msg[0] ? err.msg : "load failed"), secs, &rel);
         pthread_rwlock_unlock(&r->lock);
@@ -910,7 +898,7 @@ static int pass(registry *r, int trusted)
 
     int64_t wake = 0;
     pthread_rwlock_wrlock(&r->lock);
-    now = now_ms();
+    now = clock_mono_ms();
     for (int k = 0; k < r->n_entries; k++) {
         r->entries[k].trust = 0;
         int64_t w = decide(r, &r->entries[k], now, &rel);
@@ -939,10 +927,10 @@ static void *worker_main(void *p)
         log_msg(LOG_LEVEL_INFO, "ready", "%d model(s) ready", ready);
     else
         log_msg(LOG_LEVEL_WARN, "not_ready", "%s", why);
-    int64_t last_poll = now_ms();
+    int64_t last_poll = clock_mono_ms();
     pthread_mutex_lock(&r->wmu);
     while (!atomic_load(&r->stop)) {
-        int64_t now = now_ms();
+        int64_t now = clock_mono_ms();
         int64_t due = r->poll_ms > 0 ? last_poll + r->poll_ms : INT64_MAX;
         if (r->next_settle_ms && r->next_settle_ms < due) due = r->next_settle_ms;
         if (!r->rescan && !r->kick && now < due) {
@@ -962,7 +950,7 @@ static void *worker_main(void *p)
         r->rescan = r->kick = 0;
         pthread_mutex_unlock(&r->wmu);
         pass(r, trusted);
-        last_poll = now_ms();
+        last_poll = clock_mono_ms();
         pthread_mutex_lock(&r->wmu);
     }
     pthread_mutex_unlock(&r->wmu);
@@ -1070,7 +1058,7 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
     int n = scan_repo(r, &items);
     if (n >= 0) {
         relist rel = {0};
-        int64_t now = now_ms();
+        int64_t now = clock_mono_ms();
         merge_scan(r, items, n, 1, now);
         for (int k = 0; k < r->n_entries; k++) decide(r, &r->entries[k], now, &rel);
         relist_run(&rel);
@@ -1209,7 +1197,7 @@ int registry_admin_unload(registry *r, const char *name, int64_t version, rq_sta
         v->blocked = 1;
         v->pinned = v->reload = v->retry = 0;
         retire_v(e, v, "admin request", &rel);
-        decide(r, e, now_ms(), &rel);
+        decide(r, e, clock_mono_ms(), &rel);
     }
     pthread_rwlock_unlock(&r->lock);
     relist_run(&rel);
@@ -1461,10 +1449,10 @@ static int describe_entry(const registry *r, const entry *e, Ikbo__V1__ModelDesc
     const ikbo_model_info *mi = NULL;
     for (int j = 0; j < e->n_v && !mi; j++)
         if (e->v[j].inst) mi = ikbo_model_get_info(e->v[j].inst->model);
-    const char *mode = r->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo";
+    const char *mode = ikbo_mode_name(r->mode);
     const char *device = r->device;
     if (mi) {
-        mode = mi->mode == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo";
+        mode = ikbo_mode_name(mi->mode);
         if (mi->device) device = mi->device;
         d->user_dense = (uint32_t)mi->user_dense;
         d->candidate_dense = (uint32_t)mi->cand_dense;

@@ -300,7 +300,7 @@ int repo_read_model_config(const char *model_dir, ikbo_serving *out, ikbo_err *e
             if (serving_int(path, key, v, 1, &out->instances, err)) goto done;
         } else if (!strcmp(key, "mode")) {
             const char *m = json_string_value(v);
-            if (!m || (strcmp(m, "ikbo") && strcmp(m, "broadcast"))) {
+            if (ikbo_mode_parse(m, NULL) != 0) {
                 bk_seterr(err, "%.400s: serving.mode: expected \"ikbo\" or \"broadcast\"", path);
                 goto done;
             }

@@ -102,11 +102,7 @@ int main(int argc, char **argv)
             const char *v = argv[++i];
             if (!strcmp(a, "--device")) {
                 lo.device = v;
-            } else if (!strcmp(v, "ikbo")) {
-                lo.mode = IKBO_MODE_IKBO;
-            } else if (!strcmp(v, "broadcast")) {
-                lo.mode = IKBO_MODE_BROADCAST;
-            } else {
+            } else if (ikbo_mode_parse(v, &lo.mode) != 0) {
                 fprintf(stderr, "ikbo-score: --mode: expected ikbo or broadcast, got \"%s\"\n", v);
                 return 1;
             }

@@ -175,7 +175,10 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--device") && v) device = argv[++i];
         else if (!strcmp(a, "--mode") && v) {
-            mode = !strcmp(v, "broadcast") ? IKBO_MODE_BROADCAST : IKBO_MODE_IKBO;
+            if (ikbo_mode_parse(v, &mode) != 0) {
+                fprintf(stderr, "batch_phases: --mode: expected ikbo or broadcast, got \"%s\"\n", v);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--shapes") && v) shapes = argv[++i];
         else if (!strcmp(a, "--iters") && v) iters = atoi(argv[++i]);
@@ -203,7 +206,7 @@ int main(int argc, char **argv)
     }
     const ikbo_model_info *in = ikbo_model_get_info(m);
     printf("batch_phases: %s on %s, %s mode, %d warm-up + %d timed batches per shape\n", dir,
-           device, mode == IKBO_MODE_IKBO ? "ikbo" : "broadcast", warmup, iters);
+           device, ikbo_mode_name(mode), warmup, iters);
     double *t = xcalloc((size_t)iters, sizeof(double));
     char buf[512];
     snprintf(buf, sizeof buf, "%s", shapes);

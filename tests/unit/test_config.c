@@ -229,6 +229,16 @@ static void test_parse_device(void **s)
                      cases[i].rc, cases[i].ord);
     }
     assert_int_equal(bk_parse_device(NULL, NULL), -1);
+    /* and the mode names (engine/ikbo.h), shared the same way */
+    enum ikbo_mode m = IKBO_MODE_IKBO;
+    assert_int_equal(ikbo_mode_parse("broadcast", &m), 0);
+    assert_int_equal(m, IKBO_MODE_BROADCAST);
+    assert_int_equal(ikbo_mode_parse("ikbo", &m), 0);
+    assert_int_equal(m, IKBO_MODE_IKBO);
+    assert_int_equal(ikbo_mode_parse("IKBO", &m), -1);
+    assert_int_equal(ikbo_mode_parse(NULL, NULL), -1);
+    assert_string_equal(ikbo_mode_name(ikbo_mode_parse("broadcast", &m) == 0 ? m : IKBO_MODE_IKBO),
+                        "broadcast");
 }
 
 static void test_unknown_keys(void **s)
@@ -507,7 +517,7 @@ static void test_help_version(void **s)
     free(buf);
     assert_string_equal(config_log_level_name(CONFIG_LOG_WARN), "warn");
     assert_string_equal(config_log_format_name(CONFIG_LOG_JSON), "json");
-    assert_string_equal(config_mode_name(IKBO_MODE_BROADCAST), "broadcast");
+    assert_string_equal(ikbo_mode_name(IKBO_MODE_BROADCAST), "broadcast");
 }
 
 int main(void)
