@@ -85,21 +85,6 @@ struct ikbo_ctx {
 
 const char *ikbo_version(void) { return "0.1.0"; }
 
-const char *ikbo_mode_name(enum ikbo_mode m) { return m == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo"; }
-
-int ikbo_mode_parse(const char *s, enum ikbo_mode *out)
-{
-    enum ikbo_mode m;
-    if (s && strcmp(s, "ikbo") == 0)
-        m = IKBO_MODE_IKBO;
-    else if (s && strcmp(s, "broadcast") == 0)
-        m = IKBO_MODE_BROADCAST;
-    else
-        return -1;
-    if (out) *out = m;
-    return 0;
-}
-
 /* ---------------------------------------------------------------- load */
 
 static void model_release(ikbo_model *m)

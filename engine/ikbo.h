@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../kernels/backend.h"
 
@@ -31,9 +32,24 @@ enum ikbo_mode { IKBO_MODE_IKBO = 0, IKBO_MODE_BROADCAST = 1 };
 
 /* The modes' names, as the server config and model.json's serving block
  * spell them: "ikbo", "broadcast". ikbo_mode_parse returns 0, or -1 when s
- * is neither (out untouched); out may be NULL. */
-const char *ikbo_mode_name(enum ikbo_mode m);
-int ikbo_mode_parse(const char *s, enum ikbo_mode *out);
+ * is neither (out untouched); out may be NULL. Inline: a config parser
+ * links nothing else. */
+static inline const char *ikbo_mode_name(enum ikbo_mode m)
+{
+    return m == IKBO_MODE_BROADCAST ? "broadcast" : "ikbo";
+}
+static inline int ikbo_mode_parse(const char *s, enum ikbo_mode *out)
+{
+    enum ikbo_mode m;
+    if (s && strcmp(s, "ikbo") == 0)
+        m = IKBO_MODE_IKBO;
+    else if (s && strcmp(s, "broadcast") == 0)
+        m = IKBO_MODE_BROADCAST;
+    else
+        return -1;
+    if (out) *out = m;
+    return 0;
+}
 
 typedef struct ikbo_load_opts {
     const char *device; /* "cpu" (default when NULL), "cuda:N" */

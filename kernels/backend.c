@@ -25,23 +25,6 @@ void bk_seterr(bk_err *err, const char *fmt, ...)
     va_end(ap);
 }
 
-int bk_parse_device(const char *s, int *ordinal)
-{
-    if (ordinal) *ordinal = -1;
-    if (!s) return -1;
-    if (strcmp(s, "cpu") == 0) return 0;
-    if (strncmp(s, "cuda:", 5) != 0) return -1;
-    const char *p = s + 5;
-    int v = 0, n = 0;
-    for (; p[n]; n++) {
-        if (p[n] < '0' || p[n] > '9' || n == 3) return -1;
-        v = v * 10 + (p[n] - '0');
-    }
-    if (n == 0 || (p[0] == '0' && n > 1) || v > BK_MAX_CUDA_ORDINAL) return -1;
-    if (ordinal) *ordinal = v;
-    return 0;
-}
-
 static bk_backend *backend_create(const char *device, bk_err *err)
 {
     if (!device || !*device) {

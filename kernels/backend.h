@@ -284,11 +284,27 @@ struct bk_backend {
 };
 
 /* The one device-string rule (server config, model.json serving, the
- * repository watcher, the backend): "cpu" (*ordinal = -1), or "cuda:N"
+ * repository watcher, the backend; inline, so a config parser links
+ * nothing else): "cpu" (*ordinal = -1), or "cuda:N"
  * with N decimal, no sign, no leading zero, 0..BK_MAX_CUDA_ORDINAL
  * (*ordinal = N). Returns 0, or -1 when s is neither. ordinal may be NULL. */
 #define BK_MAX_CUDA_ORDINAL 999
-int bk_parse_device(const char *s, int *ordinal);
+static inline int bk_parse_device(const char *s, int *ordinal)
+{
+    if (ordinal) *ordinal = -1;
+    if (!s) return -1;
+    if (s[0] == 'c' && s[1] == 'p' && s[2] == 'u' && !s[3]) return 0;
+    if (s[0] != 'c' || s[1] != 'u' || s[2] != 'd' || s[3] != 'a' || s[4] != ':') return -1;
+    const char *p = s + 5;
+    int v = 0, n = 0;
+    for (; p[n]; n++) {
+        if (p[n] < '0' || p[n] > '9' || n == 3) return -1;
+        v = v * 10 + (p[n] - '0');
+    }
+    if (n == 0 || (p[0] == '0' && n > 1) || v > BK_MAX_CUDA_ORDINAL) return -1;
+    if (ordinal) *ordinal = v;
+    return 0;
+}
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms

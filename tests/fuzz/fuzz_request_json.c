@@ -1,5 +1,5 @@
 /* fuzz_request_json.c - fuzz the proto3-JSON RankRequest mapper of the HTTP
- * :rank endpoint (rq_request_from_json in server/request.c) and what runs
+ * :rank endpoint (rq_request_from_json in server/request_json.c) and what runs
  * after it on an accepted request: validation, the plan, the response.
  *
  * Why this exists: the HTTP body is untrusted; the mapper must never crash,
