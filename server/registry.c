@@ -1,6 +1,7 @@
 /* registry.c - models, versions, states, refcounted handles, and the worker
  * that polls the repository and loads, swaps and retires versions (see
- * registry.h for the rules). */
+ * registry.h for the rules). What the registry shows - views, readiness,
+ * the memory gauge, ModelInfo - is registry_view.c. */
 #include "clock.h"
 #include "registry.h"
 
@@ -17,102 +18,10 @@
 #include <time.h>
 
 #include "log.h"
+#include "registry_impl.h"
 #include "repo_watch.h"
 
-/* One loaded version: what a handle points to. Immutable once published,
- * except refs, retired and the per-slot contexts. */
-struct registry_model {
-    _Atomic int refs;
-    _Atomic int retired;
-    char *name;
-    char *dir;
-    int64_t version;
-    double load_seconds;
-    ikbo_model *model;
-    ikbo_serving serving;
-    /* ctx[i] is touched only by the thread that owns slot i (the loader
-     * fills ctx[0] with the warm-up context before publishing). */
-    ikbo_ctx **ctx;
-    int n_slots;
-};
 
-/* A version as the table lists it. Changed only under the write lock. */
-typedef struct vrec {
-    int64_t version; /* 0: a model-level problem ("model directory not found") */
-    enum registry_state state;
-    char message[512];
-    double load_seconds;
-    registry_model *inst; /* the registry's reference; non-NULL iff READY */
-    uint64_t tried_sig;   /* directory signature at the last load attempt */
-    int pinned;           /* admin-loaded with this version: served on top of the policy */
-    int blocked;          /* admin-unloaded: the policy skips it */
-    int reload;           /* READY, but load again and swap (admin load) */
-    int retry;            /* FAILED, but try again though the directory is unchanged */
-    int busy;             /* the worker is loading it */
-} vrec;
-
-/* A complete version directory as the last scan saw it. */
-typedef struct dver {
-    int64_t version;
-    uint64_t sig;
-    int64_t since_ms;   /* when sig was first seen (CLOCK_MONOTONIC) */
-    int64_t changed_ms; /* newest change time in the directory (CLOCK_REALTIME) */
-} dver;
-
-typedef struct entry {
-    char *name;
-    vrec *v; /* newest first */
-    int n_v;
-    dver *disk; /* newest first */
-    int n_disk;
-    int scanned;    /* disk holds a successful scan */
-    int missing;    /* the last scan found no model directory */
-    int configured; /* named in the config: listed even without a directory */
-    int initial;    /* known before the worker started: readiness waits for it */
-    int ever_ready; /* had a READY version once: readiness counts it from then */
-    int unloaded;   /* admin unload in effect */
-    int trust;      /* this pass: no settle wait, failed versions retried */
-    int trust_next; /* the next pass trusts this model (admin load) */
-    int reload_all; /* the next pass reloads READY versions (admin load) */
-    uint64_t gen;   /* bumped by an admin unload: older loads are discarded */
-    registry_policy policy;
-} entry;
-
-struct registry {
-    pthread_rwlock_t lock;
-    entry *entries; /* sorted by name */
-    int n_entries;
-    char *repository;
-    char *device;
-    enum ikbo_mode mode;
-    int n_slots;
-    ikbo_serving defaults;
-    registry_policy default_policy;
-    char **policy_names;
-    registry_policy *policies;
-    int n_policies;
-    char **models; /* configured names, or NULL */
-    int n_models;
-    int poll_ms, settle_ms;
-    metrics_family *load_failures;
-
-    /* The worker. wmu guards the flags below and next_settle_ms. */
-    pthread_t thread;
-    int running;
-    pthread_mutex_t wmu;
-    pthread_cond_t wcv;
-    atomic_int stop;
-    int rescan, kick;
-    int64_t next_settle_ms; /* earliest time a waiting version settles; 0 = none */
-};
-
-/* Instances to release after the write lock is dropped (freeing a model
- * takes time and logs). */
-typedef struct relist {
-    registry_model *m[64];
-    int n;
-    struct relist *more;
-} relist;
 
 static void relist_add(relist *l, registry_model *m)
 {
@@ -153,7 +62,7 @@ const char *registry_state_name(enum registry_state s)
 }
 
 /* A client-supplied name as it may appear in a message: printable, short. */
-static void safe_name(const char *s, char *out, size_t n)
+void reg_safe_name(const char *s, char *out, size_t n)
 {
     size_t j = 0;
     for (; s && *s && j + 4 < n; s++)
@@ -242,7 +151,7 @@ static int cmp_entry(const void *a, const void *b)
     return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
 }
 
-static entry *find_entry(registry *r, const char *name)
+entry *reg_find_entry(registry *r, const char *name)
 {
     if (!name || !r->n_entries) return NULL;
     entry key = {.name = (char *)name};
@@ -592,7 +501,7 @@ static void merge_scan(registry *r, scan_item *items, int n, int trusted, int64_
     for (int i = 0; i < n; i++) {
         scan_item *it = &items[i];
         if (!it->name) continue;
-        entry *e = find_entry(r, it->name);
+        entry *e = reg_find_entry(r, it->name);
         if (it->n < 0 && it->err_no != ENOENT) {
             /* Unreadable for now (permissions, I/O): change nothing but say so. */
             if (e && e->configured && !e->n_v) set_problem(e, it->err);
@@ -812,7 +721,7 @@ static void log_load(const job *j, const registry_model *m, const char *state, d
 static void commit(registry *r, const job *j, registry_model *m, const char *error, double secs,
                    relist *rel)
 {
-    entry *e = find_entry(r, j->name);
+    entry *e = reg_find_entry(r, j->name);
     vrec *v = e ? find_v(e, j->version) : NULL;
     if (!e || !v || e->gen != j->gen || v->blocked || e->unloaded) {
         if (v) v->busy = 0;
@@ -1106,7 +1015,7 @@ static int valid_model_name(const char *name)
 int registry_admin_load(registry *r, const char *name, int64_t version, rq_status *st)
 {
     char sn[160];
-    safe_name(name, sn, sizeof sn);
+    reg_safe_name(name, sn, sizeof sn);
     if (!valid_model_name(name))
         return rq_status_set(st, RQ_INVALID_ARGUMENT, "model name '%s' is not valid", sn);
     if (version < 0)
@@ -1126,7 +1035,7 @@ int registry_admin_load(registry *r, const char *name, int64_t version, rq_statu
                                  (long long)version, path);
     }
     pthread_rwlock_wrlock(&r->lock);
-    entry *e = find_entry(r, name);
+    entry *e = reg_find_entry(r, name);
     if (!e && r->models) {
         pthread_rwlock_unlock(&r->lock);
         return rq_status_set(st, RQ_NOT_FOUND, "model '%s' is not in the configured model list", sn);
@@ -1167,13 +1076,13 @@ int registry_admin_load(registry *r, const char *name, int64_t version, rq_statu
 int registry_admin_unload(registry *r, const char *name, int64_t version, rq_status *st)
 {
     char sn[160];
-    safe_name(name, sn, sizeof sn);
+    reg_safe_name(name, sn, sizeof sn);
     if (version < 0)
         return rq_status_set(st, RQ_INVALID_ARGUMENT, "version: must be >= 0 (0 = every version), got %lld",
                              (long long)version);
     relist rel = {0};
     pthread_rwlock_wrlock(&r->lock);
-    entry *e = find_entry(r, name);
+    entry *e = reg_find_entry(r, name);
     if (!e) {
         pthread_rwlock_unlock(&r->lock);
         return rq_status_set(st, RQ_NOT_FOUND, "model '%s' not found", sn);
@@ -1224,7 +1133,7 @@ static void ready_list(const entry *e, char *out, size_t n)
 registry_model *registry_acquire(registry *r, const char *name, int64_t version, rq_status *st)
 {
     char sn[160];
-    safe_name(name, sn, sizeof sn);
+    reg_safe_name(name, sn, sizeof sn);
     if (!name || !*name) {
         rq_status_set(st, RQ_INVALID_ARGUMENT, "model: required (the model name)");
         return NULL;
@@ -1235,7 +1144,7 @@ registry_model *registry_acquire(registry *r, const char *name, int64_t version,
         return NULL;
     }
     pthread_rwlock_rdlock(&r->lock);
-    entry *e = find_entry(r, name);
+    entry *e = reg_find_entry(r, name);
     registry_model *m = NULL;
     if (!e) {
         rq_status_set(st, RQ_NOT_FOUND, "model '%s' not found", sn);
@@ -1286,267 +1195,3 @@ out:
     return m;
 }
 
-/* ---- views -------------------------------------------------------------------- */
-
-static void fill_views(const entry *e, registry_version_view *vv)
-{
-    for (int j = 0; j < e->n_v; j++) {
-        const vrec *v = &e->v[j];
-        vv[j].version = v->version;
-        vv[j].state = v->state;
-        vv[j].message = v->message;
-        vv[j].load_seconds = v->load_seconds;
-        vv[j].info = v->inst ? ikbo_model_get_info(v->inst->model) : NULL;
-        vv[j].serving = v->inst ? &v->inst->serving : NULL;
-    }
-}
-
-void registry_foreach(registry *r, registry_visit_fn fn, void *ctx)
-{
-    pthread_rwlock_rdlock(&r->lock);
-    for (int i = 0; i < r->n_entries; i++) {
-        const entry *e = &r->entries[i];
-        registry_version_view vv[e->n_v > 0 ? e->n_v : 1];
-        fill_views(e, vv);
-        registry_entry_view ev = {
-            .name = e->name, .versions = vv, .n_versions = e->n_v, .unloaded = e->unloaded};
-        fn(&ev, ctx);
-    }
-    pthread_rwlock_unlock(&r->lock);
-}
-
-int registry_acquire_ready(registry *r, registry_model ***out)
-{
-    *out = NULL;
-    pthread_rwlock_rdlock(&r->lock);
-    int n = 0;
-    for (int i = 0; i < r->n_entries; i++)
-        for (int j = 0; j < r->entries[i].n_v; j++)
-            n += r->entries[i].v[j].state == REGISTRY_READY && r->entries[i].v[j].inst;
-    registry_model **hs = n ? malloc((size_t)n * sizeof *hs) : NULL;
-    if (n && !hs) {
-        pthread_rwlock_unlock(&r->lock);
-        return -1;
-    }
-    int k = 0;
-    for (int i = 0; i < r->n_entries; i++)
-        for (int j = 0; j < r->entries[i].n_v; j++) {
-            const vrec *v = &r->entries[i].v[j];
-            if (v->state == REGISTRY_READY && v->inst) hs[k++] = registry_model_ref(v->inst);
-        }
-    pthread_rwlock_unlock(&r->lock);
-    *out = hs;
-    return k;
-}
-
-void registry_model_stats(const registry_model *m, ikbo_stats *out)
-{
-    memset(out, 0, sizeof *out);
-    if (m->model) ikbo_get_stats(m->model, out);
-}
-
-void registry_collect_memory(metrics_family *f, void *reg)
-{
-    static const char *const tag_kind[BK_TAG_COUNT] = {
-        [BK_TAG_USER] = "user", [BK_TAG_CAND] = "candidate",
-        [BK_TAG_BROADCAST] = "broadcast", [BK_TAG_INDEX] = "index"};
-    registry_model **hs;
-    int n = registry_acquire_ready(reg, &hs);
-    metrics_family_clear(f);
-    for (int i = 0; i < n; i++) {
-        ikbo_stats st;
-        registry_model_stats(hs[i], &st);
-        const ikbo_model_info *mi = registry_model_info(hs[i]);
-        char ver[32];
-        snprintf(ver, sizeof ver, "%lld", (long long)registry_model_version(hs[i]));
-        const char *dev = mi && mi->device ? mi->device : hs[i]->serving.device;
-        const char *labels[] = {registry_model_name(hs[i]), ver, dev, "weights"};
-        metrics_set_l(f, labels, (double)st.weight_bytes);
-        for (int t = 0; t < BK_TAG_COUNT; t++) {
-            labels[3] = tag_kind[t];
-            metrics_set_l(f, labels, (double)st.bytes_live[t]);
-        }
-    }
-    /* Releasing may free a version retired meanwhile: outside every lock. */
-    for (int i = 0; i < n; i++) registry_release(hs[i]);
-    free(hs);
-}
-
-static int entry_ready(const entry *e)
-{
-    if (e->unloaded) return 0;
-    for (int j = 0; j < e->n_v; j++)
-        if (e->v[j].state == REGISTRY_READY) return 1;
-    return 0;
-}
-
-int registry_model_ready(registry *r, const char *name)
-{
-    pthread_rwlock_rdlock(&r->lock);
-    entry *e = find_entry(r, name);
-    int ready = e ? entry_ready(e) : -1;
-    pthread_rwlock_unlock(&r->lock);
-    return ready;
-}
-
-int registry_all_ready(registry *r, char *why, size_t why_size)
-{
-    int ok = 1, live = 0;
-    pthread_rwlock_rdlock(&r->lock);
-    for (int i = 0; ok && i < r->n_entries; i++) {
-        const entry *e = &r->entries[i];
-        /* A model added while serving does not take the server out of
-         * rotation while it loads (or if its first load fails). */
-        if (e->unloaded || !(e->initial || e->ever_ready)) continue;
-        live++;
-        if (entry_ready(e)) continue;
-        ok = 0;
-        const vrec *v = NULL;
-        for (int j = 0; j < e->n_v && !v; j++)
-            if (e->v[j].state == REGISTRY_LOADING) v = &e->v[j];
-        if (!v && e->n_v) v = &e->v[0];
-        if (v && v->state == REGISTRY_LOADING)
-            snprintf(why, why_size, "model '%s' version %lld is loading", e->name,
-                     (long long)v->version);
-        else if (v && v->version > 0)
-            snprintf(why, why_size, "model '%s' version %lld %s: %s", e->name,
-                     (long long)v->version, registry_state_name(v->state), v->message);
-        else
-            snprintf(why, why_size, "model '%s': %s", e->name, v ? v->message : "no versions");
-    }
-    if (ok && !live) {
-        snprintf(why, why_size, r->n_entries ? "every model is unloaded" : "no models in %s",
-                 r->repository);
-        ok = 0;
-    }
-    pthread_rwlock_unlock(&r->lock);
-    return ok;
-}
-
-/* ---- ModelInfo ------------------------------------------------------------------ */
-
-static char **dup_strv(const char *const *s, int n)
-{
-    char **out = calloc((size_t)(n > 0 ? n : 1), sizeof *out);
-    if (!out) return NULL;
-    for (int i = 0; i < n; i++) {
-        out[i] = strdup(s[i]);
-        if (!out[i]) {
-            for (int j = 0; j < i; j++) free(out[j]);
-            free(out);
-            return NULL;
-        }
-    }
-    return out;
-}
-
-/* Fills d for entry e; everything malloc'd so protobuf_c_message_free_unpacked
- * with the default allocator frees it. Returns -1 on allocation failure
- * (d stays freeable). */
-static int describe_entry(const registry *r, const entry *e, Ikbo__V1__ModelDescription *d)
-{
-    if (!(d->name = strdup(e->name))) return -1;
-    const ikbo_model_info *mi = NULL;
-    for (int j = 0; j < e->n_v && !mi; j++)
-        if (e->v[j].inst) mi = ikbo_model_get_info(e->v[j].inst->model);
-    const char *mode = ikbo_mode_name(r->mode);
-    const char *device = r->device;
-    if (mi) {
-        mode = ikbo_mode_name(mi->mode);
-        if (mi->device) device = mi->device;
-        d->user_dense = (uint32_t)mi->user_dense;
-        d->candidate_dense = (uint32_t)mi->cand_dense;
-        if (mi->n_user_sparse) {
-            if (!(d->user_sparse = dup_strv(mi->user_sparse, mi->n_user_sparse))) return -1;
-            d->n_user_sparse = (size_t)mi->n_user_sparse;
-        }
-        if (mi->n_cand_sparse) {
-            if (!(d->candidate_sparse = dup_strv(mi->cand_sparse, mi->n_cand_sparse))) return -1;
-            d->n_candidate_sparse = (size_t)mi->n_cand_sparse;
-        }
-        if (mi->n_tasks) {
-            if (!(d->tasks = dup_strv(mi->tasks, mi->n_tasks))) return -1;
-            d->n_tasks = (size_t)mi->n_tasks;
-            if (!(d->score_weights = malloc((size_t)mi->n_tasks * sizeof(float)))) return -1;
-            memcpy(d->score_weights, mi->score_weights, (size_t)mi->n_tasks * sizeof(float));
-            d->n_score_weights = (size_t)mi->n_tasks;
-        }
-        if (mi->has_history) {
-            Ikbo__V1__HistoryInfo *h = malloc(sizeof *h);
-            if (!h) return -1;
-            ikbo__v1__history_info__init(h);
-            h->max_len = (uint32_t)mi->hist_max_len;
-            h->actions = (uint32_t)mi->hist_actions;
-            d->history = h;
-        }
-    }
-    if (!(d->mode = strdup(mode)) || !(d->device = strdup(device))) return -1;
-    if (e->n_v) {
-        d->versions = calloc((size_t)e->n_v, sizeof *d->versions);
-        if (!d->versions) return -1;
-        for (int j = 0; j < e->n_v; j++) {
-            const vrec *m = &e->v[j];
-            Ikbo__V1__ModelVersionInfo *v = malloc(sizeof *v);
-            if (!v) return -1;
-            ikbo__v1__model_version_info__init(v);
-            d->versions[d->n_versions++] = v;
-            v->version = m->version;
-            if (!(v->state = strdup(registry_state_name(m->state)))) return -1;
-            if (!(v->message = strdup(m->message))) return -1;
-        }
-    }
-    return 0;
-}
-
-Ikbo__V1__ModelInfoResponse *registry_describe(registry *r, const char *name, rq_status *st)
-{
-    Ikbo__V1__ModelInfoResponse *resp = malloc(sizeof *resp);
-    if (!resp) {
-        rq_status_set(st, RQ_INTERNAL, "out of memory");
-        return NULL;
-    }
-    ikbo__v1__model_info_response__init(resp);
-    pthread_rwlock_rdlock(&r->lock);
-    int lo = 0, hi = r->n_entries;
-    if (name && *name) {
-        entry *e = find_entry(r, name);
-        if (!e) {
-            pthread_rwlock_unlock(&r->lock);
-            char sn[160];
-            safe_name(name, sn, sizeof sn);
-            rq_status_set(st, RQ_NOT_FOUND, "model '%s' not found", sn);
-            free(resp);
-            return NULL;
-        }
-        lo = (int)(e - r->entries);
-        hi = lo + 1;
-    }
-    int failed = 0;
-    if (hi > lo) {
-        resp->models = calloc((size_t)(hi - lo), sizeof *resp->models);
-        failed = !resp->models;
-    }
-    for (int i = lo; i < hi && !failed; i++) {
-        Ikbo__V1__ModelDescription *d = malloc(sizeof *d);
-        if (!d) {
-            failed = 1;
-            break;
-        }
-        ikbo__v1__model_description__init(d);
-        resp->models[resp->n_models++] = d;
-        failed = describe_entry(r, &r->entries[i], d) != 0;
-    }
-    pthread_rwlock_unlock(&r->lock);
-    if (failed) {
-        registry_describe_free(resp);
-        rq_status_set(st, RQ_INTERNAL, "out of memory");
-        return NULL;
-    }
-    rq_status_ok(st);
-    return resp;
-}
-
-void registry_describe_free(Ikbo__V1__ModelInfoResponse *resp)
-{
-    if (resp) protobuf_c_message_free_unpacked(&resp->base, NULL);
-}
