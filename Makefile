@@ -171,6 +171,7 @@ FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 FUZZ_HDRS    := $(wildcard tests/fuzz/*.h) tests/unit/wire_fixture.h tests/unit/loader_fixture.h
 FUZZ_PB      := $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
 FUZZ_CHECK   := $(BUILD)/obj/server/pb_check.o $(BUILD)/obj/server/request.o \
+                $(BUILD)/obj/server/validate.o $(BUILD)/obj/server/rowset.o \
                 $(BUILD)/obj/server/request_json.o $(BUILD)/obj/server/response.o \
                 $(BUILD)/obj/server/status.o
 FUZZ_WIRE    := $(BUILD)/obj/server/rank_wire.o $(BUILD)/obj/server/pb_arena.o $(FUZZ_CHECK) $(FUZZ_PB)

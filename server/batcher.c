@@ -23,8 +23,8 @@
 #include <time.h>
 
 #include "clock.h"
-#include "hash.h"
 #include "log.h"
+#include "rowset.h"
 
 /* ---- records ------------------------------------------------------------ */
 
@@ -60,17 +60,10 @@ typedef struct bbatch {
     int n_segs;
     int n_requests; /* distinct requests */
     ikbo_batch batch;
-    int identity;   /* one whole request: batch is its plan's, pos is the identity */
     int32_t *pos;   /* merged position of segment i's k-th candidate: pos[off[i] + k] */
     int *off;
     float *scores, *task_scores;
-    /* merged inputs (identity == 0) */
-    float *user_dense, *cand_dense;
-    ikbo_jagged *user_sparse, *cand_sparse;
-    int64_t **bufs;
-    int n_bufs;
-    int64_t *hist_ids, *hist_offsets;
-    int32_t *hist_actions, *map;
+    rs_batch rb;    /* merged inputs; empty when the batch is one whole request's plan */
     struct bbatch *next;
 } bbatch;
 
@@ -277,93 +270,20 @@ static void bbatch_free(bbatch *bt)
     free(bt->off);
     free(bt->scores);
     free(bt->task_scores);
-    free(bt->user_dense);
-    free(bt->cand_dense);
-    free(bt->user_sparse);
-    free(bt->cand_sparse);
-    for (int i = 0; i < bt->n_bufs; i++) free(bt->bufs[i]);
-    free(bt->bufs);
-    free(bt->hist_ids);
-    free(bt->hist_offsets);
-    free(bt->hist_actions);
-    free(bt->map);
+    rs_batch_free(&bt->rb);
     free(bt);
 }
 
 
-/* One user row of a segment's plan, as the merge sees it. */
-typedef struct urow {
-    const rq_plan *p;
-    const char *key;
-    int row;
-} urow;
-
-static const char *row_key(const breq *q, int row)
-{
-    int j = q->r.plan->row_user[row];
-    const char *k = (j >= 0 && (size_t)j < q->r.req->n_users) ? q->r.req->users[j]->key : NULL;
-    return k ? k : "";
-}
-
-static uint64_t urow_hash(const urow *u, const ikbo_model_info *mi)
-{
-    const ikbo_batch *B = &u->p->batch;
-    const size_t r = (size_t)u->row;
-    uint64_t h = hash_bytes(0x1234567ull, u->key, strlen(u->key));
-    if (mi->user_dense > 0)
-        h = hash_bytes(h, B->user_dense + r * (size_t)mi->user_dense,
-                       (size_t)mi->user_dense * sizeof(float));
-    for (int f = 0; f < mi->n_user_sparse; f++) {
-        const ikbo_jagged *j = &B->user_sparse[f];
-        h = hash_bytes(h, j->ids + j->offsets[r],
-                       (size_t)(j->offsets[r + 1] - j->offsets[r]) * sizeof(int64_t));
-    }
-    int64_t h0 = B->hist.offsets[r], h1 = B->hist.offsets[r + 1];
-    h = hash_bytes(h, B->hist.ids + h0, (size_t)(h1 - h0) * sizeof(int64_t));
-    /* absent actions == all zero (hash.h) */
-    return B->hist_actions ? hash_actions(h, B->hist_actions + h0, (size_t)(h1 - h0)) : h;
-}
-
-/* request.h's rule: same key and same content (dense bits, bags in order,
- * history ids and actions, absent actions = zeros). */
-static int urow_equal(const urow *a, const urow *b, const ikbo_model_info *mi)
-{
-    const ikbo_batch *A = &a->p->batch, *B = &b->p->batch;
-    const size_t ra = (size_t)a->row, rb = (size_t)b->row;
-    if (strcmp(a->key, b->key)) return 0;
-    size_t ud = (size_t)mi->user_dense;
-    if (ud && memcmp(A->user_dense + ra * ud, B->user_dense + rb * ud, ud * sizeof(float)))
-        return 0;
-    for (int f = 0; f < mi->n_user_sparse; f++) {
-        const ikbo_jagged *ja = &A->user_sparse[f], *jb = &B->user_sparse[f];
-        int64_t na = ja->offsets[ra + 1] - ja->offsets[ra];
-        int64_t nb = jb->offsets[rb + 1] - jb->offsets[rb];
-        if (na != nb ||
-            (na && memcmp(ja->ids + ja->offsets[ra], jb->ids + jb->offsets[rb],
-                          (size_t)na * sizeof(int64_t))))
-            return 0;
-    }
-    int64_t a0 = A->hist.offsets[ra], na = A->hist.offsets[ra + 1] - a0;
-    int64_t b0 = B->hist.offsets[rb], nb = B->hist.offsets[rb + 1] - b0;
-    if (na != nb ||
-        (na && memcmp(A->hist.ids + a0, B->hist.ids + b0, (size_t)na * sizeof(int64_t))))
-        return 0;
-    if (A->hist_actions || B->hist_actions)
-        for (int64_t k = 0; k < na; k++) {
-            int32_t xa = A->hist_actions ? A->hist_actions[a0 + k] : 0;
-            int32_t xb = B->hist_actions ? B->hist_actions[b0 + k] : 0;
-            if (xa != xb) return 0;
-        }
-    return 1;
-}
-
-/* Builds bt->batch from its segments. Returns 0, or -1 with *st set. */
+/* Builds bt->batch from its segments: their plans' rows deduplicated again
+ * across requests and their candidates grouped by merged row, stable
+ * (segment order, then candidate order), by rowset.h. Returns 0, or -1 with
+ * *st set. */
 static int merge(batcher *b, bbatch *bt, rq_status *st)
 {
-    const ikbo_model_info *mi = b->model.mi;
-    const int nus = mi->n_user_sparse, ncs = mi->n_cand_sparse;
-    const size_t ud = (size_t)(mi->user_dense > 0 ? mi->user_dense : 0);
-    const size_t cd = (size_t)(mi->cand_dense > 0 ? mi->cand_dense : 0);
+    rs_dims d;
+    rs_dims_of(&d, b->model.mi);
+    const size_t nus = (size_t)d.n_user_sparse, ncs = (size_t)d.n_cand_sparse;
     const int T = b->n_tasks;
     int C = 0, R = 0;
     bt->off = malloc(((size_t)bt->n_segs + 1) * sizeof *bt->off);
@@ -383,192 +303,50 @@ static int merge(batcher *b, bbatch *bt, rq_status *st)
     if (bt->n_segs == 1 && s0->r0 == 0 && s0->r1 == s0->q->U && s0->c0 == 0 &&
         s0->c1 == s0->q->C) {
         /* One whole request: its plan is already the batch. */
-        bt->identity = 1;
         bt->batch = s0->q->r.plan->batch;
         for (int i = 0; i < C; i++) bt->pos[i] = i;
         return 0;
     }
 
-    /* 1. Merged rows: dedup the segments' rows by key and content. */
-    urow *rows = malloc((size_t)R * sizeof *rows);      /* merged row -> representative */
-    int32_t *rowmap = malloc((size_t)R * sizeof *rowmap); /* segment row -> merged row */
-    int *roff = malloc(((size_t)bt->n_segs + 1) * sizeof *roff);
-    uint64_t *hashes = malloc((size_t)R * sizeof *hashes);
-    int *next = malloc((size_t)R * sizeof *next);
-    size_t nb = 16;
-    while (nb < 2 * (size_t)R) nb <<= 1;
-    int *bucket = malloc(nb * sizeof *bucket);
-    int32_t *start = NULL, *src_seg = NULL, *src_c = NULL;
-    int U = 0;
-    if (!rows || !rowmap || !roff || !hashes || !next || !bucket) goto nomem_rows;
-    for (size_t i = 0; i < nb; i++) bucket[i] = -1;
-    int k = 0;
+    rs_row *rows = malloc(((size_t)R + (size_t)C) * sizeof *rows), *cands = rows + R;
+    rs_span *spans = malloc(((size_t)R * nus + (size_t)C * ncs + 1) * sizeof *spans);
+    int32_t *ix = malloc(((size_t)R + 3 * (size_t)C) * sizeof *ix);
+    rs_table *t = rs_table_new((size_t)R, &d, 0);
+    if (!rows || !spans || !ix || !t) goto nomem_rows;
+    int32_t *rowmap = ix, *cand_row = ix + R, *order = cand_row + C, *map = order + C;
+    int k = 0, kc = 0;
     for (int i = 0; i < bt->n_segs; i++) {
         const bseg *s = bt->segs[i];
-        roff[i] = k;
+        const rq_plan *p = s->q->r.plan;
+        const int k0 = k;
         for (int r = s->r0; r < s->r1; r++, k++) {
-            urow u = {s->q->r.plan, row_key(s->q, r), r};
-            uint64_t h = urow_hash(&u, mi);
-            int m = bucket[h & (nb - 1)];
-            while (m >= 0 && !(hashes[m] == h && urow_equal(&rows[m], &u, mi))) m = next[m];
-            if (m < 0) {
-                m = U++;
-                rows[m] = u;
-                hashes[m] = h;
-                next[m] = bucket[h & (nb - 1)];
-                bucket[h & (nb - 1)] = m;
-            }
-            rowmap[k] = m;
+            rs_batch_user(&p->batch, &d, (size_t)r, p->row_key[r], &rows[k],
+                          spans + (size_t)k * nus);
+            rowmap[k] = rs_table_add(t, &rows[k]);
+        }
+        for (int c = s->c0; c < s->c1; c++, kc++) {
+            rs_batch_cand(&p->batch, &d, (size_t)c, &cands[kc],
+                          spans + (size_t)R * nus + (size_t)kc * ncs);
+            cand_row[kc] = rowmap[k0 + p->batch.map[c] - s->r0];
         }
     }
-    roff[bt->n_segs] = k;
-
-    /* 2. Candidates grouped by merged row, stable (segment order, then
-     * candidate order), so map is non-decreasing. */
-    start = calloc((size_t)U + 1, sizeof *start);
-    src_seg = malloc((size_t)C * sizeof *src_seg);
-    src_c = malloc((size_t)C * sizeof *src_c);
-    bt->map = malloc((size_t)C * sizeof *bt->map);
-    if (!start || !src_seg || !src_c || !bt->map) goto nomem_rows;
-    for (int i = 0; i < bt->n_segs; i++) {
-        const bseg *s = bt->segs[i];
-        const int32_t *pm = s->q->r.plan->batch.map;
-        for (int c = s->c0; c < s->c1; c++) start[rowmap[roff[i] + pm[c] - s->r0] + 1]++;
-    }
-    for (int u = 0; u < U; u++) start[u + 1] += start[u];
-    for (int i = 0; i < bt->n_segs; i++) {
-        const bseg *s = bt->segs[i];
-        const int32_t *pm = s->q->r.plan->batch.map;
-        for (int c = s->c0; c < s->c1; c++) {
-            int u = rowmap[roff[i] + pm[c] - s->r0];
-            int p = start[u]++;
-            bt->pos[bt->off[i] + (c - s->c0)] = p;
-            bt->map[p] = u;
-            src_seg[p] = i;
-            src_c[p] = c;
-        }
-    }
-
-    /* 3. Inputs in merged order. */
-    bt->bufs = calloc(2 * (size_t)(nus + ncs) + 1, sizeof *bt->bufs);
-    bt->user_sparse = calloc((size_t)nus + 1, sizeof *bt->user_sparse);
-    bt->cand_sparse = calloc((size_t)ncs + 1, sizeof *bt->cand_sparse);
-    bt->hist_offsets = malloc(((size_t)U + 1) * sizeof *bt->hist_offsets);
-    if (!bt->bufs || !bt->user_sparse || !bt->cand_sparse || !bt->hist_offsets)
+    const size_t U = rs_table_count(t);
+    if (rs_group(cand_row, (size_t)C, U, order, map) ||
+        rs_assemble(&bt->rb, &d, rs_table_rows(t), U, cands, order, (size_t)C, map))
         goto nomem_rows;
-    if (cd) {
-        bt->cand_dense = malloc((size_t)C * cd * sizeof(float));
-        if (!bt->cand_dense) goto nomem_rows;
-        for (int p = 0; p < C; p++)
-            memcpy(bt->cand_dense + (size_t)p * cd,
-                   bt->segs[src_seg[p]]->q->r.plan->batch.cand_dense + (size_t)src_c[p] * cd,
-                   cd * sizeof(float));
-    }
-    for (int f = 0; f < ncs; f++) {
-        int64_t *off = malloc(((size_t)C + 1) * sizeof *off);
-        if (!off) goto nomem_rows;
-        bt->bufs[bt->n_bufs++] = off;
-        off[0] = 0;
-        for (int p = 0; p < C; p++) {
-            const ikbo_jagged *j = &bt->segs[src_seg[p]]->q->r.plan->batch.cand_sparse[f];
-            off[p + 1] = off[p] + (j->offsets[src_c[p] + 1] - j->offsets[src_c[p]]);
-        }
-        int64_t *ids = malloc((size_t)(off[C] ? off[C] : 1) * sizeof *ids);
-        if (!ids) goto nomem_rows;
-        bt->bufs[bt->n_bufs++] = ids;
-        for (int p = 0; p < C; p++) {
-            const ikbo_jagged *j = &bt->segs[src_seg[p]]->q->r.plan->batch.cand_sparse[f];
-            int64_t a = j->offsets[src_c[p]], n = j->offsets[src_c[p] + 1] - a;
-            if (n) memcpy(ids + off[p], j->ids + a, (size_t)n * sizeof *ids);
-        }
-        bt->cand_sparse[f].ids = ids;
-        bt->cand_sparse[f].offsets = off;
-    }
-    if (ud) {
-        bt->user_dense = malloc((size_t)U * ud * sizeof(float));
-        if (!bt->user_dense) goto nomem_rows;
-        for (int u = 0; u < U; u++)
-            memcpy(bt->user_dense + (size_t)u * ud,
-                   rows[u].p->batch.user_dense + (size_t)rows[u].row * ud, ud * sizeof(float));
-    }
-    for (int f = 0; f < nus; f++) {
-        int64_t *off = malloc(((size_t)U + 1) * sizeof *off);
-        if (!off) goto nomem_rows;
-        bt->bufs[bt->n_bufs++] = off;
-        off[0] = 0;
-        for (int u = 0; u < U; u++) {
-            const ikbo_jagged *j = &rows[u].p->batch.user_sparse[f];
-            off[u + 1] = off[u] + (j->offsets[rows[u].row + 1] - j->offsets[rows[u].row]);
-        }
-        int64_t *ids = malloc((size_t)(off[U] ? off[U] : 1) * sizeof *ids);
-        if (!ids) goto nomem_rows;
-        bt->bufs[bt->n_bufs++] = ids;
-        for (int u = 0; u < U; u++) {
-            const ikbo_jagged *j = &rows[u].p->batch.user_sparse[f];
-            int64_t a = j->offsets[rows[u].row], n = j->offsets[rows[u].row + 1] - a;
-            if (n) memcpy(ids + off[u], j->ids + a, (size_t)n * sizeof *ids);
-        }
-        bt->user_sparse[f].ids = ids;
-        bt->user_sparse[f].offsets = off;
-    }
-    int any_actions = 0;
-    bt->hist_offsets[0] = 0;
-    for (int u = 0; u < U; u++) {
-        const ikbo_batch *B = &rows[u].p->batch;
-        int r = rows[u].row;
-        bt->hist_offsets[u + 1] = bt->hist_offsets[u] + (B->hist.offsets[r + 1] - B->hist.offsets[r]);
-        if (B->hist_actions) any_actions = 1;
-    }
-    size_t H = (size_t)bt->hist_offsets[U];
-    bt->hist_ids = malloc((H ? H : 1) * sizeof *bt->hist_ids);
-    if (!bt->hist_ids) goto nomem_rows;
-    if (any_actions) {
-        bt->hist_actions = calloc(H ? H : 1, sizeof *bt->hist_actions);
-        if (!bt->hist_actions) goto nomem_rows;
-    }
-    for (int u = 0; u < U; u++) {
-        const ikbo_batch *B = &rows[u].p->batch;
-        int r = rows[u].row;
-        int64_t a = B->hist.offsets[r], n = B->hist.offsets[r + 1] - a;
-        if (!n) continue;
-        memcpy(bt->hist_ids + bt->hist_offsets[u], B->hist.ids + a, (size_t)n * sizeof(int64_t));
-        if (B->hist_actions)
-            memcpy(bt->hist_actions + bt->hist_offsets[u], B->hist_actions + a,
-                   (size_t)n * sizeof(int32_t));
-    }
-
-    ikbo_batch *o = &bt->batch;
-    o->n_users = U;
-    o->n_cands = C;
-    o->user_dense = bt->user_dense;
-    o->user_sparse = bt->user_sparse;
-    o->hist.ids = bt->hist_ids;
-    o->hist.offsets = bt->hist_offsets;
-    o->hist_actions = bt->hist_actions;
-    o->cand_dense = bt->cand_dense;
-    o->cand_sparse = bt->cand_sparse;
-    o->map = bt->map;
+    bt->batch = bt->rb.b;
+    for (int p = 0; p < C; p++) bt->pos[order[p]] = p; /* source index = off[i] + (c - c0) */
     free(rows);
-    free(rowmap);
-    free(roff);
-    free(hashes);
-    free(next);
-    free(bucket);
-    free(start);
-    free(src_seg);
-    free(src_c);
+    free(spans);
+    free(ix);
+    rs_table_free(t);
     return 0;
 
 nomem_rows:
     free(rows);
-    free(rowmap);
-    free(roff);
-    free(hashes);
-    free(next);
-    free(bucket);
-    free(start);
-    free(src_seg);
-    free(src_c);
+    free(spans);
+    free(ix);
+    rs_table_free(t);
 nomem:
     return rq_status_set(st, RQ_INTERNAL, "batcher: out of memory merging %d requests",
                          bt->n_requests);

@@ -51,7 +51,7 @@ static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
     if (version) log_int(&ln, "version", version);
     log_str(&ln, "request_id", req->request_id);
     log_str(&ln, "code", code);
-    log_int(&ln, "candidates", (int64_t)req->n_candidates);
+    log_int(&ln, "candidates", (int64_t)rq_request_candidates(req));
     if (n_users >= 0) log_int(&ln, "unique_users", n_users);
     log_num(&ln, "ms", secs * 1e3, 3);
     if (j->batches) {
@@ -110,20 +110,21 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     if (deadline_ns && j->t0 >= deadline_ns) {
         rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
                       "deadline exceeded before the request started (%zu candidates not scored)",
-                      req->n_candidates);
+                      rq_request_candidates(req));
         goto fail;
     }
     /* Admission first: under overload a refusal must cost next to nothing
      * (no validation, no plan). */
-    int n_cands = req->n_candidates < (size_t)INT32_MAX ? (int)req->n_candidates : INT32_MAX;
+    size_t nc = rq_request_candidates(req);
+    int n_cands = nc < (size_t)INT32_MAX ? (int)nc : INT32_MAX;
     batcher *b = batcher_set_reserve(env->batchers, j->m, n_cands, &st);
     if (!b) goto fail;
     const ikbo_model_info *mi = registry_model_info(j->m);
-    if (rq_validate(req, mi, env->limits, &st) == 0) j->plan = rq_plan_build(req, mi, &st);
+    j->plan = rq_prepare(req, mi, env->limits, &st);
     if (j->plan && deadline_ns && clock_mono_ns() >= deadline_ns)
         rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
-                      "deadline exceeded before scoring (%zu candidates, %d unique users)",
-                      req->n_candidates, j->plan->batch.n_users);
+                      "deadline exceeded before scoring (%d candidates, %d unique users)",
+                      j->plan->batch.n_cands, j->plan->batch.n_users);
     if (!j->plan || st.code != RQ_OK) {
         batcher_unreserve(b, n_cands);
         goto fail;

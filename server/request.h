@@ -7,8 +7,8 @@
  * Typical use (one request):
  *     rq_status st;
  *     Ikbo__V1__RankRequest *req = rq_request_from_json(body, len, &st);
- *     if (!req || rq_validate(req, info, &limits, &st)) -> reply st
- *     rq_plan *p = rq_plan_build(req, info, &st);
+ *     rq_plan *p = req ? rq_prepare(req, info, &limits, &st) : NULL;  // validate + plan
+ *     if (!p) -> reply st
  *     ikbo_score(ctx, &p->batch, task_scores, scores, &err);   // [C, T], [C]
  *     Ikbo__V1__RankResponse *resp = rq_response_build(req, p, name, version,
  *                                         info, task_scores, scores, &st);
@@ -19,8 +19,9 @@
  * - rq_request_from_json returns a message built entirely with malloc: free it
  *   with rq_request_free (which is protobuf_c_message_free_unpacked(req, NULL),
  *   so either works). A request unpacked by protobuf-c is freed the same way.
- * - rq_plan_build copies everything it needs out of the request: the plan
- *   does not point into the request, which may be freed before the plan.
+ * - rq_prepare / rq_plan_build copy everything they need out of the
+ *   request: the plan does not point into the request, which may be freed
+ *   before the plan.
  * - rq_response_build returns a malloc'd message (free with
  *   rq_response_free, also == protobuf_c_message_free_unpacked(resp, NULL)).
  * - Strings returned by the *_json functions are malloc'd; the caller free()s.
@@ -50,6 +51,12 @@
  *   engine keeps the most recent hist_max_len. hist_actions is NULL when no
  *   referenced user gave actions, else users without actions get zeros.
  * - top_k > number of candidates returns all candidates, sorted.
+ * - Encodings: a request gives users/candidates (classic) or packed_users
+ *   and packed_candidates (ranker.proto), never a mix. Both are held to the
+ *   same rules with the same messages, naming the entity by its index
+ *   (`users[2].history_ids has ...`); what only a packed column can get
+ *   wrong names the column (`packed_candidates.dense has 100 bytes,
+ *   expected 280 ...`).
  */
 #ifndef IKBO_SERVER_REQUEST_H
 #define IKBO_SERVER_REQUEST_H
@@ -81,6 +88,9 @@ typedef struct rq_limits {
 } rq_limits;
 
 void rq_limits_default(rq_limits *l);
+
+/* Candidates in the request, in either encoding. */
+size_t rq_request_candidates(const Ikbo__V1__RankRequest *req);
 
 /* ---- JSON mapping ------------------------------------------------------ */
 
@@ -123,6 +133,8 @@ typedef struct rq_plan {
     int32_t *user_row;       /* [request users] row of request user j, or -1
                                 when no candidate references it */
     int32_t *row_user;       /* [rows] first request user index with that row */
+    const char **row_key;    /* [rows] that user's key ("" = none) */
+    int64_t *cand_ids;       /* [C] Candidate.id in request order */
     int n_request_users;
     void *priv_;             /* owned storage; freed by rq_plan_free */
 } rq_plan;
@@ -132,6 +144,12 @@ typedef struct rq_plan_opts {
      * full-compare path for hash collisions is exercised. */
     int collide_hashes;
 } rq_plan_opts;
+
+/* rq_validate and the plan in one pass over the request (the server's
+ * path): the plan, or NULL with *st set as rq_validate or rq_plan_build
+ * would. lim NULL = defaults. */
+rq_plan *rq_prepare(const Ikbo__V1__RankRequest *req, const ikbo_model_info *mi,
+                    const rq_limits *lim, rq_status *st);
 
 /* Builds the plan for a request that passed rq_validate against the same
  * model (it re-checks nothing it does not need to stay memory-safe; a bad

@@ -92,7 +92,7 @@ Ikbo__V1__RankResponse *rq_response_build(const Ikbo__V1__RankRequest *req, cons
         r->scores[k] = s;
         r->n_scores = k + 1;
         size_t ri = (size_t)items[k].index, bi = (size_t)inv[ri];
-        s->id = req->candidates[ri]->id;
+        s->id = p->cand_ids[ri];
         s->index = (uint32_t)ri;
         s->score = items[k].score;
         if (task_scores && T) {

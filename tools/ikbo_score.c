@@ -146,7 +146,7 @@ int main(int argc, char **argv)
     const ikbo_model_info *mi = ikbo_model_get_info(m);
     rq_limits lim;
     rq_limits_default(&lim);
-    if (rq_validate(req, mi, &lim, &st) || !(plan = rq_plan_build(req, mi, &st))) {
+    if (!(plan = rq_prepare(req, mi, &lim, &st))) {
         die(st.code, st.msg);
         goto out;
     }

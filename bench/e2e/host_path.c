@@ -25,8 +25,8 @@
 #include "server/request.h"
 #include "tools/loadgen/shape.h"
 
-enum { P_COPY, P_UNPACK, P_VALIDATE, P_PLAN, P_RESPONSE, P_PACK, P_FREE, P_N };
-static const char *const PHASE[P_N] = {"copy payload", "unpack",        "validate", "plan",
+enum { P_COPY, P_UNPACK, P_PREPARE, P_RESPONSE, P_PACK, P_FREE, P_N };
+static const char *const PHASE[P_N] = {"copy payload",   "unpack",        "validate + plan",
                                        "build response", "pack response", "free"};
 
 static double now_us(void)
@@ -68,25 +68,20 @@ static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int how
             q = ikbo__v1__rank_request__unpack(a ? pb_arena_allocator(a) : NULL, x->len, wire);
         ts[2] = now_us();
         rq_status st;
-        if (!q || rq_validate(q, mi, NULL, &st)) {
+        rq_plan *p = q ? rq_prepare(q, mi, NULL, &st) : NULL;
+        if (!p) {
             fprintf(stderr, "host_path: request %d: %s\n", r, q ? st.msg : "does not unpack");
             return -1;
         }
         ts[3] = now_us();
-        rq_plan *p = rq_plan_build(q, mi, &st);
-        if (!p) {
-            fprintf(stderr, "host_path: plan: %s\n", st.msg);
-            return -1;
-        }
-        ts[4] = now_us();
         Ikbo__V1__RankResponse *rs =
             rq_response_build(q, p, "bench", 1, mi, task_scores, scores, &st);
-        ts[5] = now_us();
+        ts[4] = now_us();
         size_t n = rs ? ikbo__v1__rank_response__get_packed_size(rs) : 0;
         uint8_t *out = malloc(n + 1);
         if (!rs || !out) return -1;
         ikbo__v1__rank_response__pack(rs, out);
-        ts[6] = now_us();
+        ts[5] = now_us();
         free(out);
         rq_response_free(rs);
         rq_plan_free(p);
@@ -95,7 +90,7 @@ static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int how
         else
             ikbo__v1__rank_request__free_unpacked(q, NULL);
         free(wire);
-        ts[7] = now_us();
+        ts[6] = now_us();
         if (r < warm) continue;
         for (int k = 0; k < P_N; k++) t[k] += ts[k + 1] - ts[k];
         measured++;
