@@ -98,6 +98,7 @@ typedef struct call {
     atomic_int gone;
     int close_cancelled; /* written by gRPC core for the close op */
     pb_arena *rank_arena; /* a Rank call's request (all its memory), until answered */
+    grpc_slice rank_bytes; /* its wire bytes, which the packed columns point into */
     grpc_call *call;
     gpr_timespec deadline;
     grpc_call_details details; /* M_UNKNOWN only */
@@ -164,6 +165,7 @@ static int request_call(worker *w, enum method m)
     c->t_request = (call_tag){c, T_REQUEST};
     c->t_close = (call_tag){c, T_CLOSE};
     c->t_send = (call_tag){c, T_SEND};
+    c->rank_bytes = grpc_empty_slice();
     grpc_metadata_array_init(&c->md);
     grpc_call_error e;
     if (m == M_UNKNOWN) {
@@ -194,6 +196,7 @@ static void call_free(call *c)
     grpc_metadata_array_destroy(&c->md);
     if (c->call) grpc_call_unref(c->call);
     pb_arena_free(c->rank_arena); /* the request, if still held */
+    grpc_slice_unref(c->rank_bytes);
     free(c);
 }
 
@@ -219,9 +222,14 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
 {
     grpcsrv *s = c->w->srv;
     if (code == RQ_OK && resp) {
-        size_t n = protobuf_c_message_get_packed_size(resp);
+        const Ikbo__V1__RankResponse *rr =
+            resp->descriptor == &ikbo__v1__rank_response__descriptor
+                ? (const Ikbo__V1__RankResponse *)resp
+                : NULL;
+        size_t n = rr ? rank_wire_response_size(rr) : protobuf_c_message_get_packed_size(resp);
         grpc_slice slice = grpc_slice_malloc(n);
-        protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(slice));
+        if (rr) rank_wire_pack_response(rr, GRPC_SLICE_START_PTR(slice));
+        else protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(slice));
         c->response = grpc_raw_byte_buffer_create(&slice, 1);
         grpc_slice_unref(slice);
     }
@@ -260,9 +268,11 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
 
 /* Reads the whole request message and unpacks it; NULL with *st set. With
  * arena, the message's memory comes from a new arena returned there (free
- * that, not the message); else from malloc (protobuf_c_message_free_unpacked). */
+ * that, not the message); else from malloc (protobuf_c_message_free_unpacked).
+ * With keep, the message's bytes are returned there (the message may point
+ * into them: unref after it); else they are released here. */
 static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb_arena **arena,
-                                rq_status *st)
+                                grpc_slice *keep, rq_status *st)
 {
     if (!c->payload)
         return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: no request message", d->name), NULL;
@@ -273,7 +283,8 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb
     grpc_byte_buffer_reader_destroy(&rd);
     ProtobufCMessage *m =
         rank_wire_unpack(d, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), arena, st);
-    grpc_slice_unref(all);
+    if (m && keep) *keep = all;
+    else grpc_slice_unref(all);
     return m;
 }
 
@@ -296,9 +307,12 @@ static void rank_done(void *arg, Ikbo__V1__RankResponse *resp, const rq_status *
     call *c = arg;
     pb_arena *arena = c->rank_arena;
     c->rank_arena = NULL;
+    grpc_slice bytes = c->rank_bytes;
+    c->rank_bytes = grpc_empty_slice();
     finish(c, resp ? RQ_OK : st->code, st->msg, resp ? &resp->base : NULL);
     rq_response_free(resp);
     pb_arena_free(arena); /* the request */
+    grpc_slice_unref(bytes);
 }
 
 static void handle_rank(call *c)
@@ -315,7 +329,8 @@ static void handle_rank(call *c)
     }
     pb_arena *arena = NULL;
     Ikbo__V1__RankRequest *req =
-        (Ikbo__V1__RankRequest *)unpack(c, &ikbo__v1__rank_request__descriptor, &arena, &st);
+        (Ikbo__V1__RankRequest *)unpack(c, &ikbo__v1__rank_request__descriptor, &arena,
+                                        &c->rank_bytes, &st);
     if (!req) {
         const char *const mc[] = {"", rq_code_name(st.code)};
         metrics_add_l(s->metrics->requests_total, mc, 1);
@@ -336,7 +351,7 @@ static void handle_model_info(call *c)
         return;
     }
     Ikbo__V1__ModelInfoRequest *req = (Ikbo__V1__ModelInfoRequest *)unpack(
-        c, &ikbo__v1__model_info_request__descriptor, NULL, &st);
+        c, &ikbo__v1__model_info_request__descriptor, NULL, NULL, &st);
     if (!req) {
         finish(c, st.code, st.msg, NULL);
         return;
@@ -353,7 +368,7 @@ static void handle_health(call *c)
     rq_status st;
     rq_status_ok(&st);
     Grpc__Health__V1__HealthCheckRequest *req = (Grpc__Health__V1__HealthCheckRequest *)unpack(
-        c, &grpc__health__v1__health_check_request__descriptor, NULL, &st);
+        c, &grpc__health__v1__health_check_request__descriptor, NULL, NULL, &st);
     if (!req) {
         finish(c, st.code, st.msg, NULL);
         return;

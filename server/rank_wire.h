@@ -19,8 +19,11 @@
  * tests/unit/test_rank_wire.c checks that both paths agree wherever this
  * decoder answers or refuses.
  *
- * Ownership: the message and everything it points to live in the arena;
- * free the arena, never the message.
+ * Ownership: the message and everything it points to live in the arena,
+ * except the packed encoding's `bytes` fields, which point into buf (that is
+ * what makes the packed encoding cheap: its columns are never copied or
+ * converted here); buf must outlive the message. Free the arena, never the
+ * message.
  */
 #ifndef IKBO_SERVER_RANK_WIRE_H
 #define IKBO_SERVER_RANK_WIRE_H
@@ -48,8 +51,15 @@ Ikbo__V1__RankRequest *rank_wire_decode(const uint8_t *buf, size_t len, pb_arena
  * goes through rank_wire_decode first, and what it declines through
  * pb_check_unpack in a fresh arena. Without (arena NULL): pb_check_unpack
  * with malloc (free with protobuf_c_message_free_unpacked). NULL with *st
- * set: INVALID_ARGUMENT for bad bytes, INTERNAL when memory ran out. */
+ * set: INVALID_ARGUMENT for bad bytes, INTERNAL when memory ran out.
+ * As with rank_wire_decode, buf must outlive the message. */
 ProtobufCMessage *rank_wire_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
                                    size_t len, pb_arena **arena, rq_status *st);
+
+/* A RankResponse's bytes exactly as protobuf-c packs them (the test holds the
+ * two equal), written without the descriptor walk: the size, then the bytes
+ * into out[size] (returns the count written). Little-endian hosts only. */
+size_t rank_wire_response_size(const Ikbo__V1__RankResponse *r);
+size_t rank_wire_pack_response(const Ikbo__V1__RankResponse *r, uint8_t *out);
 
 #endif

@@ -77,10 +77,12 @@ static int run(const lg_bodies *b, const ikbo_model_info *mi, int iters, int how
         Ikbo__V1__RankResponse *rs =
             rq_response_build(q, p, "bench", 1, mi, task_scores, scores, &st);
         ts[4] = now_us();
-        size_t n = rs ? ikbo__v1__rank_response__get_packed_size(rs) : 0;
+        size_t n = !rs ? 0 : how == 2 ? rank_wire_response_size(rs)
+                                      : ikbo__v1__rank_response__get_packed_size(rs);
         uint8_t *out = malloc(n + 1);
         if (!rs || !out) return -1;
-        ikbo__v1__rank_response__pack(rs, out);
+        if (how == 2) rank_wire_pack_response(rs, out);
+        else ikbo__v1__rank_response__pack(rs, out);
         ts[5] = now_us();
         free(out);
         rq_response_free(rs);
