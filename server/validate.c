@@ -256,28 +256,25 @@ static int column(vctx *x, const char *path, const ProtobufCBinaryData *b, size_
 
 /* Entity i's span of a jagged column, stored at base + i * stride (bytes),
  * from a lengths column (uint32 per entity) over an ids column of
- * `width`-byte elements. */
-static int jag_spans(vctx *x, const char *path, const char *ids_name,
-                     const ProtobufCBinaryData *lengths, const ProtobufCBinaryData *ids,
-                     size_t width, size_t count, char *base, size_t stride)
+ * `width`-byte elements; lp and ip name the two columns. */
+static int jag_spans(vctx *x, const char *lp, const char *ip, const ProtobufCBinaryData *lengths,
+                     const ProtobufCBinaryData *ids, size_t width, size_t count, char *base,
+                     size_t stride)
 {
-    char lp[120];
-    snprintf(lp, sizeof lp, "%s%s", path, ids_name[0] == 'i' ? ".lengths" : "_lengths");
     if (column(x, lp, lengths, count, 4, "one uint32 per entity", 0)) return -1;
     size_t at = 0, n_ids = ids->len / width;
     for (size_t i = 0; i < count; i++) {
         size_t n = u32_at(lengths, i);
         if (n > n_ids - at)
-            return bad(x, "%s[%zu] = %zu runs past the end of %s%s%s (%zu elements)", lp, i, n,
-                       path, ids_name[0] == 'i' ? "." : "_", ids_name, n_ids);
+            return bad(x, "%s[%zu] = %zu runs past the end of %s (%zu elements)", lp, i, n, ip,
+                       n_ids);
         rs_span sp = {ids->data ? ids->data + width * at : (const void *)"", n};
         memcpy(base + i * stride, &sp, sizeof sp);
         at += n;
     }
     if (ids->len != width * at)
-        return bad(x, "%s%s%s has %zu bytes, expected %zu (the sum of the lengths, %zu, x %zu)",
-                   path, ids_name[0] == 'i' ? "." : "_", ids_name, ids->len, width * at, at,
-                   width);
+        return bad(x, "%s has %zu bytes, expected %zu (the sum of the lengths, %zu, x %zu)", ip,
+                   ids->len, width * at, at, width);
     return 0;
 }
 
@@ -302,8 +299,11 @@ static int packed_sparse(vctx *x, int ent, const char *side, Ikbo__V1__PackedSpa
                 return bad(x, "%s.name = \"%s\": duplicate feature (also %s.sparse[%zu])", path,
                            nb, side, q);
             }
-        if (jag_spans(x, path, "ids", &sp[k]->lengths, &sp[k]->ids, 8, count,
-                      (char *)(bags + fi), (size_t)n_names * sizeof *bags))
+        char lp[112], ip[112];
+        snprintf(lp, sizeof lp, "%s.lengths", path);
+        snprintf(ip, sizeof ip, "%s.ids", path);
+        if (jag_spans(x, lp, ip, &sp[k]->lengths, &sp[k]->ids, 8, count, (char *)(bags + fi),
+                      (size_t)n_names * sizeof *bags))
             return -1;
         for (size_t i = 0; x->lim && i < count; i++)
             if (bags[i * (size_t)n_names + (size_t)fi].n > x->lim->max_ids_per_bag)
@@ -326,8 +326,9 @@ static int packed_users(vctx *x, const Ikbo__V1__PackedUsers *pu)
                       (rs_span *)v->users[0].bags))
         return -1;
     if ((pu->history_lengths.len || pu->history_ids.len) &&
-        jag_spans(x, "packed_users.history", "ids", &pu->history_lengths, &pu->history_ids, 8,
-                  U, (char *)&v->users[0].hist, sizeof(rs_row)))
+        jag_spans(x, "packed_users.history_lengths", "packed_users.history_ids",
+                  &pu->history_lengths, &pu->history_ids, 8, U, (char *)&v->users[0].hist,
+                  sizeof(rs_row)))
         return -1;
     if (pu->history_actions.len && pu->history_actions.len != pu->history_ids.len / 2)
         return bad(x, "packed_users.history_actions has %zu bytes but history_ids has %zu ids "
