@@ -1,10 +1,9 @@
 /* hash.h - the 64-bit content hash user dedup uses.
  *
- * Why this exists: users are deduplicated twice, per request (request.c,
- * over protobuf users) and across the requests of a batch (batcher.c, over
- * plan rows); both hash user content with the same function, so it lives
- * once here. Not cryptographic: a hash match is always followed by a full
- * compare. Header-only, no state.
+ * Why this exists: users are deduplicated per request and again across the
+ * requests of a batch, both by rowset.c; the hash is kept apart from the
+ * table so that it can be read (and changed) on its own. Not cryptographic:
+ * a hash match is always followed by a full compare. Header-only, no state.
  *
  * History actions: absent actions mean all zero, so a user's actions are
  * hashed only when one is nonzero, and then as one block of int32s
@@ -58,12 +57,26 @@ static inline uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
     return hash_mix64(h, t ^ ((uint64_t)n << 56));
 }
 
-/* h unchanged when every action is zero (or n == 0), else the actions folded in. */
-static inline uint64_t hash_actions(uint64_t h, const int32_t *a, size_t n)
+/* 1 when n bytes at p (any alignment) are all zero. */
+static inline int hash_all_zero(const void *p, size_t n)
 {
-    size_t k = 0;
-    while (k < n && a[k] == 0) k++;
-    return k == n ? h : hash_bytes(hash_mix64(h, 0xac7105ull), a, n * sizeof *a);
+    const unsigned char *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        if (w) return 0;
+    }
+    for (; i < n; i++)
+        if (b[i]) return 0;
+    return 1;
+}
+
+/* h unchanged when every action is zero (or n == 0), else the n int32
+ * actions at a (any alignment) folded in. */
+static inline uint64_t hash_actions(uint64_t h, const void *a, size_t n)
+{
+    return hash_all_zero(a, n * 4) ? h : hash_bytes(hash_mix64(h, 0xac7105ull), a, n * 4);
 }
 
 #endif

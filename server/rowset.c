@@ -56,21 +56,6 @@ void rs_table_free(rs_table *t)
 size_t rs_table_count(const rs_table *t) { return t->n; }
 const rs_row *rs_table_rows(const rs_table *t) { return t->rows; }
 
-/* Absent actions equal all-zero actions: only nonzero ones are content. */
-static int span_all_zero(const rs_span *s, size_t width)
-{
-    const unsigned char *b = s->p;
-    size_t n = s->n * width, i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, b + i, 8);
-        if (w) return 0;
-    }
-    for (; i < n; i++)
-        if (b[i]) return 0;
-    return 1;
-}
-
 static uint64_t row_hash(const rs_table *t, const rs_row *r)
 {
     uint64_t h = hash_bytes(0x1234567ull, r->key, strlen(r->key));
@@ -78,9 +63,7 @@ static uint64_t row_hash(const rs_table *t, const rs_row *r)
     for (int f = 0; f < t->d.n_user_sparse; f++)
         h = hash_bytes(h, r->bags[f].p, r->bags[f].n * sizeof(int64_t));
     h = hash_bytes(h, r->hist.p, r->hist.n * sizeof(int64_t));
-    if (r->act.n && !span_all_zero(&r->act, sizeof(int32_t)))
-        h = hash_bytes(hash_mix64(h, 0xac7105ull), r->act.p, r->act.n * sizeof(int32_t));
-    return h;
+    return hash_actions(h, r->act.p, r->act.n); /* absent == all zero */
 }
 
 static int span_equal(const rs_span *a, const rs_span *b, size_t width)
@@ -97,7 +80,8 @@ static int row_equal(const rs_table *t, const rs_row *a, const rs_row *b)
     if (!span_equal(&a->hist, &b->hist, sizeof(int64_t))) return 0;
     if (a->act.n && b->act.n) return span_equal(&a->act, &b->act, sizeof(int32_t));
     /* one side absent: equal iff the other is all zero */
-    return span_all_zero(a->act.n ? &a->act : &b->act, sizeof(int32_t));
+    const rs_span *o = a->act.n ? &a->act : &b->act;
+    return hash_all_zero(o->p, o->n * sizeof(int32_t));
 }
 
 int rs_table_add(rs_table *t, const rs_row *r)
