@@ -153,6 +153,7 @@ $(BUILD)/ikbo-loadgen: $(LOADGEN_OBJS) $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
 
 # The server's per-request CPU cost, step by step (bench/e2e/host_path.c).
 $(BUILD)/host_path: $(BUILD)/obj/bench/e2e/host_path.o $(BUILD)/obj/tools/loadgen/shape.o \
+                    $(BUILD)/obj/tools/loadgen/packed.o \
                     $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
 	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
 

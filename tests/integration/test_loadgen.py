@@ -7,7 +7,8 @@ ikbo-serve on the CPU (free ports, temporary model repository).
 Checks, in order (each prints one line; any failure exits 1, nothing is
 skipped):
   1. `ikbo-loadgen --self-test` (histogram precision, distributions, JSON
-     spec, request bodies) and --help listing every flag;
+     spec, request bodies, classic and packed encodings compared) and
+     --help listing every flag;
   2. a 2.5 s closed-loop run whose candidates straddle the daemon's
      limits.max_candidates, so answers are a mix of OK and
      RESOURCE_EXHAUSTED: loadgen's --json counts by status must equal the

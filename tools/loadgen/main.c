@@ -65,6 +65,9 @@ static void usage(FILE *f)
 "  --shuffle                interleave the candidates of different users\n"
 "  --top-k K                RankRequest.top_k (default 0: all scores)\n"
 "  --seed S                 seed of the request contents and the Poisson schedule (default 1)\n"
+"  --encoding E             classic (RankRequest.users/candidates) or packed (packed_users/\n"
+"                           packed_candidates: columnar little-endian bytes); the same requests\n"
+"                           either way (default classic)\n"
 "load\n"
 "  --concurrency N          closed loop: calls in flight (default 8)\n"
 "  --rate R                 open loop: R requests/s on a precomputed schedule; latency counts\n"
@@ -81,7 +84,8 @@ static void usage(FILE *f)
 "                           score per candidate, or top_k)\n"
 "output\n"
 "  --json                   one JSON object on stdout instead of the text report\n"
-"  --self-test              run the built-in checks (histogram, distributions, requests), exit\n"
+"  --self-test              run the built-in checks (histogram, distributions, requests in both\n"
+"                           encodings), exit\n"
 "  --help                   this text\n"
 "  --version                print the version\n"
 "\n"
@@ -144,7 +148,7 @@ static const char *const VALUE_FLAGS[] = {
     "--candidates", "--history", "--ids-per-bag", "--user-ids-per-bag", "--candidate-ids-per-bag",
     "--repeat-users", "--user-pool", "--id-range", "--distinct", "--top-k", "--seed",
     "--concurrency", "--rate", "--max-inflight", "--threads", "--connections", "--warmup",
-    "--duration", "--timeout-ms", NULL};
+    "--duration", "--timeout-ms", "--encoding", NULL};
 static const char *const BOOL_FLAGS[] = {"--shuffle", "--poisson", "--no-verify", "--json",
                                          "--self-test", "--help", "--version", NULL};
 
@@ -259,6 +263,10 @@ static void parse_args(opts *o, int argc, char **argv)
         else if (!strcmp(f, "--shuffle")) s->shuffle = 1;
         else if (!strcmp(f, "--top-k")) s->top_k = (uint32_t)parse_int(f, v, 0, UINT32_MAX);
         else if (!strcmp(f, "--seed")) s->seed = (uint64_t)parse_int(f, v, 0, INT64_MAX);
+        else if (!strcmp(f, "--encoding")) {
+            if ((s->encoding = lg_encoding_parse(v)) < 0)
+                die("--encoding: expected classic or packed, got '%s'", v);
+        }
         else if (!strcmp(f, "--concurrency")) o->concurrency = (int)parse_int(f, v, 1, 1000000);
         else if (!strcmp(f, "--rate")) o->rate = parse_num(f, v, 1e-3, 1e7);
         else if (!strcmp(f, "--poisson")) o->poisson = 1;
@@ -461,6 +469,7 @@ int main(int argc, char **argv)
         json_object_set_new(sj, "shuffle", json_boolean(s->shuffle));
         json_object_set_new(sj, "top_k", json_integer(s->top_k));
         json_object_set_new(sj, "seed", json_integer((json_int_t)s->seed));
+        json_object_set_new(sj, "encoding", json_string(lg_encoding_name(s->encoding)));
         json_object_set_new(sj, "mean_candidates", json_real(bodies.mean_cands));
         json_object_set_new(sj, "mean_request_bytes", json_real(bodies.mean_bytes));
         json_object_set_new(j, "shape", sj);
@@ -500,9 +509,9 @@ int main(int argc, char **argv)
                o.threads, o.connections, o.warmup, st->duration_s, o.timeout_ms);
         printf("shape: %d user(s)/request, candidates/user %s (mean %.1f per request), history %s, "
                "ids/bag user %s candidate %s, repeat users %.2f (pool %d), %d distinct requests of "
-               "%.0f bytes mean\n",
+               "%.0f bytes mean (%s encoding)\n",
                s->users, cd, bodies.mean_cands, hd, uid, cid, s->repeat_users, s->user_pool,
-               s->distinct, bodies.mean_bytes);
+               s->distinct, bodies.mean_bytes, lg_encoding_name(s->encoding));
         printf("sent %" PRIu64 " (warm-up included): ", st->sent);
         text_codes(st->codes_all);
         if (open) printf("; unsent %" PRIu64 " of %" PRIu64 " scheduled", st->unsent, st->scheduled);

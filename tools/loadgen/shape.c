@@ -2,6 +2,8 @@
  * shape.h). */
 #include "shape.h"
 
+#include "packed.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -11,8 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int seterr(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int seterr(char *buf, size_t n, const char *fmt, ...)
+int lg_seterr(char *buf, size_t n, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -43,15 +44,15 @@ int dist_parse(dist *d, const char *text, int64_t min, int64_t max, char *errbuf
     const char *p = text, *e;
     int64_t a;
     if (!text || parse_i64(p, &e, &a))
-        return seterr(errbuf, n, "'%s': expected N, A..B or A,B,C", text ? text : "");
+        return lg_seterr(errbuf, n, "'%s': expected N, A..B or A,B,C", text ? text : "");
     if (*e == 0) {
         d->kind = DIST_FIXED;
         d->a = d->b = a;
     } else if (e[0] == '.' && e[1] == '.') {
         int64_t b;
         if (parse_i64(e + 2, &e, &b) || *e)
-            return seterr(errbuf, n, "'%s': expected A..B", text);
-        if (b < a) return seterr(errbuf, n, "'%s': A..B needs A <= B", text);
+            return lg_seterr(errbuf, n, "'%s': expected A..B", text);
+        if (b < a) return lg_seterr(errbuf, n, "'%s': A..B needs A <= B", text);
         d->kind = DIST_UNIFORM;
         d->a = a;
         d->b = b;
@@ -60,14 +61,14 @@ int dist_parse(dist *d, const char *text, int64_t min, int64_t max, char *errbuf
         d->values[d->n++] = a;
         while (*e == ',') {
             if (d->n == DIST_MAX_CHOICES)
-                return seterr(errbuf, n, "'%s': more than %d values", text, DIST_MAX_CHOICES);
-            if (parse_i64(e + 1, &e, &a)) return seterr(errbuf, n, "'%s': expected A,B,C", text);
+                return lg_seterr(errbuf, n, "'%s': more than %d values", text, DIST_MAX_CHOICES);
+            if (parse_i64(e + 1, &e, &a)) return lg_seterr(errbuf, n, "'%s': expected A,B,C", text);
             d->values[d->n++] = a;
         }
-        if (*e) return seterr(errbuf, n, "'%s': expected A,B,C", text);
+        if (*e) return lg_seterr(errbuf, n, "'%s': expected A,B,C", text);
         d->a = d->b = d->values[0];
     } else {
-        return seterr(errbuf, n, "'%s': expected N, A..B or A,B,C", text);
+        return lg_seterr(errbuf, n, "'%s': expected N, A..B or A,B,C", text);
     }
     int64_t lo = d->kind == DIST_CHOICE ? d->values[0] : d->a;
     int64_t hi = lo;
@@ -77,7 +78,7 @@ int dist_parse(dist *d, const char *text, int64_t min, int64_t max, char *errbuf
         if (d->values[i] > hi) hi = d->values[i];
     }
     if (lo < min || hi > max)
-        return seterr(errbuf, n, "'%s': values must be in %" PRId64 "..%" PRId64, text, min, max);
+        return lg_seterr(errbuf, n, "'%s': values must be in %" PRId64 "..%" PRId64, text, min, max);
     return 0;
 }
 
@@ -179,6 +180,15 @@ void shape_defaults(shape *s)
     s->seed = 1;
 }
 
+int lg_encoding_parse(const char *text)
+{
+    if (!strcmp(text, "classic")) return LG_ENC_CLASSIC;
+    if (!strcmp(text, "packed")) return LG_ENC_PACKED;
+    return -1;
+}
+
+const char *lg_encoding_name(int encoding) { return encoding == LG_ENC_PACKED ? "packed" : "classic"; }
+
 /* A distribution from a JSON value: number, string, array or {"uniform":[a,b]}. */
 static int json_dist(dist *d, json_t *v, const char *key, int64_t min, int64_t max, char *errbuf,
                      size_t n)
@@ -194,24 +204,24 @@ static int json_dist(dist *d, json_t *v, const char *key, int64_t min, int64_t m
         text[0] = 0;
         json_array_foreach(v, i, x) {
             if (!json_is_integer(x))
-                return seterr(errbuf, n, "%s[%zu]: expected integer", key, i);
+                return lg_seterr(errbuf, n, "%s[%zu]: expected integer", key, i);
             off += (size_t)snprintf(text + off, sizeof text - off, "%s%" JSON_INTEGER_FORMAT,
                                     i ? "," : "", json_integer_value(x));
-            if (off >= sizeof text) return seterr(errbuf, n, "%s: list too long", key);
+            if (off >= sizeof text) return lg_seterr(errbuf, n, "%s: list too long", key);
         }
     } else if (json_is_object(v) && json_object_size(v) == 1 && json_object_get(v, "uniform")) {
         json_t *u = json_object_get(v, "uniform");
         if (!json_is_array(u) || json_array_size(u) != 2 ||
             !json_is_integer(json_array_get(u, 0)) || !json_is_integer(json_array_get(u, 1)))
-            return seterr(errbuf, n, "%s.uniform: expected [A, B]", key);
+            return lg_seterr(errbuf, n, "%s.uniform: expected [A, B]", key);
         snprintf(text, sizeof text, "%" JSON_INTEGER_FORMAT "..%" JSON_INTEGER_FORMAT,
                  json_integer_value(json_array_get(u, 0)), json_integer_value(json_array_get(u, 1)));
     } else {
-        return seterr(errbuf, n,
-                      "%s: expected an integer, \"A..B\", \"A,B,C\", [A, B, C] or {\"uniform\": [A, B]}",
-                      key);
+        return lg_seterr(errbuf, n,
+                         "%s: expected an integer, \"A..B\", \"A,B,C\", [A, B, C] or {\"uniform\": [A, B]}",
+                         key);
     }
-    if (dist_parse(d, text, min, max, sub, sizeof sub)) return seterr(errbuf, n, "%s: %s", key, sub);
+    if (dist_parse(d, text, min, max, sub, sizeof sub)) return lg_seterr(errbuf, n, "%s: %s", key, sub);
     return 0;
 }
 
@@ -219,7 +229,7 @@ static int json_int(json_t *v, const char *key, int64_t min, int64_t max, int64_
                     char *errbuf, size_t n)
 {
     if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
-        return seterr(errbuf, n, "%s: expected integer %" PRId64 "..%" PRId64, key, min, max);
+        return lg_seterr(errbuf, n, "%s: expected integer %" PRId64 "..%" PRId64, key, min, max);
     *out = json_integer_value(v);
     return 0;
 }
@@ -233,14 +243,14 @@ int shape_apply_json_file(shape *s, const char *path, char **model, int64_t *ver
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         if (je.line > 0)
-            return seterr(errbuf, n, "%s: invalid JSON at line %d column %d: %s", path, je.line,
-                          je.column, je.text);
-        return seterr(errbuf, n, "%s: %s", path, je.text);
+            return lg_seterr(errbuf, n, "%s: invalid JSON at line %d column %d: %s", path, je.line,
+                             je.column, je.text);
+        return lg_seterr(errbuf, n, "%s: %s", path, je.text);
     }
     char sub[512];
     int rc = -1;
     if (!json_is_object(root)) {
-        seterr(sub, sizeof sub, "expected a JSON object");
+        lg_seterr(sub, sizeof sub, "expected a JSON object");
         goto out;
     }
     const char *key;
@@ -264,7 +274,7 @@ int shape_apply_json_file(shape *s, const char *path, char **model, int64_t *ver
             if (json_dist(&s->cand_ids, v, key, 0, 1000000, sub, sizeof sub)) goto out;
         } else if (!strcmp(key, "repeat_users")) {
             if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > 1) {
-                seterr(sub, sizeof sub, "repeat_users: expected a number 0..1");
+                lg_seterr(sub, sizeof sub, "repeat_users: expected a number 0..1");
                 goto out;
             }
             s->repeat_users = json_number_value(v);
@@ -279,7 +289,7 @@ int shape_apply_json_file(shape *s, const char *path, char **model, int64_t *ver
             s->distinct = (int)x;
         } else if (!strcmp(key, "shuffle")) {
             if (!json_is_boolean(v)) {
-                seterr(sub, sizeof sub, "shuffle: expected true or false");
+                lg_seterr(sub, sizeof sub, "shuffle: expected true or false");
                 goto out;
             }
             s->shuffle = json_is_true(v);
@@ -291,7 +301,7 @@ int shape_apply_json_file(shape *s, const char *path, char **model, int64_t *ver
             s->seed = (uint64_t)x;
         } else if (!strcmp(key, "model")) {
             if (!json_is_string(v) || !json_string_length(v)) {
-                seterr(sub, sizeof sub, "model: expected a non-empty string");
+                lg_seterr(sub, sizeof sub, "model: expected a non-empty string");
                 goto out;
             }
             free(*model);
@@ -300,9 +310,9 @@ int shape_apply_json_file(shape *s, const char *path, char **model, int64_t *ver
             if (json_int(v, key, 0, INT64_MAX, &x, sub, sizeof sub)) goto out;
             *version = x;
         } else {
-            seterr(sub, sizeof sub, "%s: unknown key (known: users, candidates, history, ids_per_bag, "
-                   "user_ids_per_bag, candidate_ids_per_bag, repeat_users, user_pool, id_range, "
-                   "distinct, shuffle, top_k, seed, model, model_version)", key);
+            lg_seterr(sub, sizeof sub, "%s: unknown key (known: users, candidates, history, ids_per_bag, "
+                      "user_ids_per_bag, candidate_ids_per_bag, repeat_users, user_pool, id_range, "
+                      "distinct, shuffle, top_k, seed, model, model_version)", key);
             goto out;
         }
     }
@@ -312,7 +322,7 @@ out:
     if (rc) {
         free(*model);
         *model = NULL;
-        seterr(errbuf, n, "%s: %s", path, sub);
+        lg_seterr(errbuf, n, "%s: %s", path, sub);
     }
     return rc;
 }
@@ -351,10 +361,10 @@ int lg_model_from_desc(lg_model *m, const Ikbo__V1__ModelDescription *d, int64_t
     }
     if (best < 0) {
         if (version > 0)
-            return seterr(errbuf, n, "model '%s' version %" PRId64 " is not READY (versions: %s)",
-                          d->name, version, off ? states : "none");
-        return seterr(errbuf, n, "model '%s' has no READY version (versions: %s)", d->name,
-                      off ? states : "none");
+            return lg_seterr(errbuf, n, "model '%s' version %" PRId64 " is not READY (versions: %s)",
+                             d->name, version, off ? states : "none");
+        return lg_seterr(errbuf, n, "model '%s' has no READY version (versions: %s)", d->name,
+                         off ? states : "none");
     }
     m->name = strdup(d->name);
     m->mode = strdup(d->mode ? d->mode : "");
@@ -375,7 +385,7 @@ int lg_model_from_desc(lg_model *m, const Ikbo__V1__ModelDescription *d, int64_t
     m->n_tasks = (int)d->n_tasks;
     if (!m->name || !m->mode || !m->device || !m->user_sparse || !m->cand_sparse) {
         lg_model_free(m);
-        return seterr(errbuf, n, "out of memory");
+        return lg_seterr(errbuf, n, "out of memory");
     }
     return 0;
 }
@@ -584,29 +594,40 @@ static Ikbo__V1__RankRequest *build_request(arena *a, const shape *s, const lg_m
     return q;
 }
 
+/* Serializes q into b in the shape's encoding. */
+static int pack_body(lg_body *b, const Ikbo__V1__RankRequest *q, int encoding, char *errbuf,
+                     size_t n)
+{
+    if (encoding == LG_ENC_PACKED) return lg_pack_columnar(q, &b->data, &b->len, errbuf, n);
+    b->len = ikbo__v1__rank_request__get_packed_size(q);
+    b->data = malloc(b->len ? b->len : 1);
+    if (!b->data) return lg_seterr(errbuf, n, "out of memory");
+    ikbo__v1__rank_request__pack(q, b->data);
+    return 0;
+}
+
 int lg_bodies_build(lg_bodies *out, const shape *s, const lg_model *m, char *errbuf, size_t n)
 {
     memset(out, 0, sizeof *out);
     out->b = calloc((size_t)s->distinct, sizeof *out->b);
-    if (!out->b) return seterr(errbuf, n, "out of memory");
+    if (!out->b) return lg_seterr(errbuf, n, "out of memory");
     double cands = 0, bytes = 0;
     for (int i = 0; i < s->distinct; i++) {
         arena a = {0};
+        char sub[256];
         Ikbo__V1__RankRequest *q = build_request(&a, s, m, i);
         if (!q || a.failed) {
             arena_free(&a);
             lg_bodies_free(out);
-            return seterr(errbuf, n, "out of memory building request %d", i);
+            return lg_seterr(errbuf, n, "out of memory building request %d", i);
         }
         lg_body *b = &out->b[out->n];
-        b->len = ikbo__v1__rank_request__get_packed_size(q);
-        b->data = malloc(b->len ? b->len : 1);
-        if (!b->data) {
+        if (pack_body(b, q, s->encoding, sub, sizeof sub)) {
             arena_free(&a);
             lg_bodies_free(out);
-            return seterr(errbuf, n, "out of memory packing request %d", i);
+            return lg_seterr(errbuf, n, "packing request %d (%s): %s", i, lg_encoding_name(s->encoding),
+                             sub);
         }
-        ikbo__v1__rank_request__pack(q, b->data);
         b->n_users = (uint32_t)q->n_users;
         b->n_cands = (uint32_t)q->n_candidates;
         b->n_expected_scores = s->top_k && s->top_k < b->n_cands ? s->top_k : b->n_cands;

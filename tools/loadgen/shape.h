@@ -13,6 +13,10 @@
  * users are distinct within one request, so a request has exactly `users`
  * users. Fresh users recur only when the distinct bodies cycle.
  *
+ * Encoding: every body is request i of the set in the classic fields
+ * (users, candidates) or, with encoding LG_ENC_PACKED, the same request in
+ * the packed columnar fields (packed.h); the content does not depend on it.
+ *
  * Ownership: shape_* fill caller-owned structs; lg_bodies_free frees bodies.
  * Errors are written into a caller buffer (errbuf, 256+ bytes), never
  * printed. Thread-safety: building is single-threaded; built bodies are
@@ -25,6 +29,10 @@
 #include <stdint.h>
 
 #include "ikbo/v1/ranker.pb-c.h"
+
+/* Formats an error into buf (n bytes); returns -1, for `return lg_seterr(...)`.
+ * Shared by shape.c and packed.c. */
+int lg_seterr(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ---- integer distribution ---------------------------------------------- */
 
@@ -61,6 +69,12 @@ int64_t dist_sample(const dist *d, lg_rng *r);
 
 /* ---- shape spec ---------------------------------------------------------- */
 
+enum lg_encoding { LG_ENC_CLASSIC = 0, LG_ENC_PACKED = 1 };
+
+/* "classic" or "packed"; -1 for anything else. */
+int lg_encoding_parse(const char *text);
+const char *lg_encoding_name(int encoding);
+
 typedef struct shape {
     int users;             /* users per request, >= 1 */
     dist candidates;       /* candidates per user */
@@ -75,6 +89,7 @@ typedef struct shape {
     int shuffle;           /* interleave candidates of different users */
     uint32_t top_k;
     uint64_t seed;
+    int encoding;          /* enum lg_encoding; not a spec key (a flag only) */
 } shape;
 
 void shape_defaults(shape *s);
