@@ -5,6 +5,7 @@
     /usr/bin/python3 deploy/ghz/make_data.py --preset demo  -o deploy/ghz/data/demo_request.json
     /usr/bin/python3 deploy/ghz/make_data.py --preset bench -o deploy/ghz/data/bench_request.json
     /usr/bin/python3 deploy/ghz/make_data.py --model-json models/foo/1/model.json --users 2 --cands-per-user 10
+    /usr/bin/python3 deploy/ghz/make_data.py --preset bench --packed -o deploy/ghz/data/bench_packed_request.json
 
 Presets: demo = the inputs of models/demo/1 (those of MODEL_FORMAT.md's
 example: user dense 8, sparse country/lang, history max_len 64 with 4
@@ -13,6 +14,11 @@ models/demo/1/model.json when it exists; bench = the seed-scale bench model's
 inputs (models/bench/make_bench_model.py), bench-small = its --small inputs.
 Content is deterministic in --seed: dense values in [-1, 1) with 4 decimals,
 one id per sparse bag, full-length histories, distinct user keys.
+
+--packed writes the same request (same seed, same content) in the packed
+encoding (RankRequest.packed_users/packed_candidates; in proto3 JSON their
+bytes fields are base64), converted by tools/rank_client.py's to_packed; it
+needs the Python messages `make` generates (build/gen/py, or $IKBO_BUILD).
 """
 import argparse
 import json
@@ -73,6 +79,23 @@ def make_request(inputs, model, users, cands_per_user, history, seed):
     return {"model": model, "users": out_users, "candidates": cands}
 
 
+def classic_text(req):
+    # one candidate per line: readable, diffable, still small
+    return "{\n  \"model\": %s,\n  \"users\": [\n%s\n  ],\n  \"candidates\": [\n%s\n  ]\n}\n" % (
+        json.dumps(req["model"]),
+        ",\n".join("    " + json.dumps(u, separators=(", ", ": ")) for u in req["users"]),
+        ",\n".join("    " + json.dumps(c, separators=(", ", ": ")) for c in req["candidates"]))
+
+
+def packed_text(req):
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import rank_client  # noqa: E402  (grpc, then the generated messages)
+    from google.protobuf import json_format  # noqa: E402
+    msg = json_format.ParseDict(req, rank_client.ranker_pb2.RankRequest())
+    packed = json_format.MessageToDict(rank_client.to_packed(msg))
+    return json.dumps(packed, indent=2) + "\n"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Write a ghz data file (RankRequest, proto3 JSON) for a model.")
     src = ap.add_mutually_exclusive_group(required=True)
@@ -83,6 +106,8 @@ def main(argv=None):
     ap.add_argument("--cands-per-user", type=int, default=70)
     ap.add_argument("--history", type=int, default=None, help="events per user (default: max_len)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--packed", action="store_true",
+                    help="write the request in the packed (columnar) encoding")
     ap.add_argument("-o", "--out", default="-")
     a = ap.parse_args(argv)
     if a.preset:
@@ -95,11 +120,7 @@ def main(argv=None):
         model = a.model or os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(a.model_json))))
         users = a.users or 1
     req = make_request(inputs, model, users, a.cands_per_user, a.history, a.seed)
-    # one candidate per line: readable, diffable, still small
-    text = "{\n  \"model\": %s,\n  \"users\": [\n%s\n  ],\n  \"candidates\": [\n%s\n  ]\n}\n" % (
-        json.dumps(req["model"]),
-        ",\n".join("    " + json.dumps(u, separators=(", ", ": ")) for u in req["users"]),
-        ",\n".join("    " + json.dumps(c, separators=(", ", ": ")) for c in req["candidates"]))
+    text = packed_text(req) if a.packed else classic_text(req)
     if a.out == "-":
         sys.stdout.write(text)
     else:

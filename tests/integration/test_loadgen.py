@@ -15,9 +15,13 @@ skipped):
      server's ikbo_requests_total{model,code} (and the gRPC method counter);
   3. a 1 s open-loop run: every scheduled request sent, counted and OK;
   4. clean errors: unknown model, nothing listening;
-  5. the ghz configs in deploy/ghz: documented keys only, files exist, and
-     their data files, parsed as proto3 JSON into RankRequest, score OK
-     through the grpcio client (ghz itself is not installed here).
+  5. every ghz config in deploy/ghz: ghz's config keys only, files exist;
+     the classic data files, parsed as proto3 JSON into RankRequest, score
+     OK through the grpcio client (ghz itself is not installed here); a
+     packed one (NAME-packed.json) carries the same logical request as its
+     classic twin NAME.json (packed_common.logical). Sending packed data to
+     the server is tests/integration/e2e_packed.py's part, which waits for
+     the server's packed decoder.
 
 Models: models/demo/1 when it exists, else a random model with the demo's
 architecture (MODEL_FORMAT.md's example; said so on stdout); for the bench
@@ -221,30 +225,52 @@ def test_errors(grpc_addr):
     ok("clean errors: unknown model, nothing listening, bad flag value, unknown flag (exit 2)")
 
 
+def ghz_config(name, proto):
+    """deploy/ghz/NAME.json checked against ghz's keys and the repository;
+    returns (config, its data file path)."""
+    cfg_path = os.path.join(ROOT, "deploy", "ghz", name + ".json")
+    cfg = json.load(open(cfg_path))
+    unknown = set(cfg) - GHZ_KEYS
+    check(not unknown, "%s: keys ghz's config struct does not have (ignored by ghz): %s"
+          % (cfg_path, sorted(unknown)))
+    check(cfg.get("skipFirst", 0) > 0, "%s: no skipFirst: ghz would count the warm-up calls" % cfg_path)
+    check(cfg.get("insecure") is True and cfg.get("host"), "%s: insecure/host" % cfg_path)
+    check(os.path.exists(os.path.join(ROOT, cfg["proto"])), "%s: proto %s missing" % (cfg_path, cfg["proto"]))
+    pkg, svc, meth = cfg["call"].rsplit(".", 2)
+    check(pkg == "ikbo.v1" and re.search(r"service %s\s*\{[^}]*rpc %s\(" % (svc, meth), proto),
+          "%s: call %s not in ranker.proto" % (cfg_path, cfg["call"]))
+    return cfg, os.path.join(ROOT, cfg["data-file"])
+
+
 def test_ghz_payloads(grpc_addr):
     sys.path.insert(0, GEN_PY)
     import grpc
     from google.protobuf import json_format
     from ikbo.v1 import ranker_pb2
+    from packed_common import first_difference, is_packed, logical
     proto = open(os.path.join(ROOT, "proto", "ikbo", "v1", "ranker.proto")).read()
     ch = grpc.insecure_channel(grpc_addr, options=[("grpc.max_receive_message_length", -1)])
     rank = ch.unary_unary("/ikbo.v1.Ranker/Rank", request_serializer=ranker_pb2.RankRequest.SerializeToString,
                           response_deserializer=ranker_pb2.RankResponse.FromString)
-    for name in ("demo", "bench"):
-        cfg_path = os.path.join(ROOT, "deploy", "ghz", name + ".json")
-        cfg = json.load(open(cfg_path))
-        unknown = set(cfg) - GHZ_KEYS
-        check(not unknown, "%s: keys ghz's config struct does not have (ignored by ghz): %s"
-              % (cfg_path, sorted(unknown)))
-        check(cfg.get("skipFirst", 0) > 0, "%s: no skipFirst: ghz would count the warm-up calls" % cfg_path)
-        check(cfg.get("insecure") is True and cfg.get("host"), "%s: insecure/host" % cfg_path)
-        check(os.path.exists(os.path.join(ROOT, cfg["proto"])), "%s: proto %s missing" % (cfg_path, cfg["proto"]))
-        pkg, svc, meth = cfg["call"].rsplit(".", 2)
-        check(pkg == "ikbo.v1" and re.search(r"service %s\s*\{[^}]*rpc %s\(" % (svc, meth), proto),
-              "%s: call %s not in ranker.proto" % (cfg_path, cfg["call"]))
-        data_path = os.path.join(ROOT, cfg["data-file"])
+    names = sorted((f[:-5] for f in os.listdir(os.path.join(ROOT, "deploy", "ghz")) if f.endswith(".json")),
+                   key=lambda n: (n.endswith("-packed"), n))  # classic twins first
+    check({"demo", "bench", "bench-packed"} <= set(names), "ghz configs: %s" % names)
+    classic = {}
+    for name in names:
+        cfg, data_path = ghz_config(name, proto)
         req = json_format.Parse(open(data_path).read(), ranker_pb2.RankRequest())  # strict: unknown fields fail
-        check(req.model == name, "%s: model %r" % (data_path, req.model))
+        model = name[:-len("-packed")] if name.endswith("-packed") else name
+        check(req.model == model, "%s: model %r" % (data_path, req.model))
+        check(is_packed(req) == (model != name), "%s: packed iff the config is NAME-packed" % data_path)
+        if model != name:
+            twin = classic.get(model)
+            check(twin is not None, "%s: no classic twin %s.json" % (name, model))
+            d = first_difference(logical(twin), logical(req))
+            check(d is None, "%s is not the request of %s.json: %s" % (data_path, model, d))
+            ok("ghz %s: config keys documented, %s = %s.json's request, packed (%d users, %d candidates)"
+               % (name, cfg["data-file"], model, req.packed_users.count, req.packed_candidates.count))
+            continue
+        classic[name] = req
         try:
             resp = rank(req, timeout=30)
         except grpc.RpcError as e:
