@@ -82,19 +82,25 @@ def run(args, timeout=30):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
 
 
-def make_models(repo):
+def write_bench_inputs_model(out):
+    """A model with exactly the seed-scale bench model's inputs, tiny inside
+    (payload checks only), at out (a version directory). Also used by
+    e2e_packed.py."""
     sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
     sys.path.insert(0, os.path.join(ROOT, "models", "bench"))
+    import make_bench_model
+    make_bench_model.main(["--out", out, "--dtype", "F32",
+                           "--dim", "16", "--ku", "24", "--kc", "40", "--out-tokens", "4",
+                           "--head-dim", "8", "--tq", "8", "--hidden", "8", "--top-width", "8",
+                           "--item-rows", "100", "--author-rows", "100", "--user-rows", "10"])
+
+
+def make_models(repo):
     demo = os.path.join(ROOT, "models", "demo", "1")  # committed with the repository
     os.makedirs(os.path.join(repo, "demo"))
     os.symlink(demo, os.path.join(repo, "demo", "1"))
     ok("demo model: models/demo/1")
-    import make_bench_model
-    # the seed-scale bench model's inputs, tiny inside (payload check only)
-    make_bench_model.main(["--out", os.path.join(repo, "bench", "1"), "--dtype", "F32",
-                           "--dim", "16", "--ku", "24", "--kc", "40", "--out-tokens", "4",
-                           "--head-dim", "8", "--tq", "8", "--hidden", "8", "--top-width", "8",
-                           "--item-rows", "100", "--author-rows", "100", "--user-rows", "10"])
+    write_bench_inputs_model(os.path.join(repo, "bench", "1"))
     ok("bench-inputs model written")
 
 
