@@ -5,13 +5,14 @@ the same answer from a real ikbo-serve as the classic one.
     IKBO_BUILD=build IKBO_ROOT=. /usr/bin/python3 tests/integration/e2e_packed.py
 
 Not in `make test` yet (its name is not test_*.py, so `make integration`
-does not pick it up): it can only pass once the server decodes
-RankRequest.packed_users/packed_candidates (issue 18, "The path"). Rename
-it to test_packed_e2e.py, or list it, to wire it in.
+does not pick it up): it was written beside the server's packed decoder
+(issue 18, "The path") and is wired in by renaming it to test_packed_e2e.py
+or listing it. It passes against the server with that decoder.
 
 Checks:
   - grpcio: requests of the demo and no-history models (several shapes,
-    interleaved candidates, repeated users for dedup, top_k) in both
+    interleaved candidates, repeated users for dedup, top_k, 60 random
+    ones with the optional columns' cases) in both
     encodings (tools/rank_client.py's to_packed) get byte-identical
     RankResponses; so do the ghz bench data files (bench.json's classic,
     bench-packed.json's packed data) on a model with the bench inputs;
@@ -26,8 +27,10 @@ import os
 import subprocess
 import sys
 
-from ikbo_itest import (BUILD, PY, ROOT, Daemon, check, check_eq, make_request, metric, model_repo, pb,
-                        run, to_proto)
+import random
+
+from ikbo_itest import (BUILD, PY, ROOT, Daemon, check, check_eq, make_request, metric, model_inputs,
+                        model_repo, pb, run, to_proto)
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 os.environ["IKBO_BUILD"] = BUILD
@@ -38,7 +41,8 @@ from packed_common import first_difference, logical  # noqa: E402
 
 REPO, DIRS = model_repo()
 test_loadgen.write_bench_inputs_model(os.path.join(REPO, "bench", "1"))
-D = Daemon(REPO)
+MAX_IDS, MAX_CANDIDATES = 3, 1200  # above what the answer checks send, so the error checks can cross them
+D = Daemon(REPO, limits={"max_ids_per_bag": MAX_IDS, "max_candidates": MAX_CANDIDATES})
 LOADGEN = os.path.join(BUILD, "ikbo-loadgen")
 CLIENT = os.path.join(ROOT, "tools", "rank_client.py")
 
@@ -80,6 +84,45 @@ def test_dedup_and_top_k():
     check_eq(len(a.scores), 5, "top_k")
 
 
+def random_demo_request(rng, inputs):
+    """A valid demo request with the cases the packed columns fill in: empty
+    and repeated keys, users without history or without actions next to
+    users with them, absent and empty bags, features in varying order."""
+    ui, ci = inputs["user"], inputs["candidate"]
+    hist = ui["history"]
+
+    def bags(names):
+        out = []
+        for name in rng.sample(names, len(names)):
+            r = rng.random()
+            if r >= 0.2:
+                out.append({"name": name, "ids": [] if r < 0.35 else
+                            [rng.randrange(0, 10**6) for _ in range(rng.randrange(1, MAX_IDS + 1))]})
+        return out
+
+    users = []
+    for i in range(rng.randrange(1, 7)):
+        if users and rng.random() < 0.2:
+            users.append(dict(rng.choice(users)))  # a repeat: dedup
+            continue
+        n = rng.choice([0, 1, rng.randrange(1, hist["max_len"] + 1)])
+        u = {"key": rng.choice(["", "k%d" % i]), "dense": [rng.uniform(-1, 1) for _ in range(ui["dense"])],
+             "sparse": bags(ui.get("sparse", [])), "historyIds": [rng.randrange(0, 10**9) for _ in range(n)]}
+        if n and rng.random() < 0.6:
+            u["historyActions"] = [rng.randrange(0, hist["actions"]) for _ in range(n)]
+        users.append(u)
+    cands = [{"id": rng.randrange(0, 10**12), "user": rng.randrange(len(users)),
+              "dense": [rng.uniform(-1, 1) for _ in range(ci["dense"])], "sparse": bags(ci.get("sparse", []))}
+             for _ in range(rng.randrange(1, 60))]
+    return {"model": "demo", "users": users, "candidates": cands, "topK": rng.choice([0, 0, 3])}
+
+
+def test_random_demo_requests():
+    rng, inputs = random.Random(18), model_inputs(DIRS["demo"])
+    for i in range(60):
+        assert_same_answer(random_demo_request(rng, inputs), "random demo request %d" % i)
+
+
 def test_no_history_model():
     req = make_request(DIRS["nohist"], users=3, cands_per_user=4, seed=3, model="nohist")
     assert_same_answer(req, "nohist 3 x 4")
@@ -108,15 +151,31 @@ def test_rank_client_cli():
 
 
 def test_same_errors():
+    """Errors about an entity's values read the same in both encodings.
+    (Errors about the packed columns themselves, a column's byte count or a
+    PackedSparse's name, name packed_users/packed_candidates instead.)"""
     base = make_request(DIRS["demo"], users=3, cands_per_user=2, seed=9)
-    nan = json.loads(json.dumps(base))
-    nan["candidates"][3]["dense"][1] = "NaN"
-    bad_user = json.loads(json.dumps(base))
-    bad_user["candidates"][4]["user"] = 9
-    for what, req in (("NaN dense", nan), ("user index", bad_user)):
+
+    def changed(edit):
+        req = json.loads(json.dumps(base))
+        edit(req)
+        return req
+
+    cases = [
+        ("NaN candidate dense", "INVALID_ARGUMENT",
+         changed(lambda r: r["candidates"][3]["dense"].__setitem__(1, "NaN"))),
+        ("Inf user dense", "INVALID_ARGUMENT", changed(lambda r: r["users"][1]["dense"].__setitem__(0, "Infinity"))),
+        ("user index", "INVALID_ARGUMENT", changed(lambda r: r["candidates"][4].__setitem__("user", 9))),
+        ("action range", "INVALID_ARGUMENT", changed(lambda r: r["users"][0]["historyActions"].__setitem__(0, 99))),
+        ("ids per bag", "RESOURCE_EXHAUSTED",
+         changed(lambda r: r["candidates"][2]["sparse"][0].__setitem__("ids", list(range(MAX_IDS + 1))))),
+        ("candidates", "RESOURCE_EXHAUSTED",
+         changed(lambda r: r["candidates"].extend([r["candidates"][0]] * MAX_CANDIDATES))),
+    ]
+    for what, code, req in cases:
         classic, packed = packed_of(req)
         a, b = D.rank_error(classic), D.rank_error(packed)
-        check_eq(a[0], "INVALID_ARGUMENT", what + " (classic)")
+        check_eq(a[0], code, what + " (classic)")
         check_eq(b, a, what + ": packed status and message")
 
 
@@ -137,5 +196,5 @@ def test_loadgen_packed():
 
 
 if __name__ == "__main__":
-    run([test_demo_shapes, test_dedup_and_top_k, test_no_history_model, test_ghz_bench_data,
+    run([test_demo_shapes, test_dedup_and_top_k, test_random_demo_requests, test_no_history_model, test_ghz_bench_data,
          test_rank_client_cli, test_same_errors, test_loadgen_packed], daemon=D, repo=REPO)

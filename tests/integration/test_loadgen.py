@@ -19,9 +19,8 @@ skipped):
      the classic data files, parsed as proto3 JSON into RankRequest, score
      OK through the grpcio client (ghz itself is not installed here); a
      packed one (NAME-packed.json) carries the same logical request as its
-     classic twin NAME.json (packed_common.logical). Sending packed data to
-     the server is tests/integration/e2e_packed.py's part, which waits for
-     the server's packed decoder.
+     classic twin NAME.json (packed_common.logical) and gets a byte-identical
+     answer.
 
 Models: models/demo/1 when it exists, else a random model with the demo's
 architecture (MODEL_FORMAT.md's example; said so on stdout); for the bench
@@ -261,31 +260,32 @@ def test_ghz_payloads(grpc_addr):
     names = sorted((f[:-5] for f in os.listdir(os.path.join(ROOT, "deploy", "ghz")) if f.endswith(".json")),
                    key=lambda n: (n.endswith("-packed"), n))  # classic twins first
     check({"demo", "bench", "bench-packed"} <= set(names), "ghz configs: %s" % names)
-    classic = {}
+    classic, answers = {}, {}
     for name in names:
         cfg, data_path = ghz_config(name, proto)
         req = json_format.Parse(open(data_path).read(), ranker_pb2.RankRequest())  # strict: unknown fields fail
         model = name[:-len("-packed")] if name.endswith("-packed") else name
         check(req.model == model, "%s: model %r" % (data_path, req.model))
         check(is_packed(req) == (model != name), "%s: packed iff the config is NAME-packed" % data_path)
-        if model != name:
-            twin = classic.get(model)
-            check(twin is not None, "%s: no classic twin %s.json" % (name, model))
-            d = first_difference(logical(twin), logical(req))
-            check(d is None, "%s is not the request of %s.json: %s" % (data_path, model, d))
-            ok("ghz %s: config keys documented, %s = %s.json's request, packed (%d users, %d candidates)"
-               % (name, cfg["data-file"], model, req.packed_users.count, req.packed_candidates.count))
-            continue
-        classic[name] = req
         try:
             resp = rank(req, timeout=30)
         except grpc.RpcError as e:
             fail("%s: Rank failed: %s: %s" % (data_path, e.code(), e.details()))
-        check(len(resp.scores) == len(req.candidates) and resp.unique_users == len(req.users),
-              "%s: %d scores for %d candidates, %d unique users" % (data_path, len(resp.scores),
-                                                                    len(req.candidates), resp.unique_users))
-        ok("ghz %s: config keys documented, %s (%d users, %d candidates) -> OK, %d scores"
-           % (name, cfg["data-file"], len(req.users), len(req.candidates), len(resp.scores)))
+        if model == name:
+            classic[name], answers[name] = req, resp.SerializeToString(deterministic=True)
+            check(len(resp.scores) == len(req.candidates) and resp.unique_users == len(req.users),
+                  "%s: %d scores for %d candidates, %d unique users" % (data_path, len(resp.scores),
+                                                                        len(req.candidates), resp.unique_users))
+            ok("ghz %s: config keys documented, %s (%d users, %d candidates) -> OK, %d scores"
+               % (name, cfg["data-file"], len(req.users), len(req.candidates), len(resp.scores)))
+            continue
+        check(model in classic, "%s: no classic twin %s.json" % (name, model))
+        d = first_difference(logical(classic[model]), logical(req))
+        check(d is None, "%s is not the request of %s.json: %s" % (data_path, model, d))
+        check(resp.SerializeToString(deterministic=True) == answers[model],
+              "%s: the answer differs from %s.json's" % (data_path, model))
+        ok("ghz %s: config keys documented, %s = %s.json's request, packed (%d users, %d candidates) -> "
+           "the same answer" % (name, cfg["data-file"], model, req.packed_users.count, req.packed_candidates.count))
     ch.close()
 
 
