@@ -13,7 +13,9 @@
  *
  * Prints the mean microseconds per request of each step, unpacking with
  * protobuf-c and malloc, protobuf-c into an arena (pb_arena.h), and the
- * server's gRPC path: the fast decoder (rank_wire.h) into an arena.
+ * server's gRPC path: the fast decoder (rank_wire.h) into an arena and the
+ * response packer, for the classic encoding and for the same requests in
+ * the packed encoding (ranker.proto).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,22 +161,29 @@ int main(int argc, char **argv)
     mi.n_tasks = 2;
     mi.score_weights = weights;
     mi.device = "cpu";
-    lg_bodies b;
-    if (lg_bodies_build(&b, &s, &m, err, sizeof err)) {
+    lg_bodies b, bp; /* the same requests, classic and packed */
+    shape sp = s;
+    sp.encoding = LG_ENC_PACKED;
+    if (lg_bodies_build(&b, &s, &m, err, sizeof err) ||
+        lg_bodies_build(&bp, &sp, &m, err, sizeof err)) {
         fprintf(stderr, "host_path: %s\n", err);
         return 1;
     }
-    double t[3][P_N], sum[3] = {0, 0, 0};
-    for (int h = 0; h < 3; h++)
-        if (run(&b, &mi, iters, h, t[h])) return 1;
-    printf("host_path: %d users x %s candidates, history %s, %.0f-byte requests, %d iterations\n",
-           users, cands, history, b.mean_bytes, iters);
-    printf("  %-16s %14s %14s %14s\n", "step (us)", "protobuf-c", "+ arena", "server path");
+    double t[4][P_N], sum[4] = {0, 0, 0, 0};
+    for (int h = 0; h < 4; h++)
+        if (run(h < 3 ? &b : &bp, &mi, iters, h < 3 ? h : 2, t[h])) return 1;
+    printf("host_path: %d users x %s candidates, history %s, %.0f-byte requests (%.0f packed), "
+           "%d iterations\n",
+           users, cands, history, b.mean_bytes, bp.mean_bytes, iters);
+    printf("  %-16s %14s %14s %14s %14s\n", "step (us)", "protobuf-c", "+ arena", "server path",
+           "server, packed");
     for (int k = 0; k < P_N; k++) {
-        printf("  %-16s %14.1f %14.1f %14.1f\n", PHASE[k], t[0][k], t[1][k], t[2][k]);
-        for (int h = 0; h < 3; h++) sum[h] += t[h][k];
+        printf("  %-16s %14.1f %14.1f %14.1f %14.1f\n", PHASE[k], t[0][k], t[1][k], t[2][k],
+               t[3][k]);
+        for (int h = 0; h < 4; h++) sum[h] += t[h][k];
     }
-    printf("  %-16s %14.1f %14.1f %14.1f\n", "total", sum[0], sum[1], sum[2]);
+    printf("  %-16s %14.1f %14.1f %14.1f %14.1f\n", "total", sum[0], sum[1], sum[2], sum[3]);
+    lg_bodies_free(&bp);
     lg_bodies_free(&b);
     return 0;
 }

@@ -2,12 +2,9 @@
 """The packed request encoding end to end: each client's packed request gets
 the same answer from a real ikbo-serve as the classic one.
 
-    IKBO_BUILD=build IKBO_ROOT=. /usr/bin/python3 tests/integration/e2e_packed.py
+    IKBO_BUILD=build IKBO_ROOT=. /usr/bin/python3 tests/integration/test_packed_e2e.py
 
-Not in `make test` yet (its name is not test_*.py, so `make integration`
-does not pick it up): it was written beside the server's packed decoder
-(issue 18, "The path") and is wired in by renaming it to test_packed_e2e.py
-or listing it. It passes against the server with that decoder.
+Part of `make integration` (and so of `make test`).
 
 Checks:
   - grpcio: requests of the demo and no-history models (several shapes,
