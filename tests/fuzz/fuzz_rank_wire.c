@@ -113,11 +113,22 @@ static void same_request(const Ikbo__V1__RankRequest *f, const Ikbo__V1__RankReq
     }
 }
 
+static int sparse_unknown(Ikbo__V1__PackedSparse *const *sp, size_t n)
+{
+    for (size_t f = 0; f < n; f++)
+        if (sp[f]->base.n_unknown_fields) return 1;
+    return 0;
+}
+
 /* Any unknown field anywhere (protobuf-c keeps them and re-packs them). */
 static int has_unknown(const Ikbo__V1__RankRequest *m)
 {
     if (m->base.n_unknown_fields)
         return 1;
+    const Ikbo__V1__PackedUsers *pu = m->packed_users;
+    const Ikbo__V1__PackedCandidates *pc = m->packed_candidates;
+    if (pu && (pu->base.n_unknown_fields || sparse_unknown(pu->sparse, pu->n_sparse))) return 1;
+    if (pc && (pc->base.n_unknown_fields || sparse_unknown(pc->sparse, pc->n_sparse))) return 1;
     for (size_t i = 0; i < m->n_users; i++) {
         const Ikbo__V1__User *u = m->users[i];
         if (u->base.n_unknown_fields)
