@@ -116,11 +116,19 @@ static const char *nonfinite_name(float f)
     return isnan(f) ? "NaN" : f > 0 ? "Infinity" : "-Infinity";
 }
 
+/* A float is NaN or infinite iff its exponent bits are all ones: a
+ * branch-free scan the compiler vectorizes, then the first one named. */
 static int check_dense_values(vctx *x, int ent, size_t idx, const void *dense, int n)
 {
     if (!x->lim) return 0;
     const unsigned char *b = dense;
+    uint32_t any = 0;
     for (int k = 0; k < n; k++) {
+        uint32_t w;
+        memcpy(&w, b + 4 * (size_t)k, 4);
+        any |= (uint32_t)((w & 0x7f800000u) == 0x7f800000u);
+    }
+    for (int k = 0; any && k < n; k++) {
         float f;
         memcpy(&f, b + 4 * (size_t)k, 4);
         if (!isfinite(f))
@@ -141,7 +149,14 @@ static int check_history_values(vctx *x, size_t j, const rs_row *r, int gave_act
         return over(x, "users[%zu].history_ids has %zu events, limit max_history = %u", j,
                     r->hist.n, x->lim->max_history);
     const unsigned char *a = r->act.p;
+    const uint32_t lim = mi->hist_actions > 0 ? (uint32_t)mi->hist_actions : 0;
+    uint32_t any = 0; /* as check_dense_values: scan, then name the first */
     for (size_t k = 0; k < r->act.n; k++) {
+        uint32_t w;
+        memcpy(&w, a + 4 * k, 4);
+        any |= (uint32_t)(w >= lim); /* negative actions wrap above lim */
+    }
+    for (size_t k = 0; any && k < r->act.n; k++) {
         int32_t v;
         memcpy(&v, a + 4 * k, 4);
         if (v < 0 || v >= mi->hist_actions)
