@@ -183,8 +183,8 @@ $(BUILD)/fuzz_rank_wire: tests/fuzz/fuzz_rank_wire.c $(FUZZ_WIRE) $(FUZZ_HDRS) |
 	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
 $(BUILD)/fuzz_request_json: tests/fuzz/fuzz_request_json.c $(FUZZ_WIRE) $(FUZZ_HDRS) | $(GEN_H)
 	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
-$(BUILD)/fuzz_config: tests/fuzz/fuzz_config.c $(BUILD)/obj/server/config.o $(FUZZ_CHECK) \
-                      $(FUZZ_PB) $(FUZZ_HDRS) | $(GEN_H)
+$(BUILD)/fuzz_config: tests/fuzz/fuzz_config.c $(BUILD)/obj/server/config.o \
+                      $(BUILD)/obj/engine/serving.o $(FUZZ_CHECK) $(FUZZ_PB) $(FUZZ_HDRS) | $(GEN_H)
 	$(FUZZ_LD) -lprotobuf-c -ljansson $(LDLIBS)
 $(BUILD)/fuzz_loader: tests/fuzz/fuzz_loader.c $(LIBIKBO) $(FUZZ_HDRS)
 	$(FUZZ_LD) -ljansson $(CUDA_LIBS) $(LDLIBS) -lstdc++

@@ -307,12 +307,7 @@ int ikbo_model_peek_serving(const char *dir, ikbo_serving *out, ikbo_err *err)
     int rc = model_def_plan(dir, buf, n, &d, err);
     free(buf);
     if (rc) return -1;
-    out->max_batch_candidates = d->serving.max_batch_candidates;
-    out->max_batch_users = d->serving.max_batch_users;
-    out->max_queue_delay_us = d->serving.max_queue_delay_us;
-    out->instances = d->serving.instances;
-    snprintf(out->mode, sizeof(out->mode), "%s", d->serving.mode);
-    snprintf(out->device, sizeof(out->device), "%s", d->serving.device);
+    *out = d->serving;
     model_def_free(d);
     return 0;
 }

@@ -98,13 +98,18 @@ typedef struct ikbo_batch {
 /* Per-context byte accounting, from the backend (see bk_stats). */
 typedef bk_stats ikbo_stats;
 
-/* A model's own serving overrides (model.json "serving"); -1 / "" = unset.
- * The server decides their precedence over its config. */
+/* Serving settings: one type for a model's own (model.json "serving", the
+ * model's config.json) and the server's (config.json "batching", "device",
+ * "mode"). -1 / "" = unset. The queue limits are the server's only (a model
+ * file cannot set them). engine/serving.h has the key table (names, ranges,
+ * defaults); the server decides the precedence. */
 typedef struct ikbo_serving {
-    int64_t max_batch_candidates;
-    int64_t max_batch_users;
-    int64_t max_queue_delay_us;
-    int64_t instances;
+    long long max_batch_candidates;
+    long long max_batch_users;
+    long long max_queue_delay_us;
+    long long instances;
+    long long max_queue_candidates;
+    long long max_queue_requests;
     char mode[16];   /* "", "ikbo", "broadcast" */
     char device[32]; /* "", "cpu", "cuda:N" */
 } ikbo_serving;

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "../kernels/backend.h"
+#include "ikbo.h"
 
 enum md_op {
     MD_EMBEDDING_BAG,
@@ -127,17 +128,6 @@ static inline int md_layer_width(const md_layer *l)
     return l->kind == MD_TOKENS ? l->tokens * l->dim : l->dim;
 }
 
-/* Per-model serving overrides ("serving" in model.json). Unset fields are
- * -1 / empty; the server documents the precedence. */
-typedef struct md_serving {
-    int64_t max_batch_candidates;
-    int64_t max_batch_users;
-    int64_t max_queue_delay_us;
-    int64_t instances;
-    char mode[16];   /* "", "ikbo", "broadcast" */
-    char device[32]; /* "", "cpu", "cuda:N"     */
-} md_serving;
-
 typedef struct model_def {
     char *dir;         /* version directory as given */
     char *name;        /* optional "name", may be NULL */
@@ -162,7 +152,7 @@ typedef struct model_def {
     int n_tasks;
     float *score_weights; /* n_tasks, default 1.0 */
 
-    md_serving serving;
+    ikbo_serving serving; /* "serving" (engine/serving.h); unset = -1 / "" */
 } model_def;
 
 /* Loads <dir>/model.json and <dir>/weights.safetensors. On failure returns

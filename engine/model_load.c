@@ -31,6 +31,7 @@
 #include "model.h"
 #include "op.h"
 #include "safetensors.h"
+#include "serving.h"
 
 #define FORMAT_ID "ikbo-model/1"
 #define MODEL_JSON_MAX ((size_t)16 << 20)
@@ -905,43 +906,14 @@ static int parse_output(ld *L, const json_t *o)
 
 /* ------------------------------------------------------------- serving */
 
+/* The key table's parser (engine/serving.h); its message gets the file. */
 static int parse_serving(ld *L, const json_t *o)
 {
-    static const char *const keys[] = {"max_batch_candidates", "max_batch_users",
-                                       "max_queue_delay_us", "instances", "mode", "device",
-                                       NULL};
-    md_serving *s = &L->m->serving;
-    long long v;
-    const char *str;
-    if (js_check_keys(&L->jc, o, "serving", "", keys))
-        return -1;
-    if (js_get_int(&L->jc, o, "serving", "", "max_batch_candidates", 0, -1, 0, INT_MAX, &v))
-        return -1;
-    s->max_batch_candidates = v;
-    if (js_get_int(&L->jc, o, "serving", "", "max_batch_users", 0, -1, 0, INT_MAX, &v))
-        return -1;
-    s->max_batch_users = v;
-    if (js_get_int(&L->jc, o, "serving", "", "max_queue_delay_us", 0, -1, 0, INT_MAX, &v))
-        return -1;
-    s->max_queue_delay_us = v;
-    if (js_get_int(&L->jc, o, "serving", "", "instances", 0, -1, 1, INT_MAX, &v))
-        return -1;
-    s->instances = v;
-    if (js_get_str(&L->jc, o, "serving", "", "mode", 0, &str))
-        return -1;
-    if (str) {
-        if (ikbo_mode_parse(str, NULL) != 0)
-            return enum_error(L, "serving", "", "mode", str, "\"ikbo\" or \"broadcast\"");
-        snprintf(s->mode, sizeof s->mode, "%s", str);
-    }
-    if (js_get_str(&L->jc, o, "serving", "", "device", 0, &str))
-        return -1;
-    if (str) {
-        if (bk_parse_device(str, NULL) != 0)
-            return enum_error(L, "serving", "", "device", str, "\"cpu\" or \"cuda:N\"");
-        snprintf(s->device, sizeof s->device, "%s", str);
-    }
-    return 0;
+    bk_err e = {{0}};
+    if (serving_apply_object(&L->m->serving, o, "serving", SERVING_MODEL, &e) == 0)
+        return 0;
+    js_fail(&L->jc, "%s", e.msg);
+    return -1;
 }
 
 /* ------------------------------------------------------------ document */
@@ -1145,8 +1117,7 @@ static int ld_init(ld *L, const char *dir, bk_err *err)
         bk_seterr(err, "%s: out of memory", dir);
         return -1;
     }
-    md_serving *s = &L->m->serving;
-    s->max_batch_candidates = s->max_batch_users = s->max_queue_delay_us = s->instances = -1;
+    serving_unset(&L->m->serving);
     return 0;
 }
 

@@ -125,16 +125,11 @@ static void m_obs(metrics_series *s, double v)
 
 /* ---- limits ------------------------------------------------------------- */
 
-void batcher_resolve(const config_batching *server, const ikbo_serving *sv, const char *device,
-                     config_batching *out)
+void batcher_resolve(const ikbo_serving *server, const ikbo_serving *sv, const char *device,
+                     ikbo_serving *out)
 {
     *out = *server;
-    if (sv) {
-        if (sv->max_batch_candidates > 0) out->max_batch_candidates = sv->max_batch_candidates;
-        if (sv->max_batch_users > 0) out->max_batch_users = sv->max_batch_users;
-        if (sv->max_queue_delay_us >= 0) out->max_queue_delay_us = sv->max_queue_delay_us;
-        if (sv->instances >= 0) out->instances = (int)sv->instances;
-    }
+    if (sv) serving_merge(out, sv);
     int ordinal = -1;
     const int gpu = bk_parse_device(device, &ordinal) == 0 && ordinal >= 0;
     if (out->instances <= 0) out->instances = gpu ? 2 : 1;
@@ -144,8 +139,6 @@ void batcher_resolve(const config_batching *server, const ikbo_serving *sv, cons
     if (out->max_batch_users <= 0)
         out->max_batch_users = gpu ? CONFIG_BATCH_AUTO_USERS_GPU : CONFIG_BATCH_AUTO_USERS_CPU;
     if (out->instances > CONFIG_BATCH_MAX_INSTANCES) out->instances = CONFIG_BATCH_MAX_INSTANCES;
-    if (out->max_batch_candidates < 1) out->max_batch_candidates = 1;
-    if (out->max_batch_users < 1) out->max_batch_users = 1;
     if (out->max_queue_delay_us < 0) out->max_queue_delay_us = 0;
     if (out->max_queue_candidates < 1) out->max_queue_candidates = 1;
     if (out->max_queue_requests < 1) out->max_queue_requests = 1;

@@ -121,11 +121,13 @@ typedef struct batcher_hooks {
 } batcher_hooks;
 
 /* The limits a model runs with: the server's "batching" config, overridden
- * by the model's own model.json "serving" values where set (>= 0), with
- * instances 0 resolved by device (cpu: 1, cuda: 2) and clamped to
- * 1..CONFIG_BATCH_MAX_INSTANCES. serving and device may be NULL. */
-void batcher_resolve(const config_batching *server, const ikbo_serving *serving,
-                     const char *device, config_batching *out);
+ * by the model's own serving values where set (>= 0: serving_merge), then
+ * every 0 = auto (max_batch_candidates, max_batch_users, instances) resolved
+ * by device (config.h's CONFIG_BATCH_AUTO_*; instances cpu 1, cuda 2) and
+ * instances clamped to 1..CONFIG_BATCH_MAX_INSTANCES. serving and device may
+ * be NULL. */
+void batcher_resolve(const ikbo_serving *server, const ikbo_serving *serving,
+                     const char *device, ikbo_serving *out);
 
 /* Starts the dispatcher and the instance threads. lim must be resolved
  * (instances >= 1). mx NULL = no metrics. NULL with *err on failure. */

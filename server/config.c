@@ -5,14 +5,11 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
-
-#include "../kernels/backend.h"
 
 #define DEFAULT_GRPC_LISTEN "127.0.0.1:50051"
 #define DEFAULT_HTTP_LISTEN "127.0.0.1:8080"
@@ -98,21 +95,30 @@ static int set_listen(char **dst, const char *v, int allow_unix, const char *whe
     return set_str(dst, v, err);
 }
 
+/* "device" and "mode", from the file (jv) or the environment and flags
+ * (text): the serving table's rule and wording (engine/serving.h). */
+static int set_serving(config *c, const char *key, const json_t *jv, const char *text,
+                       const char *where, ikbo_err *err)
+{
+    const serving_key *k = serving_find(key, SERVING_TOP);
+    ikbo_serving sv;
+    serving_unset(&sv);
+    if (jv ? serving_set_json(&sv, k, jv, where, err) : serving_set_text(&sv, k, text, where, err))
+        return -1;
+    if (k->type == SERVING_DEVICE)
+        return set_str(&c->device, sv.device, err);
+    ikbo_mode_parse(sv.mode, &c->mode);
+    return 0;
+}
+
 static int set_device(config *c, const char *v, const char *where, ikbo_err *err)
 {
-    char b[80];
-    if (bk_parse_device(v, NULL) != 0)
-        return fail(err, "%s: expected \"cpu\" or \"cuda:N\", got %s", where, q(v, b, sizeof b));
-    return set_str(&c->device, v, err);
+    return set_serving(c, "device", NULL, v, where, err);
 }
 
 static int set_mode(config *c, const char *v, const char *where, ikbo_err *err)
 {
-    char b[80];
-    if (ikbo_mode_parse(v, &c->mode) != 0)
-        return fail(err, "%s: expected \"ikbo\" or \"broadcast\", got %s", where,
-                    q(v, b, sizeof b));
-    return 0;
+    return set_serving(c, "mode", NULL, v, where, err);
 }
 
 static const char *const LEVELS[] = {"debug", "info", "warn", "error"};
@@ -164,15 +170,7 @@ static int parse_int(const char *v, long lo, long hi, long *out)
 
 /* ---- defaults ---- */
 
-void config_batching_default(config_batching *b)
-{
-    b->max_batch_candidates = CONFIG_BATCH_MAX_CANDIDATES;
-    b->max_batch_users = CONFIG_BATCH_MAX_USERS;
-    b->max_queue_delay_us = CONFIG_BATCH_MAX_QUEUE_DELAY_US;
-    b->instances = CONFIG_BATCH_INSTANCES;
-    b->max_queue_candidates = CONFIG_BATCH_MAX_QUEUE_CANDIDATES;
-    b->max_queue_requests = CONFIG_BATCH_MAX_QUEUE_REQUESTS;
-}
+void config_batching_default(config_batching *b) { serving_defaults(b); }
 
 int config_defaults(config *c, ikbo_err *err)
 {
@@ -230,42 +228,11 @@ void config_free(config *c)
 
 /* ---- config file ---- */
 
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "number";
-    case JSON_TRUE: return "true";
-    case JSON_FALSE: return "false";
-    case JSON_NULL: return "null";
-    }
-    return "?";
-}
-
-/* "got string \"x\"", "got 3", "got array". */
-static const char *jgot(const json_t *v, char *b, size_t n)
-{
-    if (json_is_string(v)) {
-        char t[80];
-        snprintf(b, n, "got %s", q(json_string_value(v), t, sizeof t));
-    } else if (json_is_integer(v)) {
-        snprintf(b, n, "got %" JSON_INTEGER_FORMAT, json_integer_value(v));
-    } else if (json_is_real(v)) {
-        snprintf(b, n, "got %g", json_real_value(v));
-    } else {
-        snprintf(b, n, "got %s", jtype(v));
-    }
-    return b;
-}
-
 static int want_string(const json_t *v, const char *path, ikbo_err *err)
 {
     char b[100];
     if (!json_is_string(v))
-        return fail(err, "%s: expected string, %s", path, jgot(v, b, sizeof b));
+        return fail(err, "%s: expected string, %s", path, serving_json_got(v, b, sizeof b));
     if (strlen(json_string_value(v)) != json_string_length(v))
         return fail(err, "%s: string contains NUL", path);
     return 0;
@@ -276,7 +243,8 @@ static int want_int(const json_t *v, const char *path, long long lo, long long h
 {
     char b[100];
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return fail(err, "%s: expected integer %lld..%lld, %s", path, lo, hi, jgot(v, b, sizeof b));
+        return fail(err, "%s: expected integer %lld..%lld, %s", path, lo, hi,
+                    serving_json_got(v, b, sizeof b));
     *out = json_integer_value(v);
     return 0;
 }
@@ -285,7 +253,7 @@ static int want_object(const json_t *v, const char *path, ikbo_err *err)
 {
     char b[100];
     if (!json_is_object(v))
-        return fail(err, "%s: expected object, %s", path, jgot(v, b, sizeof b));
+        return fail(err, "%s: expected object, %s", path, serving_json_got(v, b, sizeof b));
     return 0;
 }
 
@@ -330,41 +298,7 @@ static int apply_limits(config *c, const json_t *o, ikbo_err *err)
 
 static int apply_batching(config *c, const json_t *o, ikbo_err *err)
 {
-    if (want_object(o, "batching", err))
-        return -1;
-    config_batching *b = &c->batching;
-    long long inst = b->instances;
-    struct {
-        const char *k;
-        long long *dst;
-        long long lo, hi;
-    } keys[] = {
-        {"max_batch_candidates", &b->max_batch_candidates, 0, 100000000},
-        {"max_batch_users", &b->max_batch_users, 0, 1000000},
-        {"max_queue_delay_us", &b->max_queue_delay_us, 0, 10000000},
-        {"instances", &inst, 0, CONFIG_BATCH_MAX_INSTANCES},
-        {"max_queue_candidates", &b->max_queue_candidates, 1, 1000000000},
-        {"max_queue_requests", &b->max_queue_requests, 1, 10000000},
-    };
-    const char *key;
-    json_t *v;
-    json_object_foreach((json_t *)o, key, v)
-    {
-        char path[128];
-        snprintf(path, sizeof path, "batching.%.80s", key);
-        size_t i = 0;
-        while (i < sizeof keys / sizeof keys[0] && strcmp(keys[i].k, key))
-            i++;
-        if (i == sizeof keys / sizeof keys[0])
-            return fail(err, "%s: unknown key (known: max_batch_candidates, max_batch_users, "
-                             "max_queue_delay_us, instances, max_queue_candidates, "
-                             "max_queue_requests)",
-                        path);
-        if (want_int(v, path, keys[i].lo, keys[i].hi, keys[i].dst, err))
-            return -1;
-    }
-    b->instances = (int)inst;
-    return 0;
+    return serving_apply_object(&c->batching, o, "batching", SERVING_BATCHING, err);
 }
 
 static int apply_log(config *c, const json_t *o, ikbo_err *err)
@@ -434,7 +368,7 @@ static int apply_models(config *c, const json_t *v, ikbo_err *err)
         return 0;
     if (!json_is_array(v) || json_array_size(v) == 0)
         return fail(err, "models: expected a non-empty array of model names (omit for all), %s",
-                    json_is_array(v) ? "got []" : jgot(v, b, sizeof b));
+                    json_is_array(v) ? "got []" : serving_json_got(v, b, sizeof b));
     size_t n = json_array_size(v);
     c->models = calloc(n, sizeof *c->models);
     if (!c->models)
@@ -484,7 +418,7 @@ static int parse_policy(const json_t *o, const char *path, config_version_policy
             size_t n = json_is_array(v) ? json_array_size(v) : 0;
             if (n == 0 || n > CONFIG_MAX_POLICY_VERSIONS)
                 return fail(err, "%s: expected an array of 1..%d version numbers, %s", kp,
-                            CONFIG_MAX_POLICY_VERSIONS, jgot(v, b, sizeof b));
+                            CONFIG_MAX_POLICY_VERSIONS, serving_json_got(v, b, sizeof b));
             for (size_t i = 0; i < n; i++) {
                 char ip[240];
                 long long x;
@@ -574,10 +508,8 @@ static int apply_top(config *c, const char *key, const json_t *v, ikbo_err *err)
         return want_string(v, key, err) || set_repo(c, json_string_value(v), key, err) ? -1 : 0;
     if (!strcmp(key, "models"))
         return apply_models(c, v, err);
-    if (!strcmp(key, "device"))
-        return want_string(v, key, err) || set_device(c, json_string_value(v), key, err) ? -1 : 0;
-    if (!strcmp(key, "mode"))
-        return want_string(v, key, err) || set_mode(c, json_string_value(v), key, err) ? -1 : 0;
+    if (!strcmp(key, "device") || !strcmp(key, "mode"))
+        return set_serving(c, key, v, NULL, key, err);
     if (!strcmp(key, "threads")) {
         if (want_int(v, key, 1, MAX_THREADS, &x, err))
             return -1;
@@ -626,8 +558,10 @@ int config_apply_json(config *c, const char *text, size_t len, ikbo_err *err)
     if (!root)
         return fail(err, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
     int rc = 0;
+    char b[100];
     if (!json_is_object(root)) {
-        rc = fail(err, "expected a JSON object at the top level, got %s", jtype(root));
+        rc = fail(err, "expected a JSON object at the top level, %s",
+                  serving_json_got(root, b, sizeof b));
     } else {
         const char *key;
         json_t *v;
@@ -908,15 +842,7 @@ char *config_to_json(const config *c)
         "drain_timeout_ms", c->drain_timeout_ms, "tls", tls);
     if (!o)
         return NULL;
-    const config_batching *b = &c->batching;
-    json_object_set_new(
-        o, "batching",
-        json_pack("{s:I,s:I,s:I,s:i,s:I,s:I}", "max_batch_candidates",
-                  (json_int_t)b->max_batch_candidates, "max_batch_users",
-                  (json_int_t)b->max_batch_users, "max_queue_delay_us",
-                  (json_int_t)b->max_queue_delay_us, "instances", b->instances,
-                  "max_queue_candidates", (json_int_t)b->max_queue_candidates,
-                  "max_queue_requests", (json_int_t)b->max_queue_requests));
+    json_object_set_new(o, "batching", serving_to_json(&c->batching, SERVING_BATCHING));
     json_object_set_new(o, "repository_poll_ms", json_integer(c->repository_poll_ms));
     json_object_set_new(o, "repository_settle_ms", json_integer(c->repository_settle_ms));
     json_object_set_new(o, "version_policy", policy_json(&c->version_policy));

@@ -31,9 +31,11 @@
  *                     {max_batch_candidates 1024, max_batch_users 64,
  *                      max_queue_delay_us 0, instances 0 (auto: cpu 1, cuda 2),
  *                      max_queue_candidates 32768, max_queue_requests 1024}
- *                     (ranges: see config_batching). A model's model.json
- *                     "serving" block overrides max_batch_*,
- *                     max_queue_delay_us and instances for that model.
+ *                     (ranges and meanings: engine/serving.h's key table,
+ *                     the same for model.json's "serving"). A model's
+ *                     model.json "serving" block (then its config.json)
+ *                     overrides max_batch_*, max_queue_delay_us and
+ *                     instances for that model, where set.
  *   repository_poll_ms   how often the model repository is rescanned for new,
  *                     changed and removed versions; 0..86400000, default
  *                     2000, 0 = never (SIGHUP and the admin endpoints still
@@ -64,6 +66,7 @@
 #include <stdio.h>
 
 #include "../engine/ikbo.h"
+#include "../engine/serving.h"
 #include "request.h"
 
 enum config_log_level {
@@ -74,9 +77,11 @@ enum config_log_level {
 };
 enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
 
-/* Dynamic batching (server/batcher.h says what each limit does). */
-#define CONFIG_BATCH_MAX_CANDIDATES 0       /* 0..100000000; 0 = auto (below) */
-#define CONFIG_BATCH_MAX_USERS 0            /* 0..1000000; 0 = auto */
+/* Dynamic batching (server/batcher.h says what each limit does). The keys,
+ * ranges and defaults are engine/serving.h's table, shared with model.json's
+ * "serving"; the names here are the server's view of it. */
+#define CONFIG_BATCH_MAX_CANDIDATES SERVING_DEF_MAX_BATCH_CANDIDATES /* 0 = auto (below) */
+#define CONFIG_BATCH_MAX_USERS SERVING_DEF_MAX_BATCH_USERS           /* 0 = auto */
 /* What auto resolves to per device (batcher_resolve): a GPU amortizes its
  * per-batch fixed costs (~30 launches, the uploads, the one wait) over
  * larger batches; on the H200 the bench model's IKBO batch costs 1.0 us per
@@ -85,11 +90,11 @@ enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
 #define CONFIG_BATCH_AUTO_USERS_CPU 64
 #define CONFIG_BATCH_AUTO_CANDIDATES_GPU 4096
 #define CONFIG_BATCH_AUTO_USERS_GPU 256
-#define CONFIG_BATCH_MAX_QUEUE_DELAY_US 0   /* 0..10000000; 0 = never wait */
-#define CONFIG_BATCH_INSTANCES 0            /* 0..64; 0 = auto */
-#define CONFIG_BATCH_MAX_QUEUE_CANDIDATES 32768 /* 1..1000000000 */
-#define CONFIG_BATCH_MAX_QUEUE_REQUESTS 1024     /* 1..10000000 */
-#define CONFIG_BATCH_MAX_INSTANCES 64
+#define CONFIG_BATCH_MAX_QUEUE_DELAY_US SERVING_DEF_MAX_QUEUE_DELAY_US
+#define CONFIG_BATCH_INSTANCES SERVING_DEF_INSTANCES /* 0 = auto */
+#define CONFIG_BATCH_MAX_QUEUE_CANDIDATES SERVING_DEF_MAX_QUEUE_CANDIDATES
+#define CONFIG_BATCH_MAX_QUEUE_REQUESTS SERVING_DEF_MAX_QUEUE_REQUESTS
+#define CONFIG_BATCH_MAX_INSTANCES SERVING_MAX_INSTANCES
 
 /* limits.max_metadata_bytes: a gRPC call's request metadata, counted as
  * HTTP/2 counts a header list (name + value + 32 per entry). Its cap leaves
@@ -98,15 +103,11 @@ enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
 #define CONFIG_DEFAULT_MAX_METADATA_BYTES 8192u
 #define CONFIG_MAX_METADATA_BYTES_CAP (256u << 10)
 
-typedef struct config_batching {
-    long long max_batch_candidates; /* a batch closes at this many candidates */
-    long long max_batch_users;      /* ... or this many user rows (before cross-request dedup) */
-    long long max_queue_delay_us;   /* longest the oldest request waits for a batch to fill */
-    int instances;                  /* execution instances (context + thread) per model */
-    long long max_queue_candidates; /* admission: candidates waiting, at most */
-    long long max_queue_requests;   /* admission: requests waiting, at most */
-} config_batching;
+/* The "batching" block: the serving-settings type itself (its mode and
+ * device stay unset; the server's are config.device and config.mode). */
+typedef ikbo_serving config_batching;
 
+/* The table's defaults (serving_defaults). */
 void config_batching_default(config_batching *b);
 
 /* Version policy: latest > 0 = the newest `latest` versions; else exactly

@@ -660,9 +660,9 @@ static registry_model *load_instance(registry *r, const job *j, ikbo_err *err)
     snprintf(s.device, sizeof s.device, "%s", r->device);
     snprintf(s.mode, sizeof s.mode, "%s", ikbo_mode_name(r->mode));
     if (ikbo_model_peek_serving(j->dir, &over, err) != 0) return NULL;
-    repo_serving_merge(&s, &over);
+    serving_merge(&s, &over);
     if (repo_read_model_config(j->model_dir, &over, err) != 0) return NULL;
-    repo_serving_merge(&s, &over);
+    serving_merge(&s, &over);
     if (repo_memory_check(j->dir, s.device, err) != 0) return NULL;
 
     registry_model *m = calloc(1, sizeof *m);
@@ -924,8 +924,8 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
     r->poll_ms = o->poll_ms > 0 ? o->poll_ms : 0;
     r->settle_ms = o->settle_ms > 0 ? o->settle_ms : 0;
     r->load_failures = o->load_failures;
-    repo_serving_unset(&r->defaults);
-    if (o->serving_defaults) repo_serving_merge(&r->defaults, o->serving_defaults);
+    serving_unset(&r->defaults);
+    if (o->serving_defaults) serving_merge(&r->defaults, o->serving_defaults);
     r->defaults.mode[0] = r->defaults.device[0] = '\0';
     r->default_policy = o->default_policy;
     if (r->default_policy.latest <= 0 && r->default_policy.n_versions <= 0)

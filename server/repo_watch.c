@@ -210,36 +210,9 @@ oom:
 
 /* ---- serving overrides ------------------------------------------------- */
 
-void repo_serving_unset(ikbo_serving *s)
-{
-    memset(s, 0, sizeof *s);
-    s->max_batch_candidates = s->max_batch_users = s->max_queue_delay_us = s->instances = -1;
-}
-
-void repo_serving_merge(ikbo_serving *dst, const ikbo_serving *src)
-{
-    if (src->max_batch_candidates >= 0) dst->max_batch_candidates = src->max_batch_candidates;
-    if (src->max_batch_users >= 0) dst->max_batch_users = src->max_batch_users;
-    if (src->max_queue_delay_us >= 0) dst->max_queue_delay_us = src->max_queue_delay_us;
-    if (src->instances >= 0) dst->instances = src->instances;
-    if (src->mode[0]) snprintf(dst->mode, sizeof dst->mode, "%s", src->mode);
-    if (src->device[0]) snprintf(dst->device, sizeof dst->device, "%s", src->device);
-}
-
-static int serving_int(const char *file, const char *key, json_t *v, long long lo,
-                       int64_t *dst, ikbo_err *err)
-{
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > INT_MAX) {
-        bk_seterr(err, "%.400s: serving.%s: expected an integer %lld..%d", file, key, lo, INT_MAX);
-        return -1;
-    }
-    *dst = json_integer_value(v);
-    return 0;
-}
-
 int repo_read_model_config(const char *model_dir, ikbo_serving *out, ikbo_err *err)
 {
-    repo_serving_unset(out);
+    serving_unset(out);
     char path[PATH_MAX];
     if (join(path, sizeof path, model_dir, "config.json")) {
         bk_seterr(err, "%.400s/config.json: path too long", model_dir);
@@ -280,50 +253,15 @@ int repo_read_model_config(const char *model_dir, ikbo_serving *out, ikbo_err *e
         }
     }
     json_t *s = json_object_get(root, "serving");
-    if (!s) {
-        rc = 0;
+    ikbo_err e = {{0}};
+    if (s && serving_apply_object(out, s, "serving", SERVING_MODEL, &e) != 0) {
+        bk_seterr(err, "%.400s: %s", path, e.msg);
         goto done;
-    }
-    if (!json_is_object(s)) {
-        bk_seterr(err, "%.400s: serving: expected an object", path);
-        goto done;
-    }
-    json_object_foreach(s, key, v)
-    {
-        if (!strcmp(key, "max_batch_candidates")) {
-            if (serving_int(path, key, v, 0, &out->max_batch_candidates, err)) goto done;
-        } else if (!strcmp(key, "max_batch_users")) {
-            if (serving_int(path, key, v, 0, &out->max_batch_users, err)) goto done;
-        } else if (!strcmp(key, "max_queue_delay_us")) {
-            if (serving_int(path, key, v, 0, &out->max_queue_delay_us, err)) goto done;
-        } else if (!strcmp(key, "instances")) {
-            if (serving_int(path, key, v, 1, &out->instances, err)) goto done;
-        } else if (!strcmp(key, "mode")) {
-            const char *m = json_string_value(v);
-            if (ikbo_mode_parse(m, NULL) != 0) {
-                bk_seterr(err, "%.400s: serving.mode: expected \"ikbo\" or \"broadcast\"", path);
-                goto done;
-            }
-            snprintf(out->mode, sizeof out->mode, "%s", m);
-        } else if (!strcmp(key, "device")) {
-            const char *d = json_string_value(v);
-            if (!d || bk_parse_device(d, NULL) != 0) {
-                bk_seterr(err, "%.400s: serving.device: expected \"cpu\" or \"cuda:N\"", path);
-                goto done;
-            }
-            snprintf(out->device, sizeof out->device, "%s", d);
-        } else {
-            bk_seterr(err,
-                      "%.400s: serving.%.80s: unknown key (known: max_batch_candidates, "
-                      "max_batch_users, max_queue_delay_us, instances, mode, device)",
-                      path, key);
-            goto done;
-        }
     }
     rc = 0;
 done:
     json_decref(root);
-    if (rc) repo_serving_unset(out);
+    if (rc) serving_unset(out);
     return rc;
 }
 

@@ -26,7 +26,7 @@
 
 #include <stdint.h>
 
-#include "../engine/ikbo.h"
+#include "../engine/serving.h" /* ikbo_serving; serving_unset, serving_merge */
 
 typedef struct repo_version {
     int64_t version;
@@ -48,17 +48,15 @@ int repo_list_versions(const char *model_dir, repo_version **out, ikbo_err *err)
 int repo_list_models(const char *repo, char ***names, ikbo_err *err);
 void repo_free_names(char **names, int n);
 
-/* All fields unset: -1 numbers, "" strings. */
-void repo_serving_unset(ikbo_serving *s);
-/* Every field set in src overwrites dst's. */
-void repo_serving_merge(ikbo_serving *dst, const ikbo_serving *src);
-
 /* <model_dir>/config.json, the per-model override file:
  *   {"serving": {"max_batch_candidates": N, "max_batch_users": N,
  *                "max_queue_delay_us": N, "instances": N,
  *                "mode": "ikbo"|"broadcast", "device": "cpu"|"cuda:N"}}
- * every key optional, unknown keys are errors. A missing file is no
- * overrides (returns 0, *out unset). -1 with *err naming the file and key. */
+ * every key optional, read by the key table model.json's "serving" uses
+ * (engine/serving.h: same keys, ranges and messages); unknown keys are
+ * errors. A missing file is no overrides (returns 0, *out unset: see
+ * serving_unset; serving_merge applies it). -1 with *err naming the file
+ * and key ("<file>: serving.instances: expected integer 0..64, got 65"). */
 int repo_read_model_config(const char *model_dir, ikbo_serving *out, ikbo_err *err);
 
 /* Bytes loading version_dir on device needs: host (the fp32 staging copy

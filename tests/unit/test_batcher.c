@@ -917,6 +917,19 @@ static void test_resolve(void **state)
     sv.instances = 1000;
     batcher_resolve(&srv, &sv, "cpu", &out);
     assert_int_equal(out.instances, CONFIG_BATCH_MAX_INSTANCES);
+    /* A model's 0 means auto by device, as the server's does (engine/serving.h),
+     * over an explicit server value; unset (-1) keeps the server's. */
+    srv.max_batch_candidates = 700;
+    srv.instances = 5;
+    ikbo_serving sv0;
+    serving_unset(&sv0);
+    sv0.max_batch_candidates = 0;
+    batcher_resolve(&srv, &sv0, "cuda:0", &out);
+    assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_GPU);
+    assert_int_equal(out.instances, 5);
+    sv0.instances = 0;
+    batcher_resolve(&srv, &sv0, "cuda:0", &out);
+    assert_int_equal(out.instances, 2);
 }
 
 int main(void)

@@ -1,6 +1,8 @@
 /* test_config.c - server configuration (server/config.c): defaults, the
  * shipped config/server.json, every key's type/value errors, unknown keys,
- * env and flag precedence, --help/--version. */
+ * env and flag precedence, --help/--version; and the serving settings' key
+ * table (engine/serving.h) that config.json's "batching", "device", "mode"
+ * share with model.json's "serving". */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +13,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
+#include "engine/serving.h"
 #include "kernels/backend.h"
 
 #include "server/config.h"
@@ -289,6 +293,99 @@ static void test_batching(void **s)
     apply_err("{\"batching\":{\"max_delay\":1}}", "batching.max_delay: unknown key (known: ");
 }
 
+/* One table: the server's view (config_batching, CONFIG_BATCH_*) and a
+ * model's (SERVING_MODEL) read the same keys with the same ranges and
+ * messages; only the scope differs. */
+static void serving_err(const char *json, unsigned scope, const char *path, const char *want)
+{
+    json_t *o = json_loads(json, 0, NULL);
+    assert_non_null(o);
+    ikbo_serving sv;
+    serving_unset(&sv);
+    bk_err e = {{0}};
+    assert_int_equal(serving_apply_object(&sv, o, path, scope, &e), -1);
+    json_decref(o);
+    if (strcmp(e.msg, want))
+        fail_msg("message '%s', wanted '%s'", e.msg, want);
+}
+
+static void test_serving_table(void **s)
+{
+    (void)s;
+    /* The server's defaults are the table's. */
+    config_batching b;
+    config_batching_default(&b);
+    assert_int_equal(b.max_queue_candidates, CONFIG_BATCH_MAX_QUEUE_CANDIDATES);
+    assert_int_equal(b.instances, CONFIG_BATCH_INSTANCES);
+    assert_string_equal(b.mode, "");
+    assert_string_equal(b.device, "");
+    for (int i = 0; i < serving_n_keys; i++) {
+        const serving_key *k = &serving_keys[i];
+        assert_ptr_equal(serving_find(k->name, k->scopes), k);
+        assert_non_null(k->description);
+        assert_true(k->type != SERVING_INT || (k->min <= k->def && k->def <= k->max));
+    }
+    assert_null(serving_find("max_queue_requests", SERVING_MODEL));
+    assert_null(serving_find("mode", SERVING_BATCHING));
+    assert_null(serving_find("nope", SERVING_MODEL | SERVING_BATCHING | SERVING_TOP));
+
+    /* Same rule and wording for a model's block and the server's. */
+    serving_err("{\"instances\":65}", SERVING_MODEL, "serving",
+                "serving.instances: expected integer 0..64, got 65");
+    serving_err("{\"instances\":65}", SERVING_BATCHING, "batching",
+                "batching.instances: expected integer 0..64, got 65");
+    serving_err("{\"device\":\"cuda:01\"}", SERVING_MODEL, "serving",
+                "serving.device: expected \"cpu\" or \"cuda:N\", got \"cuda:01\"");
+    serving_err("{\"mode\":[]}", SERVING_MODEL, "serving", "serving.mode: expected string, got array");
+    serving_err("[]", SERVING_MODEL, "serving", "serving: expected object, got array");
+    serving_err("{\"max_queue_requests\":1}", SERVING_MODEL, "serving",
+                "serving.max_queue_requests: unknown key (known: max_batch_candidates, "
+                "max_batch_users, max_queue_delay_us, instances, mode, device)");
+    apply_err("{\"batching\":{\"mode\":\"ikbo\"}}",
+              "batching.mode: unknown key (known: max_batch_candidates, max_batch_users, "
+              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests)");
+    apply_err("{\"batching\":{\"max_queue_candidates\":0}}",
+              "batching.max_queue_candidates: expected integer 1..1000000000, got 0");
+
+    /* Text (environment, flags) goes through the same rule. */
+    ikbo_serving sv;
+    serving_unset(&sv);
+    bk_err e = {{0}};
+    const serving_key *inst = serving_find("instances", SERVING_BATCHING);
+    assert_int_equal(serving_set_text(&sv, inst, "12", "X", &e), 0);
+    assert_int_equal(sv.instances, 12);
+    assert_int_equal(serving_set_text(&sv, inst, "65", "X", &e), -1);
+    assert_string_equal(e.msg, "X: expected integer 0..64, got \"65\"");
+    assert_int_equal(serving_set_text(&sv, inst, "1x", "X", &e), -1);
+    assert_int_equal(serving_set_text(&sv, inst, "", "X", &e), -1);
+    assert_int_equal(sv.instances, 12); /* untouched on error */
+    assert_int_equal(serving_set_text(&sv, serving_find("mode", SERVING_TOP), "fa\nst", "M", &e), -1);
+    assert_string_equal(e.msg, "M: expected \"ikbo\" or \"broadcast\", got \"fa?st\"");
+
+    /* Merge: what is set in src wins, unset (-1, "") keeps dst. */
+    ikbo_serving dst, src;
+    config_batching_default(&dst);
+    serving_unset(&src);
+    src.max_batch_users = 0;
+    snprintf(src.device, sizeof src.device, "cuda:3");
+    dst.max_batch_candidates = 700;
+    serving_merge(&dst, &src);
+    assert_int_equal(dst.max_batch_candidates, 700);
+    assert_int_equal(dst.max_batch_users, 0);
+    assert_int_equal(dst.max_queue_requests, CONFIG_BATCH_MAX_QUEUE_REQUESTS);
+    assert_string_equal(dst.device, "cuda:3");
+    assert_string_equal(dst.mode, "");
+
+    /* Rendering: a model's keys in table order, unset as -1 / "". */
+    json_t *o = serving_to_json(&src, SERVING_MODEL);
+    char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    assert_string_equal(txt, "{\"max_batch_candidates\":-1,\"max_batch_users\":0,"
+                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"mode\":\"\","
+                             "\"device\":\"cuda:3\"}");
+    free(txt);
+    json_decref(o);
+}
+
 static void test_repository(void **s)
 {
     (void)s;
@@ -530,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_bad_values),
         cmocka_unit_test(test_unknown_keys),
         cmocka_unit_test(test_batching),
+        cmocka_unit_test(test_serving_table),
         cmocka_unit_test(test_repository),
         cmocka_unit_test(test_file_errors),
         cmocka_unit_test(test_env),

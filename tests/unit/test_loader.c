@@ -303,6 +303,7 @@ static void test_optional_fields(void **state)
     assert_int_equal(m->serving.instances, 2);
     assert_string_equal(m->serving.mode, "broadcast");
     assert_string_equal(m->serving.device, "cuda:1");
+    assert_int_equal(m->serving.max_queue_candidates, -1); /* never from a model */
     assert_true(m->score_weights[0] == 1.0f && m->score_weights[1] == 1.0f);
     assert_int_equal(m->hist_actions, 1);
     assert_int_equal(m->layers[layer_index(m, "u_dense2")].act, BK_ACT_NONE);
@@ -511,17 +512,27 @@ static void test_serving_errors(void **state)
 #define SERVING_ERR(body, ...)                                                                 \
     EX_ERR("\"format\": \"ikbo-model/1\",",                                                    \
            "\"format\": \"ikbo-model/1\", \"serving\": " body ",", __VA_ARGS__)
-    SERVING_ERR("{\"instances\": 0}", "'serving.instances' must be an integer in [1, ");
-    SERVING_ERR("{\"max_batch_users\": -1}", "'serving.max_batch_users' must be an integer in [0, ");
-    SERVING_ERR("{\"max_queue_delay_us\": 1.5}", "'serving.max_queue_delay_us' must be an integer, got real");
-    SERVING_ERR("{\"mode\": \"fast\"}", "'serving.mode' must be \"ikbo\" or \"broadcast\", got 'fast'");
-    SERVING_ERR("{\"device\": \"gpu\"}", "'serving.device' must be \"cpu\" or \"cuda:N\", got 'gpu'");
-    SERVING_ERR("{\"device\": \"cuda:\"}", "'serving.device' must be");
-    SERVING_ERR("{\"device\": \"cuda:-1\"}", "'serving.device' must be");
-    SERVING_ERR("{\"device\": \"cuda:01\"}", "'serving.device' must be");
-    SERVING_ERR("{\"device\": \"cuda:1000\"}", "'serving.device' must be");
-    SERVING_ERR("{\"mode\": 1}", "'serving.mode' must be a string, got integer");
-    SERVING_ERR("{\"batch\": 1}", "unknown key 'serving.batch'");
+    /* engine/serving.h's table and wording, the same as the server config's
+     * "batching" block and a model's config.json; the file comes first. */
+    SERVING_ERR("{\"instances\": 65}", "model.json: serving.instances: expected integer 0..64, got 65");
+    SERVING_ERR("{\"instances\": -1}", "serving.instances: expected integer 0..64, got -1");
+    SERVING_ERR("{\"max_batch_users\": -1}", "serving.max_batch_users: expected integer 0..1000000, got -1");
+    SERVING_ERR("{\"max_batch_candidates\": 100000001}",
+                "serving.max_batch_candidates: expected integer 0..100000000, got 100000001");
+    SERVING_ERR("{\"max_queue_delay_us\": 1.5}", "serving.max_queue_delay_us: expected integer 0..10000000, got 1.5");
+    SERVING_ERR("{\"mode\": \"fast\"}", "serving.mode: expected \"ikbo\" or \"broadcast\", got \"fast\"");
+    SERVING_ERR("{\"device\": \"gpu\"}", "serving.device: expected \"cpu\" or \"cuda:N\", got \"gpu\"");
+    SERVING_ERR("{\"device\": \"cuda:\"}", "serving.device: expected");
+    SERVING_ERR("{\"device\": \"cuda:-1\"}", "serving.device: expected");
+    SERVING_ERR("{\"device\": \"cuda:01\"}", "serving.device: expected");
+    SERVING_ERR("{\"device\": \"cuda:1000\"}", "serving.device: expected");
+    SERVING_ERR("{\"mode\": 1}", "serving.mode: expected string, got 1");
+    SERVING_ERR("{\"batch\": 1}", "serving.batch: unknown key (known: max_batch_candidates, "
+                "max_batch_users, max_queue_delay_us, instances, mode, device)");
+    /* The queue limits are the server's (config.json "batching") only. */
+    SERVING_ERR("{\"max_queue_requests\": 5}", "serving.max_queue_requests: unknown key");
+    /* A key from the file reaches the message on one line. */
+    SERVING_ERR("{\"a\\nb\": 1}", "serving.a?b: unknown key");
 #undef SERVING_ERR
 }
 

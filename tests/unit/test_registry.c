@@ -494,7 +494,7 @@ static void test_serving_precedence(void **s)
     const char *cfg = "{\"serving\": {\"instances\": 3, \"mode\": \"broadcast\"}}";
     xwrite(path, cfg, strlen(cfg));
     ikbo_serving def;
-    repo_serving_unset(&def);
+    serving_unset(&def);
     def.max_batch_candidates = 7;
     def.max_queue_delay_us = 55;
     registry_opts ro = {.repository = g_repo, .device = "cpu", .n_slots = 1,
@@ -532,6 +532,27 @@ static void test_serving_precedence(void **s)
     assert_non_null(strstr(state_of(r, "demo", 2).message, "config.json"));
     registry_free(r);
     free(json);
+
+    /* config.json reads the key table model.json's "serving" reads: same
+     * ranges and wording, the file first; the queue limits are not a model's. */
+    char mdir[600];
+    snprintf(mdir, sizeof mdir, "%s/demo", g_repo);
+    ikbo_serving got;
+    cfg = "{\"serving\": {\"instances\": 65}}";
+    xwrite(path, cfg, strlen(cfg));
+    assert_int_equal(repo_read_model_config(mdir, &got, &err), -1);
+    assert_non_null(strstr(err.msg, "demo/config.json: serving.instances: expected integer 0..64, got 65"));
+    assert_int_equal(got.instances, -1); /* unset on error */
+    cfg = "{\"serving\": {\"max_queue_requests\": 1}}";
+    xwrite(path, cfg, strlen(cfg));
+    assert_int_equal(repo_read_model_config(mdir, &got, &err), -1);
+    assert_non_null(strstr(err.msg, "config.json: serving.max_queue_requests: unknown key (known: "));
+    cfg = "{\"serving\": {\"instances\": 0, \"device\": \"cuda:2\"}}";
+    xwrite(path, cfg, strlen(cfg));
+    assert_int_equal(repo_read_model_config(mdir, &got, &err), 0);
+    assert_int_equal(got.instances, 0); /* 0 = auto by device, as in the server's config */
+    assert_string_equal(got.device, "cuda:2");
+    assert_int_equal(got.max_batch_users, -1);
 }
 
 static void test_memory_check_refuses(void **s)
