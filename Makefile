@@ -54,6 +54,13 @@ ENGINE_SRCS := $(wildcard engine/*.c) $(wildcard engine/ops/*.c) $(wildcard kern
 ENGINE_OBJS := $(ENGINE_SRCS:%.c=$(BUILD)/obj/%.o)
 SERVER_SRCS := $(filter-out server/main.c,$(wildcard server/*.c))
 SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/obj/%.o)
+# The server by layer: its transports (gRPC core, libevent) and the rest,
+# which needs neither library. The rest is an archive, so a binary gets only
+# the objects it calls into (ikbo-score: the request path; the unit tests:
+# their subject) and only the libraries of its layers.
+SERVER_TRANSPORT_SRCS := server/grpc_server.c server/http.c server/http_chunked.c
+SERVER_TRANSPORT_OBJS := $(SERVER_TRANSPORT_SRCS:%.c=$(BUILD)/obj/%.o)
+SERVER_CORE_OBJS := $(filter-out $(SERVER_TRANSPORT_OBJS),$(SERVER_OBJS))
 PROTOS      := proto/ikbo/v1/ranker.proto $(wildcard proto/grpc/health/v1/health.proto)
 GEN_C       := $(PROTOS:proto/%.proto=$(BUILD)/gen/%.pb-c.c)
 GEN_H       := $(GEN_C:.c=.h)
@@ -61,11 +68,16 @@ GEN_OBJS    := $(GEN_C:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
 GEN_PY      := $(PROTOS:proto/%.proto=$(BUILD)/gen/py/%_pb2.py)
 UNIT_SRCS   := $(wildcard tests/unit/test_*.c)
 UNIT_BINS   := $(UNIT_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
-SERVER_LIBS := -lgrpc -lgpr -lprotobuf-c -levent -levent_pthreads -ljansson
+CORE_LIBS      := -lprotobuf-c -ljansson
+TRANSPORT_LIBS := -lgrpc -lgpr -levent -levent_pthreads
+SERVER_LIBS    := $(TRANSPORT_LIBS) $(CORE_LIBS)
 
-LIBIKBO := $(BUILD)/libikbo.a
+LIBIKBO   := $(BUILD)/libikbo.a
+LIBSERVER := $(BUILD)/libikbo_server.a
+# What links the engine and the server core (no transport).
+CORE_LINK  = $(LIBSERVER) $(LIBIKBO) $(CORE_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
-.PHONY: FORCE all run test deps deps-build unit golden integration fuzz fuzz-long _fuzz_libfuzzer tsan alloc-fail clean help
+.PHONY: FORCE all run test deps deps-build unit check-layers golden integration fuzz fuzz-long _fuzz_libfuzzer tsan alloc-fail clean help
 .DEFAULT_GOAL := all
 # Keep generated headers and test objects between runs.
 .SECONDARY:
@@ -78,6 +90,7 @@ help:
 	@echo "make run        install missing packages, build, serve the demo model (config/server.json)"
 	@echo "make test       install missing packages, build, run unit, fuzz, golden and integration tests"
 	@echo "make unit       cmocka unit tests only"
+	@echo "make check-layers  fail if build/ikbo-score needs gRPC or libevent (readelf -d)"
 	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py)"
 	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
 	@echo "make fuzz       fuzz targets: standalone loops, then libFuzzer FUZZ_SECONDS=20 each"
@@ -140,11 +153,18 @@ $(LIBIKBO): $(ENGINE_OBJS) $(CUDA_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/ikbo-serve: $(BUILD)/obj/server/main.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
-	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+$(LIBSERVER): $(SERVER_CORE_OBJS) $(GEN_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/ikbo-score: $(BUILD)/obj/tools/ikbo_score.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
-	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+$(BUILD)/ikbo-serve: $(BUILD)/obj/server/main.o $(SERVER_TRANSPORT_OBJS) $(LIBSERVER) $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(LIBSERVER) $(LIBIKBO) $(SERVER_LIBS) $(CUDA_LIBS) \
+	    $(LDLIBS) -lstdc++
+
+# Offline scoring: engine and request path only, no gRPC, no libevent
+# (`make check-layers` checks the result).
+$(BUILD)/ikbo-score: $(BUILD)/obj/tools/ikbo_score.o $(LIBSERVER) $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(CORE_LINK)
 
 # Load generator: a gRPC client only (no engine, no server objects).
 LOADGEN_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/loadgen/*.c))
@@ -153,13 +173,13 @@ $(BUILD)/ikbo-loadgen: $(LOADGEN_OBJS) $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
 
 # The server's per-request CPU cost, step by step (bench/e2e/host_path.c).
 $(BUILD)/host_path: $(BUILD)/obj/bench/e2e/host_path.o $(BUILD)/obj/tools/loadgen/shape.o \
-                    $(BUILD)/obj/tools/loadgen/packed.o \
-                    $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
-	$(CC) $(CFLAGS) -o $@ $^ $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+                    $(BUILD)/obj/tools/loadgen/packed.o $(LIBSERVER) $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(CORE_LINK)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(SERVER_OBJS) $(GEN_OBJS) $(LIBIKBO)
+# Unit tests exercise the engine and the server core; none needs a transport.
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBSERVER) $(LIBIKBO)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ -lcmocka $(SERVER_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) -lcmocka $(CORE_LINK)
 
 # ---- fuzz targets (tests/fuzz) ----
 # Each tests/fuzz/fuzz_X.c is a LLVMFuzzerTestOneInput linked with only the
@@ -267,8 +287,19 @@ integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN
 	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t || failed="$$failed $$t"; \
 	done; if [ -n "$$failed" ]; then echo "integration: FAILED:$$failed"; exit 1; fi
 
+# Each binary links only its layers: ikbo-score (engine + request path) must
+# not need gRPC core or libevent; an object that drags them in fails here.
+check-layers: $(BUILD)/ikbo-score
+	@deps=$$(readelf -d $(BUILD)/ikbo-score | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' '); \
+	bad=$$(for d in $$deps; do case $$d in libgrpc*|libgpr*|libevent*) echo $$d;; esac; done); \
+	if [ -n "$$bad" ]; then \
+	  echo "check-layers: build/ikbo-score needs" $$bad "(it must link neither gRPC nor libevent)"; \
+	  exit 1; fi; \
+	echo "check-layers: build/ikbo-score needs $$deps"
+
 test: deps
 	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory check-layers
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory alloc-fail

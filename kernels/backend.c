@@ -6,8 +6,6 @@
  * build cannot serve is a load-time error whose text says why, so a
  * misconfigured server fails loudly instead of silently running on the CPU.
  */
-#include <errno.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
