@@ -5,7 +5,11 @@
  * speaks protobuf; both must produce the same RankRequest, so that
  * validation (request.c) gives the same status and message on every
  * transport. Every error names the JSON path of the field. Policies are in
- * request.h. Reentrant; no global state.
+ * request.h. The packed encoding (packedUsers, packedCandidates) maps like
+ * the rest; its bytes fields are base64 strings, either alphabet, padding
+ * optional (`packedUsers.dense: invalid base64 at character 17`); what the
+ * bytes hold is rq_validate's to check, as for the wire. Reentrant; no
+ * global state.
  */
 #include "request.h"
 
@@ -223,6 +227,134 @@ static int j_string(const json_t *v, const jpath *p, char **out, rq_status *st)
     return 0;
 }
 
+/* The 6-bit value of a base64 character of either alphabet (RFC 4648:
+ * standard "+/", URL-safe "-_"; proto3 JSON parsers accept both), or -1. */
+static int b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+' || c == '-')
+        return 62;
+    if (c == '/' || c == '_')
+        return 63;
+    return -1;
+}
+
+/* Padding from s[i] (the first '=') for a last quantum of q sextets: it
+ * must complete the quantum and end the text. 0, or -1 with *at set. */
+static int b64_padding(const char *s, size_t n, size_t i, size_t q, size_t *at)
+{
+    if (q < 2) { /* after a whole quantum, or a lone sextet: never valid */
+        *at = i;
+        return -1;
+    }
+    for (size_t k = i; k < i + (4 - q); k++)
+        if (k >= n || s[k] != '=') {
+            *at = k;
+            return -1;
+        }
+    if (i + (4 - q) < n) {
+        *at = i + (4 - q);
+        return -1;
+    }
+    return 0;
+}
+
+/* Decodes base64 s[0..n) (either alphabet, padded or not) into out, or
+ * with out NULL only checks it and counts. *len = the decoded size. Bits
+ * below the last byte are ignored (RFC 4648 3.5 allows it, as the proto3
+ * JSON parsers do). Returns 0, or -1 with *at = the length of the longest
+ * prefix that is still valid base64 (0-based offset of the offending
+ * character; n when the text ends early). */
+static int b64_decode(const char *s, size_t n, uint8_t *out, size_t *len, size_t *at)
+{
+    size_t i = 0, q = 0, w = 0; /* q: sextets in the current quantum */
+    uint32_t acc = 0;
+    for (; i < n && s[i] != '='; i++) {
+        int x = b64_value((unsigned char)s[i]);
+        if (x < 0) {
+            *at = i;
+            return -1;
+        }
+        acc = acc << 6 | (uint32_t)x;
+        if (++q == 4) {
+            if (out) {
+                out[w] = (uint8_t)(acc >> 16);
+                out[w + 1] = (uint8_t)(acc >> 8);
+                out[w + 2] = (uint8_t)acc;
+            }
+            w += 3;
+            q = 0;
+            acc = 0;
+        }
+    }
+    if (i < n && b64_padding(s, n, i, q, at))
+        return -1;
+    if (i == n && q == 1) { /* a lone sextet: the text ends early */
+        *at = n;
+        return -1;
+    }
+    if (q >= 2 && out)
+        out[w] = (uint8_t)(acc >> (6 * q - 8));
+    if (q == 3 && out)
+        out[w + 1] = (uint8_t)(acc >> 2);
+    *len = w + (q ? q - 1 : 0);
+    return 0;
+}
+
+/* A bytes field: a base64 string (proto3 JSON). Empty = no data (NULL, as
+ * protobuf-c unpacks an empty bytes field). */
+static int j_bytes(const json_t *v, const jpath *p, ProtobufCBinaryData *out, rq_status *st)
+{
+    if (!json_is_string(v))
+        return jerr_type(st, p, "a base64 string", v);
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v), len, at;
+    if (b64_decode(s, n, NULL, &len, &at))
+        return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: invalid base64 at character %zu",
+                             p->s, at);
+    uint8_t *d = NULL;
+    if (len) {
+        d = malloc(len);
+        if (!d)
+            return rq_status_oom(st);
+        b64_decode(s, n, d, &len, &at);
+    }
+    free(out->data);
+    out->data = d;
+    out->len = len;
+    return 0;
+}
+
+/* A repeated string field. The array is attached as it fills (counts kept
+ * consistent) so that on error one free_unpacked releases it. */
+static int j_strings(const json_t *v, jpath *p, size_t *n_out, char ***out, rq_status *st)
+{
+    if (!json_is_array(v))
+        return jerr_type(st, p, "array", v);
+    size_t n = json_array_size(v);
+    if (!n)
+        return 0;
+    char **a = calloc(n, sizeof *a);
+    if (!a)
+        return rq_status_oom(st);
+    *out = a;
+    *n_out = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t old = jp_index(p, i);
+        int rc = j_string(json_array_get(v, i), p, &a[i], st);
+        jp_pop(p, old);
+        if (rc)
+            return -1;
+        *n_out = i + 1;
+    }
+    return 0;
+}
+
 /* Repeated scalar fields. */
 #define J_REPEATED(fname, ctype, conv)                                                        \
     static int fname(const json_t *v, jpath *p, size_t *n_out, ctype **out, rq_status *st)    \
@@ -304,12 +436,25 @@ static int j_object(const json_t *obj, jpath *p, const jfield *f, int nf, void *
     return 0;
 }
 
-/* Repeated message fields: allocates the pointer array, each element with
- * its init, then fills it. On error the partial array stays attached to the
- * parent (counts kept consistent) so one free_unpacked releases it. */
+/* Message fields. A message is allocated with its init and attached to its
+ * parent before it is filled, so that on error the parent's free_unpacked
+ * releases it with the rest. */
 typedef void (*j_init_fn)(void *m);
 typedef int (*j_fill_fn)(const json_t *v, jpath *p, void *m, rq_status *st);
 
+static int j_message(const json_t *v, jpath *p, size_t size, j_init_fn init, j_fill_fn fill,
+                     void **slot, rq_status *st)
+{
+    void *m = malloc(size);
+    if (!m)
+        return rq_status_oom(st);
+    init(m);
+    *slot = m;
+    return fill(v, p, m, st);
+}
+
+/* Repeated: the pointer array is attached too, the count kept consistent
+ * with what it holds. */
 static int j_messages(const json_t *v, jpath *p, size_t elem_size, j_init_fn init,
                       j_fill_fn fill, size_t *n_out, void ***out, rq_status *st)
 {
@@ -325,15 +470,10 @@ static int j_messages(const json_t *v, jpath *p, size_t elem_size, j_init_fn ini
     *out = a;
     *n_out = 0;
     for (size_t i = 0; i < n; i++) {
-        void *m = malloc(elem_size);
-        if (!m)
-            return rq_status_oom(st);
-        init(m);
-        a[i] = m;
-        *n_out = i + 1;
         size_t old = jp_index(p, i);
-        int rc = fill(json_array_get(v, i), p, m, st);
+        int rc = j_message(json_array_get(v, i), p, elem_size, init, fill, &a[i], st);
         jp_pop(p, old);
+        *n_out = a[i] ? i + 1 : i;
         if (rc)
             return -1;
     }
@@ -414,10 +554,92 @@ static int cand_fill(const json_t *v, jpath *p, void *m, rq_status *st)
     return j_object(v, p, CAND_FIELDS, 4, m, cand_field, st);
 }
 
+/* --- PackedSparse, PackedUsers, PackedCandidates (the packed encoding:
+ * bytes fields are base64 in JSON; their contents are checked by
+ * rq_validate, as for the wire) --- */
+static const jfield PSPARSE_FIELDS[] = {{"name", "name"}, {"lengths", "lengths"}, {"ids", "ids"}};
+
+static int psparse_field(void *msg, int idx, const json_t *v, jpath *p, rq_status *st)
+{
+    Ikbo__V1__PackedSparse *m = msg;
+    switch (idx) {
+    case 0: return j_string(v, p, &m->name, st);
+    case 1: return j_bytes(v, p, &m->lengths, st);
+    default: return j_bytes(v, p, &m->ids, st);
+    }
+}
+static void psparse_init(void *m)
+{
+    ikbo__v1__packed_sparse__init(m);
+}
+static int psparse_fill(const json_t *v, jpath *p, void *m, rq_status *st)
+{
+    return j_object(v, p, PSPARSE_FIELDS, 3, m, psparse_field, st);
+}
+
+static const jfield PUSERS_FIELDS[] = {{"count", "count"},
+                                       {"keys", "keys"},
+                                       {"dense", "dense"},
+                                       {"sparse", "sparse"},
+                                       {"historyLengths", "history_lengths"},
+                                       {"historyIds", "history_ids"},
+                                       {"historyActions", "history_actions"}};
+
+static int pusers_field(void *msg, int idx, const json_t *v, jpath *p, rq_status *st)
+{
+    Ikbo__V1__PackedUsers *m = msg;
+    switch (idx) {
+    case 0: return j_uint32(v, p, &m->count, st);
+    case 1: return j_strings(v, p, &m->n_keys, &m->keys, st);
+    case 2: return j_bytes(v, p, &m->dense, st);
+    case 3:
+        return j_messages(v, p, sizeof(Ikbo__V1__PackedSparse), psparse_init, psparse_fill,
+                          &m->n_sparse, (void ***)&m->sparse, st);
+    case 4: return j_bytes(v, p, &m->history_lengths, st);
+    case 5: return j_bytes(v, p, &m->history_ids, st);
+    default: return j_bytes(v, p, &m->history_actions, st);
+    }
+}
+static void pusers_init(void *m)
+{
+    ikbo__v1__packed_users__init(m);
+}
+static int pusers_fill(const json_t *v, jpath *p, void *m, rq_status *st)
+{
+    return j_object(v, p, PUSERS_FIELDS, 7, m, pusers_field, st);
+}
+
+static const jfield PCANDS_FIELDS[] = {
+    {"count", "count"}, {"ids", "ids"}, {"users", "users"}, {"dense", "dense"}, {"sparse", "sparse"}};
+
+static int pcands_field(void *msg, int idx, const json_t *v, jpath *p, rq_status *st)
+{
+    Ikbo__V1__PackedCandidates *m = msg;
+    switch (idx) {
+    case 0: return j_uint32(v, p, &m->count, st);
+    case 1: return j_bytes(v, p, &m->ids, st);
+    case 2: return j_bytes(v, p, &m->users, st);
+    case 3: return j_bytes(v, p, &m->dense, st);
+    default:
+        return j_messages(v, p, sizeof(Ikbo__V1__PackedSparse), psparse_init, psparse_fill,
+                          &m->n_sparse, (void ***)&m->sparse, st);
+    }
+}
+static void pcands_init(void *m)
+{
+    ikbo__v1__packed_candidates__init(m);
+}
+static int pcands_fill(const json_t *v, jpath *p, void *m, rq_status *st)
+{
+    return j_object(v, p, PCANDS_FIELDS, 5, m, pcands_field, st);
+}
+
 /* --- RankRequest --- */
 static const jfield REQ_FIELDS[] = {{"model", "model"},           {"modelVersion", "model_version"},
                                     {"users", "users"},           {"candidates", "candidates"},
-                                    {"topK", "top_k"},            {"requestId", "request_id"}};
+                                    {"topK", "top_k"},            {"requestId", "request_id"},
+                                    {"packedUsers", "packed_users"},
+                                    {"packedCandidates", "packed_candidates"}};
 
 static int req_field(void *msg, int idx, const json_t *v, jpath *p, rq_status *st)
 {
@@ -432,7 +654,13 @@ static int req_field(void *msg, int idx, const json_t *v, jpath *p, rq_status *s
         return j_messages(v, p, sizeof(Ikbo__V1__Candidate), cand_init, cand_fill,
                           &m->n_candidates, (void ***)&m->candidates, st);
     case 4: return j_uint32(v, p, &m->top_k, st);
-    default: return j_string(v, p, &m->request_id, st);
+    case 5: return j_string(v, p, &m->request_id, st);
+    case 6:
+        return j_message(v, p, sizeof(Ikbo__V1__PackedUsers), pusers_init, pusers_fill,
+                         (void **)&m->packed_users, st);
+    default:
+        return j_message(v, p, sizeof(Ikbo__V1__PackedCandidates), pcands_init, pcands_fill,
+                         (void **)&m->packed_candidates, st);
     }
 }
 
@@ -462,7 +690,7 @@ Ikbo__V1__RankRequest *rq_request_from_json(const char *text, size_t len, rq_sta
         jerr_type(st, &p, "object", root);
         goto fail;
     }
-    if (j_object(root, &p, REQ_FIELDS, 6, req, req_field, st))
+    if (j_object(root, &p, REQ_FIELDS, 8, req, req_field, st))
         goto fail;
     json_decref(root);
     rq_status_ok(st);
