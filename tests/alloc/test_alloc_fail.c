@@ -19,8 +19,8 @@
  * load, a hot swap to a new version and an unload of 66 versions at once, a
  * Rank request end to end (gRPC wire bytes through the fast decoder, through
  * the protobuf-c fallback, and the HTTP JSON body; on a fresh server and on
- * a warm one), a batcher merge of three requests, ModelInfo, config
- * resolution, and the transports on loopback: starting the gRPC server
+ * a warm one), the JSON mapper on a packed request, a batcher merge of
+ * three requests, ModelInfo, config resolution, and the transports on loopback: starting the gRPC server
  * (with and without TLS files) and the HTTP server, a gRPC Rank call
  * (the client on this thread, not counted; the server's ikbo-grpc thread
  * and the batcher counted) and /healthz plus a chunked HTTP :rank.
@@ -1104,6 +1104,41 @@ static int config_after(void *p, char *why)
     return rc ? failf(why, "afterwards: %s", rc > 0 ? "config failed" : why) : 0;
 }
 
+/* ---- sweep: the JSON mapper on a packed request ----------------------- */
+
+/* Every packed field kind (request_json.c: keys, base64 bytes, the packed
+ * messages and their sparse features); the mapper only, since serving the
+ * packed encoding is not this sweep's subject. */
+static const char PACKED_JSON[] =
+    "{\"model\":\"demo\",\"packedUsers\":{\"count\":2,\"keys\":[\"alice\",\"bob\"],"
+    "\"dense\":\"AACAPwAAAEA=\",\"sparse\":[{\"name\":\"country\",\"lengths\":\"AQAAAAAAAAA\","
+    "\"ids\":\"BwAAAAAAAAA=\"}],\"historyLengths\":\"AQAAAAAAAAA=\",\"historyIds\":"
+    "\"BwAAAAAAAAA=\",\"historyActions\":\"AQAAAA==\"},\"packedCandidates\":{\"count\":1,"
+    "\"ids\":\"ZQAAAAAAAAA=\",\"users\":\"AAAAAA==\",\"dense\":\"AACAPw==\",\"sparse\":"
+    "[{\"name\":\"item\",\"lengths\":\"AQAAAA==\",\"ids\":\"_-___w\"}]}}";
+
+static int packed_json_op(void *p, char *why)
+{
+    (void)p;
+    rq_status st;
+    Ikbo__V1__RankRequest *r = rq_request_from_json(PACKED_JSON, sizeof PACKED_JSON - 1, &st);
+    af_disarm();
+    if (!r) return st.code == RQ_INTERNAL ? 1 : failf(why, "packed JSON: %s", st.msg);
+    const Ikbo__V1__PackedUsers *u = r->packed_users;
+    const Ikbo__V1__PackedCandidates *c = r->packed_candidates;
+    int ok = u && c && u->n_keys == 2 && !strcmp(u->keys[1], "bob") && u->dense.len == 8 &&
+             u->n_sparse == 1 && u->sparse[0]->ids.len == 8 && u->history_actions.len == 4 &&
+             c->n_sparse == 1 && c->sparse[0]->ids.len == 4 && c->users.len == 4;
+    rq_request_free(r);
+    return ok ? 0 : failf(why, "packed JSON mapped wrong");
+}
+
+static int packed_json_after(void *p, char *why)
+{
+    int rc = packed_json_op(p, why);
+    return rc ? failf(why, "afterwards: %s", rc > 0 ? "out of memory" : why) : 0;
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 static int write_config(char *why)
@@ -1266,6 +1301,8 @@ int main(void)
         {"metrics render", AF_MAIN, req_setup, metrics_op, metrics_after, req_teardown,
          &desc_a[0], 0},
         {"config resolve", AF_MAIN | AF_LIBS, NULL, config_op, config_after, no_teardown, NULL, 0},
+        {"request json packed (mapper)", AF_MAIN, NULL, packed_json_op, packed_json_after,
+         no_teardown, NULL, 0},
         /* The transports in-process on loopback: starting them (gRPC with
          * and without TLS files, HTTP), and a call through each. The client
          * side runs on this thread and is not counted; the servers' threads
