@@ -90,11 +90,39 @@ static void same_plan(const rq_plan *a, const rq_plan *b, size_t n_cands)
         die("plan differs with colliding hashes", "map/order/user_row");
 }
 
+/* Little-endian fixed-width column values (ranker.proto's packed encoding). */
+static uint64_t le_at(const ProtobufCBinaryData *b, size_t i, size_t width)
+{
+    uint64_t x = 0;
+    for (size_t k = 0; k < width; k++)
+        x |= (uint64_t)b->data[i * width + k] << (8 * k);
+    return x;
+}
+
+/* Users, candidate i's user index and id, in either encoding (the request
+ * is valid: the columns have their sizes). */
+static size_t req_users(const Ikbo__V1__RankRequest *req)
+{
+    return req->packed_users ? req->packed_users->count : req->n_users;
+}
+static uint32_t cand_user(const Ikbo__V1__RankRequest *req, size_t i)
+{
+    const Ikbo__V1__PackedCandidates *pc = req->packed_candidates;
+    return pc ? (uint32_t)le_at(&pc->users, i, 4) : req->candidates[i]->user;
+}
+static int64_t cand_id(const Ikbo__V1__RankRequest *req, size_t i)
+{
+    const Ikbo__V1__PackedCandidates *pc = req->packed_candidates;
+    if (!pc)
+        return req->candidates[i]->id;
+    return pc->ids.len ? (int64_t)le_at(&pc->ids, i, 8) : 0;
+}
+
 static void check_plan(const Ikbo__V1__RankRequest *req, const rq_plan *p)
 {
-    size_t c = req->n_candidates;
-    if ((size_t)p->batch.n_cands != c || p->n_request_users != (int)req->n_users ||
-        p->batch.n_users < 1 || p->batch.n_users > (int)req->n_users)
+    size_t c = rq_request_candidates(req), nu = req_users(req);
+    if ((size_t)p->batch.n_cands != c || p->n_request_users != (int)nu ||
+        p->batch.n_users < 1 || p->batch.n_users > (int)nu)
         die("plan counts", NULL);
     char *seen = calloc(c, 1);
     if (!seen)
@@ -105,7 +133,7 @@ static void check_plan(const Ikbo__V1__RankRequest *req, const rq_plan *p)
             die("plan order is not a permutation", NULL);
         if (row < 0 || row >= p->batch.n_users || (i && row < p->batch.map[i - 1]))
             die("plan map out of range or decreasing", NULL);
-        if (p->user_row[req->candidates[o]->user] != row)
+        if (p->user_row[cand_user(req, (size_t)o)] != row)
             die("candidate not on its user's row", NULL);
     }
     free(seen);
@@ -114,7 +142,7 @@ static void check_plan(const Ikbo__V1__RankRequest *req, const rq_plan *p)
 static void check_response(const Ikbo__V1__RankRequest *req, const rq_plan *p,
                            const ikbo_model_info *mi)
 {
-    size_t c = req->n_candidates;
+    size_t c = rq_request_candidates(req);
     float *ts = malloc(c * (size_t)mi->n_tasks * sizeof *ts), *s = malloc(c * sizeof *s);
     if (!ts || !s)
         abort();
@@ -132,7 +160,7 @@ static void check_response(const Ikbo__V1__RankRequest *req, const rq_plan *p,
         die("response score count", NULL);
     for (size_t i = 0; i < r->n_scores; i++) {
         const Ikbo__V1__Score *x = r->scores[i];
-        if (x->index >= c || x->id != req->candidates[x->index]->id ||
+        if (x->index >= c || x->id != cand_id(req, x->index) ||
             x->n_task_scores != (size_t)mi->n_tasks)
             die("response score does not match its candidate", NULL);
         if (req->top_k && i && x->score > r->scores[i - 1]->score)
@@ -179,7 +207,7 @@ static void check_model(const Ikbo__V1__RankRequest *req, const Ikbo__V1__RankRe
     rq_plan *q = rq_plan_build_opts(copy, mi, &o, &s2);
     if (!q)
         die("a valid request does not plan with colliding hashes", s2.msg);
-    same_plan(p, q, req->n_candidates);
+    same_plan(p, q, rq_request_candidates(req));
     rq_plan_free(q);
     check_response(req, p, mi);
     rq_plan_free(p);
@@ -256,6 +284,10 @@ static const fz_token json_tokens[] = {
     FZ_TOK("\"country\""), FZ_TOK("\"lang\""), FZ_TOK("\"item\""), FZ_TOK("\"author\""),
     FZ_TOK("\"\\u0000\""), FZ_TOK("\"\\ud800\""), FZ_TOK("\"\xc3\x28\""), FZ_TOK("[]"),
     FZ_TOK("{}"), FZ_TOK("[0,0,0,0]"), FZ_TOK("\x00"),
+    FZ_TOK("\"packedUsers\""), FZ_TOK("\"packed_candidates\""), FZ_TOK("\"count\""),
+    FZ_TOK("\"keys\""), FZ_TOK("\"lengths\""), FZ_TOK("\"historyLengths\""),
+    FZ_TOK("\"users\""), FZ_TOK("\"AAAAAA==\""), FZ_TOK("\"AAAAAAAAAAA\""),
+    FZ_TOK("\"_-+/\""), FZ_TOK("="), FZ_TOK("\"\""),
 };
 static const fz_dict json_dict = {json_tokens, sizeof json_tokens / sizeof json_tokens[0]};
 

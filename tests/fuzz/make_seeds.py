@@ -16,12 +16,15 @@ Seeds it writes (file names start with "seed-"; inputs libFuzzer found and
                  unpacked, singular fields repeated, a message split in two
   request_json/  models/demo/example_request.json and make_request.py
                  requests (lowerCamelCase and snake_case, empty bags, dup and
-                 same-key users, int64 as strings)
+                 same-key users, int64 as strings); some of them in the packed
+                 encoding (packed-*: protobuf's JSON, base64 standard and
+                 URL-safe unpadded, and one with both encodings)
   config/        config/server.json and configs using every key
   loader/        `fuzz_loader --seed-out` (model.json NUL safetensors)
 """
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -162,6 +165,75 @@ def requests():
     ]
 
 
+# ---- the packed encoding (RankRequest.packed_users / packed_candidates) ----
+
+def to_packed(msg):
+    """The same users and candidates as PackedUsers / PackedCandidates
+    (little-endian columns; absent features as empty bags)."""
+    le = lambda fmt, xs: struct.pack("<%d%s" % (len(xs), fmt), *xs)  # noqa: E731
+    out = ranker_pb2.RankRequest(model=msg.model, model_version=msg.model_version,
+                                 top_k=msg.top_k, request_id=msg.request_id)
+
+    def columns(packed, rows):
+        names = []
+        for r in rows:
+            names += [f.name for f in r.sparse if f.name not in names]
+        for name in names:
+            bags = [next((list(f.ids) for f in r.sparse if f.name == name), []) for r in rows]
+            packed.sparse.add(name=name, lengths=le("I", [len(b) for b in bags]),
+                              ids=le("q", [i for b in bags for i in b]))
+        packed.count = len(rows)
+        packed.dense = le("f", [x for r in rows for x in r.dense])
+
+    u = out.packed_users
+    columns(u, msg.users)
+    if any(x.key for x in msg.users):
+        u.keys.extend(x.key for x in msg.users)
+    if any(x.history_ids for x in msg.users):
+        u.history_lengths = le("I", [len(x.history_ids) for x in msg.users])
+        u.history_ids = le("q", [i for x in msg.users for i in x.history_ids])
+    if any(x.history_actions for x in msg.users):
+        u.history_actions = le("i", [a for x in msg.users for a in
+                                     (x.history_actions or [0] * len(x.history_ids))])
+    c = out.packed_candidates
+    columns(c, msg.candidates)
+    c.ids = le("q", [x.id for x in msg.candidates])
+    c.users = le("I", [x.user for x in msg.candidates])
+    return out
+
+
+PACKED_BYTES = {"dense", "lengths", "ids", "users", "history_lengths", "history_ids",
+                "history_actions", "historyLengths", "historyIds", "historyActions"}
+
+
+def url_unpadded(obj):
+    """Every base64 value of a packed request's JSON in the URL-safe alphabet
+    without padding (both are valid proto3 JSON)."""
+    if isinstance(obj, dict):
+        return {k: (v.rstrip("=").replace("+", "-").replace("/", "_")
+                    if isinstance(v, str) and k in PACKED_BYTES else url_unpadded(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [url_unpadded(v) for v in obj]
+    return obj
+
+
+def packed_json_seeds(reqs):
+    """request_json/ only: rank_wire's seeds stay classic until the fast
+    decoder reads fields 7 and 8."""
+    for name, text in reqs[:3]:
+        msg = to_packed(json_format.Parse(text, ranker_pb2.RankRequest()))
+        write("request_json", "packed-" + name + ".json", json_format.MessageToJson(msg))
+    msg = to_packed(json_format.Parse(reqs[3][1], ranker_pb2.RankRequest()))
+    snake = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    write("request_json", "packed-snake-url.json", json.dumps(url_unpadded(snake)))
+    # Both encodings at once (the validator refuses it; the mapper maps it).
+    both = json.loads(reqs[0][1])
+    both.update(json_format.MessageToDict(to_packed(json_format.Parse(reqs[0][1],
+                                                                      ranker_pb2.RankRequest()))))
+    write("request_json", "packed-and-classic.json", json.dumps(both))
+
+
 def config_seeds():
     with open(os.path.join(ROOT, "config", "server.json")) as f:
         write("config", "server.json", f.read())
@@ -193,6 +265,7 @@ def main():
     wire_seeds(reqs)
     for name, text in reqs:
         write("request_json", name + ".json", text)
+    packed_json_seeds(reqs)
     config_seeds()
     loader = os.path.join(BUILD, "fuzz_loader")
     os.makedirs(os.path.join(CORPUS, "loader"), exist_ok=True)
