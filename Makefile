@@ -83,7 +83,7 @@ CORE_LINK  = $(LIBSERVER) $(LIBIKBO) $(CORE_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc+
 .SECONDARY:
 
 all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(FUZZ_BINS) \
-     $(BUILD)/host_path $(GPU_BINS)
+     $(BUILD)/host_path $(BUILD)/echo_server $(GPU_BINS)
 
 help:
 	@echo "make            build build/ikbo-serve, build/ikbo-score and the tests (CUDA=0: CPU only)"
@@ -175,6 +175,13 @@ $(BUILD)/ikbo-loadgen: $(LOADGEN_OBJS) $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
 $(BUILD)/host_path: $(BUILD)/obj/bench/e2e/host_path.o $(BUILD)/obj/tools/loadgen/shape.o \
                     $(BUILD)/obj/tools/loadgen/packed.o $(LIBSERVER) $(LIBIKBO)
 	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(CORE_LINK)
+
+# The transport floor bench/e2e/run.sh compares ikbo-serve with
+# (bench/e2e/echo_server.c): gRPC core, the generated messages and
+# loadgen's client call (for --model-info-from) only.
+$(BUILD)/echo_server: $(BUILD)/obj/bench/e2e/echo_server.o $(BUILD)/obj/tools/loadgen/client.o \
+                      $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
+	$(CC) $(CFLAGS) -o $@ $^ -lgrpc -lgpr -lprotobuf-c $(LDLIBS)
 
 # Unit tests exercise the engine and the server core; none needs a transport.
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(LIBSERVER) $(LIBIKBO)
@@ -282,7 +289,7 @@ _fuzz_libfuzzer:
 golden: $(BUILD)/ikbo-score
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
 
-integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY)
+integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(GEN_PY)
 	@failed=""; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
 	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t || failed="$$failed $$t"; \
 	done; if [ -n "$$failed" ]; then echo "integration: FAILED:$$failed"; exit 1; fi
