@@ -9,7 +9,8 @@
 #            demo + random models, IKBO and broadcast modes (tests/golden)
 #   grpc     the daemon on cuda:0 answering a grpcio client (tools/rank_client.py):
 #            same scores as ikbo-score --device cuda:0, health SERVING
-#   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast
+#   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast,
+#            each point against the echo floor (.devrun/echo_server)
 #            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70")
 #   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
 #            failing cudaMalloc while a version loads, a failing stream wait

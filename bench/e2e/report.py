@@ -13,6 +13,14 @@ mean client latency, and, when /metrics has a forward-pass time histogram
 client-observed request latency spent outside the forward pass, 1 -
 compute / latency (means). Without such a metric the overhead column is
 "n/a" and the table says so.
+
+The floor (issue 18), where run.sh also ran build/echo_server (TAG.echo-
+closed.json, TAG.echo-open.json): per point, our open-loop client latency,
+the forward time per request (quantiles interpolated in the compute
+histogram's buckets, so approximate; the mean is exact), the echo's
+open-loop latency at the same rate with the same request bodies, and the
+ratio (client - forward) / echo at p50, p99 and the mean: 1.0 would be a
+server whose every cost outside the forward pass is the transport's.
 """
 import argparse
 import glob
@@ -52,7 +60,36 @@ def hist_delta(before, after, name, model):
     return s, c
 
 
+def hist_quantile(before, after, name, model, q):
+    """The q-quantile of histogram `name` (series with model=model) over the
+    window between two snapshots, interpolated linearly inside its bucket
+    (Prometheus's histogram_quantile); the largest finite bound when it falls
+    in the +Inf bucket; None without observations."""
+    cum = {}
+    for (n, labels), v in after.items():
+        d = dict(labels)
+        if n != name + "_bucket" or d.get("model", model) != model:
+            continue
+        le = float(d["le"])
+        cum[le] = cum.get(le, 0.0) + v - before.get((n, labels), 0.0)
+    bounds = sorted(cum)
+    if not bounds or cum[bounds[-1]] <= 0:
+        return None
+    rank = q * cum[bounds[-1]]
+    lo, below = 0.0, 0.0
+    for le in bounds:
+        if cum[le] >= rank:
+            if le == float("inf"):
+                return lo
+            return lo + (le - lo) * ((rank - below) / (cum[le] - below) if cum[le] > below else 1.0)
+        lo, below = le, cum[le]
+    return lo
+
+
 def detect_compute(types):
+    # Per request (what the request waited for), before the per-batch one.
+    if types.get("ikbo_request_compute_seconds") == "histogram":
+        return "ikbo_request_compute_seconds"
     for name, t in types.items():
         if t == "histogram" and name != "ikbo_request_duration_seconds" and \
                 re.search(r"(forward|compute|engine)", name) and name.endswith("seconds"):
@@ -62,6 +99,55 @@ def detect_compute(types):
 
 def fmt(x, spec="%.2f"):
     return "n/a" if x is None else spec % x
+
+
+def floor_row(d, tag, before, after, compute_name, model, om, compute_ms):
+    """The floor figures of one point, or None when the echo did not run."""
+    eo_path = os.path.join(d, tag + ".echo-open.json")
+    if not os.path.exists(eo_path):
+        return None
+    eo = json.load(open(eo_path))
+    ec_path = os.path.join(d, tag + ".echo-closed.json")
+    ec = json.load(open(ec_path)) if os.path.exists(ec_path) else None
+    lat, elat = om["latency_ms"], eo["measured"]["latency_ms"]
+    f = {"echo_rate": eo["rate"], "echo_calls": elat["count"],
+         "echo_sat_rps": ec["measured"]["ok_per_s"] if ec else None,
+         "echo_errors": sum(v for k, v in eo["codes"].items() if k != "OK") +
+         (sum(v for k, v in ec["codes"].items() if k != "OK") if ec else 0)}
+    for stat, q in (("p50", 0.5), ("p99", 0.99), ("mean", None)):
+        client = lat[stat] if lat["count"] else None
+        echo = elat[stat] if elat["count"] else None
+        if q is None:
+            fwd = compute_ms
+        else:
+            fq = hist_quantile(before, after, compute_name, model, q) if compute_name else None
+            fwd = None if fq is None else 1e3 * fq
+        f["client_" + stat], f["echo_" + stat], f["forward_" + stat] = client, echo, fwd
+        # A forward quantile over the client's is the buckets' coarseness
+        # (or too few calls), not a measurement: no ratio then.
+        f["ratio_" + stat] = ((client - fwd) / echo if None not in (client, fwd, echo) and echo > 0
+                              and fwd < client else None)
+    return f
+
+
+def floor_table(rows):
+    """The floor table's lines (empty when no point ran the echo)."""
+    fr = [r for r in rows if r["floor"]]
+    if not fr:
+        return []
+    out = ["| mode | users/req | cands/user | open-loop req/s | client p50 / p99 / mean ms "
+           "| forward p50 / p99 / mean ms | echo p50 / p99 / mean ms | (client - forward) / echo p50 "
+           "| p99 | mean | echo saturation req/s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    trio = lambda f, k: " / ".join(fmt(f[k + "_" + s]) for s in ("p50", "p99", "mean"))
+    for r in fr:
+        f = r["floor"]
+        out.append("| %s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["mode"], r["users"], r["cands"], r["open_rate"], trio(f, "client"), trio(f, "forward"),
+            trio(f, "echo"), fmt(f["ratio_p50"], "%.2fx"), fmt(f["ratio_p99"], "%.2fx"),
+            fmt(f["ratio_mean"], "%.2fx"), fmt(f["echo_sat_rps"], "%.1f")))
+    out.append("")
+    return out
 
 
 def main():
@@ -105,6 +191,7 @@ def main():
                 busiest += "; loadgen %.0f%%" % procs[1]["cpu_pct"]
         errors = sum(v for k, v in cj["codes"].items() if k != "OK") + \
             sum(v for k, v in oj["codes"].items() if k != "OK")
+        floor = floor_row(a.dir, tag, before, after, compute_name, model, om, compute_ms)
         rows.append(dict(mode=mode, users=int(u), cands=int(c), cands_per_req=cj["shape"]["mean_candidates"],
                          concurrency=cj["concurrency"], sat_rps=cj["measured"]["ok_per_s"],
                          sat_cps=cj["measured"]["candidates_per_s"],
@@ -114,7 +201,7 @@ def main():
                          p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
                          server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
                          overhead=overhead, outside_server=outside_server, errors=errors,
-                         unsent=oj.get("unsent", 0), busiest=busiest))
+                         unsent=oj.get("unsent", 0), busiest=busiest, floor=floor))
     order = {"ikbo": 0, "broadcast": 1}
     rows.sort(key=lambda r: (order.get(r["mode"], 9), r["users"], r["cands"]))
     out = []
@@ -151,6 +238,7 @@ def main():
                     p[0], p[1], i["sat_cps"], b["sat_cps"], i["sat_cps"] / b["sat_cps"] if b["sat_cps"] else 0,
                     i["p99"], b["p99"]))
         out.append("")
+    out += floor_table(rows)
     if any(r["busiest"] for r in rows):
         out.append("| mode | users/req | cands/user | threads at saturation (CPU % of one core) |")
         out.append("|---|---:|---:|---|")
@@ -169,6 +257,18 @@ def main():
     else:
         notes.append("forward ms: %s per request (mean); overhead = 1 - forward / client latency (means)."
                      % compute_name)
+    if any(r["floor"] for r in rows):
+        notes.append("floor: build/echo_server (bench/e2e/echo_server.c) on the same host, with the "
+                     "daemon's gRPC threads and an answer of our size, driven by the same loadgen "
+                     "(threads, request bodies, closed-loop concurrency, open-loop rate and length); "
+                     "forward = %s per request, p50/p99 interpolated in its buckets (approximate); "
+                     "ratio = (client - forward) / echo latency, n/a where the interpolated forward "
+                     "quantile is not below the client's (buckets too coarse, or too few calls for a "
+                     "p99: see calls)." % (compute_name or "n/a"))
+        bad_echo = [r for r in rows if r["floor"] and r["floor"]["echo_errors"]]
+        if bad_echo:
+            notes.append("failed echo calls at: %s (see TAG.echo-*.json)."
+                         % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad_echo))
     bad = [r for r in rows if r["errors"] or r["unsent"]]
     if bad:
         notes.append("failed or unsent calls at: %s (see the per-run JSON)."

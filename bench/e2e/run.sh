@@ -13,8 +13,16 @@
 #      latency from the intended send times (no coordinated omission);
 #   3. /metrics before/after each run: mean server time per request and, when
 #      the daemon exports a forward-pass (compute) time histogram, the share
-#      of request latency spent outside the forward pass (server overhead).
-# Then bench/e2e/report.py writes the table (markdown) and results.json.
+#      of request latency spent outside the forward pass (server overhead);
+#   4. the transport floor: build/echo_server (bench/e2e/echo_server.c) on the
+#      same host, with the daemon's gRPC threads, started per point with that
+#      point's response size (the model description asked from the daemon),
+#      driven by the same loadgen with the same request bodies: a closed loop
+#      at the concurrency that gave saturation, then the open loop at the same
+#      rate and length. report.py's floor table: per point, our client
+#      latency, the forward time (ikbo_request_compute_seconds), the echo's
+#      latency and (client - forward) / echo at p50, p99 and the mean.
+# Then bench/e2e/report.py writes the tables (markdown) and results.json.
 #
 #   bench/e2e/run.sh                                  # CPU, demo model, defaults below
 #   bench/e2e/run.sh --models models --model bench --device cuda:0 --server-threads 4
@@ -40,6 +48,7 @@
 #   --compute-metric M   histogram of forward-pass seconds in /metrics [auto-detect]
 #   --server-config FILE the daemon's --config (e.g. a larger batching.max_queue_candidates,
 #                        so a high --concurrency measures throughput, not admission) [none]
+#   --echo BIN           the echo server of step 4; "none" skips the floor [BUILD/echo_server]
 #   --out DIR            where results go [build/e2e/<date>-<device>]
 # Needs: bash, curl, /usr/bin/python3. Exit 0 when every point ran.
 set -euo pipefail
@@ -48,6 +57,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$ROOT/build MODELS=$ROOT/models MODEL=demo DEVICE=cpu MODES="ikbo broadcast"
 USERS="1 16" CANDS="10 70 500" HISTORY="" SERVER_THREADS=2 CONCURRENCY="" LG_THREADS=1
 FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=20 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT="" SERVER_CONFIG=""
+ECHO=""
 CMDLINE="bench/e2e/run.sh$(printf ' %q' "$@")"
 
 die() { echo "run.sh: error: $*" >&2; exit 2; }
@@ -59,6 +69,7 @@ while [ $# -gt 0 ]; do
     --loadgen-threads) LG_THREADS=$2 ;; --fraction) FRACTION=$2 ;; --warmup) WARMUP=$2 ;;
     --duration) DURATION=$2 ;; --min-open-calls) MIN_OPEN=$2 ;; --timeout-ms) TIMEOUT_MS=$2 ;;
     --compute-metric) COMPUTE_METRIC=$2 ;; --out) OUT=$2 ;; --server-config) SERVER_CONFIG=$2 ;;
+    --echo) ECHO=$2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown flag '$1' (see --help)" ;;
   esac
@@ -70,12 +81,15 @@ MODELS=$(cd "$MODELS" && pwd) || die "no model repository"
 SERVE=$BUILD/ikbo-serve LOADGEN=$BUILD/ikbo-loadgen PY=/usr/bin/python3
 [ -x "$SERVE" ] || die "$SERVE missing (make)"
 [ -x "$LOADGEN" ] || die "$LOADGEN missing (make)"
+[ -n "$ECHO" ] || ECHO=$BUILD/echo_server
+[ "$ECHO" = none ] && ECHO=""
+[ -z "$ECHO" ] || [ -x "$ECHO" ] || die "$ECHO missing (make build/echo_server, or --echo none)"
 ls -d "$MODELS/$MODEL"/*/ >/dev/null 2>&1 || die "no version of model '$MODEL' in $MODELS (bench: models/bench/make_bench_model.py)"
 [ -n "$CONCURRENCY" ] || CONCURRENCY=$(( SERVER_THREADS * 2 > 4 ? SERVER_THREADS * 2 : 4 ))
 [ -n "$OUT" ] || OUT=$ROOT/build/e2e/$(date -u +%Y%m%d-%H%M%S)-${DEVICE/:/}
 mkdir -p "$OUT"
 
-SERVE_PID=""
+SERVE_PID="" ECHO_PID="" ECHO_GRPC=""
 stop_daemon() {
   if [ -n "$SERVE_PID" ]; then
     kill -TERM "$SERVE_PID" 2>/dev/null || true
@@ -83,7 +97,32 @@ stop_daemon() {
     SERVE_PID=""
   fi
 }
-trap stop_daemon EXIT
+stop_echo() {
+  if [ -n "$ECHO_PID" ]; then
+    kill -TERM "$ECHO_PID" 2>/dev/null || true
+    wait "$ECHO_PID" 2>/dev/null || true
+    ECHO_PID="" ECHO_GRPC=""
+  fi
+}
+trap 'stop_echo; stop_daemon' EXIT
+
+# The floor's server for one point: answers of cands scores, the model
+# description asked from the running daemon -> sets ECHO_GRPC, ECHO_PID.
+start_echo() { # tag users cands distinct
+  local log=$OUT/$1.echo.log
+  "$ECHO" --listen 127.0.0.1:0 --model-info-from "$GRPC" --model "$MODEL" --threads "$SERVER_THREADS" \
+    --users "$2" --cands "$3" --distinct "$4" >"$log" 2>&1 &
+  ECHO_PID=$!
+  for _ in $(seq 1 100); do  # 10 s
+    kill -0 "$ECHO_PID" 2>/dev/null || { cat "$log" >&2; ECHO_PID=""; die "echo_server exited"; }
+    ECHO_GRPC=$(grep -m1 -o 'listening grpc=[^ ]*' "$log" || true)
+    ECHO_GRPC=${ECHO_GRPC#listening grpc=}
+    [ -z "$ECHO_GRPC" ] || return 0
+    sleep 0.1
+  done
+  cat "$log" >&2
+  die "echo_server not listening after 10 s"
+}
 
 start_daemon() { # mode -> sets GRPC, HTTP
   local mode=$1 log=$OUT/serve-$1.log
@@ -108,21 +147,23 @@ start_daemon() { # mode -> sets GRPC, HTTP
   die "ikbo-serve ($mode) not ready after 120 s"
 }
 
-loadgen() { # tag, args... -> $OUT/tag.json, metrics snapshots around it
+# tag, args... -> $OUT/tag.json. Against the daemon with /metrics snapshots
+# around it; against the echo server (no /metrics) while ECHO_GRPC is set.
+loadgen() {
   local tag=$1; shift
-  curl -fs "http://$HTTP/metrics" >"$OUT/$tag.before.prom"
+  [ -n "$ECHO_GRPC" ] || curl -fs "http://$HTTP/metrics" >"$OUT/$tag.before.prom"
   local rc=0 lpid spid=""
-  "$LOADGEN" --target "$GRPC" --model "$MODEL" --json --timeout-ms "$TIMEOUT_MS" \
+  "$LOADGEN" --target "${ECHO_GRPC:-$GRPC}" --model "$MODEL" --json --timeout-ms "$TIMEOUT_MS" \
     --threads "$LG_THREADS" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" &
   lpid=$!
-  if [ "${tag%.closed-c*}" != "$tag" ]; then  # at saturation: CPU per thread, server and loadgen
+  if [ -z "$ECHO_GRPC" ] && [ "${tag%.closed-c*}" != "$tag" ]; then  # at saturation: CPU per thread, server and loadgen
     ( sleep "$WARMUP"; exec $PY "$ROOT/bench/e2e/thread_cpu.py" --seconds "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')" \
         --json "$OUT/$tag.threads.json" "$SERVE_PID" "$lpid" >/dev/null 2>&1 ) &
     spid=$!
   fi
   wait "$lpid" || rc=$?
   [ -z "$spid" ] || wait "$spid" || true
-  curl -fs "http://$HTTP/metrics" >"$OUT/$tag.after.prom"
+  [ -n "$ECHO_GRPC" ] || curl -fs "http://$HTTP/metrics" >"$OUT/$tag.after.prom"
   if [ $rc -ge 2 ]; then cat "$OUT/$tag.err" >&2; die "ikbo-loadgen failed for $tag"; fi
   [ $rc -eq 0 ] || echo "  note: $tag had failed calls: $($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["codes"], j["first_error"])' "$OUT/$tag.json")" >&2
 }
@@ -137,7 +178,8 @@ json.dump({"command": r"""$CMDLINE""", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
            "host": "$(uname -n)", "cpus": $(nproc), "loadavg": "$(cut -d' ' -f1-3 /proc/loadavg)",
            "device": "$DEVICE", "model": "$MODEL", "models": "$MODELS", "server_threads": $SERVER_THREADS,
            "concurrency": "$CONCURRENCY", "loadgen_threads": $LG_THREADS, "fraction": $FRACTION,
-           "warmup_s": $WARMUP, "duration_s": $DURATION, "compute_metric": "$COMPUTE_METRIC"},
+           "warmup_s": $WARMUP, "duration_s": $DURATION, "compute_metric": "$COMPUTE_METRIC",
+           "echo": "$ECHO"},
           open(sys.argv[1], "w"), indent=1)
 PY
 
@@ -172,13 +214,27 @@ PY
 )
       loadgen "$tag.open" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
         --rate "$rate" --max-inflight 10000 --warmup "$WARMUP" --duration "$dur"
+      if [ -n "$ECHO" ]; then  # the floor: same loadgen, bodies, concurrency and rate
+        start_echo "$tag" "$u" $(( u * c )) "$distinct"
+        loadgen "$tag.echo-closed" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
+          --concurrency "$best" --warmup "$WARMUP" --duration "$DURATION"
+        loadgen "$tag.echo-open" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
+          --rate "$rate" --max-inflight 10000 --warmup "$WARMUP" --duration "$dur"
+        stop_echo
+      fi
       $PY - "$OUT" "$tag" <<'PY' >&2
 import json, sys
 c = json.load(open("%s/%s.closed.json" % (sys.argv[1], sys.argv[2])))["measured"]
 o = json.load(open("%s/%s.open.json" % (sys.argv[1], sys.argv[2])))
-print("  %-22s saturation %8.1f req/s %10.0f cand/s | open %7.2f req/s: p50 %8.2f ms p99 %8.2f ms"
-      % (sys.argv[2], c["ok_per_s"], c["candidates_per_s"], o["rate"],
-         o["measured"]["latency_ms"]["p50"], o["measured"]["latency_ms"]["p99"]))
+import os
+line = ("  %-22s saturation %8.1f req/s %10.0f cand/s | open %7.2f req/s: p50 %8.2f ms p99 %8.2f ms"
+        % (sys.argv[2], c["ok_per_s"], c["candidates_per_s"], o["rate"],
+           o["measured"]["latency_ms"]["p50"], o["measured"]["latency_ms"]["p99"]))
+e = "%s/%s.echo-open.json" % (sys.argv[1], sys.argv[2])
+if os.path.exists(e):
+    e = json.load(open(e))["measured"]["latency_ms"]
+    line += " | echo p50 %6.2f ms p99 %6.2f ms" % (e["p50"], e["p99"])
+print(line)
 PY
     done
   done
@@ -187,4 +243,4 @@ done
 
 $PY "$ROOT/bench/e2e/report.py" "$OUT" ${COMPUTE_METRIC:+--compute-metric "$COMPUTE_METRIC"} >"$OUT/table.md"
 cat "$OUT/table.md"
-echo "results: $OUT (table.md, results.json, per-run JSON and /metrics snapshots)" >&2
+echo "results: $OUT (table.md, results.json, per-run JSON and /metrics snapshots; *.echo-*.json: the floor)" >&2
