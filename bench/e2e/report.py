@@ -210,9 +210,9 @@ def main():
                   run["loadavg"]))
     out.append("")
     out.append("Command: `%s` (server threads %d, closed loop %s in flight, open loop at %.0f%% of "
-               "saturation, %.1f s warm-up, %.1f s measured per run)."
+               "saturation, %.1f s warm-up, %.1f s measured per run, %s encoding)."
                % (run["command"].strip(), run["server_threads"], run["concurrency"], 100 * run["fraction"],
-                  run["warmup_s"], run["duration_s"]))
+                  run["warmup_s"], run["duration_s"], run.get("encoding", "classic")))
     out.append("")
     out.append("| mode | users/req | cands/user | cands/req | in flight | saturation req/s | saturation cands/s "
                "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | outside server | forward ms "

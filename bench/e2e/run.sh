@@ -49,6 +49,7 @@
 #   --server-config FILE the daemon's --config (e.g. a larger batching.max_queue_candidates,
 #                        so a high --concurrency measures throughput, not admission) [none]
 #   --echo BIN           the echo server of step 4; "none" skips the floor [BUILD/echo_server]
+#   --encoding E         request encoding every loadgen run sends: classic or packed [classic]
 #   --out DIR            where results go [build/e2e/<date>-<device>]
 # Needs: bash, curl, /usr/bin/python3. Exit 0 when every point ran.
 set -euo pipefail
@@ -57,7 +58,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$ROOT/build MODELS=$ROOT/models MODEL=demo DEVICE=cpu MODES="ikbo broadcast"
 USERS="1 16" CANDS="10 70 500" HISTORY="" SERVER_THREADS=2 CONCURRENCY="" LG_THREADS=1
 FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=20 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT="" SERVER_CONFIG=""
-ECHO=""
+ECHO="" ENCODING=classic
 CMDLINE="bench/e2e/run.sh$(printf ' %q' "$@")"
 
 die() { echo "run.sh: error: $*" >&2; exit 2; }
@@ -69,7 +70,7 @@ while [ $# -gt 0 ]; do
     --loadgen-threads) LG_THREADS=$2 ;; --fraction) FRACTION=$2 ;; --warmup) WARMUP=$2 ;;
     --duration) DURATION=$2 ;; --min-open-calls) MIN_OPEN=$2 ;; --timeout-ms) TIMEOUT_MS=$2 ;;
     --compute-metric) COMPUTE_METRIC=$2 ;; --out) OUT=$2 ;; --server-config) SERVER_CONFIG=$2 ;;
-    --echo) ECHO=$2 ;;
+    --echo) ECHO=$2 ;; --encoding) ENCODING=$2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown flag '$1' (see --help)" ;;
   esac
@@ -154,7 +155,7 @@ loadgen() {
   [ -n "$ECHO_GRPC" ] || curl -fs "http://$HTTP/metrics" >"$OUT/$tag.before.prom"
   local rc=0 lpid spid=""
   "$LOADGEN" --target "${ECHO_GRPC:-$GRPC}" --model "$MODEL" --json --timeout-ms "$TIMEOUT_MS" \
-    --threads "$LG_THREADS" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" &
+    --threads "$LG_THREADS" --encoding "$ENCODING" "$@" >"$OUT/$tag.json" 2>"$OUT/$tag.err" &
   lpid=$!
   if [ -z "$ECHO_GRPC" ] && [ "${tag%.closed-c*}" != "$tag" ]; then  # at saturation: CPU per thread, server and loadgen
     ( sleep "$WARMUP"; exec $PY "$ROOT/bench/e2e/thread_cpu.py" --seconds "$(awk -v d="$DURATION" 'BEGIN { print d * 0.8 }')" \
@@ -179,7 +180,7 @@ json.dump({"command": r"""$CMDLINE""", "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
            "device": "$DEVICE", "model": "$MODEL", "models": "$MODELS", "server_threads": $SERVER_THREADS,
            "concurrency": "$CONCURRENCY", "loadgen_threads": $LG_THREADS, "fraction": $FRACTION,
            "warmup_s": $WARMUP, "duration_s": $DURATION, "compute_metric": "$COMPUTE_METRIC",
-           "echo": "$ECHO"},
+           "echo": "$ECHO", "encoding": "$ENCODING"},
           open(sys.argv[1], "w"), indent=1)
 PY
 

@@ -13,9 +13,10 @@ CPU (the demo model; no GPU), with every wait bounded:
      file (--model-info) or asked from ikbo-serve (--model-info-from);
   3. size: the same requests (ids as ikbo-loadgen makes them, request r of
      --distinct) to ikbo-serve and to the echo: the same response size, and
-     the same model, version, tasks, ids, indices and unique_users;
-  4. ikbo-loadgen: a short closed-loop run against the echo has only OK calls
-     that pass its verification (one finite score per candidate); a run whose
+     the same model, version, tasks, ids, indices and unique_users; ours is
+     the same size for the request's packed encoding;
+  4. ikbo-loadgen: a short closed-loop run against the echo, packed and
+     classic encoding, has only OK calls that pass its verification (one finite score per candidate); a run whose
      shape does not match --cands fails verification (exit 1), so the check
      is real;
   5. SIGTERM with calls in flight: exit 0 within a bounded time.
@@ -31,6 +32,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ikbo_itest as it  # noqa: E402
+
+sys.path.insert(0, os.path.join(it.ROOT, "tools"))
+import rank_client  # noqa: E402  (to_packed: the packed encoding of a request)
 
 ECHO = os.path.join(it.BUILD, "echo_server")
 LOADGEN = os.path.join(it.BUILD, "ikbo-loadgen")
@@ -161,6 +165,10 @@ def test_same_size_as_ours():
             ours = raw_call("127.0.0.1:%d" % daemon.grpc_port, "/ikbo.v1.Ranker/Rank", body)
             got = raw_call(echo.target, "/ikbo.v1.Ranker/Rank", body)
             it.check_eq(len(got), len(ours), "request %d: response bytes (echo vs ikbo-serve)" % r)
+            packed = rank_client.to_packed(rank_client.ranker_pb2.RankRequest.FromString(body))
+            ours_packed = raw_call("127.0.0.1:%d" % daemon.grpc_port, "/ikbo.v1.Ranker/Rank",
+                                   packed.SerializeToString())
+            it.check_eq(len(ours_packed), len(ours), "request %d: response bytes (packed vs classic)" % r)
             o, e = it.pb.RankResponse.FromString(ours), it.pb.RankResponse.FromString(got)
             for f in ("model", "model_version", "tasks", "unique_users", "request_id"):
                 it.check_eq(getattr(e, f), getattr(o, f), "request %d: %s" % (r, f))
@@ -173,8 +181,9 @@ def test_same_size_as_ours():
     print("     %d-byte answers from both, %d users x %d candidates" % (state["bytes"], USERS, CANDS_PER_USER))
 
 
-def loadgen(target, cands_per_user, duration="0.5"):
-    out = subprocess.run([LOADGEN, "--target", target, "--model", "demo", "--users", str(USERS),
+def loadgen(target, cands_per_user, duration="0.5", encoding="classic"):
+    out = subprocess.run([LOADGEN, "--target", target, "--model", "demo", "--encoding", encoding,
+                          "--users", str(USERS),
                           "--candidates", str(cands_per_user), "--distinct", str(DISTINCT),
                           "--concurrency", "2", "--warmup", "0", "--duration", duration,
                           "--connect-timeout-ms", "5000", "--json"],
@@ -201,11 +210,12 @@ def connected(port, pid):
 def test_loadgen_accepts():
     echo = Echo(*echo_args())
     try:
-        rc, j = loadgen(echo.target, CANDS_PER_USER)
-        codes, ok_per_s = j["codes"], j["measured"]["ok_per_s"]
-        it.check(rc == 0 and set(codes) == {"OK"} and codes["OK"] > 0,
-                 "ikbo-loadgen against the echo: exit %d, codes %r, first error %r"
-                 % (rc, codes, j.get("first_error")))
+        for encoding in ("packed", "classic"):
+            rc, j = loadgen(echo.target, CANDS_PER_USER, encoding=encoding)
+            codes, ok_per_s = j["codes"], j["measured"]["ok_per_s"]
+            it.check(rc == 0 and set(codes) == {"OK"} and codes["OK"] > 0,
+                     "ikbo-loadgen --encoding %s against the echo: exit %d, codes %r, first error %r"
+                     % (encoding, rc, codes, j.get("first_error")))
         # One candidate per user more than --cands allows for: verification fails.
         rc, j = loadgen(echo.target, CANDS_PER_USER + 1, duration="0.2")
         it.check(rc == 1 and "verification" in (j.get("first_error") or ""),
