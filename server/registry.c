@@ -1,14 +1,14 @@
-/* registry.c - models, versions, states, refcounted handles, and the worker
- * that polls the repository and loads, swaps and retires versions (see
- * registry.h for the rules). What the registry shows - views, readiness,
- * the memory gauge, ModelInfo - is registry_view.c. */
+/* registry.c - the registry's core: models, versions and their states,
+ * refcounted handles, the repository scan as the table sees it, the
+ * load/swap/retire decisions, admin and lookups (registry.h has the rules).
+ * The loader thread and warm-up are registry_load.c; what the registry shows
+ * (views, readiness, the memory gauge, ModelInfo) is registry_view.c. */
 #include "clock.h"
 #include "registry.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@ static void relist_add(relist *l, registry_model *m)
     l->m[l->n++] = m;
 }
 
-static void relist_run(relist *l)
+void reg_relist_run(relist *l)
 {
     for (int i = 0; i < l->n; i++) registry_release(l->m[i]);
     relist *x = l->more;
@@ -84,7 +84,7 @@ static int64_t wall_ms(void)
 
 /* ---- instances ----------------------------------------------------------- */
 
-static void instance_destroy(registry_model *m)
+void reg_instance_destroy(registry_model *m)
 {
     if (m->model) {
         log_line ln;
@@ -105,7 +105,7 @@ static void instance_destroy(registry_model *m)
 void registry_release(registry_model *m)
 {
     if (m && atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1)
-        instance_destroy(m);
+        reg_instance_destroy(m);
 }
 
 registry_model *registry_model_ref(registry_model *m)
@@ -559,19 +559,38 @@ static void prune_entries(registry *r)
     }
 }
 
-/* ---- loading -------------------------------------------------------------- */
 
-typedef struct job {
-    char name[256];
-    char dir[PATH_MAX];
-    char model_dir[PATH_MAX];
-    int64_t version;
-    uint64_t sig;
-    uint64_t gen;
-} job;
+int64_t reg_decide_all(registry *r, int64_t now, int end_of_pass, relist *rel)
+{
+    int64_t wake = 0;
+    for (int k = 0; k < r->n_entries; k++) {
+        if (end_of_pass) r->entries[k].trust = 0;
+        int64_t w = decide(r, &r->entries[k], now, rel);
+        if (w && (!wake || w < wake)) wake = w;
+    }
+    if (end_of_pass) prune_entries(r);
+    return wake;
+}
 
-/* The first version of any model that should load now; marks it busy. */
-static int pick_job(registry *r, int64_t now, job *j)
+void reg_scan(registry *r, int trusted)
+{
+    scan_item *items = NULL;
+    int n = scan_repo(r, &items);
+    relist rel = {0};
+    if (n >= 0) {
+        pthread_rwlock_wrlock(&r->lock);
+        int64_t now = clock_mono_ms();
+        merge_scan(r, items, n, trusted, now);
+        reg_decide_all(r, now, 0, &rel);
+        pthread_rwlock_unlock(&r->lock);
+    }
+    scan_free(items, n > 0 ? n : 0);
+    reg_relist_run(&rel);
+}
+
+/* ---- loading: the table's side (the loader is registry_load.c) ---------- */
+
+int reg_pick_job(registry *r, int64_t now, reg_job *j)
 {
     for (int k = 0; k < r->n_entries; k++) {
         entry *e = &r->entries[k];
@@ -600,106 +619,7 @@ static int pick_job(registry *r, int64_t now, job *j)
     return 0;
 }
 
-/* One synthetic minimal batch: 1 user, 1 candidate, zero dense features,
- * empty bags and history. Catches a model that loads but cannot run. */
-static int warm_up(ikbo_model *model, ikbo_ctx *ctx, ikbo_err *err)
-{
-    const ikbo_model_info *mi = ikbo_model_get_info(model);
-    static const int64_t no_ids[1] = {0};
-    static const int64_t empty[2] = {0, 0};
-    static const int32_t map[1] = {0};
-    int nu = mi->n_user_sparse, nc = mi->n_cand_sparse;
-    float *ud = calloc((size_t)mi->user_dense + 1, sizeof *ud);
-    float *cd = calloc((size_t)mi->cand_dense + 1, sizeof *cd);
-    ikbo_jagged *us = calloc((size_t)nu + 1, sizeof *us);
-    ikbo_jagged *cs = calloc((size_t)nc + 1, sizeof *cs);
-    float *ts = calloc((size_t)mi->n_tasks + 1, sizeof *ts);
-    int rc = -1;
-    if (!ud || !cd || !us || !cs || !ts) {
-        bk_seterr(err, "warm-up: out of memory");
-        goto done;
-    }
-    for (int i = 0; i < nu; i++) us[i] = (ikbo_jagged){no_ids, empty};
-    for (int i = 0; i < nc; i++) cs[i] = (ikbo_jagged){no_ids, empty};
-    ikbo_batch b = {
-        .n_users = 1,
-        .n_cands = 1,
-        .user_dense = mi->user_dense ? ud : NULL,
-        .user_sparse = us,
-        .hist = {no_ids, empty},
-        .hist_actions = NULL,
-        .cand_dense = mi->cand_dense ? cd : NULL,
-        .cand_sparse = cs,
-        .map = map,
-    };
-    float score = 0;
-    ikbo_err e2;
-    if (ikbo_score(ctx, &b, ts, &score, &e2) != 0) {
-        bk_seterr(err, "warm-up batch (1 user, 1 candidate) failed: %s", e2.msg);
-        goto done;
-    }
-    if (!isfinite(score)) {
-        bk_seterr(err, "warm-up batch (1 user, 1 candidate) scored %g: the weights give "
-                       "non-finite scores", (double)score);
-        goto done;
-    }
-    rc = 0;
-done:
-    free(ud);
-    free(cd);
-    free(us);
-    free(cs);
-    free(ts);
-    return rc;
-}
-
-/* Resolves the serving settings, checks memory, loads, warms up. */
-static registry_model *load_instance(registry *r, const job *j, ikbo_err *err)
-{
-    ikbo_serving s = r->defaults, over;
-    snprintf(s.device, sizeof s.device, "%s", r->device);
-    snprintf(s.mode, sizeof s.mode, "%s", ikbo_mode_name(r->mode));
-    if (ikbo_model_peek_serving(j->dir, &over, err) != 0) return NULL;
-    serving_merge(&s, &over);
-    if (repo_read_model_config(j->model_dir, &over, err) != 0) return NULL;
-    serving_merge(&s, &over);
-    if (repo_memory_check(j->dir, s.device, err) != 0) return NULL;
-
-    registry_model *m = calloc(1, sizeof *m);
-    if (m) {
-        atomic_init(&m->refs, 1);
-        atomic_init(&m->retired, 0);
-        m->name = strdup(j->name);
-        m->dir = strdup(j->dir);
-        m->ctx = calloc((size_t)r->n_slots, sizeof *m->ctx);
-        m->n_slots = r->n_slots;
-        m->version = j->version;
-        m->serving = s;
-    }
-    if (!m || !m->name || !m->dir || !m->ctx) {
-        bk_seterr(err, "%s: out of memory", j->dir);
-        if (m) instance_destroy(m);
-        return NULL;
-    }
-    enum ikbo_mode mode = IKBO_MODE_IKBO; /* s.mode was checked where it was read */
-    ikbo_mode_parse(s.mode, &mode);
-    ikbo_load_opts lo = {.device = s.device, .mode = mode};
-    m->model = ikbo_model_load(j->dir, &lo, err);
-    if (!m->model) {
-        instance_destroy(m);
-        return NULL;
-    }
-    ikbo_ctx *ctx = ikbo_ctx_new(m->model, err);
-    if (!ctx || warm_up(m->model, ctx, err) != 0) {
-        if (ctx) ikbo_ctx_free(ctx);
-        instance_destroy(m);
-        return NULL;
-    }
-    m->ctx[0] = ctx;
-    return m;
-}
-
-static void log_load(const job *j, const registry_model *m, const char *state, double secs,
+static void log_load(const reg_job *j, const registry_model *m, const char *state, double secs,
                      const char *error)
 {
     log_line ln;
@@ -717,9 +637,8 @@ static void log_load(const job *j, const registry_model *m, const char *state, d
     log_end(&ln);
 }
 
-/* Publishes a finished load (the swap) under the write lock. */
-static void commit(registry *r, const job *j, registry_model *m, const char *error, double secs,
-                   relist *rel)
+void reg_commit(registry *r, const reg_job *j, registry_model *m, const char *error, double secs,
+                relist *rel)
 {
     entry *e = reg_find_entry(r, j->name);
     vrec *v = e ? find_v(e, j->version) : NULL;
@@ -757,148 +676,6 @@ static void commit(registry *r, const job *j, registry_model *m, const char *err
     }
     decide(r, e, clock_mono_ms(), rel);
 }
-
-static int count_ready(registry *r)
-{
-    int ready = 0;
-    pthread_rwlock_rdlock(&r->lock);
-    for (int k = 0; k < r->n_entries; k++)
-        for (int j = 0; j < r->entries[k].n_v; j++)
-            if (r->entries[k].v[j].state == REGISTRY_READY) {
-                ready++;
-                break;
-            }
-    pthread_rwlock_unlock(&r->lock);
-    return ready;
-}
-
-/* Scan, then load what should load, one version at a time. */
-static int pass(registry *r, int trusted)
-{
-    scan_item *items = NULL;
-    int n = scan_repo(r, &items);
-    relist rel = {0};
-    int64_t now = clock_mono_ms();
-    pthread_rwlock_wrlock(&r->lock);
-    if (n >= 0) merge_scan(r, items, n, trusted, now);
-    pthread_rwlock_unlock(&r->lock);
-    scan_free(items, n > 0 ? n : 0);
-
-    for (;;) {
-        job j;
-        pthread_rwlock_wrlock(&r->lock);
-        now = clock_mono_ms();
-        for (int k = 0; k < r->n_entries; k++) decide(r, &r->entries[k], now, &rel);
-        int have = !atomic_load(&r->stop) && pick_job(r, now, &j);
-        pthread_rwlock_unlock(&r->lock);
-        relist_run(&rel);
-        if (!have) break;
-
-        ikbo_err err;
-        memset(&err, 0, sizeof err);
-        double t0 = clock_mono_s();
-        registry_model *m = load_instance(r, &j, &err);
-        double secs = clock_mono_s() - t0;
-        pthread_rwlock_wrlock(&r->lock);
-        commit(r, &j, m, m ? NULL : (err.msg[0] ? err.msg : "load failed"), secs, &rel);
-        pthread_rwlock_unlock(&r->lock);
-        relist_run(&rel);
-    }
-
-    int64_t wake = 0;
-    pthread_rwlock_wrlock(&r->lock);
-    now = clock_mono_ms();
-    for (int k = 0; k < r->n_entries; k++) {
-        r->entries[k].trust = 0;
-        int64_t w = decide(r, &r->entries[k], now, &rel);
-        if (w && (!wake || w < wake)) wake = w;
-    }
-    prune_entries(r);
-    pthread_rwlock_unlock(&r->lock);
-    relist_run(&rel);
-    pthread_mutex_lock(&r->wmu);
-    r->next_settle_ms = wake;
-    pthread_mutex_unlock(&r->wmu);
-    return count_ready(r);
-}
-
-int registry_poll_once(registry *r, int trusted) { return pass(r, trusted); }
-
-/* ---- the worker ------------------------------------------------------------ */
-
-static void *worker_main(void *p)
-{
-    registry *r = p;
-    log_thread_name("ikbo-models", -1);
-    int ready = pass(r, 1);
-    char why[600];
-    if (registry_all_ready(r, why, sizeof why))
-        log_msg(LOG_LEVEL_INFO, "ready", "%d model(s) ready", ready);
-    else
-        log_msg(LOG_LEVEL_WARN, "not_ready", "%s", why);
-    int64_t last_poll = clock_mono_ms();
-    pthread_mutex_lock(&r->wmu);
-    while (!atomic_load(&r->stop)) {
-        int64_t now = clock_mono_ms();
-        int64_t due = r->poll_ms > 0 ? last_poll + r->poll_ms : INT64_MAX;
-        if (r->next_settle_ms && r->next_settle_ms < due) due = r->next_settle_ms;
-        if (!r->rescan && !r->kick && now < due) {
-            if (due == INT64_MAX) {
-                pthread_cond_wait(&r->wcv, &r->wmu);
-            } else {
-                struct timespec ts;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                int64_t ns = ts.tv_nsec + (due - now) * 1000000;
-                ts.tv_sec += ns / 1000000000;
-                ts.tv_nsec = ns % 1000000000;
-                pthread_cond_timedwait(&r->wcv, &r->wmu, &ts);
-            }
-            continue;
-        }
-        int trusted = r->rescan;
-        r->rescan = r->kick = 0;
-        pthread_mutex_unlock(&r->wmu);
-        pass(r, trusted);
-        last_poll = clock_mono_ms();
-        pthread_mutex_lock(&r->wmu);
-    }
-    pthread_mutex_unlock(&r->wmu);
-    return NULL;
-}
-
-int registry_start(registry *r, ikbo_err *err)
-{
-    if (r->running) return 0;
-    atomic_store(&r->stop, 0);
-    if (pthread_create(&r->thread, NULL, worker_main, r) != 0) {
-        bk_seterr(err, "registry: cannot start the model loader thread");
-        return -1;
-    }
-    r->running = 1;
-    return 0;
-}
-
-void registry_stop(registry *r)
-{
-    if (!r || !r->running) return;
-    pthread_mutex_lock(&r->wmu);
-    atomic_store(&r->stop, 1);
-    pthread_cond_broadcast(&r->wcv);
-    pthread_mutex_unlock(&r->wmu);
-    pthread_join(r->thread, NULL);
-    r->running = 0;
-}
-
-static void wake_worker(registry *r, int rescan)
-{
-    pthread_mutex_lock(&r->wmu);
-    if (rescan) r->rescan = 1;
-    r->kick = 1;
-    pthread_cond_broadcast(&r->wcv);
-    pthread_mutex_unlock(&r->wmu);
-}
-
-void registry_rescan(registry *r) { wake_worker(r, 1); }
 
 /* ---- construction ---------------------------------------------------------- */
 
@@ -963,16 +740,7 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
         }
     }
     /* List what is there now (LOADING), so probes say "loading" at once. */
-    scan_item *items = NULL;
-    int n = scan_repo(r, &items);
-    if (n >= 0) {
-        relist rel = {0};
-        int64_t now = clock_mono_ms();
-        merge_scan(r, items, n, 1, now);
-        for (int k = 0; k < r->n_entries; k++) decide(r, &r->entries[k], now, &rel);
-        relist_run(&rel);
-    }
-    scan_free(items, n > 0 ? n : 0);
+    reg_scan(r, 1);
     for (int k = 0; k < r->n_entries; k++) r->entries[k].initial = 1;
     return r;
 oom:
@@ -1068,7 +836,7 @@ int registry_admin_load(registry *r, const char *name, int64_t version, rq_statu
     log_str(&ln, "model", name);
     if (version > 0) log_int(&ln, "version", version);
     log_end(&ln);
-    wake_worker(r, 0);
+    reg_wake_worker(r, 0);
     rq_status_ok(st);
     return 0;
 }
@@ -1109,8 +877,8 @@ int registry_admin_unload(registry *r, const char *name, int64_t version, rq_sta
         decide(r, e, clock_mono_ms(), &rel);
     }
     pthread_rwlock_unlock(&r->lock);
-    relist_run(&rel);
-    wake_worker(r, 0);
+    reg_relist_run(&rel);
+    reg_wake_worker(r, 0);
     rq_status_ok(st);
     return 0;
 }

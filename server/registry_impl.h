@@ -1,6 +1,6 @@
-/* registry_impl.h - what registry.c (the table, handles, states, the
- * worker, admin) and registry_view.c (views, readiness, metrics, ModelInfo)
- * share. Private to them.
+/* registry_impl.h - what registry.c (the table, handles, states, admin),
+ * registry_load.c (the loader thread, warm-up) and registry_view.c (views,
+ * readiness, metrics, ModelInfo) share. Private to them.
  *
  * Locking: the table (entries, vrec, dver) changes only under r->lock
  * (write); the worker's flags under r->wmu. See registry.h.
@@ -8,6 +8,7 @@
 #ifndef IKBO_SERVER_REGISTRY_IMPL_H
 #define IKBO_SERVER_REGISTRY_IMPL_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -108,6 +109,39 @@ typedef struct relist {
     int n;
     struct relist *more;
 } relist;
+
+/* A version to load, as the table hands it to the loader. */
+typedef struct reg_job {
+    char name[256];
+    char dir[PATH_MAX];
+    char model_dir[PATH_MAX];
+    int64_t version;
+    uint64_t sig;
+    uint64_t gen;
+} reg_job;
+
+/* ---- what registry_load.c (the loader) and registry.c (the table) share */
+
+/* The first version of any model that should load now, marked busy (1), or
+ * 0. Caller holds the write lock. */
+int reg_pick_job(registry *r, int64_t now, reg_job *j);
+/* Publishes a finished load (m, or NULL and error) and the swap. Caller holds
+ * the write lock; instances to release go to rel. */
+void reg_commit(registry *r, const reg_job *j, registry_model *m, const char *error, double secs,
+                relist *rel);
+/* Reads the repository (no lock held) and applies it to the table (takes
+ * the write lock); trusted: no settle wait, failed versions retried. */
+void reg_scan(registry *r, int trusted);
+/* Every model's decision; end_of_pass also ends this pass's trust and drops
+ * models with nothing left. Returns the earliest time a waiting version
+ * settles (0 = none). Caller holds the write lock. */
+int64_t reg_decide_all(registry *r, int64_t now, int end_of_pass, relist *rel);
+/* Releases what rel holds (after the lock is dropped). */
+void reg_relist_run(relist *l);
+/* Frees an instance that was never published. */
+void reg_instance_destroy(registry_model *m);
+/* Wakes the loader (rescan: read the repository first). */
+void reg_wake_worker(registry *r, int rescan);
 
 /* The entry named name, or NULL (caller holds r->lock). */
 entry *reg_find_entry(registry *r, const char *name);
