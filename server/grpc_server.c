@@ -18,6 +18,8 @@
 #include "clock.h"
 #include "grpc_server.h"
 
+#include "grpc_args.h"
+
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -619,22 +621,17 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
 
-    grpc_arg args[3];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer =
-        o->max_message_bytes > 0 && o->max_message_bytes < (uint32_t)INT32_MAX
-            ? (int)o->max_message_bytes
-            : INT32_MAX;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = -1;
-    /* Core's connection-wide ceiling; the per-call limit is ours (refused). */
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_MAX_METADATA_SIZE;
-    args[2].value.integer = (int)GRPCSRV_METADATA_CEILING;
-    grpc_channel_args ch_args = {.num_args = 3, .args = args};
-    s->server = grpc_server_create(&ch_args, NULL);
+    grpc_args ga;
+    char aerr[160];
+    if (grpc_args_server(&ga, o->max_message_bytes, (int)GRPCSRV_METADATA_CEILING, aerr,
+                         sizeof aerr)) {
+        bk_seterr(err, "grpc: %s", aerr);
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->idle);
+        free(s);
+        return NULL;
+    }
+    s->server = grpc_server_create(&ga.ch, NULL);
     if (!s->server) {
         bk_seterr(err, "grpc: cannot create the server");
         pthread_mutex_destroy(&s->mu);

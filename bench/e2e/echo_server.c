@@ -57,6 +57,7 @@
 
 #include "ikbo/v1/ranker.pb-c.h"
 #include "tools/loadgen/client.h" /* lg_unary: --model-info-from */
+#include "server/grpc_args.h"
 #include "server/grpc_server.h" /* GRPCSRV_METADATA_CEILING, RQ_DEFAULT_MAX_MESSAGE_BYTES */
 
 /* The id stride of ikbo-loadgen's requests (tools/loadgen/shape.c). */
@@ -454,29 +455,26 @@ static void echo_free(echo_server *s)
     free(s->workers);
 }
 
-/* The channel arguments of server/grpc_server.c's grpcsrv_start. */
-static grpc_server *server_new(const echo_opts *o)
+/* ikbo-serve's channel arguments (server/grpc_args.h), IKBO_GRPC_ARGS included. */
+static grpc_server *server_new(const echo_opts *o, echo_err *e)
 {
-    grpc_arg args[3];
-    memset(args, 0, sizeof args);
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int)o->max_message_bytes;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = -1;
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_MAX_METADATA_SIZE;
-    args[2].value.integer = (int)GRPCSRV_METADATA_CEILING;
-    grpc_channel_args ch_args = {.num_args = 3, .args = args};
-    return grpc_server_create(&ch_args, NULL);
+    grpc_args ga;
+    char err[160];
+    if (grpc_args_server(&ga, (uint32_t)o->max_message_bytes, (int)GRPCSRV_METADATA_CEILING, err,
+                         sizeof err)) {
+        fail(e, "%s", err);
+        return NULL;
+    }
+    grpc_server *g = grpc_server_create(&ga.ch, NULL);
+    if (!g) fail(e, "cannot create the gRPC server");
+    return g;
 }
 
 /* Binds o->listen and starts the workers; *port gets the bound port. */
 static int echo_start(echo_server *s, const echo_opts *o, int *port, echo_err *e)
 {
-    s->server = server_new(o);
-    if (!s->server) return fail(e, "cannot create the gRPC server");
+    s->server = server_new(o, e);
+    if (!s->server) return -1;
     for (int m = 0; m < M_COUNT; m++) {
         s->registered[m] = grpc_server_register_method(s->server, method_path[m], NULL,
                                                        GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);

@@ -152,6 +152,27 @@ def test_json_logs_and_level():
         d.close()
 
 
+def test_grpc_args_env():
+    """IKBO_GRPC_ARGS (server/grpc_args.h): a malformed entry stops the
+    start with one line naming it; a valid one serves."""
+    env = dict(os.environ, IKBO_GRPC_ARGS="grpc.http2.lookahead_bytes=lots")
+    p = subprocess.run([SERVE, "--models", REPO, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=20, env=env)
+    check(p.returncode != 0, "exit %d" % p.returncode)
+    check("IKBO_GRPC_ARGS: 'grpc.http2.lookahead_bytes=lots' is not key=integer" in p.stderr,
+          p.stderr[-400:])
+    old = os.environ.get("IKBO_GRPC_ARGS")
+    os.environ["IKBO_GRPC_ARGS"] = "grpc.http2.lookahead_bytes=1048576,grpc.http2.bdp_probe=0"
+    try:
+        with Daemon(REPO) as d:
+            check_eq(len(d.rank(make_request(DEMO, seed=64)).scores), 15, "serves with the args")
+    finally:
+        if old is None:
+            del os.environ["IKBO_GRPC_ARGS"]
+        else:
+            os.environ["IKBO_GRPC_ARGS"] = old
+
+
 def test_port_in_use():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -167,5 +188,6 @@ def test_port_in_use():
 
 if __name__ == "__main__":
     run([test_help_and_version, test_config_errors, test_failed_model_is_visible_and_others_serve,
-         test_sighup_listening_line_and_port_zero, test_json_logs_and_level, test_port_in_use],
+         test_sighup_listening_line_and_port_zero, test_json_logs_and_level, test_grpc_args_env,
+         test_port_in_use],
         repo=REPO)
