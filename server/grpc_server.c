@@ -451,30 +451,34 @@ static int check_call(call *c)
 
 /* ---- workers ------------------------------------------------------------ */
 
-/* Requests the call slots owed; returns how many are still owed. */
-static int rerequest(worker *w)
+/* Call slots not yet re-requested (a request_call failed). */
+static int owed_total(const worker *w)
 {
-    int left = 0;
-    for (int m = 0; m < M_COUNT; m++) {
+    int n = 0;
+    for (int m = 0; m < M_COUNT; m++) n += w->owed[m];
+    return n;
+}
+
+/* Requests the call slots owed, as far as it can now. */
+static void rerequest(worker *w)
+{
+    for (int m = 0; m < M_COUNT; m++)
         while (w->owed[m] > 0 && request_call(w, (enum method)m) == 0) w->owed[m]--;
-        left += w->owed[m];
-    }
-    return left;
 }
 
 static void *worker_main(void *arg)
 {
     worker *w = arg;
-    int owed = 0;
     log_thread_name("ikbo-grpc", w->index);
     for (;;) {
+        const int owed = owed_total(w);
         gpr_timespec until =
             owed ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                 gpr_time_from_millis(REREQUEST_MS, GPR_TIMESPAN))
                  : gpr_inf_future(GPR_CLOCK_REALTIME);
         grpc_event ev = grpc_completion_queue_next(w->cq, until, NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
-        if (owed) owed = rerequest(w);
+        if (owed) rerequest(w);
         if (ev.type != GRPC_OP_COMPLETE) continue;
         call_tag *t = ev.tag;
         call *c = t->c;
@@ -505,10 +509,7 @@ static void *worker_main(void *arg)
         if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, clock_mono_ns() / 1000000);
         /* Keep accepting: the next call of this method may arrive while this
          * one waits in the batcher. */
-        if (request_call(w, c->method)) {
-            w->owed[c->method]++;
-            owed++;
-        }
+        if (request_call(w, c->method)) w->owed[c->method]++;
         atomic_init(&c->refs, 2);
         grpc_op close_op;
         memset(&close_op, 0, sizeof close_op);

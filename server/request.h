@@ -96,7 +96,8 @@ size_t rq_request_candidates(const Ikbo__V1__RankRequest *req);
 
 /* Parses a proto3-JSON RankRequest (lowerCamelCase or original field names,
  * int64 as a JSON integer or a decimal string, uint32/int32 as integers,
- * floats as numbers; null = field absent). Errors are INVALID_ARGUMENT with
+ * floats as numbers, bytes (the packed encoding's columns) as base64,
+ * standard or URL-safe, padding optional; null = field absent). Errors are INVALID_ARGUMENT with
  * the path: `users[2].sparse[0].idz: unknown field`, `candidates[1].id:
  * expected int64 (number or decimal string)`, `invalid JSON at line 3 column
  * 7: ...`. Returns NULL on error. */

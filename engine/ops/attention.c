@@ -113,7 +113,7 @@ static int run_target_attention(op_run *r)
     bk_weight *const *w = l->shared >= 0 ? op_layer_w(r, l->shared) : r->w;
     bk_backend *be = r->be;
     /* What the baseline copies: the history and its K and V, per candidate. */
-    if (!r->bc) op_avoided(r, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
+    op_avoided(r, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
     void *out = r->out->p = op_out(r, (size_t)C, (size_t)md_layer_width(l));
     if (op_fuse(r) >= 0) {
         /* Computed in the self_attention's launch; only Wo is left. */
