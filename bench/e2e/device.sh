@@ -11,7 +11,8 @@
 #            same scores as ikbo-score --device cuda:0, health SERVING
 #   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast,
 #            each point against the echo floor (.devrun/echo_server)
-#            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70")
+#            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70"; E2E_ENCODINGS:
+#            "classic packed" runs both request encodings)
 #   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
 #            failing cudaMalloc while a version loads, a failing stream wait
 #            and a failing launch mid-batch (kernels/fault.h); faults-memcheck
@@ -30,7 +31,12 @@
 #            (ZOO_SHAPES, default "16x70 64x70"), then one profiled IKBO run
 #   seq      sequence ops and models (issue 15): op tests + memcheck, test_cuda_model
 #   seq-bench self_attention vs PyTorch SDPA (cuDNN, flash), fused vs two launches
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench]
+#   grpcargs bench/e2e/grpc_args.sh: the echo floor under each candidate set
+#            of HTTP/2 channel arguments (server/grpc_args.c), classic and packed
+#   host     build/host_path on the GPU host's CPU: the server's own work per
+#            request (decode, validate + plan, response), classic and packed,
+#            at 1 x 70 and 16 x 70
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [host] [grpcargs]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -186,6 +192,12 @@ for s in $stages; do
     stage seq seq.log seq_check ;;
   seq-bench)
     stage seq-bench seq_bench.log seq_bench ;;
+  grpcargs)
+    [ -f models/bench/1/model.json ] || stage bench-model grpcargs.log $PY models/bench/make_bench_model.py
+    stage grpcargs grpcargs.log bench/e2e/grpc_args.sh --build $B --models models ;;
+  host)
+    stage host host.log sh -c "$B/host_path --users 1 --cands 70 --iters 2000 && \
+        $B/host_path --users 16 --cands 70 --iters 1000" ;;
   e2e)
     [ -f models/bench/1/model.json ] || stage bench-model e2e.log $PY models/bench/make_bench_model.py
     # Saturation = the best of 8, 32 and 256 calls in flight, from 4 loadgen
@@ -196,12 +208,17 @@ for s in $stages; do
     # throughput, not admission (bench/overload.sh measures admission).
     printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000}}\n' \
         > "$OUT/e2e-server.json"
-    stage e2e e2e.log bench/e2e/run.sh --build $B --models models --model bench --device cuda:0 \
-        --server-threads 6 --concurrency "${E2E_CONCURRENCY:-8 32 256}" --loadgen-threads 4 \
-        --warmup 1 --duration 2 --server-config "$OUT/e2e-server.json" ${E2E_ARGS:-} \
-        --out "$OUT/e2e" ;;
+    # E2E_ENCODINGS: one run per request encoding (run.sh --encoding), each
+    # in its own folder: e2e (classic) and e2e-packed.
+    for enc in ${E2E_ENCODINGS:-classic}; do
+      dir=$OUT/e2e; [ "$enc" = classic ] || dir=$OUT/e2e-$enc
+      stage "e2e-$enc" e2e.log bench/e2e/run.sh --build $B --models models --model bench \
+          --device cuda:0 --server-threads 6 --concurrency "${E2E_CONCURRENCY:-8 32 256}" \
+          --loadgen-threads 4 --warmup 1 --duration 2 --server-config "$OUT/e2e-server.json" \
+          --encoding "$enc" ${E2E_ARGS:-} --out "$dir"
+    done ;;
   esac
 done
 [ -f "$OUT/golden.log" ] && grep -E "FAIL|mismatch" "$OUT/golden.log" | head -n 10
-[ -f "$OUT/e2e/table.md" ] && cat "$OUT/e2e/table.md"
+for t in "$OUT"/e2e*/table.md; do [ -f "$t" ] && { echo "-- $t"; cat "$t"; }; done
 printf '%s\n' "${summary[@]}"
