@@ -61,6 +61,10 @@ int grpc_args_server(grpc_args *g, uint32_t max_message_bytes, int metadata_ceil
     set_int(g, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max_recv);
     set_int(g, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1);
     set_int(g, GRPC_ARG_MAX_METADATA_SIZE, metadata_ceiling);
+    /* A whole seed-scale request in one stream window and in few frames:
+     * fewer WINDOW_UPDATE round trips before the server has it. */
+    set_int(g, GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, GRPCARGS_LOOKAHEAD_BYTES);
+    set_int(g, GRPC_ARG_HTTP2_MAX_FRAME_SIZE, GRPCARGS_MAX_FRAME_SIZE);
     const char *spec = getenv("IKBO_GRPC_ARGS");
     return spec && *spec ? apply_env(g, spec, err, err_n) : 0;
 }
