@@ -206,8 +206,9 @@ for s in $stages; do
     # IKBO 1 x 70 844k candidates/s at 32 in flight, 1.20M at 256). The
     # queue limits are raised so that many large requests in flight measure
     # throughput, not admission (bench/overload.sh measures admission).
-    printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000}}\n' \
-        > "$OUT/e2e-server.json"
+    # E2E_BATCHING: more batching keys for the daemon, e.g. '"instances": 4'.
+    printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000%s}}\n' \
+        "${E2E_BATCHING:+, $E2E_BATCHING}" > "$OUT/e2e-server.json"
     # E2E_ENCODINGS: one run per request encoding (run.sh --encoding), each
     # in its own folder: e2e (classic) and e2e-packed.
     for enc in ${E2E_ENCODINGS:-classic}; do
