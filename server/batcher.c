@@ -132,7 +132,8 @@ void batcher_resolve(const ikbo_serving *server, const ikbo_serving *sv, const c
     if (sv) serving_merge(out, sv);
     int ordinal = -1;
     const int gpu = bk_parse_device(device, &ordinal) == 0 && ordinal >= 0;
-    if (out->instances <= 0) out->instances = gpu ? 2 : 1;
+    if (out->instances <= 0)
+        out->instances = gpu ? CONFIG_BATCH_AUTO_INSTANCES_GPU : CONFIG_BATCH_AUTO_INSTANCES_CPU;
     if (out->max_batch_candidates <= 0)
         out->max_batch_candidates = gpu ? CONFIG_BATCH_AUTO_CANDIDATES_GPU
                                         : CONFIG_BATCH_AUTO_CANDIDATES_CPU;

@@ -123,7 +123,7 @@ typedef struct batcher_hooks {
 /* The limits a model runs with: the server's "batching" config, overridden
  * by the model's own serving values where set (>= 0: serving_merge), then
  * every 0 = auto (max_batch_candidates, max_batch_users, instances) resolved
- * by device (config.h's CONFIG_BATCH_AUTO_*; instances cpu 1, cuda 2) and
+ * by device (config.h's CONFIG_BATCH_AUTO_*; instances cpu 1, cuda 4) and
  * instances clamped to 1..CONFIG_BATCH_MAX_INSTANCES. serving and device may
  * be NULL. */
 void batcher_resolve(const ikbo_serving *server, const ikbo_serving *serving,

@@ -893,11 +893,11 @@ static void test_resolve(void **state)
     config_batching srv, out;
     config_batching_default(&srv);
     batcher_resolve(&srv, NULL, "cpu", &out);
-    assert_int_equal(out.instances, 1);
+    assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_CPU);
     assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_CPU);
     assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_CPU);
     batcher_resolve(&srv, NULL, "cuda:0", &out);
-    assert_int_equal(out.instances, 2);
+    assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_GPU);
     assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_GPU);
     assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_GPU);
     /* An explicit server value is kept on every device. */
@@ -929,7 +929,7 @@ static void test_resolve(void **state)
     assert_int_equal(out.instances, 5);
     sv0.instances = 0;
     batcher_resolve(&srv, &sv0, "cuda:0", &out);
-    assert_int_equal(out.instances, 2);
+    assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_GPU);
 }
 
 int main(void)
