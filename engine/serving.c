@@ -15,11 +15,9 @@
 /* Longest value shown in a message before it is cut with "...". */
 #define SHOW_MAX 60
 
-/* Writes a one-line message: a key or value from a file may hold control
- * bytes, which become '?'. Only libc and jansson here (no bk_seterr, no
- * json_schema): the server's config parser links this file alone. */
-static int fail(bk_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(bk_err *err, const char *fmt, ...)
+/* Only libc and jansson here (no bk_seterr, no json_schema): the server's
+ * config parser links this file alone. */
+int serving_fail(bk_err *err, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
@@ -130,7 +128,7 @@ const char *serving_json_got(const json_t *v, char *buf, size_t n)
 
 static int bad_int(const serving_key *k, const char *path, const char *got, bk_err *err)
 {
-    return fail(err, "%s: expected integer %lld..%lld, %s", path, k->min, k->max, got);
+    return serving_fail(err, "%s: expected integer %lld..%lld, %s", path, k->min, k->max, got);
 }
 
 /* A mode or device name: checked by the one rule for its type. */
@@ -140,7 +138,9 @@ static int set_str(ikbo_serving *s, const serving_key *k, const char *v, const c
     int ok = k->type == SERVING_MODE ? ikbo_mode_parse(v, NULL) == 0
                                      : bk_parse_device(v, NULL) == 0;
     char t[SHOW_MAX + 8];
-    if (!ok) return fail(err, "%s: expected %s, got %s", path, k->description, show(v, t, sizeof t));
+    if (!ok)
+        return serving_fail(err, "%s: expected %s, got %s", path, k->description,
+                            show(v, t, sizeof t));
     snprintf(str_at(s, k), k->size, "%s", v);
     return 0;
 }
@@ -157,9 +157,10 @@ int serving_set_json(ikbo_serving *s, const serving_key *k, const json_t *v, con
         return 0;
     }
     if (!json_is_string(v))
-        return fail(err, "%s: expected string, %s", path, serving_json_got(v, got, sizeof got));
+        return serving_fail(err, "%s: expected string, %s", path,
+                            serving_json_got(v, got, sizeof got));
     if (strlen(json_string_value(v)) != json_string_length(v))
-        return fail(err, "%s: string contains NUL", path);
+        return serving_fail(err, "%s: string contains NUL", path);
     return set_str(s, k, json_string_value(v), path, err);
 }
 
@@ -196,7 +197,8 @@ int serving_apply_object(ikbo_serving *s, const json_t *o, const char *path, uns
 {
     char got[SHOW_MAX + 16];
     if (!json_is_object(o))
-        return fail(err, "%s: expected object, %s", path, serving_json_got(o, got, sizeof got));
+        return serving_fail(err, "%s: expected object, %s", path,
+                            serving_json_got(o, got, sizeof got));
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)o, key, v)
@@ -207,7 +209,7 @@ int serving_apply_object(ikbo_serving *s, const json_t *o, const char *path, uns
         if (!k) {
             char known[400];
             known_keys(scope, known, sizeof known);
-            return fail(err, "%s: unknown key (known: %s)", kp, known);
+            return serving_fail(err, "%s: unknown key (known: %s)", kp, known);
         }
         if (serving_set_json(s, k, v, kp, err)) return -1;
     }

@@ -101,4 +101,8 @@ struct json_t *serving_to_json(const ikbo_serving *s, unsigned scope);
  * every config-file message shows a value; server/config.c uses it too. */
 const char *serving_json_got(const struct json_t *v, char *buf, size_t n);
 
+/* A one-line error for a setting read from a file: the message, with the
+ * control bytes a key or value may hold shown as '?'. Returns -1. */
+int serving_fail(bk_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif

@@ -5,7 +5,6 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,21 +24,8 @@
 #define DEFAULT_SETTLE_MS 1000
 #define MAX_SETTLE_MS 3600000
 
-static int fail(ikbo_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(ikbo_err *err, const char *fmt, ...)
-{
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        /* One line: a key or value from the file may hold control bytes. */
-        for (char *c = err->msg; *c; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f)
-                *c = '?';
-    }
-    return -1;
-}
+/* One line: a key or value from the file may hold control bytes. */
+#define fail serving_fail
 
 static char *xstrdup(const char *s)
 {
