@@ -2,6 +2,8 @@
 #include "clock.h"
 #include "http.h"
 
+#include "../engine/serving.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/bufferevent.h>
@@ -184,14 +186,7 @@ static json_t *model_json(const registry_entry_view *e, const char *def_mode,
             /* The version's effective serving settings (registry.h: server
              * defaults < model.json "serving" < the model's config.json);
              * -1 = the server's batching config applies. */
-            const ikbo_serving *s = v->serving;
-            json_object_set_new(
-                vo, "serving",
-                json_pack("{s:I,s:I,s:I,s:I,s:s,s:s}", "max_batch_candidates",
-                          (json_int_t)s->max_batch_candidates, "max_batch_users",
-                          (json_int_t)s->max_batch_users, "max_queue_delay_us",
-                          (json_int_t)s->max_queue_delay_us, "instances",
-                          (json_int_t)s->instances, "mode", s->mode, "device", s->device));
+            json_object_set_new(vo, "serving", serving_to_json(v->serving, SERVING_MODEL));
         }
         json_array_append_new(vs, vo);
     }
