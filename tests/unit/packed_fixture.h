@@ -26,6 +26,7 @@ typedef struct pk_col {
 
 static void pk_put(pk_col *c, const void *v, size_t n)
 {
+    if (!n) return;
     if (c->n + n > c->cap) {
         c->cap = 2 * (c->n + n) + 16;
         c->p = realloc(c->p, c->cap);
