@@ -35,8 +35,4 @@ int rq_view_build(const Ikbo__V1__RankRequest *req, const ikbo_model_info *mi,
                   const rq_limits *lim, rq_view *v, rq_status *st);
 void rq_view_free(rq_view *v); /* idempotent */
 
-/* The model's name for messages: the request's, else its directory's. */
-void rq_model_name(const Ikbo__V1__RankRequest *req, const ikbo_model_info *mi, char *out,
-                   size_t n);
-
 #endif
