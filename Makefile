@@ -82,7 +82,7 @@ CORE_LINK  = $(LIBSERVER) $(LIBIKBO) $(CORE_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc+
 # Keep generated headers and test objects between runs.
 .SECONDARY:
 
-all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(FUZZ_BINS) \
+all: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-plan $(BUILD)/ikbo-loadgen $(GEN_PY) $(UNIT_BINS) $(FUZZ_BINS) \
      $(BUILD)/host_path $(BUILD)/echo_server $(GPU_BINS)
 
 help:
@@ -165,6 +165,10 @@ $(BUILD)/ikbo-serve: $(BUILD)/obj/server/main.o $(SERVER_TRANSPORT_OBJS) $(LIBSE
 # (`make check-layers` checks the result).
 $(BUILD)/ikbo-score: $(BUILD)/obj/tools/ikbo_score.o $(LIBSERVER) $(LIBIKBO)
 	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(CORE_LINK)
+
+# The plan report of a model directory: the engine only.
+$(BUILD)/ikbo-plan: $(BUILD)/obj/tools/ikbo_plan.o $(LIBIKBO)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(LIBIKBO) -ljansson $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
 # Load generator: a gRPC client only (no engine, no server objects).
 LOADGEN_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/loadgen/*.c))

@@ -36,6 +36,7 @@
 #include "ikbo.h"
 #include "model.h"
 #include "op.h"
+#include "plan.h"
 
 #define ARENA_ALIGN 256
 
@@ -111,7 +112,6 @@ static void model_release(ikbo_model *m)
 
 void ikbo_model_free(ikbo_model *m) { model_release(m); }
 
-static int ref_width(const model_def *d, md_ref r);
 
 /* Follows views (reshape, flatten) back to the layer that computes a value;
  * -1 for a model input. */
@@ -164,7 +164,7 @@ static int plan_in_place(ikbo_model *m)
                 m->into[p] = s;
                 m->into_col[p] = col;
             }
-            col += ref_width(d, r);
+            col += md_ref_width(d, r);
         }
     }
     free(uses);
@@ -313,6 +313,16 @@ int ikbo_model_peek_serving(const char *dir, ikbo_serving *out, ikbo_err *err)
 }
 
 const ikbo_model_info *ikbo_model_get_info(const ikbo_model *m) { return &m->info; }
+
+char *ikbo_model_plan(const ikbo_model *m, int json, double ratio)
+{
+    return md_plan_render(m->def, json, ratio);
+}
+
+void ikbo_model_plan_summary(const ikbo_model *m, double ratio, ikbo_plan_summary *out)
+{
+    md_plan_summary(m->def, ratio, out);
+}
 
 void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out) { m->be->get_stats(m->be, out); }
 
@@ -595,26 +605,6 @@ static value input_value(ikbo_ctx *c, const fwd *f, md_ref r)
     return v;
 }
 
-static enum md_domain ref_domain(const model_def *d, md_ref r)
-{
-    switch (r.src) {
-    case MD_SRC_LAYER: return d->layers[r.index].domain;
-    case MD_SRC_CAND_DENSE:
-    case MD_SRC_CAND_SPARSE: return MD_CAND;
-    default: return MD_USER;
-    }
-}
-
-static int ref_width(const model_def *d, md_ref r)
-{
-    switch (r.src) {
-    case MD_SRC_LAYER: return md_layer_width(&d->layers[r.index]);
-    case MD_SRC_USER_DENSE: return d->user_dense;
-    case MD_SRC_CAND_DENSE: return d->cand_dense;
-    default: return 0;
-    }
-}
-
 /* IKBO mode: counts the bytes the broadcast baseline would have copied. */
 static void avoided(ikbo_ctx *c, size_t rows, size_t width)
 {
@@ -648,9 +638,9 @@ static void *stack_base(ikbo_ctx *c, int s, int rows)
 
 value op_in(const op_run *r, int k) { return input_value(r->c, r->f, r->l->in[k]); }
 
-enum md_domain op_in_domain(const op_run *r, int k) { return ref_domain(r->d, r->l->in[k]); }
+enum md_domain op_in_domain(const op_run *r, int k) { return md_ref_domain(r->d, r->l->in[k]); }
 
-int op_in_width(const op_run *r, int k) { return ref_width(r->d, r->l->in[k]); }
+int op_in_width(const op_run *r, int k) { return md_ref_width(r->d, r->l->in[k]); }
 
 int op_in_tokens(const op_run *r, int k)
 {

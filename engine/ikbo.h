@@ -122,6 +122,21 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
 void ikbo_model_free(ikbo_model *m);
 const ikbo_model_info *ikbo_model_get_info(const ikbo_model *m);
 
+/* The plan report (engine/plan.h): what the planner made of each model.json
+ * layer, FLOPs and bytes per candidate at `ratio` candidates per user, as
+ * text (json 0) or JSON (json 1). Malloc'd; NULL on out of memory. */
+char *ikbo_model_plan(const ikbo_model *m, int json, double ratio);
+/* The same for a model directory, loaded without a backend (build/ikbo-plan).
+ * Returns 0 and *out, or -1 with err naming the file, layer or tensor. */
+int ikbo_plan_dir(const char *dir, int json, double ratio, char **out, ikbo_err *err);
+/* A model's plan in short: "auto"/"manual", layers rewritten, gathers,
+ * per-candidate FLOPs before and after at `ratio`. */
+typedef struct ikbo_plan_summary {
+    int is_auto, layers, rewritten, gathers;
+    double flops_before, flops_after, bytes_before, bytes_after, gather_bytes;
+} ikbo_plan_summary;
+void ikbo_model_plan_summary(const ikbo_model *m, double ratio, ikbo_plan_summary *out);
+
 ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err);
 void ikbo_ctx_free(ikbo_ctx *ctx);
 

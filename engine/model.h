@@ -41,6 +41,7 @@ enum md_op {
     MD_POOL,
     MD_SELF_ATTENTION,
     MD_DIN_ATTENTION,
+    MD_BROADCAST, /* internal: only the auto planner writes it (a counted gather) */
     MD_OP_COUNT /* keep last: engine/ops/ops.c's table is checked against it */
 };
 
@@ -111,6 +112,7 @@ typedef struct md_layer {
     float eps;            /* layer_norm */
     int self;             /* dot_interaction: pairs i <= j */
     int rank;             /* cross: 0 = full rank */
+    int origin;           /* auto planning: the model.json layer it comes from (plan.e index) */
 
     /* Weights, op-specific order:
      *   linear: weight [out, in], bias [1, out]
@@ -127,6 +129,40 @@ static inline int md_layer_width(const md_layer *l)
 {
     return l->kind == MD_TOKENS ? l->tokens * l->dim : l->dim;
 }
+
+/* How a model.json layer was planned (engine/auto_plan.c, plan.c). */
+enum md_rewrite {
+    MD_RW_USER = 0,     /* all inputs user: runs at U                                  */
+    MD_RW_CAND,         /* candidate inputs only: runs at C as written                 */
+    MD_RW_IKBO,         /* a mixing op: reads user rows through the map                */
+    MD_RW_TYPE1,        /* decomposed over a mixed stack/concat: user part at U        */
+    MD_RW_SPLICED,      /* a mixed stack/concat only rewrites read: never built        */
+    MD_RW_MAP_READ,     /* a mixed stack/concat built at C, user parts read via map    */
+    MD_RW_GATHER,       /* needs a user operand at C rows: an explicit broadcast       */
+    MD_RW_COUNT
+};
+
+/* The report of one model.json layer. Costs are per user row (u) and per
+ * candidate row (c), [0] as written (broadcast form: every user operand of
+ * a candidate layer copied to C rows first) and [1] as planned. FLOPs are
+ * the dominant terms (multiply-add = 2); bytes are the fp32 activations a
+ * layer writes (a gather's copy included); jagged layers count max_len
+ * events per user. */
+typedef struct md_plan_entry {
+    char *name;
+    enum md_op op;
+    enum md_domain domain;
+    enum md_rewrite rw;
+    char note[192];  /* the rewrite applied, or why it broadcasts */
+    char split[160]; /* the weight split ("weight [64, 40] -> user cols 24, candidate 16") */
+    double flops_u[2], flops_c[2], bytes_u[2], bytes_c[2];
+} md_plan_entry;
+
+typedef struct md_plan {
+    int is_auto; /* "planning": "auto" */
+    md_plan_entry *e;
+    int n; /* == the number of model.json layers */
+} md_plan;
 
 typedef struct model_def {
     char *dir;         /* version directory as given */
@@ -153,7 +189,36 @@ typedef struct model_def {
     float *score_weights; /* n_tasks, default 1.0 */
 
     ikbo_serving serving; /* "serving" (engine/serving.h); unset = -1 / "" */
+
+    md_plan plan; /* the plan report (engine/plan.h): one entry per model.json layer */
 } model_def;
+
+/* A reference's domain, row width (elements; jagged: per event) and tokens
+ * (K of a tokens value, else 1). Sparse and history inputs have width 0. */
+static inline enum md_domain md_ref_domain(const model_def *m, md_ref r)
+{
+    switch (r.src) {
+    case MD_SRC_LAYER: return m->layers[r.index].domain;
+    case MD_SRC_CAND_DENSE:
+    case MD_SRC_CAND_SPARSE: return MD_CAND;
+    default: return MD_USER;
+    }
+}
+
+static inline int md_ref_width(const model_def *m, md_ref r)
+{
+    switch (r.src) {
+    case MD_SRC_LAYER: return md_layer_width(&m->layers[r.index]);
+    case MD_SRC_USER_DENSE: return m->user_dense;
+    case MD_SRC_CAND_DENSE: return m->cand_dense;
+    default: return 0;
+    }
+}
+
+static inline int md_ref_tokens(const model_def *m, md_ref r)
+{
+    return r.src == MD_SRC_LAYER ? m->layers[r.index].tokens : 1;
+}
 
 /* Loads <dir>/model.json and <dir>/weights.safetensors. On failure returns
  * -1, *out untouched, and err names the file, the layer or tensor, and the

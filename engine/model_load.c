@@ -27,9 +27,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "auto_plan.h"
 #include "json_schema.h"
 #include "model.h"
 #include "op.h"
+#include "plan.h"
 #include "safetensors.h"
 #include "serving.h"
 
@@ -59,6 +61,8 @@ typedef struct ld {
     bk_err *err;
     model_def *m;
     nent *lidx, *tidx, *uidx, *cidx; /* layers, tables, user/cand sparse, sorted */
+    enum op_pass pass;
+    json_t *root; /* the document, kept for the auto planner */
 } ld;
 
 enum ref_kind { REF_VALUE, REF_SPARSE, REF_HISTORY };
@@ -702,8 +706,16 @@ int op_output(const op_plan *p, enum md_domain dom, enum md_kind kind, long long
     return 0;
 }
 
+enum op_pass op_planning(const op_plan *p) { return p->L->pass; }
+
 int op_one_domain(const op_plan *p, const md_shape *s, int n, enum md_domain *dom)
 {
+    if (p->L->pass == OP_PASS_BROADCAST_FORM) { /* mixing means broadcast */
+        *dom = MD_USER;
+        for (int k = 0; k < n; k++)
+            if (s[k].dom == MD_CAND) *dom = MD_CAND;
+        return 0;
+    }
     for (int k = 1; k < n; k++)
         if (s[k].dom != s[0].dom)
             return op_fail(p,
@@ -755,6 +767,8 @@ static int plan_layer(ld *L, int i, const json_t *o)
     if (js_get_str(&L->jc, o, path, pre, "op", 1, &opn))
         return -1;
     int op = md_op_find(opn);
+    if (op >= 0 && (md_ops[op]->flags & OP_INTERNAL) && L->pass != OP_PASS_REWRITTEN)
+        op = -1; /* only the planner writes internal ops */
     if (op < 0) {
         js_fail(&L->jc, "%sunknown op '%s' (ops: %s)", pre, js_quote(q2, opn), md_op_list());
         return -1;
@@ -918,16 +932,64 @@ static int parse_serving(ld *L, const json_t *o)
 
 /* ------------------------------------------------------------ document */
 
-static int parse_document(ld *L, const char *json, size_t len)
+/* "planning": absent (manual) or "auto" (MODEL_FORMAT.md, "Automatic
+ * planning"): the layers are then planned in broadcast form first. */
+static int parse_planning(ld *L, const json_t *root)
 {
-    static const char *const keys[] = {"format", "name",   "description", "inputs",
-                                       "tables", "layers", "output",      "serving", NULL};
+    const char *s;
+    char q[QBUF];
+    if (js_get_str(&L->jc, root, "", "", "planning", 0, &s))
+        return -1;
+    if (!s)
+        return 0;
+    if (strcmp(s, "auto") != 0) {
+        js_fail(&L->jc, "'planning' must be \"auto\" (or absent for a model written with the IKBO "
+                        "ops), got '%s'",
+                js_quote(q, s));
+        return -1;
+    }
+    if (L->pass == OP_PASS_MANUAL)
+        L->pass = OP_PASS_BROADCAST_FORM;
+    L->m->plan.is_auto = 1;
+    return 0;
+}
+
+static int parse_root(ld *L, const json_t *root)
+{
+    static const char *const keys[] = {"format", "name",   "description", "inputs",  "tables",
+                                       "layers", "output", "serving",     "planning", NULL};
     model_def *m = L->m;
-    json_t *root, *inputs, *tables, *layers, *output, *serving;
+    json_t *inputs, *tables, *layers, *output, *serving;
     const char *fmt, *s;
     char q[QBUF];
-    int rc = -1;
 
+    if (js_get_str(&L->jc, root, "", "", "format", 1, &fmt))
+        return -1;
+    if (strcmp(fmt, FORMAT_ID) != 0) {
+        js_fail(&L->jc, "'format' must be \"" FORMAT_ID "\", got '%s'", js_quote(q, fmt));
+        return -1;
+    }
+    if (js_check_keys(&L->jc, root, "", "", keys) || parse_planning(L, root))
+        return -1;
+    if (js_get_str(&L->jc, root, "", "", "name", 0, &s) || (s && !(m->name = xstrdup(L, s))))
+        return -1;
+    if (js_get_str(&L->jc, root, "", "", "description", 0, &s) ||
+        (s && !(m->description = xstrdup(L, s))))
+        return -1;
+    if (js_get_obj(&L->jc, root, "", "", "inputs", 1, &inputs) ||
+        js_get_obj(&L->jc, root, "", "", "tables", 1, &tables) ||
+        js_get_arr(&L->jc, root, "", "", "layers", 1, &layers) ||
+        js_get_obj(&L->jc, root, "", "", "output", 1, &output) ||
+        js_get_obj(&L->jc, root, "", "", "serving", 0, &serving))
+        return -1;
+    if (parse_inputs(L, inputs) || parse_tables(L, tables) || parse_layers(L, layers) ||
+        parse_output(L, output) || (serving && parse_serving(L, serving)))
+        return -1;
+    return 0;
+}
+
+static int parse_document(ld *L, const char *json, size_t len)
+{
     if (len > MODEL_JSON_MAX) {
         js_fail(&L->jc, "file is %zu bytes, over the %zu-byte limit", len, MODEL_JSON_MAX);
         return -1;
@@ -936,34 +998,9 @@ static int parse_document(ld *L, const char *json, size_t len)
         js_fail(&L->jc, "invalid JSON: the file contains a NUL byte");
         return -1;
     }
-    if (!(root = js_load_object(&L->jc, "", json, len)))
+    if (!(L->root = js_load_object(&L->jc, "", json, len)))
         return -1;
-    if (js_get_str(&L->jc, root, "", "", "format", 1, &fmt))
-        goto out;
-    if (strcmp(fmt, FORMAT_ID) != 0) {
-        js_fail(&L->jc, "'format' must be \"" FORMAT_ID "\", got '%s'", js_quote(q, fmt));
-        goto out;
-    }
-    if (js_check_keys(&L->jc, root, "", "", keys))
-        goto out;
-    if (js_get_str(&L->jc, root, "", "", "name", 0, &s) || (s && !(m->name = xstrdup(L, s))))
-        goto out;
-    if (js_get_str(&L->jc, root, "", "", "description", 0, &s) ||
-        (s && !(m->description = xstrdup(L, s))))
-        goto out;
-    if (js_get_obj(&L->jc, root, "", "", "inputs", 1, &inputs) ||
-        js_get_obj(&L->jc, root, "", "", "tables", 1, &tables) ||
-        js_get_arr(&L->jc, root, "", "", "layers", 1, &layers) ||
-        js_get_obj(&L->jc, root, "", "", "output", 1, &output) ||
-        js_get_obj(&L->jc, root, "", "", "serving", 0, &serving))
-        goto out;
-    if (parse_inputs(L, inputs) || parse_tables(L, tables) || parse_layers(L, layers) ||
-        parse_output(L, output) || (serving && parse_serving(L, serving)))
-        goto out;
-    rc = 0;
-out:
-    json_decref(root);
-    return rc;
+    return parse_root(L, L->root);
 }
 
 /* ------------------------------------------------------------- weights */
@@ -1093,6 +1130,7 @@ static char *join(const char *dir, const char *file)
 
 static void ld_free(ld *L)
 {
+    json_decref(L->root);
     free(L->jfile);
     free(L->wfile);
     free(L->lidx);
@@ -1121,6 +1159,49 @@ static int ld_init(ld *L, const char *dir, bk_err *err)
     return 0;
 }
 
+/* An auto model: the broadcast form (L->m, with its weights when it has
+ * any) is rewritten by auto_plan.c, and the rewritten document planned
+ * with the manual rules plus the planner's own (OP_PASS_REWRITTEN); the
+ * weights move or are split across. L->m becomes the rewritten model. */
+static int replan(ld *L)
+{
+    ap_result *r = NULL;
+    ld L2;
+    model_def *m1 = L->m;
+    int rc = -1;
+    if (ap_rewrite(m1, L->root, &r, L->err))
+        return -1;
+    if (ld_init(&L2, m1->dir, L->err))
+        goto out;
+    L2.pass = OP_PASS_REWRITTEN;
+    if (parse_root(&L2, r->root))
+        goto out;
+    if (L2.m->n_layers != r->n) { /* cannot happen: one planned layer per emitted one */
+        bk_seterr(L->err, "%s: the auto planner's rewrite lost a layer", L->jfile);
+        goto out;
+    }
+    if (ap_take_weights(r, m1, L2.m, L->err) || md_plan_build(m1, L2.m, r->e, L->err))
+        goto out;
+    r->e = NULL; /* the plan owns the entries now */
+    L2.m->plan.is_auto = 1;
+    L->m = L2.m;
+    L2.m = m1;
+    rc = 0;
+out:
+    model_def_free(L2.m);
+    ld_free(&L2);
+    ap_result_free(r);
+    return rc;
+}
+
+/* The plan report; an auto model is rewritten first. */
+static int plan_model(ld *L)
+{
+    if (L->m->plan.is_auto)
+        return replan(L);
+    return md_plan_build(L->m, L->m, NULL, L->err);
+}
+
 static int finish(ld *L, int rc, model_def **out)
 {
     if (rc == 0)
@@ -1146,7 +1227,9 @@ int model_def_plan(const char *dir, const char *json, size_t json_len, model_def
     }
     if (ld_init(&L, dir, err))
         return finish(&L, -1, out);
-    return finish(&L, parse_document(&L, json, json_len), out);
+    if (parse_document(&L, json, json_len))
+        return finish(&L, -1, out);
+    return finish(&L, plan_model(&L), out);
 }
 
 int model_def_parse(const char *dir, const char *json, size_t json_len, const uint8_t *st,
@@ -1172,7 +1255,7 @@ int model_def_parse(const char *dir, const char *json, size_t json_len, const ui
         return finish(&L, -1, out);
     rc = attach_weights(&L, &f);
     st_close(&f);
-    return finish(&L, rc, out);
+    return finish(&L, rc ? rc : plan_model(&L), out);
 }
 
 /* Reads a regular file of at most max bytes. Files are opened O_NONBLOCK so
@@ -1280,6 +1363,8 @@ int model_def_load(const char *dir, model_def **out, bk_err *err)
         goto done;
     rc = attach_weights(&L, &f);
     st_close(&f);
+    if (rc == 0)
+        rc = plan_model(&L);
 done:
     if (fd >= 0)
         close(fd);
@@ -1324,5 +1409,6 @@ void model_def_free(model_def *m)
         free(m->tasks[i]);
     free(m->tasks);
     free(m->score_weights);
+    md_plan_free(&m->plan);
     free(m);
 }

@@ -87,8 +87,15 @@ int op_weight1(const op_plan *p, const char *param, long long n);
 int op_output(const op_plan *p, enum md_domain dom, enum md_kind kind, long long tokens,
               long long dim);
 /* Refuses a user/candidate mix among s[0..n) (every op but the mixing ones);
- * returns the common domain in *dom. */
+ * returns the common domain in *dom. In an auto-planned model's first pass
+ * (broadcast form) any mix is allowed and means candidate. */
 int op_one_domain(const op_plan *p, const md_shape *s, int n, enum md_domain *dom);
+/* How the layer is being planned: as written (manual), an auto model's
+ * broadcast form (first pass), or the planner's rewrite (second pass: the
+ * manual rules, plus stack/concat reading user parts through the map and the
+ * internal broadcast op). */
+enum op_pass { OP_PASS_MANUAL = 0, OP_PASS_BROADCAST_FORM, OP_PASS_REWRITTEN };
+enum op_pass op_planning(const op_plan *p);
 /* "user vec [8]", "candidate tokens [4, 16]", "user jagged [L, 32]". */
 const char *op_shape_str(char *buf, size_t n, md_shape s);
 /* The reference text of input k as written in model.json (quoted for messages). */
@@ -189,7 +196,23 @@ enum {
     OP_VIEW = 1,      /* same bytes as input 0, new shape (reshape, flatten)     */
     OP_PLACED = 2,    /* a vector output may be written into a gathering reader  */
     OP_GATHERS = 4,   /* writes its inputs side by side (stack, concat)          */
+    OP_INTERNAL = 8,  /* written by the auto planner only, not accepted in model.json */
 };
+
+/* FLOPs of one layer per user row (u) and per candidate row (c) as the
+ * engine runs it in IKBO mode: a mixing op's user-only part (lce's user
+ * term, attention's K/V) is in u. Dominant terms, multiply-add = 2; jagged
+ * inputs count max_len events per user. */
+typedef struct md_cost {
+    double u, c;
+} md_cost;
+
+/* Rows one output row stands for in a cost: max_len events for a jagged
+ * layer, else 1. */
+static inline double md_events(const model_def *m, const md_layer *l)
+{
+    return l->kind == MD_JAGGED ? m->hist_max_len : 1;
+}
 
 typedef struct md_op_def {
     const char *name;
@@ -200,13 +223,15 @@ typedef struct md_op_def {
     /* Optional, at load before the weights go to the backend: rewrites
      * the layer's host weights (a split of DIN's w1). */
     int (*prepare)(md_layer *l, bk_err *err);
+    /* FLOPs per row (see md_cost); every op has one. */
+    md_cost (*cost)(const model_def *m, const md_layer *l);
 } md_op_def;
 
 extern const md_op_def *const md_ops[MD_OP_COUNT];
 
-/* Index of op `name`, or -1. */
+/* Index of op `name`, or -1 (internal ops included). */
 int md_op_find(const char *name);
-/* "embedding_bag, history_embedding, ..." in table order. */
+/* "embedding_bag, history_embedding, ..." in table order, internal ops left out. */
 const char *md_op_list(void);
 
 #endif

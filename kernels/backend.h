@@ -270,10 +270,11 @@ struct bk_backend {
     int (*add)(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
                void *out, bk_err *err);
 
-    /* Strided row copy: dst[r*ldd + j] = src[r*lds + j] for j < width.
-     * Used by stack. */
-    int (*copy_rows)(bk_stream *s, const void *src, int lds, int n, int width, void *dst,
-                     int ldd, bk_err *err);
+    /* Strided row copy: dst[r*ldd + j] = src[m(r)*lds + j] for j < width,
+     * m(r) = map ? map[r] : r (an auto-planned stack reads its user parts
+     * through the map). Used by stack and concat. */
+    int (*copy_rows)(bk_stream *s, const void *src, int lds, const int32_t *map, int n, int width,
+                     void *dst, int ldd, bk_err *err);
 
     /* Broadcast-mode gather (the baseline; never used in IKBO mode).
      * Dense (src_offsets NULL): dst[c, :] = src[map[c], :], width elements.

@@ -162,8 +162,18 @@ static int run_target_attention(op_run *r)
 
 static const char *const ta_keys[] = {"name",     "op",       "query",       "history",
                                       "heads",    "head_dim", "shared_with", NULL};
+/* K and V once per user (none when shared: the self_attention computes
+ * them); Q, the two score/value products and Wo per candidate. */
+static md_cost cost_target_attention(const model_def *m, const md_layer *l)
+{
+    double L = m->hist_max_len, D = l->dim, hd = (double)l->heads * l->head_dim, tq = l->tokens;
+    double kv = l->shared >= 0 ? 0 : 4.0 * L * D * hd;
+    return (md_cost){.u = kv, .c = 4.0 * tq * D * hd + 4.0 * tq * L * hd};
+}
+
 const md_op_def md_op_target_attention = {"target_attention", ta_keys, 0, plan_target_attention,
-                                          run_target_attention, NULL};
+                                          run_target_attention, NULL,
+    cost_target_attention};
 
 /* ---- self_attention ---- */
 
@@ -221,8 +231,15 @@ static int run_self_attention(op_run *r)
 
 static const char *const sa_keys[] = {"name", "op", "input", "heads", "head_dim", "causal",
                                       "kind", NULL};
+static md_cost cost_self_attention(const model_def *m, const md_layer *l)
+{
+    double L = m->hist_max_len, D = l->dim, hd = (double)l->heads * l->head_dim;
+    return (md_cost){.u = 8.0 * L * D * hd + 4.0 * L * L * hd * (l->causal ? 0.5 : 1.0)};
+}
+
 const md_op_def md_op_self_attention = {"self_attention", sa_keys, 0, plan_self_attention,
-                                        run_self_attention, NULL};
+                                        run_self_attention, NULL,
+    cost_self_attention};
 
 /* ---- din_attention ---- */
 
@@ -324,5 +341,15 @@ static int run_din_attention(op_run *r)
 
 static const char *const din_keys[] = {"name",   "op",         "query",     "history",
                                        "hidden", "activation", "normalize", NULL};
+/* The history part of w1 once per user (prepare_din's split); per candidate
+ * its own part, then per event the q*h part, w2 and the weighted sum. */
+static md_cost cost_din_attention(const model_def *m, const md_layer *l)
+{
+    double L = m->hist_max_len, D = l->dim, H1 = l->hidden;
+    return (md_cost){.u = 2.0 * L * D * H1,
+                     .c = 2.0 * D * H1 + L * (2.0 * D * H1 + 2.0 * H1 + 3.0 * D)};
+}
+
 const md_op_def md_op_din_attention = {"din_attention", din_keys, 0, plan_din_attention,
-                                       run_din_attention, prepare_din};
+                                       run_din_attention, prepare_din,
+    cost_din_attention};

@@ -51,7 +51,16 @@ static int run_linear(op_run *r)
 }
 
 static const char *const linear_keys[] = {"name", "op", "input", "out", "activation", NULL};
-const md_op_def md_op_linear = {"linear", linear_keys, OP_PLACED, plan_linear, run_linear, NULL};
+/* Per row of the layer's domain; a tokens input is K rows, a jagged one
+ * max_len events. */
+static md_cost cost_linear(const model_def *m, const md_layer *l)
+{
+    double f = 2.0 * md_ref_width(m, l->in[0]) * l->dim * md_events(m, l);
+    return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
+}
+
+const md_op_def md_op_linear = {"linear", linear_keys, OP_PLACED, plan_linear, run_linear, NULL,
+    cost_linear};
 
 static int plan_token_linear(op_plan *p)
 {
@@ -80,8 +89,15 @@ static int run_token_linear(op_run *r)
 }
 
 static const char *const tl_keys[] = {"name", "op", "input", "out_tokens", NULL};
+static md_cost cost_token_linear(const model_def *m, const md_layer *l)
+{
+    double f = 2.0 * md_ref_tokens(m, l->in[0]) * l->tokens * l->dim;
+    return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
+}
+
 const md_op_def md_op_token_linear = {"token_linear", tl_keys, 0, plan_token_linear,
-                                      run_token_linear, NULL};
+                                      run_token_linear, NULL,
+    cost_token_linear};
 
 /* DCNv2 cross: y = x0 * (W x + b) + x, W full [F, F] or u @ v of rank r. */
 static int plan_cross(op_plan *p)
@@ -133,4 +149,12 @@ static int run_cross(op_run *r)
 }
 
 static const char *const cross_keys[] = {"name", "op", "x0", "input", "rank", NULL};
-const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross, NULL};
+static md_cost cost_cross(const model_def *m, const md_layer *l)
+{
+    (void)m;
+    double F = l->dim, f = (l->rank ? 4.0 * F * l->rank : 2.0 * F * F) + 3.0 * F;
+    return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
+}
+
+const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross, NULL,
+    cost_cross};

@@ -33,7 +33,20 @@ static int run_activation(op_run *r)
 }
 
 static const char *const act_keys[] = {"name", "op", "input", "fn", NULL};
-const md_op_def md_op_activation = {"activation", act_keys, 0, plan_activation, run_activation, NULL};
+/* Element-wise ops: a few FLOPs per element of their output. */
+static md_cost cost_elementwise(double per, const model_def *m, const md_layer *l)
+{
+    double f = per * md_layer_width(l) * md_events(m, l);
+    return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
+}
+
+static md_cost cost_activation(const model_def *m, const md_layer *l)
+{
+    return cost_elementwise(1, m, l);
+}
+
+const md_op_def md_op_activation = {"activation", act_keys, 0, plan_activation, run_activation, NULL,
+    cost_activation};
 
 static int plan_layer_norm(op_plan *p)
 {
@@ -59,7 +72,13 @@ static int run_layer_norm(op_run *r)
 }
 
 static const char *const ln_keys[] = {"name", "op", "input", "eps", NULL};
-const md_op_def md_op_layer_norm = {"layer_norm", ln_keys, 0, plan_layer_norm, run_layer_norm, NULL};
+static md_cost cost_layer_norm(const model_def *m, const md_layer *l)
+{
+    return cost_elementwise(5, m, l);
+}
+
+const md_op_def md_op_layer_norm = {"layer_norm", ln_keys, 0, plan_layer_norm, run_layer_norm, NULL,
+    cost_layer_norm};
 
 /* add, mul: equal shapes; the output takes the candidate domain if either is. */
 static int plan_binary(op_plan *p)
@@ -110,8 +129,13 @@ static int run_binary(op_run *r)
 
 /* add: "inputs": [a, b] (the brief), or "a"/"b" (the op table's wording). */
 static const char *const bin_keys[] = {"name", "op", "inputs", "a", "b", NULL};
-const md_op_def md_op_add = {"add", bin_keys, 0, plan_binary, run_binary, NULL};
-const md_op_def md_op_mul = {"mul", bin_keys, 0, plan_binary, run_binary, NULL};
+static md_cost cost_binary(const model_def *m, const md_layer *l)
+{
+    return cost_elementwise(1, m, l);
+}
+
+const md_op_def md_op_add = {"add", bin_keys, 0, plan_binary, run_binary, NULL, cost_binary};
+const md_op_def md_op_mul = {"mul", bin_keys, 0, plan_binary, run_binary, NULL, cost_binary};
 
 /* MMoE/PLE: y = sum_e softmax(gate)_e * experts_e. Inputs: experts..., gate. */
 static int plan_mixture(op_plan *p)
@@ -169,4 +193,14 @@ static int run_mixture(op_run *r)
 }
 
 static const char *const mix_keys[] = {"name", "op", "experts", "gate", NULL};
-const md_op_def md_op_mixture = {"mixture", mix_keys, 0, plan_mixture, run_mixture, NULL};
+/* softmax over E gates, then E weighted vectors. */
+static md_cost cost_mixture(const model_def *m, const md_layer *l)
+{
+    (void)m;
+    int E = l->n_in - 1;
+    double f = 2.0 * E * l->dim + 3.0 * E;
+    return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
+}
+
+const md_op_def md_op_mixture = {"mixture", mix_keys, 0, plan_mixture, run_mixture, NULL,
+    cost_mixture};

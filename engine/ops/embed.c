@@ -7,6 +7,19 @@
  */
 #include "ops.h"
 
+/* A bag reads about one row per id; counted as one row (bag lengths are
+ * the request's). A history event adds three rows. */
+static md_cost cost_embedding_bag(const model_def *m, const md_layer *l)
+{
+    (void)m;
+    return (md_cost){.u = l->domain == MD_USER ? l->dim : 0, .c = l->domain == MD_CAND ? l->dim : 0};
+}
+
+static md_cost cost_history_embedding(const model_def *m, const md_layer *l)
+{
+    return (md_cost){.u = 2.0 * m->hist_max_len * l->dim};
+}
+
 static int plan_embedding_bag(op_plan *p)
 {
     static const char *const pools[] = {"sum", "mean"}; /* bk_pool order */
@@ -33,7 +46,8 @@ static int run_embedding_bag(op_run *r)
 
 static const char *const eb_keys[] = {"name", "op", "input", "table", "pooling", NULL};
 const md_op_def md_op_embedding_bag = {"embedding_bag", eb_keys, OP_PLACED, plan_embedding_bag,
-                                       run_embedding_bag, NULL};
+                                       run_embedding_bag, NULL,
+                                         cost_embedding_bag};
 
 static int plan_history_embedding(op_plan *p)
 {
@@ -61,4 +75,5 @@ static int run_history_embedding(op_run *r)
 
 static const char *const he_keys[] = {"name", "op", "input", "table", NULL};
 const md_op_def md_op_history_embedding = {"history_embedding", he_keys, 0,
-                                           plan_history_embedding, run_history_embedding, NULL};
+                                           plan_history_embedding, run_history_embedding, NULL,
+                                             cost_history_embedding};

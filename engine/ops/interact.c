@@ -74,7 +74,16 @@ static int run_lce(op_run *r)
 }
 
 static const char *const lce_keys[] = {"name", "op", "user", "candidate", "out_tokens", NULL};
-const md_op_def md_op_lce = {"lce", lce_keys, 0, plan_lce, run_lce, NULL};
+/* The user term once per user, the candidate term and the sum per candidate. */
+static md_cost cost_lce(const model_def *m, const md_layer *l)
+{
+    double MD = (double)l->tokens * l->dim;
+    return (md_cost){.u = 2.0 * MD * md_ref_tokens(m, l->in[0]),
+                     .c = 2.0 * MD * md_ref_tokens(m, l->in[1]) + MD};
+}
+
+const md_op_def md_op_lce = {"lce", lce_keys, 0, plan_lce, run_lce, NULL,
+    cost_lce};
 
 static int plan_dot_interaction(op_plan *p)
 {
@@ -145,7 +154,7 @@ static int side_stack(op_run *r, enum md_domain side, int rows, int d, const voi
         if (op_in_domain(r, k) != side)
             continue;
         int wi = op_in_width(r, k);
-        OP_TRY(r, r->be->copy_rows(r->s, op_in(r, k).p, wi, rows, wi,
+        OP_TRY(r, r->be->copy_rows(r->s, op_in(r, k).p, wi, NULL, rows, wi,
                                    buf + col * r->be->act_size, k_all * d, r->err));
         col += (size_t)wi;
     }
@@ -202,5 +211,22 @@ static int run_dot_interaction(op_run *r)
 }
 
 static const char *const dot_keys[] = {"name", "op", "inputs", "self", NULL};
+/* 2 D per pair; pairs of two user tokens once per user. */
+static md_cost cost_dot_interaction(const model_def *m, const md_layer *l)
+{
+    double ku = 0, k = 0, D = 0;
+    for (int i = 0; i < l->n_in; i++) {
+        int t = md_ref_tokens(m, l->in[i]);
+        k += t;
+        if (md_ref_domain(m, l->in[i]) == MD_USER) ku += t;
+        D = (double)md_ref_width(m, l->in[i]) / t;
+    }
+    double pu = l->self ? ku * (ku + 1) / 2 : ku * (ku - 1) / 2;
+    double p = l->self ? k * (k + 1) / 2 : k * (k - 1) / 2;
+    if (l->domain == MD_USER) return (md_cost){.u = 2.0 * D * p};
+    return (md_cost){.u = 2.0 * D * pu, .c = 2.0 * D * (p - pu)};
+}
+
 const md_op_def md_op_dot_interaction = {"dot_interaction", dot_keys, 0, plan_dot_interaction,
-                                         run_dot_interaction, NULL};
+                                         run_dot_interaction, NULL,
+    cost_dot_interaction};

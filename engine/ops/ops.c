@@ -17,6 +17,7 @@ const md_op_def *const md_ops[] = {
     &md_op_lce,            &md_op_add,               &md_op_activation,  &md_op_layer_norm,
     &md_op_concat,         &md_op_mul,               &md_op_token_linear, &md_op_dot_interaction,
     &md_op_cross,          &md_op_mixture,           &md_op_pool,             &md_op_self_attention, &md_op_din_attention,
+    &md_op_broadcast,
 };
 _Static_assert(sizeof md_ops / sizeof md_ops[0] == MD_OP_COUNT,
                "md_ops[] must list one entry per enum md_op, in enum order");
@@ -36,6 +37,7 @@ const char *md_op_list(void)
     size_t o = 0;
     buf[0] = 0;
     for (int k = 0; k < MD_OP_COUNT && o < sizeof buf; k++)
-        o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s", k ? ", " : "", md_ops[k]->name);
+        if (!(md_ops[k]->flags & OP_INTERNAL))
+            o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s", o ? ", " : "", md_ops[k]->name);
     return buf;
 }

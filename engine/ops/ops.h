@@ -11,7 +11,7 @@
 /* embed.c */
 extern const md_op_def md_op_embedding_bag, md_op_history_embedding;
 /* shape.c */
-extern const md_op_def md_op_reshape, md_op_flatten, md_op_stack, md_op_concat;
+extern const md_op_def md_op_reshape, md_op_flatten, md_op_stack, md_op_concat, md_op_broadcast;
 /* dense.c */
 extern const md_op_def md_op_linear, md_op_token_linear, md_op_cross;
 /* elementwise.c */

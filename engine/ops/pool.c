@@ -52,5 +52,16 @@ static int run_pool(op_run *r)
 
 static const char *const one_keys[] = {"name", "op", "input", NULL};
 static const char *const pool_keys[] = {"name", "op", "input", "fn", NULL};
-const md_op_def md_op_mean_pool = {"mean_pool", one_keys, 0, plan_mean_pool, run_pool, NULL};
-const md_op_def md_op_pool = {"pool", pool_keys, 0, plan_pool, run_pool, NULL};
+/* One add per input element (a jagged input: max_len events). */
+static md_cost cost_pool(const model_def *m, const md_layer *l)
+{
+    md_ref r = l->in[0];
+    double k = r.src == MD_SRC_LAYER && m->layers[r.index].kind == MD_JAGGED ? m->hist_max_len
+                                                                           : md_ref_tokens(m, r);
+    double f = k * l->dim;
+    return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
+}
+
+const md_op_def md_op_mean_pool = {"mean_pool", one_keys, 0, plan_mean_pool, run_pool, NULL,
+                                   cost_pool};
+const md_op_def md_op_pool = {"pool", pool_keys, 0, plan_pool, run_pool, NULL, cost_pool};

@@ -55,8 +55,18 @@ static int plan_flatten(op_plan *p)
 
 static const char *const reshape_keys[] = {"name", "op", "input", "tokens", NULL};
 static const char *const one_keys[] = {"name", "op", "input", NULL};
-const md_op_def md_op_reshape = {"reshape", reshape_keys, OP_VIEW, plan_reshape, run_view, NULL};
-const md_op_def md_op_flatten = {"flatten", one_keys, OP_VIEW, plan_flatten, run_view, NULL};
+/* Views and gathers move bytes only (counted by the plan as bytes). */
+static md_cost cost_none(const model_def *m, const md_layer *l)
+{
+    (void)m;
+    (void)l;
+    return (md_cost){0};
+}
+
+const md_op_def md_op_reshape = {"reshape", reshape_keys, OP_VIEW, plan_reshape, run_view, NULL,
+                                 cost_none};
+const md_op_def md_op_flatten = {"flatten", one_keys, OP_VIEW, plan_flatten, run_view, NULL,
+                                 cost_none};
 
 /* stack: [D] or [K_i, D] of one D -> [sum K_i, D]; concat: [F_i] -> [sum F_i]. */
 static int plan_gather(op_plan *p)
@@ -70,8 +80,13 @@ static int plan_gather(op_plan *p)
     long long K = 0;
     if (op_inputs(p, "inputs", &s, &n))
         return -1;
-    if (op_one_domain(p, s, n, &dom))
+    if (op_planning(p) == OP_PASS_REWRITTEN) { /* the planner's: user parts read via the map */
+        dom = MD_USER;
+        for (int k = 0; k < n; k++)
+            if (s[k].dom == MD_CAND) dom = MD_CAND;
+    } else if (op_one_domain(p, s, n, &dom)) {
         goto out;
+    }
     for (int k = 0; k < n; k++) {
         op_in_name(p, k, q2, sizeof q2);
         if (s[k].kind == MD_JAGGED || (concat && s[k].kind != MD_VEC)) {
@@ -111,14 +126,51 @@ static int run_gather(op_run *r)
     for (int k = 0; k < l->n_in; k++) {
         value in = op_in(r, k);
         int wi = op_in_width(r, k);
+        const void *src = in.p;
+        const int32_t *map = NULL;
+        if (l->domain == MD_CAND && op_in_domain(r, k) == MD_USER) { /* auto planning */
+            if (r->bc) {
+                if (!(src = op_broadcast(r, in.p, wi))) return -1;
+            } else {
+                map = r->f->map;
+                op_avoided(r, (size_t)r->C, (size_t)wi);
+            }
+        }
         if (!op_in_placed(r, k))
-            OP_TRY(r, r->be->copy_rows(r->s, in.p, wi, r->rows, wi,
+            OP_TRY(r, r->be->copy_rows(r->s, src, wi, map, r->rows, wi,
                                        (char *)r->out->p + col * r->be->act_size, width, r->err));
         col += (size_t)wi;
     }
     return 0;
 }
 
+/* broadcast (internal, written by the auto planner): a user vector or
+ * tokens copied to each candidate of the user, because the op that reads it
+ * at candidate rows cannot read through the map. Counted under
+ * BK_TAG_BROADCAST in both modes: it is the plan's gather. */
+static int plan_broadcast(op_plan *p)
+{
+    md_shape s;
+    char q[QB], s1[96];
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s))
+        return -1;
+    if (s.dom != MD_USER || s.kind == MD_JAGGED)
+        return op_fail(p, "broadcast input '%s' is %s; it must be a user vector or tokens",
+                       op_in_name(p, 0, q, sizeof q), op_shape_str(s1, sizeof s1, s));
+    return op_output(p, MD_CAND, s.kind, s.tokens, s.dim);
+}
+
+static int run_broadcast(op_run *r)
+{
+    const void *p = op_broadcast(r, op_in(r, 0).p, op_in_width(r, 0));
+    r->out->p = (void *)p;
+    return p ? 0 : -1;
+}
+
 static const char *const gather_keys[] = {"name", "op", "inputs", NULL};
-const md_op_def md_op_stack = {"stack", gather_keys, OP_GATHERS, plan_gather, run_gather, NULL};
-const md_op_def md_op_concat = {"concat", gather_keys, OP_GATHERS, plan_gather, run_gather, NULL};
+const md_op_def md_op_stack = {"stack", gather_keys, OP_GATHERS, plan_gather, run_gather, NULL,
+                               cost_none};
+const md_op_def md_op_concat = {"concat", gather_keys, OP_GATHERS, plan_gather, run_gather, NULL,
+                                cost_none};
+const md_op_def md_op_broadcast = {"broadcast", one_keys, OP_INTERNAL, plan_broadcast, run_broadcast,
+                                   NULL, cost_none};

@@ -137,8 +137,8 @@ int cpu_din_attention(bk_stream *s, const void *q, const void *qp, const void *h
                       enum bk_act act, int normalize, void *out, bk_err *err);
 int cpu_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n, int width,
             void *out, bk_err *err);
-int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst, int ldd,
-                  bk_err *err);
+int cpu_copy_rows(bk_stream *s, const void *src, int lds, const int32_t *map, int n, int width,
+                  void *dst, int ldd, bk_err *err);
 int cpu_gather(bk_stream *s, const void *src, const int64_t *src_offsets, const int32_t *map,
                int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err);
 /* rank_cpu.c: the ops of the ranking architectures. */

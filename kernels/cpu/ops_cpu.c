@@ -379,8 +379,8 @@ int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const 
 
 /* ---- copy_rows, gather (add is beside mul in rank_cpu.c) ---- */
 
-int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst, int ldd,
-                  bk_err *err)
+int cpu_copy_rows(bk_stream *s, const void *src, int lds, const int32_t *map, int n, int width,
+                  void *dst, int ldd, bk_err *err)
 {
     (void)s;
     const char *op = "copy_rows";
@@ -397,7 +397,8 @@ int cpu_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void
     const float *sf = src;
     float *df = dst;
     for (int r = 0; r < n; r++)
-        memmove(df + (size_t)r * ldd, sf + (size_t)r * lds, (size_t)width * sizeof(float));
+        memmove(df + (size_t)r * ldd, sf + (size_t)(map ? map[r] : r) * lds,
+                (size_t)width * sizeof(float));
     return 0;
 }
 

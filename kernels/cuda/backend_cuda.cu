@@ -870,11 +870,12 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
  * issued before its stores, so a warp keeps 2 KiB in flight and no thread
  * divides. cudaMemcpy2DAsync moved the bench model's stack copies (1120 rows
  * x 32 KiB) at 1.5 TB/s on the H200. */
-__global__ void k_copy_rows16(const uint4 *__restrict__ src, size_t lds, uint4 *__restrict__ dst,
+__global__ void k_copy_rows16(const uint4 *__restrict__ src, size_t lds,
+                              const int32_t *__restrict__ map, uint4 *__restrict__ dst,
                               size_t ldd, int rows, int w)
 {
     for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-        const uint4 *sr = src + (size_t)r * lds;
+        const uint4 *sr = src + (size_t)(map ? map[r] : r) * lds;
         uint4 *dr = dst + (size_t)r * ldd;
         for (int j = threadIdx.x; j < w; j += 4 * blockDim.x) {
             uint4 v[4];
@@ -888,8 +889,20 @@ __global__ void k_copy_rows16(const uint4 *__restrict__ src, size_t lds, uint4 *
     }
 }
 
-static int cuda_copy_rows(bk_stream *s, const void *src, int lds, int n, int width, void *dst,
-                          int ldd, bk_err *err)
+/* The unaligned mapped case (an auto-planned stack's odd widths), per
+ * element (T: the activation's size). */
+template <typename T>
+__global__ void k_copy_rows_map(const T *__restrict__ src, size_t lds,
+                                const int32_t *__restrict__ map, T *__restrict__ dst, size_t ldd,
+                                int rows, int w)
+{
+    for (int r = blockIdx.x; r < rows; r += gridDim.x)
+        for (int j = threadIdx.x; j < w; j += blockDim.x)
+            dst[(size_t)r * ldd + j] = src[(size_t)map[r] * lds + j];
+}
+
+static int cuda_copy_rows(bk_stream *s, const void *src, int lds, const int32_t *map, int n,
+                          int width, void *dst, int ldd, bk_err *err)
 {
     cu_prof_scope prof_(s, "copy_rows");
     if (n <= 0 || width <= 0)
@@ -898,10 +911,20 @@ static int cuda_copy_rows(bk_stream *s, const void *src, int lds, int n, int wid
         return -1;
     size_t es = s->be->act_size, wb = (size_t)width * es, sb = (size_t)lds * es,
            db = (size_t)ldd * es;
+    int cap = cu_impl(s->be)->sm_count * 8;
     if (((uintptr_t)src | (uintptr_t)dst | wb | sb | db) % 16 == 0) {
-        int cap = cu_impl(s->be)->sm_count * 8;
         k_copy_rows16<<<n < cap ? n : cap, 256, 0, s->st>>>(
-            (const uint4 *)src, sb / 16, (uint4 *)dst, db / 16, n, (int)(wb / 16));
+            (const uint4 *)src, sb / 16, map, (uint4 *)dst, db / 16, n, (int)(wb / 16));
+        return cu_check_launch(s, err, "copy_rows");
+    }
+    if (map) {
+        int g = n < cap ? n : cap;
+        if (es == 4)
+            k_copy_rows_map<<<g, 256, 0, s->st>>>((const uint32_t *)src, (size_t)lds, map,
+                                                  (uint32_t *)dst, (size_t)ldd, n, width);
+        else
+            k_copy_rows_map<<<g, 256, 0, s->st>>>((const uint16_t *)src, (size_t)lds, map,
+                                                  (uint16_t *)dst, (size_t)ldd, n, width);
         return cu_check_launch(s, err, "copy_rows");
     }
     CU_TRY(cudaMemcpy2DAsync(dst, db, src, sb, wb, (size_t)n, cudaMemcpyDeviceToDevice, s->st),

@@ -533,20 +533,30 @@ static void test_add(int n, int width, int nb, int use_map, int alias)
     free(map);
 }
 
-static void test_copy_rows(int n, int width, int lds, int ldd)
+/* nsrc > 0: the source rows are read through a random map into nsrc rows. */
+static void test_copy_rows(int n, int width, int lds, int ldd, int nsrc)
 {
     bk_err ec = {{0}}, eg = {{0}};
-    float *src = rand_vec((size_t)n * lds, 1.0f);
-    pair ps = act_pair(src, (size_t)n * lds);
+    int rows = nsrc > 0 ? nsrc : n;
+    float *src = rand_vec((size_t)rows * lds, 1.0f);
+    int32_t *map = xmalloc((size_t)n * sizeof(int32_t));
+    for (int r = 0; r < n; r++)
+        map[r] = nsrc > 0 ? (int32_t)(rand() % nsrc) : r;
+    pair ps = act_pair(src, (size_t)rows * lds);
     pair pd = out_pair((size_t)n * ldd);
-    ok_or_die(cpu->copy_rows(cs, ps.c, lds, n, width, pd.c, ldd, &ec), "cpu copy_rows", &ec);
-    ok_or_die(gpu->copy_rows(gs, ps.g, lds, n, width, pd.g, ldd, &eg), "gpu copy_rows", &eg);
-    char what[96];
-    snprintf(what, sizeof what, "copy_rows n %d width %d lds %d ldd %d", n, width, lds, ldd);
+    pair pm = raw_pair(map, (size_t)n * sizeof(int32_t));
+    const int32_t *cm = nsrc > 0 ? pm.c : NULL, *gm = nsrc > 0 ? pm.g : NULL;
+    ok_or_die(cpu->copy_rows(cs, ps.c, lds, cm, n, width, pd.c, ldd, &ec), "cpu copy_rows", &ec);
+    ok_or_die(gpu->copy_rows(gs, ps.g, lds, gm, n, width, pd.g, ldd, &eg), "gpu copy_rows", &eg);
+    char what[112];
+    snprintf(what, sizeof what, "copy_rows n %d width %d lds %d ldd %d map %d", n, width, lds, ldd,
+             nsrc);
     compare(what, &pd, n, width, ldd);
     pair_free(&ps);
     pair_free(&pd);
+    pair_free(&pm);
     free(src);
+    free(map);
 }
 
 static void test_gather(int nu, const int *counts, const int *lens, int width, int jagged)
@@ -619,12 +629,14 @@ static void suite_plain(void)
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);
     test_add(1000, 256, 3, 1, 1);
-    test_copy_rows(1, 1, 1, 1);
-    test_copy_rows(50, 17, 20, 61);
-    test_copy_rows(300, 256, 256, 512);
-    test_copy_rows(37, 64, 72, 200);       /* 16-byte path (bf16/fp16), pitched */
-    test_copy_rows(1120, 2048, 2048, 6144); /* a bench-model stack copy */
-    test_copy_rows(9, 3000, 3000, 3000);   /* rows wider than one pass of a block */
+    test_copy_rows(1, 1, 1, 1, 0);
+    test_copy_rows(50, 17, 20, 61, 0);
+    test_copy_rows(300, 256, 256, 512, 0);
+    test_copy_rows(37, 64, 72, 200, 0);       /* 16-byte path (bf16/fp16), pitched */
+    test_copy_rows(1120, 2048, 2048, 6144, 0); /* a bench-model stack copy */
+    test_copy_rows(9, 3000, 3000, 3000, 0);   /* rows wider than one pass of a block */
+    test_copy_rows(70, 17, 20, 61, 3);        /* an auto-planned stack's user part, per element */
+    test_copy_rows(1120, 64, 64, 640, 16);    /* the same, 16-byte path */
     int cnt[] = {3, 0, 1, 5}, lens[] = {4, 2, 0, 7};
     test_gather(4, cnt, lens, 16, 0);
     test_gather(4, cnt, lens, 16, 1);

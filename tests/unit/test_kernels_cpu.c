@@ -1338,19 +1338,24 @@ static void test_copy_rows(void **state)
     T *t = *state;
     for (int it = 0; it < 20; it++) {
         new_case(t, "copy_rows", it);
-        int n = rint_(t, 1, 30), width = rint_(t, 1, 20);
+        int n = rint_(t, 1, 30), width = rint_(t, 1, 20), nsrc = rint_(t, 1, 6);
         int lds = width + rint_(t, 0, 5), ldd = width + rint_(t, 0, 5);
-        float *src = rand_floats(t, (size_t)n * lds, 1);
-        void *ds = dfloats(t, src, (size_t)n * lds, BK_TAG_CAND);
+        int mapped = it % 2; /* odd cases read the source rows through a map */
+        int rows = mapped ? nsrc : n;
+        int32_t *map = mapped ? rand_map(t, n, nsrc, it % 4 == 1) : NULL;
+        float *src = rand_floats(t, (size_t)rows * lds, 1);
+        void *ds = dfloats(t, src, (size_t)rows * lds, BK_TAG_CAND);
+        void *dmap = map ? dbytes(t, map, (size_t)n * 4) : NULL;
         void *dd = dpoisoned(t, (size_t)n * ldd, BK_TAG_CAND);
-        OK(t, t->be->copy_rows(t->s, ds, lds, n, width, dd, ldd, &t->err));
+        OK(t, t->be->copy_rows(t->s, ds, lds, dmap, n, width, dd, ldd, &t->err));
         float *got = download(t, dd, (size_t)n * ldd);
         for (int r = 0; r < n; r++) {
-            assert_memory_equal(got + (size_t)r * ldd, src + (size_t)r * lds, (size_t)width * 4);
+            size_t sr = (size_t)(map ? map[r] : r);
+            assert_memory_equal(got + (size_t)r * ldd, src + sr * lds, (size_t)width * 4);
             for (int j = width; j < ldd; j++)
                 assert_true(is_poison(got[(size_t)r * ldd + j]));
         }
-        free(got), free(src);
+        free(got), free(src), free(map);
         free_bufs(t);
     }
 }
