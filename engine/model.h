@@ -235,6 +235,12 @@ int model_def_parse(const char *dir, const char *json, size_t json_len, const ui
 int model_def_plan(const char *dir, const char *json, size_t json_len, model_def **out,
                    bk_err *err);
 
+/* The same, but an auto-planned model is returned in its broadcast form, as
+ * written (not rewritten, no plan report): the layers and weights its file
+ * holds. A manual model is what model_def_plan returns. */
+int model_def_plan_as_written(const char *dir, const char *json, size_t json_len,
+                              model_def **out, bk_err *err);
+
 void model_def_free(model_def *m);
 
 #endif

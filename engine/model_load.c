@@ -1212,8 +1212,8 @@ static int finish(ld *L, int rc, model_def **out)
     return rc;
 }
 
-int model_def_plan(const char *dir, const char *json, size_t json_len, model_def **out,
-                   bk_err *err)
+static int plan_only(const char *dir, const char *json, size_t json_len, int as_written,
+                     model_def **out, bk_err *err)
 {
     ld L;
     bk_err dummy;
@@ -1229,7 +1229,21 @@ int model_def_plan(const char *dir, const char *json, size_t json_len, model_def
         return finish(&L, -1, out);
     if (parse_document(&L, json, json_len))
         return finish(&L, -1, out);
+    if (as_written && L.m->plan.is_auto) /* the broadcast form, no report */
+        return finish(&L, 0, out);
     return finish(&L, plan_model(&L), out);
+}
+
+int model_def_plan(const char *dir, const char *json, size_t json_len, model_def **out,
+                   bk_err *err)
+{
+    return plan_only(dir, json, json_len, 0, out, err);
+}
+
+int model_def_plan_as_written(const char *dir, const char *json, size_t json_len,
+                              model_def **out, bk_err *err)
+{
+    return plan_only(dir, json, json_len, 1, out, err);
 }
 
 int model_def_parse(const char *dir, const char *json, size_t json_len, const uint8_t *st,
