@@ -1,8 +1,7 @@
 #!/usr/bin/python3
 """An auto-planned model served end to end: the demo model rewritten in
-broadcast form (its lce written as token_linear over a mixed stack, as a
-PyTorch module would: torch.stack of the user tokens, broadcast, and the
-candidate tokens; then a weight matrix over the tokens) is deployed next to
+broadcast form (tools/reference/broadcast_form.py: its lce written as
+token_linear over a mixed stack, as a PyTorch module computes it) is deployed next to
 the hand-written demo. Checks: the daemon serves it with the demo's scores
 (1e-6 relative); GET /v1/models/{name} carries the plan report (planning
 auto, the token_linear run as lce, no gather), GET /v1/models its totals,
@@ -18,42 +17,18 @@ import time
 
 sys.path.insert(0, os.path.join(os.environ.get("IKBO_ROOT", "."), "tools", "reference"))
 from ikbo_itest import BUILD, ROOT, Daemon, check, check_eq, make_request, run, to_proto  # noqa: E402
-import safetensors_io  # noqa: E402
-import torch  # noqa: E402
+from broadcast_form import convert  # noqa: E402
 
 PLAN = os.path.join(BUILD, "ikbo-plan")
 DEMO = os.path.join(ROOT, "models", "demo", "1")
 S = {}
 
 
-def broadcast_form(src, out, break_it=False):
-    """The demo with its lce as token_linear over stack(e_user, e_cand)."""
-    with open(os.path.join(src, "model.json")) as f:
-        m = json.load(f)
-    w, _ = safetensors_io.load(os.path.join(src, "weights.safetensors"))
-    w = {k: v.float() for k, v in w.items()}
-    layers = []
-    for l in m["layers"]:
-        if l["op"] != "lce":
-            layers.append(l)
-            continue
-        layers.append({"name": "tokens", "op": "stack", "inputs": [l["user"], l["candidate"]]})
-        layers.append({"name": l["name"], "op": "token_linear", "input": "tokens",
-                       "out_tokens": 3 if break_it else l["out_tokens"]})
-        w[l["name"] + ".weight"] = torch.cat([w.pop(l["name"] + ".w_user"),
-                                              w.pop(l["name"] + ".w_cand")], 1)
-    m["layers"], m["planning"], m["name"] = layers, "auto", "demo_auto"
-    os.makedirs(out)
-    with open(os.path.join(out, "model.json"), "w") as f:
-        json.dump(m, f, indent=1)
-    safetensors_io.save(os.path.join(out, "weights.safetensors"), w)
-
-
 def setup():
     repo = tempfile.mkdtemp(prefix="ikbo-auto-")
     os.symlink(os.path.dirname(DEMO), os.path.join(repo, "demo"))
-    broadcast_form(DEMO, os.path.join(repo, "demo_auto", "1"))
-    broadcast_form(DEMO, os.path.join(repo, "broken", "1"), break_it=True)
+    convert(DEMO, os.path.join(repo, "demo_auto", "1"), name="demo_auto")
+    convert(DEMO, os.path.join(repo, "broken", "1"), out_tokens=3)
     S["repo"] = repo
     S["d"] = Daemon(repo, threads=2, wait_ready=False)
     # /readyz stays not ready (broken FAILED): wait for the three loads instead.
@@ -96,7 +71,7 @@ def test_plan_in_models_endpoint():
     ops = {e["name"]: e for e in plan["executed"]}
     check_eq(ops["lce"]["op"], "lce", "token_linear runs as lce")
     check(ops["lce"]["mixed"], "lce reads user rows through the map")
-    check("tokens" not in ops, "the mixed stack is never built")
+    check("lce_tokens" not in ops, "the mixed stack is never built")
     check_eq(plan["gathers"], [], "gathers")
     lce = [l for l in plan["layers"] if l["name"] == "lce"][0]
     check_eq(lce["rewrite"], "type1", "rewrite")
