@@ -99,7 +99,9 @@ class IkboModule(torch.nn.Module):
           "<side>.sparse.<f>": (ids int64 [B, n], mask bool [B, n])  padded bags
           "user.history": (ids int64 [B, L], actions int64 [B, L], mask bool [B, L])
               the most recent <= max_len events, oldest first, left-aligned
-        returns logits [B, T]."""
+        returns logits [B, T]. Every tensor has B rows, so a user operand of a
+        candidate op is already broadcast: a "planning": "auto" model's mixed
+        ops (MODEL_FORMAT.md, "Automatic planning") need nothing more."""
         env = {}
         P = self.param
 
@@ -321,7 +323,7 @@ def _fmt(v, indent, key=None):
 
 def format_model_json(spec):
     """model.json text, keys in the order of MODEL_FORMAT.md's example."""
-    order = ["format", "name", "description", "inputs", "tables", "layers", "output", "serving"]
+    order = ["format", "name", "description", "planning", "inputs", "tables", "layers", "output", "serving"]
     keys = [k for k in order if k in spec] + [k for k in spec if k not in order]
     return _fmt({k: spec[k] for k in keys}, 0) + "\n"
 
