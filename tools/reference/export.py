@@ -227,6 +227,8 @@ def _ranking_op(layer, get, P):
     if op == "pool":
         v = get(layer["input"])
         x, mask = v if isinstance(v, tuple) else (v, torch.ones(v.shape[:2], dtype=torch.bool))
+        if x.shape[1] == 0:                                         # every history of the batch empty
+            return x.new_zeros((x.shape[0], x.shape[2]))
         m = mask.unsqueeze(-1).to(x.dtype)
         n = mask.sum(1, keepdim=True)
         fn = layer["fn"]
