@@ -293,7 +293,7 @@ _fuzz_libfuzzer:
 golden: $(BUILD)/ikbo-score
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
 
-integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(GEN_PY)
+integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-plan $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(GEN_PY)
 	@failed=""; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
 	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t || failed="$$failed $$t"; \
 	done; if [ -n "$$failed" ]; then echo "integration: FAILED:$$failed"; exit 1; fi

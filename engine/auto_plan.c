@@ -468,17 +468,13 @@ out:
 static int take_one(const ap_wsrc *s, model_def *from, md_weight *to)
 {
     size_t n = (size_t)to->rows * to->cols;
-    if (s->src < 0) {
-        to->data = calloc(n ? n : 1, sizeof(float));
-        return to->data ? 0 : -1;
-    }
-    md_weight *w = &from->layers[s->src].w[s->src_w];
-    if (!w->data) return 0;
+    md_weight *w = s->src < 0 ? NULL : &from->layers[s->src].w[s->src_w];
+    if (w && !w->data) return 0; /* planned without weights */
     if (!(to->data = malloc((n ? n : 1) * sizeof(float)))) return -1;
     for (int r = 0; r < to->rows; r++)
         for (int c = 0; c < to->cols; c++)
             to->data[(size_t)r * to->cols + c] =
-                w->data[(size_t)r * w->cols + (size_t)(s->cols ? s->cols[c] : c)];
+                w ? w->data[(size_t)r * w->cols + (size_t)(s->cols ? s->cols[c] : c)] : 0.0f;
     return 0;
 }
 

@@ -146,8 +146,24 @@ static json_t *json_float(float f)
     return json_real(strtod(buf, NULL));
 }
 
+/* A version's plan report (engine/plan.h's JSON) when one model is asked
+ * for; its totals only in the list of all models. */
+static json_t *plan_json(const ikbo_model *model, int full)
+{
+    char *s = ikbo_model_plan(model, 1, REGISTRY_PLAN_RATIO);
+    json_t *o = s ? json_loads(s, 0, NULL) : NULL;
+    free(s);
+    if (o && !full) {
+        json_t *t = json_pack("{s:O, s:O}", "planning", json_object_get(o, "planning"), "totals",
+                              json_object_get(o, "totals"));
+        json_decref(o);
+        o = t;
+    }
+    return o ? o : json_null();
+}
+
 static json_t *model_json(const registry_entry_view *e, const char *def_mode,
-                          const char *def_device)
+                          const char *def_device, int full)
 {
     json_t *m = json_object();
     if (!m) return NULL;
@@ -188,6 +204,7 @@ static json_t *model_json(const registry_entry_view *e, const char *def_mode,
              * -1 = the server's batching config applies. */
             json_object_set_new(vo, "serving", serving_to_json(v->serving, SERVING_MODEL));
         }
+        if (vo && v->model) json_object_set_new(vo, "plan", plan_json(v->model, full));
         json_array_append_new(vs, vo);
     }
     json_object_set_new(m, "versions", vs);
@@ -205,7 +222,7 @@ static void visit_model(const registry_entry_view *e, void *p)
 {
     models_ctx *c = p;
     if (c->only && strcmp(c->only, e->name) != 0) return;
-    json_array_append_new(c->models, model_json(e, c->def_mode, c->def_device));
+    json_array_append_new(c->models, model_json(e, c->def_mode, c->def_device, c->only != NULL));
 }
 
 static char *models_json(http_server *h, const char *only, int *found)

@@ -191,7 +191,12 @@ typedef struct registry_version_view {
     double load_seconds;         /* time the last load took; 0 before one */
     const ikbo_model_info *info; /* NULL unless READY */
     const ikbo_serving *serving; /* NULL unless READY */
+    const ikbo_model *model;     /* NULL unless READY (its plan report) */
 } registry_version_view;
+
+/* Candidates per user behind the per-candidate figures of the plan shown in
+ * ModelInfo and /v1/models (the bench shape, 16 x 70). */
+#define REGISTRY_PLAN_RATIO 70.0
 
 typedef struct registry_entry_view {
     const char *name;

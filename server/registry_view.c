@@ -20,6 +20,7 @@ static void fill_views(const entry *e, registry_version_view *vv)
         vv[j].load_seconds = v->load_seconds;
         vv[j].info = v->inst ? ikbo_model_get_info(v->inst->model) : NULL;
         vv[j].serving = v->inst ? &v->inst->serving : NULL;
+        vv[j].model = v->inst ? v->inst->model : NULL;
     }
 }
 
@@ -162,6 +163,25 @@ static char **dup_strv(const char *const *s, int n)
     return out;
 }
 
+static int describe_plan(const ikbo_model *model, Ikbo__V1__ModelVersionInfo *v)
+{
+    ikbo_plan_summary ps;
+    ikbo_model_plan_summary(model, REGISTRY_PLAN_RATIO, &ps);
+    Ikbo__V1__PlanSummary *p = malloc(sizeof *p);
+    if (!p) return -1;
+    ikbo__v1__plan_summary__init(p);
+    v->plan = p;
+    if (!(p->planning = strdup(ps.is_auto ? "auto" : "manual"))) return -1;
+    p->layers = (uint32_t)ps.layers;
+    p->rewritten = (uint32_t)ps.rewritten;
+    p->gathers = (uint32_t)ps.gathers;
+    p->flops_per_candidate_before = ps.flops_before;
+    p->flops_per_candidate_after = ps.flops_after;
+    p->gather_bytes_per_candidate = ps.gather_bytes;
+    p->plan_ratio = REGISTRY_PLAN_RATIO;
+    return 0;
+}
+
 /* Fills d for entry e; everything malloc'd so protobuf_c_message_free_unpacked
  * with the default allocator frees it. Returns -1 on allocation failure
  * (d stays freeable). */
@@ -215,6 +235,7 @@ static int describe_entry(const registry *r, const entry *e, Ikbo__V1__ModelDesc
             v->version = m->version;
             if (!(v->state = strdup(registry_state_name(m->state)))) return -1;
             if (!(v->message = strdup(m->message))) return -1;
+            if (m->inst && describe_plan(m->inst->model, v)) return -1;
         }
     }
     return 0;

@@ -33,10 +33,16 @@
 #   seq-bench self_attention vs PyTorch SDPA (cuDNN, flash), fused vs two launches
 #   grpcargs bench/e2e/grpc_args.sh: the echo floor under each candidate set
 #            of HTTP/2 channel arguments (server/grpc_args.c), classic and packed
+#   auto     automatic planning (issue 16; carry build/gpu): the broadcast-form
+#            twins (tools/reference/broadcast_form.py; models/demo_auto as shipped)
+#            of the seed-scale bench model and the demo checked GPU vs CPU
+#            (test_cuda_model, fp32), the ops test (a mapped copy_rows), then
+#            timed against their hand-written twins, interleaved A B A B, at
+#            AUTO_SHAPES (default "1x70 16x70"): twin / hand-written per shape
 #   host     build/host_path on the GPU host's CPU: the server's own work per
 #            request (decode, validate + plan, response), classic and packed,
 #            at 1 x 70 and 16 x 70
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [host] [grpcargs]
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [auto] [host] [grpcargs]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -153,6 +159,47 @@ zoo_bench() {
   done
 }
 
+# Broadcast-form twins vs their hand-written models (see the file comment).
+auto_check() {
+  local rc=0 rep pair d
+  [ -f models/bench/1/model.json ] || $PY models/bench/make_bench_model.py || return 1
+  $PY tools/reference/broadcast_form.py models/bench/1 /tmp/auto/bench/1 || return 1
+  [ -f models/demo_auto/1/model.json ] || $PY tools/reference/broadcast_form.py models/demo/1 models/demo_auto/1
+  IKBO_CUDA_DTYPE=fp32 build/gpu/test_cuda_model /tmp/auto/bench/1 models/demo_auto/1 || rc=1
+  build/gpu/test_cuda_ops --dtype bf16 | tail -n 2 || rc=1
+  for rep in 1 2; do
+    for pair in models/bench/1:/tmp/auto/bench/1 models/demo/1:models/demo_auto/1; do
+      for d in ${pair%%:*} ${pair##*:}; do
+        build/gpu/batch_phases $d --device cuda:0 --mode ikbo --shapes "${AUTO_SHAPES:-1x70 16x70}" \
+            --iters 200 --warmup 20 --no-profile | grep -E "^batch_phases|^== shape" || rc=1
+      done
+    done
+  done > "$OUT/auto_times.log"
+  $PY - "$OUT/auto_times.log" <<'EOF' || rc=1
+import re, sys
+cur, t = None, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"batch_phases: (\S+) on", line)
+    if m:
+        cur = m.group(1)
+        continue
+    m = re.match(r"== shape (\S+) .*ikbo_score mean ([0-9.]+) us", line)
+    if m:
+        t.setdefault((cur, m.group(1)), []).append(float(m.group(2)))
+print("%-22s %-7s %12s %12s %7s" % ("twin", "shape", "hand us", "twin us", "ratio"))
+worst = 0
+for hand, twin in (("models/bench/1", "/tmp/auto/bench/1"), ("models/demo/1", "models/demo_auto/1")):
+    for (d, shape), v in sorted(t.items()):
+        if d != hand:
+            continue
+        a, b = sum(v) / len(v), sum(t[(twin, shape)]) / len(t[(twin, shape)])
+        worst = max(worst, b / a)
+        print("%-22s %-7s %12.1f %12.1f %7.3f" % (twin, shape, a, b, b / a))
+print("worst twin/hand %.3f (target <= 1.03)" % worst)
+EOF
+  return $rc
+}
+
 # test_faults.py with the daemon under memcheck (tests/gpu/memcheck_serve.sh
 # as ikbo-serve in a wrapper build dir; any error fails the daemon's exit
 # status, which the test checks), one log per daemon.
@@ -195,6 +242,8 @@ for s in $stages; do
   grpcargs)
     [ -f models/bench/1/model.json ] || stage bench-model grpcargs.log $PY models/bench/make_bench_model.py
     stage grpcargs grpcargs.log bench/e2e/grpc_args.sh --build $B --models models ;;
+  auto)
+    stage auto auto.log auto_check ;;
   host)
     stage host host.log sh -c "$B/host_path --users 1 --cands 70 --iters 2000 && \
         $B/host_path --users 16 --cands 70 --iters 1000" ;;

@@ -784,7 +784,9 @@ bad:
 
 typedef struct load_arg {
     enum ikbo_mode mode;
-    float *ref; /* [C] scores of this mode, batch order, from a run with failures off */
+    float *ref;      /* [C] scores of this mode, batch order, from a run with failures off */
+    const char *dir; /* NULL: the demo (g_v1); else a version dir of the same inputs */
+    int plan;        /* also render the plan report (text and JSON) */
 } load_arg;
 
 /* Load, make a context, score the fixture batch, free. */
@@ -794,9 +796,17 @@ static int load_op(void *p, char *why)
     ikbo_load_opts o = {"cpu", a->mode};
     ikbo_err err = {{0}};
     float *s = af_sys_malloc((size_t)g_C * 4), *t = af_sys_malloc((size_t)g_C * g_T * 4);
-    ikbo_model *m = ikbo_model_load(g_v1, &o, &err);
+    ikbo_model *m = ikbo_model_load(a->dir ? a->dir : g_v1, &o, &err);
     ikbo_ctx *ctx = m ? ikbo_ctx_new(m, &err) : NULL;
     int rc = ctx ? ikbo_score(ctx, &g_plan->batch, t, s, &err) : -1;
+    for (int json = 0; rc == 0 && a->plan && json < 2; json++) {
+        char *text = ikbo_model_plan(m, json, 70);
+        if (!text) { /* out of memory: the one error this call has */
+            snprintf(err.msg, sizeof err.msg, "plan report: out of memory");
+            rc = -1;
+        }
+        free(text);
+    }
     ikbo_ctx_free(ctx);
     ikbo_model_free(m);
     af_disarm();
@@ -1266,7 +1276,13 @@ int main(void)
     const unsigned REQ_BATCH = AF_DISPATCH | AF_INSTANCE | AF_COMPLETE, REQ = AF_MAIN | REQ_BATCH;
     static tr_arg tr_a[4] = {{.tls = 0}, {.tls = 1}, {.tls = 0}, {.tls = 0}};
     static many_arg many_a;
-    static load_arg la[2] = {{IKBO_MODE_IKBO, NULL}, {IKBO_MODE_BROADCAST, NULL}};
+    /* The demo, and its broadcast-form twin (models/demo_auto, "planning":
+     * "auto": the planner's rewrite and the plan report). */
+    static char auto_dir[512];
+    snprintf(auto_dir, sizeof auto_dir, "%s/models/demo_auto/1", g_root);
+    static load_arg la[3] = {{IKBO_MODE_IKBO, NULL, NULL, 0},
+                             {IKBO_MODE_BROADCAST, NULL, NULL, 0},
+                             {IKBO_MODE_IKBO, NULL, auto_dir, 1}};
     static req_arg ra[] = {
         {.t = T_WIRE, .warm = 0},         {.t = T_WIRE, .warm = 1},
         {.t = T_WIRE_FALLBACK, .warm = 1}, {.t = T_JSON, .warm = 1},
@@ -1276,6 +1292,7 @@ int main(void)
     sweep sweeps[] = {
         {"model load+score (ikbo)", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[0], 0},
         {"model load+score (broadcast)", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[1], 0},
+        {"auto model load+score+plan", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[2], 0},
         {"model peek serving", AF_MAIN | AF_LIBS, NULL, peek_op, NULL, no_teardown, NULL, 0},
         {"registry first load", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after, req_teardown,
          &reg_a[0], 0},
@@ -1317,7 +1334,7 @@ int main(void)
          many_teardown, &many_a, 0},
     };
     /* Reference scores per mode, failures off. */
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (load_op(&la[i], why)) {
             fprintf(stderr, "test_alloc_fail: reference load: %s\n", why);
             return 1;
