@@ -308,6 +308,19 @@ def batch_from_request(plan, request, dtype=torch.float64):
     return batch
 
 
+def score_request(model, request):
+    """RankRequest dict -> {"scores", "task_scores"} (ikbo_ref.score_request's
+    form) from the batched IkboModule in float64 with the weights of an
+    ikbo_ref.Model: the fast reference for large requests."""
+    m = IkboModule(model.spec, dtype=torch.float64)
+    with torch.no_grad():
+        for n, t in model.w.items():
+            m.param(n).copy_(t)
+        p = torch.sigmoid(m(batch_from_request(model.plan, request)))
+    sw = torch.tensor(model.plan.score_weights, dtype=torch.float64)
+    return {"scores": (p * sw).sum(1).tolist(), "task_scores": p.tolist()}
+
+
 def _fmt(v, indent, key=None):
     """Compact pretty JSON: a value fitting on its line stays on one line;
     every layer spec is one line, as in MODEL_FORMAT.md."""
