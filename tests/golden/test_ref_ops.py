@@ -652,6 +652,26 @@ def case_auto():
     return all(oks)
 
 
+def case_empty_batch():
+    """Every history of the batch empty (the module's padded width is 0): each pool fn gives zeros,
+    as in the interpreter."""
+    oks = []
+    for fn in ("mean", "sum", "max", "last"):
+        spec = _spec([{"name": "h", "op": "history_embedding", "input": "user.history", "table": "t"},
+                      {"name": "p", "op": "pool", "input": "h", "fn": fn}, _lin("c", "candidate.dense", D),
+                      {"name": "x", "op": "add", "a": "p", "b": "c"}, _lin("lg", "x", 1)], "lg", history=True)
+        w = _weights(spec)
+        users = [(_f32(RNG.normal(size=UD)), [], []), (_f32(RNG.normal(size=UD)), [], [])]
+        cands = [(_f32(RNG.normal(size=CD)), 0), (_f32(RNG.normal(size=CD)), 1)]
+        want = np.stack([w["lg.weight"] @ (w["c.weight"] @ c + w["c.bias"]) + w["lg.bias"] for c, _ in cands])
+        a, b = _run_req(spec, w, users, cands)
+        err = max(np.abs(a - want).max(), np.abs(b - want).max()) / max(1.0, np.abs(want).max())
+        ok = err < 1e-12
+        print("  %-26s %.1e %s" % ("all-empty pool " + fn, err, "ok" if ok else "FAIL: %s %s %s" % (a, b, want)))
+        oks.append(ok)
+    return all(oks)
+
+
 def _bad(name, layers, needle, history=False):
     spec = _spec(layers, layers[-1]["name"], history)
     try:
@@ -763,6 +783,7 @@ def main():
     print("test_ref_ops: reference ops vs naive loops")
     oks = [f() for f in (case_activations, case_tokens, case_jagged, case_dot_concat, case_cross_mixture,
                          case_self_attention, case_shared_target_attention, case_din_attention, case_auto,
+                         case_empty_batch,
                          case_refusals)]
     print("test_ref_ops: %s" % ("ok" if all(oks) else "FAILED"))
     return 0 if all(oks) else 1
