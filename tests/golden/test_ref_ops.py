@@ -6,7 +6,10 @@ reference itself needs a check that does not share its code: for each new op
 (activation, layer_norm, concat, mul, token_linear, dot_interaction, cross
 full and low rank, mixture, pool, linear over tokens and jagged, add/mul over
 jagged; the sequence ops self_attention, target_attention shared_with and
-din_attention through a request, two users of different history lengths) a tiny model is run through the interpreter (forward_one) and through
+din_attention through a request, two users of different history lengths; and
+"planning": "auto" models mixing user and candidate inputs in stack, concat,
+linear, token_linear, layer_norm, activation, dot_interaction, cross, mixture
+and the attention queries) a tiny model is run through the interpreter (forward_one) and through
 the batched IkboModule, and compared with the value of naive numpy loops
 written here from MODEL_FORMAT.md; then analyze() must refuse each bad model
 of BAD_MODELS with a message naming the layer.
@@ -450,6 +453,225 @@ def case_din_attention():
     return all(oks)
 
 
+# ---------------------------------------------------------------- "planning": "auto"
+# Broadcast form (MODEL_FORMAT.md, "Automatic planning"): any op may mix user
+# and candidate inputs, a user operand meaning its copy at each of its user's
+# candidates. Two users, one candidate each (_check_seq), so a wrong user row
+# shows; the expectations are plain loops over one candidate and its user.
+
+def _auto(layers, logits, tasks=1):
+    _T[0] = tasks
+    spec = _spec(layers, logits, history=True)
+    _T[0] = 1
+    spec["planning"] = "auto"
+    return spec
+
+
+def _weights(spec):
+    """Random weights of every tensor the spec declares (shapes from analyze)."""
+    return {n: _w(*s) for n, s in ikbo_ref.analyze(spec).param_shapes.items()}
+
+
+def _L(w, name, x, act="none"):
+    """Naive nn.Linear of layer `name` on one vector."""
+    return _act(np.array([sum(w[name + ".weight"][o, i] * x[i] for i in range(len(x))) + w[name + ".bias"][o]
+                          for o in range(len(w[name + ".bias"]))]), act)
+
+
+def _auto_base():
+    """u1 [D], ut [2, D] (user); c1 [D], ct [2, D] (candidate); h the history."""
+    return [{"name": "h", "op": "history_embedding", "input": "user.history", "table": "t"},
+            _lin("u1", "user.dense", D), _lin("u2", "user.dense", 2 * D, "tanh"),
+            {"name": "ut", "op": "reshape", "input": "u2", "tokens": 2},
+            _lin("c1", "candidate.dense", D), _lin("c2", "candidate.dense", 2 * D, "relu"),
+            {"name": "ct", "op": "reshape", "input": "c2", "tokens": 2}]
+
+
+def _base_vals(w, u, c):
+    return {"u1": _L(w, "u1", u), "ut": _L(w, "u2", u, "tanh").reshape(2, D),
+            "c1": _L(w, "c1", c), "ct": _L(w, "c2", c, "relu").reshape(2, D)}
+
+
+def _tl(W, T):
+    return np.array([[sum(W[m, k] * T[k][d] for k in range(len(T))) for d in range(D)] for m in range(len(W))])
+
+
+def _dots(T, self_):
+    return [sum(T[i][d] * T[j][d] for d in range(D)) for i in range(len(T)) for j in range(len(T))
+            if (j >= i if self_ else j > i)]
+
+
+def _cross(x0, Wm, b, x):
+    return np.array([x0[i] * (sum(Wm[i, j] * x[j] for j in range(len(x))) + b[i]) + x[i] for i in range(len(x))])
+
+
+def _mix(gate, experts):
+    g = np.exp(gate - gate.max())
+    g = g / g.sum()
+    return sum(g[e] * experts[e] for e in range(len(experts)))
+
+
+def _auto_models():
+    """[(name, layers, logits, tasks, expect(w, u, c, X) -> logits)]; X the kept history rows."""
+    B = _auto_base()
+    stack_tl = [{"name": "st", "op": "stack", "inputs": ["u1", "ct", "ut"]},
+                {"name": "tl", "op": "token_linear", "input": "st", "out_tokens": 3},
+                {"name": "fl", "op": "flatten", "input": "tl"}, _lin("lg", "fl", 1)]
+
+    def e_stack_tl(w, u, c, X):
+        v = _base_vals(w, u, c)
+        T = [v["u1"], v["ct"][0], v["ct"][1], v["ut"][0], v["ut"][1]]
+        return _L(w, "lg", _tl(w["tl.weight"], T).reshape(-1))
+    out = [("stack u/c/u -> token_linear", B + stack_tl, "lg", 1, e_stack_tl)]
+    for act in ("none", "relu"):
+        def e_cat_lin(w, u, c, X, act=act):
+            v = _base_vals(w, u, c)
+            return _L(w, "lg", _L(w, "l", np.concatenate([u, c, v["u1"], v["c1"]]), act))
+        out.append(("concat u/c/u/c -> linear " + act,
+                    B + [{"name": "cc", "op": "concat", "inputs": ["user.dense", "candidate.dense", "u1", "c1"]},
+                         _lin("l", "cc", 3, act), _lin("lg", "l", 1)], "lg", 1, e_cat_lin))
+
+    def e_norm_act(w, u, c, X):
+        v = _base_vals(w, u, c)
+        cc = np.concatenate([v["u1"], c])
+        return _L(w, "lg", _naive_layer_norm(cc, w["ln.weight"], w["ln.bias"], 1e-5) + _act(cc, "silu"))
+    out.append(("layer_norm + activation of mixed concat",
+                B + [{"name": "cc", "op": "concat", "inputs": ["u1", "candidate.dense"]},
+                     {"name": "ln", "op": "layer_norm", "input": "cc"},
+                     {"name": "ac", "op": "activation", "input": "cc", "fn": "silu"},
+                     {"name": "s", "op": "add", "a": "ln", "b": "ac"}, _lin("lg", "s", 1)], "lg", 1, e_norm_act))
+    for self_ in (False, True):
+        def e_dot(w, u, c, X, self_=self_):
+            v = _base_vals(w, u, c)
+            T = [v["ut"][0], v["ut"][1], v["c1"], v["u1"]]
+            return _L(w, "lg", np.array(_dots(T, self_) + _dots([v["u1"], v["ct"][0], v["ct"][1]], self_)))
+        di = {"name": "di", "op": "dot_interaction", "inputs": ["st"], "self": self_}
+        out.append(("mixed stack -> dot self=%s" % self_,
+                    B + [{"name": "st", "op": "stack", "inputs": ["ut", "c1", "u1"]}, di,
+                         {"name": "d2", "op": "dot_interaction", "inputs": ["u1", "ct"], "self": self_},
+                         {"name": "cc", "op": "concat", "inputs": ["di", "d2"]}, _lin("lg", "cc", 1)],
+                    "lg", 1, e_dot))
+
+    def e_cross(w, u, c, X):
+        uc = _L(w, "ux", u)
+        x1 = _cross(uc, w["x1.weight"], w["x1.bias"], c)
+        x2 = _cross(c, w["x2.u"] @ w["x2.v"], w["x2.bias"], uc)
+        return _L(w, "lg", np.concatenate([x1, x2]))
+    out.append(("cross user x0 / user input",
+                B + [_lin("ux", "user.dense", CD),
+                     {"name": "x1", "op": "cross", "x0": "ux", "input": "candidate.dense"},
+                     {"name": "x2", "op": "cross", "x0": "candidate.dense", "input": "ux", "rank": 2},
+                     {"name": "cc", "op": "concat", "inputs": ["x1", "x2"]}, _lin("lg", "cc", 1)], "lg", 1, e_cross))
+
+    def e_mixture(w, u, c, X):
+        v = _base_vals(w, u, c)
+        m1 = _mix(_L(w, "g1", c), [v["u1"], v["c1"], _L(w, "e2", u)])
+        m2 = _mix(_L(w, "g2", u), [v["c1"], _L(w, "e3", c)])
+        return np.concatenate([_L(w, "t0", m1), _L(w, "t1", m2)])
+    out.append(("mixture user experts / user gate",
+                B + [_lin("e2", "user.dense", D), _lin("e3", "candidate.dense", D),
+                     _lin("g1", "candidate.dense", 3), _lin("g2", "user.dense", 2),
+                     {"name": "m1", "op": "mixture", "experts": ["u1", "c1", "e2"], "gate": "g1"},
+                     {"name": "m2", "op": "mixture", "experts": ["c1", "e3"], "gate": "g2"},
+                     _lin("t0", "m1", 1), _lin("t1", "m2", 1),
+                     {"name": "lg", "op": "concat", "inputs": ["t0", "t1"]}], "lg", 2, e_mixture))
+
+    def e_shared(w, u, c, X):
+        v = _base_vals(w, u, c)
+        T = [v["u1"], v["ct"][0], v["ct"][1]]
+        z = _tl(w["tl.weight"], T).reshape(-1)
+        cc = np.concatenate([u, v["c1"]])
+        fl = np.concatenate(T)
+        return _L(w, "lg", np.concatenate([z, fl, _L(w, "a", cc, "relu"), _L(w, "b", cc)]))
+    out.append(("one stack flatten+token_linear, one concat two linears",
+                B + [{"name": "st", "op": "stack", "inputs": ["u1", "ct"]},
+                     {"name": "tl", "op": "token_linear", "input": "st", "out_tokens": 2},
+                     {"name": "tf", "op": "flatten", "input": "tl"}, {"name": "fl", "op": "flatten", "input": "st"},
+                     {"name": "cc", "op": "concat", "inputs": ["user.dense", "c1"]},
+                     _lin("a", "cc", 2, "relu"), _lin("b", "cc", 3),
+                     {"name": "all", "op": "concat", "inputs": ["tf", "fl", "a", "b"]}, _lin("lg", "all", 1)],
+                "lg", 1, e_shared))
+
+    def e_attn(w, u, c, X):
+        v = _base_vals(w, u, c)
+        Q = [v["u1"], v["c1"]]                           # a mixed stack as the query
+        ta = np.concatenate([_naive_target_attention(q, X, w["ta.wq"], w["ta.wk"], w["ta.wv"], w["ta.wo"], 2, 2)
+                             for q in Q])
+        q = v["u1"] * v["c1"]
+        s = [sum(w["din.w2"][0, k] * z[k] for k in range(3)) + w["din.b2"][0]
+             for z in (_act(w["din.w1"] @ np.concatenate([q, x, q - x, q * x]) + w["din.b1"], "relu") for x in X)]
+        a = np.exp(np.array(s) - max(s)) / np.exp(np.array(s) - max(s)).sum() if s else []
+        din = sum((ai * x for ai, x in zip(a, X)), np.zeros(D))
+        return _L(w, "lg", np.concatenate([ta, din, (v["ut"] * v["ct"]).reshape(-1)]))
+    out.append(("attention, mixed query; mul of tokens",
+                B + [{"name": "qs", "op": "stack", "inputs": ["u1", "c1"]},
+                     {"name": "ta", "op": "target_attention", "query": "qs", "history": "h", "heads": 2,
+                      "head_dim": 2},
+                     {"name": "taf", "op": "flatten", "input": "ta"},
+                     {"name": "q", "op": "mul", "a": "u1", "b": "c1"},
+                     {"name": "din", "op": "din_attention", "query": "q", "history": "h", "hidden": 3},
+                     {"name": "m", "op": "mul", "a": "ut", "b": "ct"}, {"name": "mf", "op": "flatten", "input": "m"},
+                     {"name": "all", "op": "concat", "inputs": ["taf", "din", "mf"]}, _lin("lg", "all", 1)],
+                "lg", 1, e_attn))
+    return out
+
+
+def case_auto():
+    """Each broadcast-form model vs plain loops, L = 0 and max_len (the second user longer); then the
+    same layers without "planning" refused (naming a layer), and a bad "planning" value refused."""
+    oks = []
+    for name, layers, logits, tasks, expect in _auto_models():
+        spec = _auto(layers, logits, tasks)
+        for L in (0, MAX_LEN):
+            w = _weights(spec)
+
+            def ex(u, c, ids, acts, w=w, expect=expect):
+                return expect(w, u, c, _hist_rows(w["tables.t"], w["h.action"], w["h.position"], ids, acts))
+            oks.append(_check_seq("auto %s L=%d" % (name, L), spec, w, ex, HISTS[L]))
+        manual = dict(spec)
+        del manual["planning"]
+        try:
+            ikbo_ref.analyze(manual)
+            print("  refuse manual %-40s FAIL: accepted" % name)
+            oks.append(False)
+        except ikbo_ref.ModelError as e:
+            ok = "mixes user and candidate" in str(e) and "layer '" in str(e)
+            print("  refuse manual %-40s %s" % (name, "ok" if ok else "FAIL: %s" % e))
+            oks.append(ok)
+    spec = _auto(_auto_models()[0][1], "lg")
+    for bad in ("manual", "Auto", True, None, ["auto"]):
+        spec["planning"] = bad
+        try:
+            ikbo_ref.analyze(spec)
+            print("  refuse planning %-12r FAIL: accepted" % (bad,))
+            oks.append(False)
+        except ikbo_ref.ModelError as e:
+            ok = "planning" in str(e) and repr(bad) in str(e)
+            print("  refuse planning %-12r %s" % (bad, "ok" if ok else "FAIL: %s" % e))
+            oks.append(ok)
+    return all(oks)
+
+
+def case_empty_batch():
+    """Every history of the batch empty (the module's padded width is 0): each pool fn gives zeros,
+    as in the interpreter."""
+    oks = []
+    for fn in ("mean", "sum", "max", "last"):
+        spec = _spec([{"name": "h", "op": "history_embedding", "input": "user.history", "table": "t"},
+                      {"name": "p", "op": "pool", "input": "h", "fn": fn}, _lin("c", "candidate.dense", D),
+                      {"name": "x", "op": "add", "a": "p", "b": "c"}, _lin("lg", "x", 1)], "lg", history=True)
+        w = _weights(spec)
+        users = [(_f32(RNG.normal(size=UD)), [], []), (_f32(RNG.normal(size=UD)), [], [])]
+        cands = [(_f32(RNG.normal(size=CD)), 0), (_f32(RNG.normal(size=CD)), 1)]
+        want = np.stack([w["lg.weight"] @ (w["c.weight"] @ c + w["c.bias"]) + w["lg.bias"] for c, _ in cands])
+        a, b = _run_req(spec, w, users, cands)
+        err = max(np.abs(a - want).max(), np.abs(b - want).max()) / max(1.0, np.abs(want).max())
+        ok = err < 1e-12
+        print("  %-26s %.1e %s" % ("all-empty pool " + fn, err, "ok" if ok else "FAIL: %s %s %s" % (a, b, want)))
+        oks.append(ok)
+    return all(oks)
+
+
 def _bad(name, layers, needle, history=False):
     spec = _spec(layers, layers[-1]["name"], history)
     try:
@@ -560,7 +782,9 @@ def case_refusals():
 def main():
     print("test_ref_ops: reference ops vs naive loops")
     oks = [f() for f in (case_activations, case_tokens, case_jagged, case_dot_concat, case_cross_mixture,
-                         case_self_attention, case_shared_target_attention, case_din_attention, case_refusals)]
+                         case_self_attention, case_shared_target_attention, case_din_attention, case_auto,
+                         case_empty_batch,
+                         case_refusals)]
     print("test_ref_ops: %s" % ("ok" if all(oks) else "FAILED"))
     return 0 if all(oks) else 1
 

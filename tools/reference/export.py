@@ -99,7 +99,9 @@ class IkboModule(torch.nn.Module):
           "<side>.sparse.<f>": (ids int64 [B, n], mask bool [B, n])  padded bags
           "user.history": (ids int64 [B, L], actions int64 [B, L], mask bool [B, L])
               the most recent <= max_len events, oldest first, left-aligned
-        returns logits [B, T]."""
+        returns logits [B, T]. Every tensor has B rows, so a user operand of a
+        candidate op is already broadcast: a "planning": "auto" model's mixed
+        ops (MODEL_FORMAT.md, "Automatic planning") need nothing more."""
         env = {}
         P = self.param
 
@@ -225,6 +227,8 @@ def _ranking_op(layer, get, P):
     if op == "pool":
         v = get(layer["input"])
         x, mask = v if isinstance(v, tuple) else (v, torch.ones(v.shape[:2], dtype=torch.bool))
+        if x.shape[1] == 0:                                         # every history of the batch empty
+            return x.new_zeros((x.shape[0], x.shape[2]))
         m = mask.unsqueeze(-1).to(x.dtype)
         n = mask.sum(1, keepdim=True)
         fn = layer["fn"]
@@ -304,6 +308,19 @@ def batch_from_request(plan, request, dtype=torch.float64):
     return batch
 
 
+def score_request(model, request):
+    """RankRequest dict -> {"scores", "task_scores"} (ikbo_ref.score_request's
+    form) from the batched IkboModule in float64 with the weights of an
+    ikbo_ref.Model: the fast reference for large requests."""
+    m = IkboModule(model.spec, dtype=torch.float64)
+    with torch.no_grad():
+        for n, t in model.w.items():
+            m.param(n).copy_(t)
+        p = torch.sigmoid(m(batch_from_request(model.plan, request)))
+    sw = torch.tensor(model.plan.score_weights, dtype=torch.float64)
+    return {"scores": (p * sw).sum(1).tolist(), "task_scores": p.tolist()}
+
+
 def _fmt(v, indent, key=None):
     """Compact pretty JSON: a value fitting on its line stays on one line;
     every layer spec is one line, as in MODEL_FORMAT.md."""
@@ -321,7 +338,7 @@ def _fmt(v, indent, key=None):
 
 def format_model_json(spec):
     """model.json text, keys in the order of MODEL_FORMAT.md's example."""
-    order = ["format", "name", "description", "inputs", "tables", "layers", "output", "serving"]
+    order = ["format", "name", "description", "planning", "inputs", "tables", "layers", "output", "serving"]
     keys = [k for k in order if k in spec] + [k for k in spec if k not in order]
     return _fmt({k: spec[k] for k in keys}, 0) + "\n"
 

@@ -19,6 +19,14 @@ head h owns columns [h*dh, (h+1)*dh); dense request values are rounded to
 float32 first; a missing activation is "none"; history sent to a model
 without history, a sparse feature given twice, unknown fields are invalid.
 
+A model with `"planning": "auto"` (MODEL_FORMAT.md, "Automatic planning") may
+mix user and candidate inputs in any op, meaning each user operand is first
+copied to its user's candidates. The naive per-candidate evaluation here is
+exactly that broadcast form, so such a model differs only in validation: the
+mixing rule is lifted; every op keeps its own domain rules (a target_attention
+query is a candidate tensor, a history is the user's, lce's operands are
+user and candidate). Any other "planning" value is a load error.
+
 Module use:
     model = load_model(dir); out = score_request(model, request_dict)
     analyze(spec) -> Plan   (shape/domain inference; also used by export.py)
@@ -36,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
 
 FORMAT = "ikbo-model/1"
-TOP_KEYS = {"format", "inputs", "tables", "layers", "output", "name", "description", "serving"}
+TOP_KEYS = {"format", "inputs", "tables", "layers", "output", "name", "description", "serving", "planning"}
 TOP_REQUIRED = {"format", "inputs", "tables", "layers", "output"}
 ACTIVATIONS = ("none", "relu", "sigmoid", "gelu", "silu", "tanh")
 POOLINGS = ("sum", "mean")
@@ -76,6 +84,9 @@ LAYER_KEYS = {
     "self_attention": ({"input", "heads", "head_dim"}, {"causal", "kind"}),
     "din_attention": ({"query", "history", "hidden"}, {"activation", "normalize"}),
 }
+# "planning" values (MODEL_FORMAT.md, "Automatic planning"): with "auto" any op
+# may mix domains (broadcast form); absent, only MIXING_OPS may.
+PLANNINGS = ("auto",)
 # Ops allowed to take inputs from both domains (MODEL_FORMAT.md).
 MIXING_OPS = {"target_attention", "lce", "add", "mul", "dot_interaction", "din_attention"}
 
@@ -129,6 +140,7 @@ class Plan:
         self.logits = None
         self.tasks = []
         self.score_weights = []
+        self.planning = None       # "auto" or None (the key absent)
 
 
 def _is_int(v):
@@ -334,6 +346,10 @@ def analyze(spec, where="model.json"):
             fail("%s must be a string" % k)
     if "serving" in spec and not isinstance(spec["serving"], dict):
         fail("serving must be an object")
+    if "planning" in spec and spec["planning"] not in PLANNINGS:
+        fail("planning must be %s (or absent), got %r" % (" or ".join('"%s"' % v for v in PLANNINGS),
+                                                         spec["planning"]))
+    p.planning = spec.get("planning")
 
     # ---- inputs
     inputs = spec["inputs"]
@@ -552,8 +568,9 @@ def analyze(spec, where="model.json"):
         else:
             out = _analyze_ranking_op(p, layer, lw, ref, srcs, fail, pos_int)
         domains = {d for d, _ in srcs}
-        if len(domains) > 1 and op not in MIXING_OPS:
-            fail("%s: op %s mixes user and candidate inputs (only %s may)" % (lw, op, ", ".join(sorted(MIXING_OPS))))
+        if len(domains) > 1 and op not in MIXING_OPS and p.planning != "auto":
+            fail("%s: op %s mixes user and candidate inputs (only %s may, or any op in a model with"
+                 " \"planning\": \"auto\")" % (lw, op, ", ".join(sorted(MIXING_OPS))))
         domain = "candidate" if "candidate" in domains else "user"
         p.nodes[name] = (domain, out)
         p.layers.append(layer)
