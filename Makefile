@@ -91,7 +91,7 @@ help:
 	@echo "make test       install missing packages, build, run unit, fuzz, golden and integration tests"
 	@echo "make unit       cmocka unit tests only"
 	@echo "make check-layers  fail if build/ikbo-score needs gRPC or libevent (readelf -d)"
-	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py)"
+	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py, golden_auto.py)"
 	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
 	@echo "make fuzz       fuzz targets: standalone loops, then libFuzzer FUZZ_SECONDS=20 each"
 	@echo "make fuzz-long  libFuzzer only, FUZZ_SECONDS=3600 per target (tests/fuzz)"
@@ -290,8 +290,10 @@ _fuzz_libfuzzer:
 	    grep -E '^#[0-9]+.*(DONE|pulse)|^stat::number_of_executed_units' $$log | tail -2; \
 	  else tail -40 $$log; echo "fuzz_$$t: FAILED (log $$log)"; exit 1; fi; done
 
-golden: $(BUILD)/ikbo-score
+golden: $(BUILD)/ikbo-score $(BUILD)/ikbo-plan
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
+	$(PY) tests/golden/golden_auto.py --score-bin $(BUILD)/ikbo-score --plan-bin $(BUILD)/ikbo-plan \
+	    --work $(BUILD)/golden_auto $(GOLDEN_AUTO_ARGS)
 
 integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-plan $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(GEN_PY)
 	@failed=""; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
