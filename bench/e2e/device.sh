@@ -6,7 +6,8 @@
 # this script runs every whole-server GPU check in one go, full logs under
 # $OUT, a short table last:
 #   golden   the GPU engine (fp32 activations) against the PyTorch reference,
-#            demo + random models, IKBO and broadcast modes (tests/golden)
+#            demo + random models, IKBO and broadcast modes (tests/golden), and
+#            the broadcast-form models of golden_auto.py
 #   grpc     the daemon on cuda:0 answering a grpcio client (tools/rank_client.py):
 #            same scores as ikbo-score --device cuda:0, health SERVING
 #   e2e      bench/e2e/run.sh on the seed-scale bench model, IKBO vs broadcast,
@@ -218,7 +219,9 @@ for s in $stages; do
     printf '#!/bin/sh\nexec %s/ikbo-score --device cuda:0 "$@"\n' "$B" > /tmp/score-cuda
     chmod +x /tmp/score-cuda
     stage golden golden.log env IKBO_CUDA_DTYPE=fp32 $PY tests/golden/golden.py \
-        --score-bin /tmp/score-cuda --work /tmp/golden --tol 1e-5 ;;
+        --score-bin /tmp/score-cuda --work /tmp/golden --tol 1e-5
+    stage golden-auto golden.log env IKBO_CUDA_DTYPE=fp32 $PY tests/golden/golden_auto.py \
+        --score-bin /tmp/score-cuda --plan-bin $B/ikbo-plan --work /tmp/golden_auto --tol 1e-5 ;;
   grpc)
     stage grpc grpc.log grpc_check ;;
   faults)

@@ -6,11 +6,11 @@
 #   run  command: "bench/e2e/device.sh"   carry: [".devrun", ".devlibs"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-make -s -j2 build/ikbo-serve build/ikbo-score build/ikbo-loadgen build/echo_server build/host_path \
+make -s -j2 build/ikbo-serve build/ikbo-score build/ikbo-plan build/ikbo-loadgen build/echo_server build/host_path \
     build/gen/py/ikbo/v1/ranker_pb2.py build/gen/py/grpc/health/v1/health_pb2.py
 rm -rf .devrun .devlibs
 mkdir -p .devrun
-for b in ikbo-serve ikbo-score ikbo-loadgen echo_server host_path; do strip -o .devrun/$b build/$b; done
+for b in ikbo-serve ikbo-score ikbo-plan ikbo-loadgen echo_server host_path; do strip -o .devrun/$b build/$b; done
 cp -r build/gen .devrun/gen && rm -rf .devrun/gen/ikbo .devrun/gen/grpc
 git rev-parse HEAD > .devrun/COMMIT
 bash ../shared/device/bundle-libs.sh .devrun/ikbo-serve .devrun/ikbo-loadgen .devlibs
