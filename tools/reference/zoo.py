@@ -167,7 +167,26 @@ class MMoE(_Features):
         return torch.cat(out, dim=1)
 
 
-class _Block(nn.Module):
+class _Heads:
+    """Mixin: multi-head attention helpers for a module with `heads`, `dh` and
+    bias-free nn.Linear `wq`, `wk`, `wv` (D -> H*dh) and `wo` (H*dh -> D)
+    (_Block here, plain_models.TargetAttention)."""
+
+    def split(self, x):                                  # [N, T, H*dh] -> [N, H, T, dh]
+        return x.reshape(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
+
+    def target(self, q, a, mask):
+        """Candidates' queries q [C, Tq, D] over their users' (padded)
+        history a [C, L, D] (mask [C, L]); softmax, no causal mask; a user
+        without events gives zeros."""
+        C, tq, _ = q.shape
+        s = self.split(self.wq(q)) @ self.split(self.wk(a)).transpose(-1, -2) / math.sqrt(self.dh)
+        m = mask[:, None, None, :]
+        att = F.softmax(s.masked_fill(~m, -1e30), dim=-1) * m
+        return self.wo((att @ self.split(self.wv(a))).transpose(1, 2).reshape(C, tq, -1))
+
+
+class _Block(_Heads, nn.Module):
     """Pre-LN transformer block over a padded, left-aligned history [U, L, D]:
     x + attn(ln1(x)), then + ff2(act(ff1(ln2(.)))). Causal; attention
     `softmax` or HSTU's `silu` (pointwise silu(q.k/sqrt(dh)) / n_u)."""
@@ -181,9 +200,6 @@ class _Block(nn.Module):
         self.ff1, self.ff2 = nn.Linear(D, ff), nn.Linear(ff, D)
         self.ff_act = ff_act
 
-    def split(self, x):                                  # [N, T, H*dh] -> [N, H, T, dh]
-        return x.reshape(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
-
     def attention(self, a, mask):
         U, L, _ = a.shape
         q, k, v = self.split(self.wq(a)), self.split(self.wk(a)), self.split(self.wv(a))
@@ -196,14 +212,8 @@ class _Block(nn.Module):
             att = F.silu(s) * keep / n
         return self.wo((att @ v).transpose(1, 2).reshape(U, L, -1))
 
-    def target(self, q, a, mask):
-        """Candidates' queries q [C, Tq, D] over their users' ln1(history) a
-        [C, L, D] with this block's projections; softmax, no causal mask."""
-        C, tq, _ = q.shape
-        s = self.split(self.wq(q)) @ self.split(self.wk(a)).transpose(-1, -2) / math.sqrt(self.dh)
-        m = mask[:, None, None, :]
-        att = F.softmax(s.masked_fill(~m, -1e30), dim=-1) * m
-        return self.wo((att @ self.split(self.wv(a))).transpose(1, 2).reshape(C, tq, -1))
+    # target(q, a, mask) (_Heads): the candidates' queries over their users' ln1(history)
+    # with this block's projections.
 
     def forward(self, x, mask):
         a = self.ln1(x)
@@ -446,6 +456,12 @@ def module_inputs(plan, request):
     """A RankRequest dict as the modules' arguments (float64): user and
     candidate dense [U, .] / [C, .], sparse {feature: (ids, offsets)} as
     nn.EmbeddingBag takes them, and the candidate -> user index [C]."""
+    return feature_inputs(plan, request, USER_SPARSE, CAND_SPARSE)
+
+
+def feature_inputs(plan, request, user_sparse, cand_sparse):
+    """module_inputs for the given user and candidate sparse feature names
+    (plain_models.module_inputs passes a model.json's own lists)."""
     users, cands = ikbo_ref.parse_request(plan, request)
 
     def bags(rows, feats):
@@ -457,8 +473,8 @@ def module_inputs(plan, request):
             out[f] = (torch.tensor(ids, dtype=torch.int64), torch.tensor(offs, dtype=torch.int64))
         return out
 
-    args = (torch.stack([u["dense"].to(torch.float64) for u in users]), bags(users, USER_SPARSE),
-            torch.stack([c["dense"].to(torch.float64) for c in cands]), bags(cands, CAND_SPARSE),
+    args = (torch.stack([u["dense"].to(torch.float64) for u in users]), bags(users, user_sparse),
+            torch.stack([c["dense"].to(torch.float64) for c in cands]), bags(cands, cand_sparse),
             torch.tensor([c["user"] for c in cands], dtype=torch.int64))
     if not plan.history:
         return args
@@ -473,10 +489,12 @@ def module_inputs(plan, request):
     return args + ((ids, acts, torch.tensor(lens, dtype=torch.int64)),)
 
 
-def module_scores(m, plan, request):
-    """The module's float64 scores for a RankRequest dict, in request order."""
+def module_scores(m, plan, request, inputs=None):
+    """The module's float64 scores for a RankRequest dict, in request order;
+    `inputs(plan, request)` builds the module's arguments (default
+    module_inputs)."""
     with torch.no_grad():
-        p = torch.sigmoid(m(*module_inputs(plan, request)))
+        p = torch.sigmoid(m(*(inputs or module_inputs)(plan, request)))
     return (p * torch.tensor(plan.score_weights, dtype=torch.float64)).sum(1)
 
 
