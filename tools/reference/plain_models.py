@@ -352,7 +352,11 @@ def main(argv=None):
     c.add_argument("model_dir")
     c.add_argument("--requests", type=int, default=6)
     a = ap.parse_args(argv)
-    m = module_for(a.model_dir)
+    try:
+        m = module_for(a.model_dir)
+    except (ValueError, ikbo_ref.ModelError) as e:
+        print("plain_models: %s" % e, file=sys.stderr)
+        return 2
     err = check(a.model_dir, a.requests, module=m)
     print("%s: %s vs interpreter max relative error %.2e" % (a.model_dir, type(m).__name__, err))
     return 0 if err <= 1e-12 else 1
