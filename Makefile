@@ -294,7 +294,7 @@ golden: $(BUILD)/ikbo-score $(BUILD)/ikbo-plan
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
 	$(PY) tests/golden/test_plain_models.py
 	$(PY) tests/golden/golden_auto.py --score-bin $(BUILD)/ikbo-score --plan-bin $(BUILD)/ikbo-plan \
-	    --work $(BUILD)/golden_auto $(GOLDEN_AUTO_ARGS)
+	    --work $(BUILD)/golden_auto --require-all
 
 integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-plan $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(GEN_PY)
 	@failed=""; for t in $(sort $(wildcard tests/integration/test_*.py)); do \

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""An auto-planned model served end to end: the demo model rewritten in
-broadcast form (tools/reference/broadcast_form.py: its lce written as
-token_linear over a mixed stack, as a PyTorch module computes it) is deployed next to
-the hand-written demo. Checks: the daemon serves it with the demo's scores
+"""An auto-planned model served end to end: models/demo_auto/1 (the demo
+written as a plain PyTorch module, tools/reference/plain_models.py, imported
+by tools/importer: its lce is a token_linear `mix` over a mixed stack, as
+the module computes it) is deployed next to the hand-written demo. Checks: the daemon serves it with the demo's scores
 (1e-6 relative); GET /v1/models/{name} carries the plan report (planning
 auto, the token_linear run as lce, no gather), GET /v1/models the same,
 gRPC ModelInfo the summary; build/ikbo-plan prints the same plan as text and
@@ -27,7 +27,7 @@ S = {}
 def setup():
     repo = tempfile.mkdtemp(prefix="ikbo-auto-")
     os.symlink(os.path.dirname(DEMO), os.path.join(repo, "demo"))
-    convert(DEMO, os.path.join(repo, "demo_auto", "1"), name="demo_auto")
+    os.symlink(os.path.join(ROOT, "models", "demo_auto"), os.path.join(repo, "demo_auto"))
     convert(DEMO, os.path.join(repo, "broken", "1"), out_tokens=3)
     S["repo"] = repo
     S["d"] = Daemon(repo, threads=2, wait_ready=False)
@@ -69,11 +69,11 @@ def test_plan_in_models_endpoint():
     plan = m["versions"][0]["plan"]
     check_eq(plan["planning"], "auto", "planning")
     ops = {e["name"]: e for e in plan["executed"]}
-    check_eq(ops["lce"]["op"], "lce", "token_linear runs as lce")
-    check(ops["lce"]["mixed"], "lce reads user rows through the map")
-    check("lce_tokens" not in ops, "the mixed stack is never built")
+    check_eq(ops["mix"]["op"], "lce", "token_linear runs as lce")
+    check(ops["mix"]["mixed"], "lce reads user rows through the map")
+    check("cat_3" not in ops, "the mixed stack is never built")
     check_eq(plan["gathers"], [], "gathers")
-    lce = [l for l in plan["layers"] if l["name"] == "lce"][0]
+    lce = [l for l in plan["layers"] if l["name"] == "mix"][0]
     check_eq(lce["rewrite"], "type1", "rewrite")
     check(lce["split"].startswith("weight [6, 13] -> user tokens 5"), lce["split"])
     demo = http_json("/v1/models/demo")["versions"][0]["plan"]
@@ -97,8 +97,8 @@ def test_plan_in_model_info():
 def test_ikbo_plan_cli():
     d = os.path.join(S["repo"], "demo_auto", "1")
     out = subprocess.run([PLAN, d], capture_output=True, text=True, check=True).stdout
-    check("planning auto, 20 layers in model.json" in out, out[:200])
-    check("  lce: weight [6, 13] -> user tokens 5, candidate tokens 8" in out, out)
+    check("planning auto, 19 layers in model.json" in out, out[:200])
+    check("  mix: weight [6, 13] -> user tokens 5, candidate tokens 8" in out, out)
     j = json.loads(subprocess.run([PLAN, "--json", "--ratio", "10", d], capture_output=True,
                                   text=True, check=True).stdout)
     check_eq(j["ratio"], 10.0, "ratio")
