@@ -391,12 +391,8 @@ def _rounded(module, dtype):
 def compare(module, model, seed=1):
     """Max relative score error, module vs the written model (ikbo_ref); raises ImportMismatch above CHECK_TOL.
     `module` holds the weights as written (import_module rounds them first)."""
-    worst = 0.0
-    for i, counts in enumerate(CHECK_COUNTS):
-        req = make_request.generate(model.plan, seed + 100 + i, counts)
-        got = zoo.module_scores(module, model.plan, req, inputs=module_args).tolist()
-        exp = ikbo_ref.score_request(model, req)["scores"]
-        worst = max([worst] + [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, exp)])
+    reqs = [make_request.generate(model.plan, seed + 100 + i, counts) for i, counts in enumerate(CHECK_COUNTS)]
+    worst = zoo.max_score_error(module, model, reqs, inputs=module_args)
     if worst > CHECK_TOL:
         raise ImportMismatch("the written model differs from the module: max relative score error %.3g > %g "
                              "(a pattern the importer matched computes something else: please report)"

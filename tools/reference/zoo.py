@@ -555,13 +555,22 @@ def check(model_dir, n_requests=5):
         # column slices); the placement matrices are fresh tensors, unused.
         for k, t in w.items():
             t.copy_(ref.w[k].reshape(t.shape))
+    reqs = [make_request.generate(ref.plan, 500 + s, [1, 7, 40, 3][: 1 + s % 4], model=name)
+            for s in range(n_requests)]
+    return max_score_error(m, ref, reqs)
+
+
+def max_score_error(m, ref, requests, inputs=None):
+    """Max relative error of module m's float64 scores (module_scores, `inputs`
+    building its arguments) against the reference interpreter's on the loaded
+    model `ref`, over RankRequest dicts; inf when the counts differ."""
     worst = 0.0
-    for s in range(n_requests):
-        req = make_request.generate(ref.plan, 500 + s, [1, 7, 40, 3][: 1 + s % 4], model=name)
-        got = module_scores(m, ref.plan, req)
+    for req in requests:
+        got = module_scores(m, ref.plan, req, inputs=inputs).tolist()
         exp = ikbo_ref.score_request(ref, req)["scores"]
-        for a, b in zip(got.tolist(), exp):
-            worst = max(worst, abs(a - b) / max(abs(b), 1e-6))
+        if len(got) != len(exp):
+            return float("inf")
+        worst = max([worst] + [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, exp)])
     return worst
 
 
