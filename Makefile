@@ -91,7 +91,7 @@ help:
 	@echo "make test       install missing packages, build, run unit, fuzz, golden and integration tests"
 	@echo "make unit       cmocka unit tests only"
 	@echo "make check-layers  fail if build/ikbo-score needs gRPC or libevent (readelf -d)"
-	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py, test_plain_models.py, golden_auto.py)"
+	@echo "make golden     C engine vs the PyTorch reference (tests/golden/golden.py, test_plain_models.py, test_importer.py, golden_auto.py)"
 	@echo "make integration  daemon tests with real gRPC/HTTP clients (tests/integration)"
 	@echo "make fuzz       fuzz targets: standalone loops, then libFuzzer FUZZ_SECONDS=20 each"
 	@echo "make fuzz-long  libFuzzer only, FUZZ_SECONDS=3600 per target (tests/fuzz)"
@@ -293,6 +293,7 @@ _fuzz_libfuzzer:
 golden: $(BUILD)/ikbo-score $(BUILD)/ikbo-plan
 	$(PY) tests/golden/golden.py --score-bin $(BUILD)/ikbo-score --work $(BUILD)/golden
 	$(PY) tests/golden/test_plain_models.py
+	$(PY) tests/golden/test_importer.py
 	$(PY) tests/golden/golden_auto.py --score-bin $(BUILD)/ikbo-score --plan-bin $(BUILD)/ikbo-plan \
 	    --work $(BUILD)/golden_auto --require-all
 

@@ -28,6 +28,7 @@ LEAF_MODULES = (nn.Linear, nn.EmbeddingBag, nn.Embedding, nn.LayerNorm,
 # torch functions that take sizes (ints) a traced module computes from shapes
 FACTORIES = ("arange", "ones", "zeros", "full", "eye", "triu_indices", "tril_indices")
 _FX_DIR = os.path.dirname(fx.__file__)
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 class UnsupportedNode(ValueError):
@@ -50,7 +51,7 @@ def source(node):
     """'file.py:LINE `code`' of the user code that created the node, or '?'."""
     st = getattr(node, "stack_trace", None) or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', st)
-    frames = [f for f in frames if not f[0].startswith(_FX_DIR)]
+    frames = [f for f in frames if not f[0].startswith(_TORCH_DIR)]      # fx, nn.functional, overrides
     if not frames:
         return "?"
     path, line, code = frames[0]                      # innermost first
@@ -151,6 +152,12 @@ def trace(module, example_args):
                                                                            type(e).__name__, e)) from e
     gm = fx.GraphModule(tracer.root, graph)
     rec = _Recorder(gm)
+    if sum(n.op == "placeholder" for n in graph.nodes) != len(example_args):
+        return Traced(module, gm, rec.values)       # not run: the converter names the forward() convention
     with torch.no_grad():
-        rec.run(*example_args)
+        try:
+            rec.run(*example_args)
+        except Exception as e:
+            raise ValueError("%s.forward failed on the example inputs: %s: %s" % (
+                type(module).__name__, type(e).__name__, (str(e).splitlines() or [""])[0])) from e
     return Traced(module, gm, rec.values)

@@ -106,7 +106,7 @@ class Converter:
             return n.args[0]
         return None
 
-    def layer(self, node, op, seq=False, hint=None, **fields):
+    def layer(self, node, op, /, seq=False, hint=None, **fields):
         """Appends a layer named `hint` or after the node; returns its (unique) name."""
         name = base = hint or node.name.strip("_") or "layer"
         k = 1

@@ -1,0 +1,382 @@
+#!/usr/bin/python3
+"""Test of tools/importer (`make golden` runs it; a few seconds).
+
+Differential and error tests of the torch.fx importer (tools/importer/README.md):
+  - a small module written here (a user bag and dense MLP, a candidate bag,
+    cat([u[cand_user], c, cand_dense]) -> Linear -> ReLU -> Linear) imported
+    with ikbo_import.import_module: model.json is "planning": "auto" with
+    exactly the layers expected, and the reference interpreter's scores of
+    the written model equal the module's (ikbo_import.compare, <= 1e-9);
+  - the CLI on the module written to a temporary FILE.py with a factory:
+    exit 0 and the directory written; a factory FILE.py lacks -> exit 2
+    naming it; --inputs of a missing file -> exit 2; a forward() that fails on
+    the example inputs -> exit 2 with one line;
+  - DLRM's dot interaction (bmm + triu_indices offset 1, and 0: "self": true);
+  - UnsupportedNode: torch.exp, nn.EmbeddingBag(mode="max"), gelu(approximate=
+    "tanh"), x[:, 2:5] and nn.Dropout are refused with fx_trace.UnsupportedNode naming the
+    node, this file and the exact line of the offending source (found with
+    inspect) and the reason, from Python and through the CLI (exit 2, the same
+    one line); a forward() with the wrong number of arguments is a ValueError
+    naming the convention;
+  - ImportMismatch: compare() of the imported module is <= 1e-9, and raises
+    ImportMismatch once one of the module's weights is perturbed;
+  - dtype BF16: the import succeeds (the self-check rounds the module's
+    weights first), the weights are stored as BF16, and the unrounded module
+    does differ from the written model (so the rounding is what makes it pass).
+
+    tests/golden/test_importer.py        exit 0 when every check passes
+"""
+import inspect
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IMPORTER = os.path.join(REPO, "tools", "importer", "ikbo_import.py")
+sys.path.insert(0, os.path.join(REPO, "tools", "importer"))
+import fx_trace  # noqa: E402
+import ikbo_import  # noqa: E402
+
+THIS = os.path.abspath(__file__)
+TOL = 1e-9
+TASKS = ["click", "like"]
+INPUTS = {"user": {"dense": 6, "sparse": ["country"]}, "candidate": {"dense": 3, "sparse": ["item"]}}
+FAILS = []
+
+
+def ok(cond, what):
+    print("  %-72s %s" % (what, "ok" if cond else "FAIL"), flush=True)
+    if not cond:
+        FAILS.append(what)
+    return cond
+
+
+# ------------------------------------------------------------ modules
+
+class Small(nn.Module):
+    """User bag + dense MLP, candidate bag, the broadcast concat, a two-layer head."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(int(seed))
+        self.user_bag = nn.EmbeddingBag(50, 8, mode="mean")
+        self.user_mlp = nn.Sequential(nn.Linear(6, 8), nn.ReLU())
+        self.cand_bag = nn.EmbeddingBag(100, 8, mode="sum")
+        self.hidden = nn.Linear(8 + 8 + 8 + 3, 16)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        ids, offsets = user_sparse["country"]
+        u = torch.cat([self.user_bag(ids % 50, offsets), self.user_mlp(user_dense)], dim=1)
+        cids, coffsets = cand_sparse["item"]
+        c = self.cand_bag(cids % 100, coffsets)
+        x = torch.cat([u[cand_user], c, cand_dense], dim=1)
+        return self.head(torch.relu(self.hidden(x)))
+
+
+# The refused modules: each forward has one offending line, marked `# BAD` (the
+# test finds its number with inspect).
+
+class Exp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(6 + 3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        x = torch.cat([user_dense[cand_user], cand_dense], dim=1)
+        return self.head(torch.exp(x))  # BAD
+
+
+class MaxBag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(100, 3, mode="max")
+        self.head = nn.Linear(3 + 3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        ids, offsets = cand_sparse["item"]
+        c = self.bag(ids % 100, offsets)  # BAD
+        return self.head(torch.cat([c, cand_dense], dim=1))
+
+
+class TanhGelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 5)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        h = F.gelu(self.lin(cand_dense), approximate="tanh")  # BAD
+        return self.head(h)
+
+
+class Slice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 + 3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        u = user_dense[cand_user]
+        return self.head(torch.cat([u[:, 2:5], cand_dense], dim=1))  # BAD
+
+
+class Dropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        return self.head(self.drop(cand_dense))  # BAD
+
+
+class Dot(nn.Module):
+    """DLRM's interaction over [user vector, candidate vector, candidate bag] tokens."""
+
+    def __init__(self, offset):
+        super().__init__()
+        self.offset = offset
+        self.user = nn.Linear(6, 8)
+        self.cand = nn.Linear(3, 8)
+        self.bag = nn.EmbeddingBag(100, 8, mode="sum")
+        self.head = nn.Linear(3 if offset else 6, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        ids, offsets = cand_sparse["item"]
+        t = torch.stack([self.user(user_dense)[cand_user], self.cand(cand_dense), self.bag(ids % 100, offsets)], dim=1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        i, j = torch.triu_indices(t.shape[1], t.shape[1], self.offset)
+        return self.head(z[:, i, j])
+
+
+class NoMap(nn.Module):
+    """Four arguments: the candidate -> user map is missing."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse):
+        return self.head(cand_dense)
+
+
+class ExtraHistory(NoMap):
+    """Six arguments, but the inputs have no history."""
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user, history):
+        return self.head(cand_dense)
+
+
+class BadShape(NoMap):
+    """A forward() that fails on the example inputs (a wrong Linear width)."""
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        return self.head(user_dense[cand_user])
+
+
+# (class, node name, reason fragment)
+REFUSED = [(Exp, "exp", "no op of ikbo-model/1 computes this"),
+           (MaxBag, "bag", "nn.EmbeddingBag: mode sum or mean"),
+           (TanhGelu, "gelu", "gelu(approximate='tanh'): the format's gelu is the exact (erf) form"),
+           (Slice, "getitem_1", "indexing: supported are x[cand_user]"),
+           (Dropout, "dropout", "no op of ikbo-model/1 computes this")]     # the line in forward, not torch's
+
+
+def bad_line(cls):
+    """The line number in this file of cls.forward's line marked `# BAD`."""
+    lines, start = inspect.getsourcelines(cls.forward)
+    hits = [start + i for i, s in enumerate(lines) if s.rstrip().endswith("# BAD")]
+    assert len(hits) == 1, cls
+    return hits[0]
+
+
+# ------------------------------------------------------------ helpers
+
+def cli(*args):
+    r = subprocess.run([sys.executable, IMPORTER] + list(args), capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def one_line(err):
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def safetensors_dtypes(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+# ------------------------------------------------------------ checks
+
+def case_api(tmp):
+    out = os.path.join(tmp, "small", "1")
+    m = Small()
+    model = ikbo_import.import_module(m, INPUTS, TASKS, out, score_weights=[1, 0.5], name="small")
+    with open(os.path.join(out, "model.json")) as f:
+        spec = json.load(f)
+    ok(spec.get("planning") == "auto" and spec["format"] == "ikbo-model/1" and spec["name"] == "small",
+       "api: model.json ikbo-model/1, planning auto, name")
+    got = [(l["name"], l["op"], l.get("input", l.get("inputs")), l.get("activation")) for l in spec["layers"]]
+    want = [("user_bag", "embedding_bag", "user.sparse.country", None),
+            ("user_mlp_0", "linear", "user.dense", "relu"),                  # nn.Linear + nn.ReLU fused
+            ("cat", "concat", ["user_bag", "user_mlp_0"], None),
+            ("cand_bag", "embedding_bag", "candidate.sparse.item", None),
+            ("cat_1", "concat", ["cat", "cand_bag", "candidate.dense"], None),  # u[cand_user]: u itself
+            ("hidden", "linear", "cat_1", "relu"),                           # torch.relu fused
+            ("head", "linear", "hidden", "none")]
+    if not ok(got == want, "api: layers %s" % ", ".join("%s:%s" % (n, o) for n, o, _, _ in want)):
+        print("      got %s" % got)
+    ok([l.get("pooling") for l in spec["layers"] if l["op"] == "embedding_bag"] == ["mean", "sum"] and
+       spec["tables"] == {"country": {"rows": 50, "dim": 8}, "item": {"rows": 100, "dim": 8}},
+       "api: bag pooling mean/sum, tables country [50, 8], item [100, 8]")
+    ok(spec["output"] == {"logits": "head", "tasks": TASKS, "score_weights": [1, 0.5]},
+       "api: output logits head, tasks, score_weights")
+    err = ikbo_import.compare(m, model)
+    ok(err <= TOL, "api: ikbo_ref scores vs module scores, max rel %.2e" % err)
+    return m, model
+
+
+def case_mismatch(m, model):
+    err = ikbo_import.compare(m, model)
+    ok(err <= TOL, "mismatch: unperturbed compare() %.2e <= 1e-9" % err)
+    with torch.no_grad():
+        m.user_mlp[0].weight[0, 0] += 0.25
+    try:
+        ikbo_import.compare(m, model)
+        raised = None
+    except ikbo_import.ImportMismatch as e:
+        raised = e
+    ok(raised is not None and "max relative score error" in str(raised),
+       "mismatch: a perturbed user weight -> ImportMismatch")
+
+
+def case_dtype(tmp):
+    out = os.path.join(tmp, "bf16", "1")
+    try:
+        model = ikbo_import.import_module(Small(seed=3), INPUTS, TASKS, out, dtype="BF16")
+        e = None
+    except Exception as x:          # noqa: BLE001 (the row says what)
+        model, e = None, x
+    ok(e is None, "dtype: import_module(dtype='BF16') passes its self-check%s" % (": %s" % e if e else ""))
+    if e is not None:
+        return
+    ok(safetensors_dtypes(os.path.join(out, "weights.safetensors")) == {"BF16"}, "dtype: weights stored as BF16")
+    unrounded = Small(seed=3).double().eval()
+    try:
+        ikbo_import.compare(unrounded, model)
+        differs = False
+    except ikbo_import.ImportMismatch:
+        differs = True
+    ok(differs, "dtype: the unrounded module differs from the BF16 model (ImportMismatch)")
+
+
+def case_dot(tmp):
+    for offset in (1, 0):
+        out = os.path.join(tmp, "dot%d" % offset, "1")
+        try:
+            ikbo_import.import_module(Dot(offset), INPUTS, TASKS, out)
+            with open(os.path.join(out, "model.json")) as f:
+                layer = [l for l in json.load(f)["layers"] if l["op"] == "dot_interaction"]
+            e = None
+        except Exception as x:      # noqa: BLE001
+            layer, e = [], x
+        want = [{"name": "dot_interaction", "op": "dot_interaction", "inputs": ["user", "cand", "bag"],
+                 **({} if offset else {"self": True})}]
+        if not ok(layer == want, "dot interaction, triu_indices(K, K, %d): one dot_interaction%s, self-check"
+                  % (offset, "" if offset else " self: true")):
+            print("      got %s %s" % (layer, e))
+
+
+def case_refused(tmp):
+    for cls, node, why in REFUSED:
+        line = bad_line(cls)
+        try:
+            ikbo_import.import_module(cls(), INPUTS, TASKS, os.path.join(tmp, "bad", cls.__name__))
+            e = None
+        except Exception as x:      # noqa: BLE001
+            e = x
+        msg = str(e)
+        where = "at %s:%d `" % (os.path.basename(THIS), line)
+        good = (type(e) is fx_trace.UnsupportedNode and msg.startswith("node %r (" % node) and where in msg
+                and why in msg)
+        if not ok(good, "unsupported %s: UnsupportedNode node %r at line %d: %s" % (cls.__name__, node, line,
+                                                                                  why[:24])):
+            print("      got %s: %s" % (type(e).__name__, msg))
+        rc, _, err = cli("%s:%s" % (THIS, cls.__name__), os.path.join(tmp, "bad_cli", cls.__name__),
+                         "--inputs", os.path.join(tmp, "inputs.json"), "--tasks", ",".join(TASKS))
+        if not ok(rc == 2 and one_line(err) and err.strip() == "ikbo_import: " + msg,
+                  "unsupported %s via the CLI: exit 2, the same one line" % cls.__name__):
+            print("      rc %d, stderr %r" % (rc, err[-500:]))
+    for cls, n in ((NoMap, 4), (ExtraHistory, 6)):
+        try:
+            ikbo_import.import_module(cls(), INPUTS, TASKS, os.path.join(tmp, "bad", cls.__name__))
+            e = None
+        except Exception as x:      # noqa: BLE001
+            e = x
+        msg = str(e)
+        good = (type(e) is ValueError and ("forward() takes %d arguments, expected 5" % n) in msg
+                and "(user_dense, user_sparse, cand_dense, cand_sparse, cand_user)" in msg)
+        if not ok(good, "forward() of %d arguments: ValueError naming the convention" % n):
+            print("      got %s: %s" % (type(e).__name__, msg[:300]))
+
+
+def case_cli(tmp):
+    inputs = os.path.join(tmp, "inputs.json")
+    src = os.path.join(tmp, "small_model.py")
+    with open(src, "w") as f:
+        f.write("import torch\nimport torch.nn as nn\n\n\n%s\n\ndef make(seed):\n    return Small(seed)\n"
+                % inspect.getsource(Small))
+    out = os.path.join(tmp, "cli", "1")
+    rc, stdout, err = cli(src + ":make", out, "--inputs", inputs, "--tasks", "click,like", "--arg", "7",
+                          "--score-weights", "1,0.5", "--name", "small_cli", "--description", "from the test",
+                          "--dtype", "F16")
+    written = os.path.isfile(os.path.join(out, "model.json")) and os.path.isfile(os.path.join(out,
+                                                                                              "weights.safetensors"))
+    if not ok(rc == 0 and written and "written (planning auto)" in stdout, "cli: exit 0, %s written" % "cli/1"):
+        print("      rc %d, stderr %r" % (rc, err[-500:]))
+    if written:
+        with open(os.path.join(out, "model.json")) as f:
+            spec = json.load(f)
+        ok(spec["name"] == "small_cli" and spec["description"] == "from the test" and spec["planning"] == "auto"
+           and spec["output"]["score_weights"] == [1, 0.5] and spec["output"]["tasks"] == TASKS
+           and safetensors_dtypes(os.path.join(out, "weights.safetensors")) == {"F16"},
+           "cli: --name, --description, --score-weights, --tasks, --dtype F16 as given")
+    rc, _, err = cli(src + ":no_such_factory", os.path.join(tmp, "cli", "2"), "--inputs", inputs,
+                     "--tasks", "click,like")
+    ok(rc == 2 and one_line(err) and "no_such_factory" in err, "cli: a bad factory name -> exit 2 naming it")
+    rc, _, err = cli(src + ":make", os.path.join(tmp, "cli", "3"), "--inputs", os.path.join(tmp, "missing.json"),
+                     "--tasks", "click,like", "--arg", "1")
+    ok(rc == 2 and one_line(err) and "missing.json" in err, "cli: --inputs of a missing file -> exit 2")
+    rc, _, err = cli("%s:BadShape" % THIS, os.path.join(tmp, "cli", "4"), "--inputs", inputs,
+                     "--tasks", "click,like")
+    if not ok(rc == 2 and one_line(err) and "BadShape.forward" in err,
+              "cli: a forward() failing on the example inputs -> exit 2, one line"):
+        print("      rc %d, stderr %r" % (rc, err[-500:]))
+
+
+def main():
+    print("test_importer: tools/importer (import_module, the CLI, refusals, the self-check)")
+    with tempfile.TemporaryDirectory(prefix="ikbo-importer-") as tmp:
+        with open(os.path.join(tmp, "inputs.json"), "w") as f:
+            json.dump(INPUTS, f)
+        m, model = case_api(tmp)
+        case_mismatch(m, model)
+        case_dtype(tmp)
+        case_dot(tmp)
+        case_refused(tmp)
+        case_cli(tmp)
+    print("test_importer: %s" % ("ok" if not FAILS else "FAILED (%d)" % len(FAILS)))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
