@@ -32,6 +32,9 @@
 #            (ZOO_SHAPES, default "16x70 64x70"), then one profiled IKBO run
 #   seq      sequence ops and models (issue 15): op tests + memcheck, test_cuda_model
 #   seq-bench self_attention vs PyTorch SDPA (cuDNN, flash), fused vs two launches
+#   att-bench target attention vs PyTorch SDPA (cuDNN, flash) on the packed form
+#            at every shape (issue 17): bench_kernels --only attsweep, then
+#            bench/kernels/sdpa_target.py; ours / cuDNN per shape, last
 #   grpcargs bench/e2e/grpc_args.sh: the echo floor under each candidate set
 #            of HTTP/2 channel arguments (server/grpc_args.c), classic and packed
 #   auto     automatic planning (issue 16; carry build/gpu): the imported twins
@@ -43,7 +46,7 @@
 #   host     build/host_path on the GPU host's CPU: the server's own work per
 #            request (decode, validate + plan, response), classic and packed,
 #            at 1 x 70 and 16 x 70
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [auto] [host] [grpcargs]
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [att-bench] [auto] [host] [grpcargs]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -130,6 +133,12 @@ seq_bench() {
   build/gpu/bench_kernels --only self > "$OUT/self_bench.log" 2>&1 || return 1
   grep -E "^SELF|^FUSED|GEMM" "$OUT/self_bench.log"
   $PY bench/kernels/sdpa_self.py --ours "$OUT/self_bench.log"
+}
+
+att_bench() {
+  build/gpu/bench_kernels --only attsweep > "$OUT/att_bench.log" 2>&1 || return 1
+  grep -E "^ATTS|GEMM" "$OUT/att_bench.log"
+  $PY bench/kernels/sdpa_target.py --ours "$OUT/att_bench.log"
 }
 
 zoo_models() { echo models/dlrm/1 models/dcn/1 models/mmoe/1 build/gpu/models/f_*/1; }
@@ -253,6 +262,8 @@ for s in $stages; do
     stage seq seq.log seq_check ;;
   seq-bench)
     stage seq-bench seq_bench.log seq_bench ;;
+  att-bench)
+    stage att-bench att.log att_bench ;;
   grpcargs)
     [ -f models/bench/1/model.json ] || stage bench-model grpcargs.log $PY models/bench/make_bench_model.py
     stage grpcargs grpcargs.log bench/e2e/grpc_args.sh --build $B --models models ;;

@@ -24,7 +24,10 @@
  *
  * - din_attention at the bench sequence model's shape (bench_din).
  *
- *   bench_kernels [--quick] [--only lce|att|self|din]
+ * - the attention sweep (--only attsweep; bench_attention_sweep): every
+ *   shape of bench/kernels/sdpa_target.py's baselines.
+ *
+ *   bench_kernels [--quick] [--only lce|att|attsweep|self|din]
  */
 #include <algorithm>
 #include <functional>
@@ -51,7 +54,7 @@
 
 static bk_err berr;
 static int quick, profile;
-static const char *only; /* --only lce|att|self|din: one kernel family */
+static const char *only; /* --only lce|att|attsweep|self|din: one kernel family */
 static std::vector<std::string> table;
 
 template <typename T>
@@ -463,6 +466,100 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     be->destroy(be);
 }
 
+/* The attention sweep of issue 17: our target attention at every shape the
+ * baselines of bench/kernels/sdpa_target.py run (fp16, H = 2), one line each
+ * for that script to pair with PyTorch's SDPA (cuDNN, flash):
+ *   uniform  U = 32 users of 64 candidates, every history L events;
+ *   uneven   U = 32 users of 1 .. 500 candidates (att_ratios: 1 and 500
+ *            included) with jagged histories L/4 .. 7L/4 (att_lengths);
+ * at Tq = 64, 32, 8 and dh = 128, 64 (uneven: dh 128). TFLOP/s count only
+ * real work, 4 H dh Tq sum_u n_u L_u. Each point is checked against the
+ * mma.sync variant (rel diff printed). The formulas here and in
+ * sdpa_target.py must stay the same. */
+static std::vector<int> att_ratios(int U, int uneven)
+{
+    std::vector<int> r(U, 64);
+    uint32_t s = 5;
+    for (int u = 0; uneven && u < U; u++) {
+        s = s * 1103515245u + 12345u;
+        r[u] = u == 0 ? 1 : u == 1 ? 500 : 1 + (int)((s >> 8) % 500);
+    }
+    return r;
+}
+
+static std::vector<int> att_lengths(int U, int L, int uneven)
+{
+    std::vector<int> l(U, L);
+    for (int u = 0; uneven && u < U; u++)
+        l[u] = L / 4 + ((37 * u) % U) * 3 * L / (2 * (U - 1));
+    return l;
+}
+
+template <typename T>
+static void bench_attention_point(const char *dtname, int L, int uneven, int Tq, int dh)
+{
+    const int U = 32, H = 2, hd = H * dh;
+    std::vector<int> ratio = att_ratios(U, uneven), len = att_lengths(U, L, uneven);
+    std::vector<int32_t> map;
+    std::vector<int64_t> off(U + 1, 0);
+    double work = 0;
+    for (int u = 0; u < U; u++) {
+        map.insert(map.end(), ratio[u], u);
+        off[u + 1] = off[u] + len[u];
+        work += (double)ratio[u] * len[u];
+    }
+    const int C = (int)map.size();
+    const int64_t ev = off[U];
+    T *q, *k, *v, *o, *o2;
+    int32_t *dmap;
+    int64_t *doff;
+    CK(cudaMalloc(&q, (size_t)C * Tq * hd * sizeof(T)));
+    CK(cudaMalloc(&o, (size_t)C * Tq * hd * sizeof(T)));
+    CK(cudaMalloc(&o2, (size_t)C * Tq * hd * sizeof(T)));
+    CK(cudaMalloc(&k, (size_t)ev * hd * sizeof(T)));
+    CK(cudaMalloc(&v, (size_t)ev * hd * sizeof(T)));
+    CK(cudaMalloc(&dmap, (size_t)C * 4));
+    CK(cudaMalloc(&doff, (U + 1) * 8));
+    CK(cudaMemcpy(dmap, map.data(), (size_t)C * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(doff, off.data(), (U + 1) * 8, cudaMemcpyHostToDevice));
+    fill<T>(q, (size_t)C * Tq * hd, 31, 1.5f);
+    fill<T>(k, (size_t)ev * hd, 32, 1.5f);
+    fill<T>(v, (size_t)ev * hd, 33, 1.0f);
+    double ms[2];
+    for (int var = 0; var < 2; var++) {
+        bk_backend *be = make_backend(dtname, "0", var ? "2" : "0");
+        bk_stream *s = be->stream_new(be, &berr);
+        BK(!s);
+        T *out = var ? o2 : o;
+        ms[var] = median_ms(s->st, [&] {
+            BK(be->attention(s, q, k, v, doff, U, dmap, C, Tq, H, dh, out, &berr));
+        }, 3, quick ? 5 : 20);
+        CK(cudaStreamSynchronize(s->st));
+        be->stream_free(s);
+        be->destroy(be);
+    }
+    double tf = 4.0 * H * dh * Tq * work / (ms[0] * 1e-3) / 1e12;
+    printf("ATTS %s %s L %d Tq %d dh %d U %d C %d: ours %.4f ms %.1f TFLOP/s | mma.sync %.4f ms | rel diff %.2e\n",
+           dtname, uneven ? "uneven" : "uniform", L, Tq, dh, U, C, ms[0], tf, ms[1],
+           reldiff<T>(o2, o, (size_t)C * Tq * hd));
+    T *ps[] = {q, k, v, o, o2};
+    for (T *p : ps)
+        CK(cudaFree(p));
+    CK(cudaFree(dmap));
+    CK(cudaFree(doff));
+}
+
+static void bench_attention_sweep(void)
+{
+    const int Ls[] = {512, 1024, 2048}, Tqs[] = {64, 32, 8};
+    for (int L : Ls)
+        for (int Tq : Tqs) {
+            for (int dh = 128; dh >= 64; dh /= 2)
+                bench_attention_point<__half>("fp16", L, 0, Tq, dh);
+            bench_attention_point<__half>("fp16", L, 1, Tq, 128);
+        }
+}
+
 /* Self-attention over 64 users' jagged histories of mean length L (lengths
  * L/4 + ((37 u) mod 64) * 3L/126: L/4 .. 7L/4, the same formula as
  * bench/kernels/sdpa_self.py's baselines), H = 2, dh = 128; TFLOP/s counts
@@ -656,6 +753,8 @@ int main(int argc, char **argv)
         bench_attention<__half>("fp16", g_rate_f16, 1024, 1);
         bench_attention<__nv_bfloat16>("bf16", g_rate_bf16, 1024, 0);
     }
+    if (only && !strcmp(only, "attsweep"))
+        bench_attention_sweep();
     if (!only || !strcmp(only, "self")) {
         for (int i = 0; i < 3; i++)
             bench_self_attention<__half>("fp16", g_rate_f16, Ls[i]);
