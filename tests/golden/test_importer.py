@@ -36,6 +36,12 @@ Differential and error tests of the torch.fx importer (tools/importer/README.md)
     U * n, D) (uniform counts only), user_dense.expand(C, -1) (one user only),
     x.repeat_interleave(2, dim=0); the CLI's --map counts (the index twin's
     model) and the counts module without it (exit 2);
+  - F.scaled_dot_product_attention, only where torch has it (>= 2.0; SKIPPED
+    with the reason printed otherwise): Hist with its self-attention (attn_mask
+    the causal or plain history mask; is_causal=True) and target attention
+    (attn_mask mask[cand_user]) through SDPA, index and counts, writes the model
+    of its written-out twin bit for bit; dropout_p and a missing mask refused
+    with the exact message.
 
     tests/golden/test_importer.py        exit 0 when every check passes
 """
@@ -242,7 +248,8 @@ class Hist(nn.Module):
     a target attention of the candidate's item over the user's attended history (own weights), DIN
     pooling of the history by the item, a user linear, a head. `form` is the forward()'s 5th argument
     ("index": cand_user, "counts": cand_counts), each broadcast spelled as SPELLINGS[form] in turn;
-    `attn` "written" (README.md's written-out attention)."""
+    `attn` "written" (README.md's written-out attention) or "sdpa" (F.scaled_dot_product_attention,
+    the causal mask as `keep`, or with causal="is_causal" as is_causal=True)."""
 
     def __init__(self, form="index", attn="written", causal=True, seed=0):
         super().__init__()
@@ -266,6 +273,10 @@ class Hist(nn.Module):
         return x.reshape(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
 
     def attend(self, q, k, v, keep, causal):
+        if self.attn == "sdpa" and causal == "is_causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.attn == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
         s = q @ k.transpose(-1, -2) / math.sqrt(self.dh)
         return (F.softmax(s.masked_fill(~keep, -1e30), dim=-1) * keep) @ v
 
@@ -389,6 +400,24 @@ REFUSED_MAP = [
      "x.repeat_interleave(cand_counts, dim=0)"),
 ]
 
+
+class SdpaDropout(Hist):
+    def attend(self, q, k, v, keep, causal):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=0.1)  # BAD
+
+
+class SdpaNoMask(Hist):
+    def attend(self, q, k, v, keep, causal):
+        return F.scaled_dot_product_attention(q, k, v)  # BAD
+
+
+REFUSED_SDPA = [
+    (SdpaDropout, "scaled_dot_product_attention: dropout_p 0, no enable_gqa and the default scale 1/sqrt(head_dim) "
+     "only"),
+    (SdpaNoMask, "scaled_dot_product_attention over a padded history needs attn_mask = the history mask "
+     "(mask[:, None, None, :], `& torch.ones(L, L, dtype=torch.bool).tril()` for causal; mask[cand_user][:, None, "
+     "None, :] for candidate queries) or is_causal=True alone"),
+]
 
 # ------------------------------------------------------------ helpers
 
@@ -643,6 +672,31 @@ def case_cli_map(tmp):
         print("      rc %d, stderr %r" % (rc, err[-500:]))
 
 
+def case_sdpa(tmp):
+    """F.scaled_dot_product_attention (torch >= 2.0): self-attention (attn_mask keep, causal or not;
+    is_causal=True) and target attention import to the written-out twin's model; misuse refused."""
+    if not hasattr(F, "scaled_dot_product_attention"):
+        print("  sdpa: SKIPPED: torch %s has no F.scaled_dot_product_attention (torch >= 2.0; run this file "
+              "with a torch 2.x Python)" % torch.__version__)
+        return
+    for form, causal in (("index", True), ("index", False), ("index", "is_causal"), ("counts", True)):
+        tag = "sdpa_%s_%s" % (form, causal)
+        mw, ms = twins(tmp, tag, H_INPUTS, Hist("index", "written", bool(causal), seed=7),
+                       Hist(form, "sdpa", causal, seed=7), form, tag)
+        if mw is not None and ms is not None:
+            kinds = [(l["op"], l.get("causal")) for l in ms.spec["layers"] if "attention" in l["op"]]
+            ok(same_model(mw, ms) and kinds == [("self_attention", bool(causal)), ("target_attention", None),
+                                                ("din_attention", None)],
+               "%s: self_attention (causal %s), target_attention: the written-out twin's model" % (tag, bool(causal)))
+    for cls, why in REFUSED_SDPA:
+        line, code = bad_line(cls, "attend")
+        want = "node 'scaled_dot_product_attention' (call_function scaled_dot_product_attention) at %s:%d `%s`: %s" \
+            % (os.path.basename(THIS), line, code, why)
+        _, e = attempt(ikbo_import.import_module, cls(), H_INPUTS, TASKS, os.path.join(tmp, "bad", cls.__name__))
+        if not ok(type(e) is fx_trace.UnsupportedNode and str(e) == want, "refused %s: the exact reason"
+                  % cls.__name__):
+            print("      got  %s: %s\n      want %s" % (type(e).__name__, e, want))
+
 def main():
     print("test_importer: tools/importer (import_module, the CLI, refusals, the self-check)")
     with tempfile.TemporaryDirectory(prefix="ikbo-importer-") as tmp:
@@ -657,6 +711,7 @@ def main():
         case_counts(tmp)
         case_refused_map(tmp)
         case_cli_map(tmp)
+        case_sdpa(tmp)
     print("test_importer: %s" % ("ok" if not FAILS else "FAILED (%d)" % len(FAILS)))
     return 1 if FAILS else 0
 
