@@ -4,7 +4,7 @@ ikbo-model/1 version directory in broadcast form ("planning": "auto").
 
     tools/importer/ikbo_import.py FILE.py:FACTORY OUT_DIR --inputs INPUTS.json
         --tasks click,like [--arg A]... [--score-weights 1,0.5] [--name N]
-        [--description TEXT] [--dtype F32|F16|BF16]
+        [--description TEXT] [--dtype F32|F16|BF16] [--map index|counts]
 
 FACTORY is a callable in FILE.py (dotted: `Class.method` works) returning
 the module with its weights, called with the --arg strings; INPUTS.json is
@@ -14,7 +14,9 @@ on any error (an unsupported node: its name and source line). From Python:
 `import_module(module, inputs, tasks, out_dir, ...)`.
 
 Why this exists: teams write ranking models with user tensors broadcast to
-the candidates (`u[cand_user]`) before they meet candidate tensors; the
+the candidates (`u[cand_user]`; with --map counts, for candidates grouped by
+user, `u.repeat_interleave(cand_counts, dim=0)`) before they meet candidate
+tensors; the
 engine's automatic planner (engine/auto_plan.c) takes exactly that form.
 This tool traces the module with torch.fx (fx_trace.py), walks the graph
 from the output and writes one layer per op of the format - plain ops here,

@@ -144,10 +144,10 @@ def _sdpa(cv, n):
     forms' keep) or is_causal=True alone) -> (q, k, v splits, "softmax", mask info); None otherwise."""
     g = cv.g
     am, drop, causal = g.arg(n, 3, "attn_mask"), g.arg(n, 4, "dropout_p", 0.0), g.arg(n, 5, "is_causal", False)
-    scale, sq, sk, sv = n.kwargs.get("scale"), _split(cv, n.args[0]), _split(cv, n.args[1]), _split(cv, n.args[2])
+    scale, sq, sk, sv = g.arg(n, 6, "scale"), _split(cv, n.args[0]), _split(cv, n.args[1]), _split(cv, n.args[2])
     if sq is None or sk is None or sv is None:
         return None
-    if drop != 0 or n.kwargs.get("enable_gqa") or scale is not None and not g.is_scale(1 / scale, sq.head_dim):
+    if drop != 0 or g.arg(n, 7, "enable_gqa") or scale is not None and not g.is_scale(1 / scale, sq.head_dim):
         raise UnsupportedNode(n, "scaled_dot_product_attention: dropout_p 0, no enable_gqa and the default scale "
                               "1/sqrt(head_dim) only")
     info = (False, True) if am is None and causal is True else mask(cv, am) if causal is False else None
