@@ -23,11 +23,31 @@ Differential and error tests of the torch.fx importer (tools/importer/README.md)
   - dtype BF16: the import succeeds (the self-check rounds the module's
     weights first), the weights are stored as BF16, and the unrounded module
     does differ from the written model (so the rounding is what makes it pass).
+  - the counts convention (map_form="counts", --map counts): Small and a
+    sequence model (Hist: self-attention, target attention, DIN, the last
+    event) written with cand_counts - each broadcast x.repeat_interleave(
+    cand_counts, dim=0), torch.repeat_interleave(x, cand_counts, dim=0), or an
+    index by the map torch.repeat_interleave(torch.arange(U), cand_counts) /
+    torch.arange(U).repeat_interleave(cand_counts) - pass their self-check
+    (grouped requests), write the model of their index twins bit for bit, score
+    as the twin on a grouped request, and fail compare() once perturbed;
+  - refused with the exact message (node, this file's line, reason): cand_counts
+    used otherwise, the map used otherwise, x[:, None].expand(U, n, D).reshape(
+    U * n, D) (uniform counts only), user_dense.expand(C, -1) (one user only),
+    x.repeat_interleave(2, dim=0); the CLI's --map counts (the index twin's
+    model) and the counts module without it (exit 2);
+  - F.scaled_dot_product_attention, only where torch has it (>= 2.0; SKIPPED
+    with the reason printed otherwise): Hist with its self-attention (attn_mask
+    the causal or plain history mask; is_causal=True) and target attention
+    (attn_mask mask[cand_user]) through SDPA, index and counts, writes the model
+    of its written-out twin bit for bit; dropout_p and a missing mask refused
+    with the exact message.
 
     tests/golden/test_importer.py        exit 0 when every check passes
 """
 import inspect
 import json
+import math
 import os
 import struct
 import subprocess
@@ -189,13 +209,215 @@ REFUSED = [(Exp, "exp", "no op of ikbo-model/1 computes this"),
            (Dropout, "dropout", "no op of ikbo-model/1 computes this")]     # the line in forward, not torch's
 
 
-def bad_line(cls):
-    """The line number in this file of cls.forward's line marked `# BAD`."""
-    lines, start = inspect.getsourcelines(cls.forward)
-    hits = [start + i for i, s in enumerate(lines) if s.rstrip().endswith("# BAD")]
+def bad_line(cls, method="forward"):
+    """(number, code) in this file of the line of cls.<method> marked `# BAD`."""
+    lines, start = inspect.getsourcelines(getattr(cls, method))
+    hits = [(start + i, s.strip()) for i, s in enumerate(lines) if s.rstrip().endswith("# BAD")]
     assert len(hits) == 1, cls
     return hits[0]
 
+
+# ------------------------------------------------------------ the counts convention (--map counts)
+
+class SmallCounts(Small):
+    """Small under the counts convention: the broadcast is u.repeat_interleave(cand_counts, dim=0)."""
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_counts):
+        ids, offsets = user_sparse["country"]
+        u = torch.cat([self.user_bag(ids % 50, offsets), self.user_mlp(user_dense)], dim=1)
+        cids, coffsets = cand_sparse["item"]
+        c = self.cand_bag(cids % 100, coffsets)
+        x = torch.cat([u.repeat_interleave(cand_counts, dim=0), c, cand_dense], dim=1)
+        return self.head(torch.relu(self.hidden(x)))
+
+
+H_INPUTS = {"user": {"dense": 6, "sparse": ["country"], "history": {"max_len": 8, "actions": 3}},
+            "candidate": {"dense": 3, "sparse": ["item"]}}
+D = 8
+# the broadcast of user tensor x by m (cand_user or cand_counts): Hist's k-th broadcast is SPELLINGS[form][k % n]
+SPELLINGS = {
+    "index": (lambda x, m: x[m], lambda x, m: x.index_select(0, m)),
+    "counts": (lambda x, m: x.repeat_interleave(m, dim=0), lambda x, m: torch.repeat_interleave(x, m, dim=0),
+               lambda x, m: x[torch.repeat_interleave(torch.arange(m.shape[0]), m)],
+               lambda x, m: x.index_select(0, torch.arange(m.shape[0]).repeat_interleave(m))),
+}
+
+
+class Hist(nn.Module):
+    """A sequence model: history embedding, a self-attention over it (causal or not), the last event,
+    a target attention of the candidate's item over the user's attended history (own weights), DIN
+    pooling of the history by the item, a user linear, a head. `form` is the forward()'s 5th argument
+    ("index": cand_user, "counts": cand_counts), each broadcast spelled as SPELLINGS[form] in turn;
+    `attn` "written" (README.md's written-out attention) or "sdpa" (F.scaled_dot_product_attention,
+    the causal mask as `keep`, or with causal="is_causal" as is_causal=True)."""
+
+    def __init__(self, form="index", attn="written", causal=True, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.spell, self.attn, self.causal, self.heads, self.dh = SPELLINGS[form], attn, causal, 2, 4
+        self.item, self.action, self.pos = nn.Embedding(100, D), nn.Embedding(3, D), nn.Embedding(8, D)
+        self.wq, self.wk, self.wv = (nn.Linear(D, 8, bias=False) for _ in range(3))
+        self.wo = nn.Linear(8, D, bias=False)
+        self.ta = nn.ModuleDict({k: nn.Linear(D, 8, bias=False) for k in ("wq", "wk", "wv")})
+        self.ta["wo"] = nn.Linear(8, D, bias=False)
+        self.cand_bag = nn.EmbeddingBag(100, D, mode="sum")
+        self.din = nn.Sequential(nn.Linear(4 * D, 8), nn.ReLU(), nn.Linear(8, 1))
+        self.user = nn.Linear(6, D)
+        self.head = nn.Linear(5 * D + 3, 2)
+
+    def bcast(self, x, m):
+        self.k += 1
+        return self.spell[(self.k - 1) % len(self.spell)](x, m)
+
+    def split(self, x):
+        return x.reshape(x.shape[0], x.shape[1], self.heads, self.dh).transpose(1, 2)
+
+    def attend(self, q, k, v, keep, causal):
+        if self.attn == "sdpa" and causal == "is_causal":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.attn == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        s = q @ k.transpose(-1, -2) / math.sqrt(self.dh)
+        return (F.softmax(s.masked_fill(~keep, -1e30), dim=-1) * keep) @ v
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, m, history):
+        self.k = 0
+        ids, acts, lens = history
+        U, L = ids.shape
+        h = self.item(ids % 100) + self.action(acts) + self.pos.weight[:L]
+        mask = torch.arange(L)[None, :] < lens[:, None]
+        keep = mask[:, None, None, :]
+        if self.causal:
+            keep = mask[:, None, None, :] & torch.ones(L, L, dtype=torch.bool).tril()
+        o = self.attend(self.split(self.wq(h)), self.split(self.wk(h)), self.split(self.wv(h)), keep, self.causal)
+        x = h + self.wo(o.transpose(1, 2).reshape(U, L, -1))
+        last = x[torch.arange(U), (lens - 1).clamp(min=0)] * (lens > 0)[:, None]
+        cids, coffsets = cand_sparse["item"]
+        qv = self.cand_bag(cids % 100, coffsets)
+        C = qv.shape[0]
+        ac, mc = self.bcast(x, m), self.bcast(mask, m)[:, None, None, :]
+        ta = self.ta
+        o = self.attend(self.split(ta["wq"](qv[:, None])), self.split(ta["wk"](ac)), self.split(ta["wv"](ac)), mc,
+                        False)
+        t = ta["wo"](o.transpose(1, 2).reshape(C, 1, -1)).flatten(1)
+        hc, cm = self.bcast(h, m), self.bcast(mask, m)
+        qe = qv[:, None].expand_as(hc)
+        s = self.din(torch.cat([qe, hc, qe - hc, qe * hc], dim=-1)).squeeze(-1)
+        d = ((F.softmax(s.masked_fill(~cm, -1e30), dim=1) * cm)[..., None] * hc).sum(1)
+        u = self.bcast(torch.cat([self.user(user_dense), last], dim=1), m)
+        return self.head(torch.cat([u, t, d, qv, cand_dense], dim=1))
+
+
+# Refused under --map counts (or index), one `# BAD` line each; the exact reasons are in REFUSED_MAP.
+
+class CountsMisused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3 + 1, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_counts):
+        n = cand_counts[:, None].float()  # BAD
+        return self.head(torch.cat([cand_dense, n.repeat_interleave(cand_counts, dim=0)], dim=1))
+
+
+class CountsPerCandidate(nn.Module):
+    """Each candidate's count of its user's candidates as a feature: no op of the format computes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_counts):
+        n = cand_counts.repeat_interleave(cand_counts)[:, None]  # BAD
+        return self.head(cand_dense / n)
+
+
+class MapMisused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(6 + 3 + 1, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_counts):
+        m = torch.arange(user_dense.shape[0]).repeat_interleave(cand_counts)
+        f = m[:, None].double()  # BAD
+        return self.head(torch.cat([user_dense[m], cand_dense, f], dim=1))
+
+
+class ExpandUniform(nn.Module):
+    """Each user repeated n = C // U times: the broadcast for uniform counts only."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(6 + 3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_counts):
+        U, n = user_dense.shape[0], cand_dense.shape[0] // user_dense.shape[0]
+        u = user_dense[:, None].expand(U, n, 6).reshape(U * n, 6)  # BAD
+        return self.head(torch.cat([u, cand_dense], dim=1))
+
+
+class ExpandOneUser(nn.Module):
+    """user_dense [1, 6] expanded to the candidates: right for a request of one user only."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(6 + 3, 2)
+
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_user):
+        u = user_dense.expand(cand_dense.shape[0], -1)  # BAD
+        return self.head(torch.cat([u, cand_dense], dim=1))
+
+
+class RepeatUniform(ExpandUniform):
+    def forward(self, user_dense, user_sparse, cand_dense, cand_sparse, cand_counts):
+        u = user_dense.repeat_interleave(2, dim=0)  # BAD
+        return self.head(torch.cat([u, cand_dense], dim=1))
+
+
+USES = "(forward()'s 5th argument) may be used only as "
+# (class, map_form, node, op target, the reason after the source line)
+REFUSED_MAP = [
+    (CountsMisused, "counts", "getitem", "call_function getitem",
+     "cand_counts " + USES + "the repeats of x.repeat_interleave(cand_counts, dim=0) / torch.repeat_interleave(x, "
+     "cand_counts, dim=0), or in the map torch.repeat_interleave(torch.arange(U), cand_counts) "
+     "(tools/importer/README.md)"),
+    (CountsPerCandidate, "counts", "repeat_interleave", "call_method repeat_interleave",
+     "cand_counts " + USES + "the repeats of x.repeat_interleave(cand_counts, dim=0) / torch.repeat_interleave(x, "
+     "cand_counts, dim=0), or in the map torch.repeat_interleave(torch.arange(U), cand_counts) "
+     "(tools/importer/README.md)"),
+    (MapMisused, "counts", "getitem_1", "call_function getitem",
+     "the candidate -> user map made from cand_counts may only index a user tensor: x[m] or x.index_select(0, m)"),
+    (ExpandUniform, "counts", "reshape", "call_method reshape",
+     "a reshape that changes the rows (4 -> 8): x[:, None].expand(U, n, D).reshape(U * n, D) repeats each user "
+     "n times, which is the broadcast only when every user has exactly n candidates (and they are grouped by "
+     "user); requests have any counts: broadcast with x.repeat_interleave(cand_counts, dim=0)"),
+    (ExpandOneUser, "index", "expand", "call_method expand",
+     "expand of one row to 3 rows is the broadcast only when the request has one user, and requests have "
+     "several: broadcast with x[cand_user]"),
+    (RepeatUniform, "counts", "repeat_interleave", "call_method repeat_interleave",
+     "repeat_interleave: repeating every row 2 times is the broadcast only when every user has exactly that many "
+     "candidates; with forward() taking cand_counts (--map counts) the broadcast is "
+     "x.repeat_interleave(cand_counts, dim=0)"),
+]
+
+
+class SdpaDropout(Hist):
+    def attend(self, q, k, v, keep, causal):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=0.1)  # BAD
+
+
+class SdpaNoMask(Hist):
+    def attend(self, q, k, v, keep, causal):
+        return F.scaled_dot_product_attention(q, k, v)  # BAD
+
+
+REFUSED_SDPA = [
+    (SdpaDropout, "scaled_dot_product_attention: dropout_p 0, no enable_gqa and the default scale 1/sqrt(head_dim) "
+     "only"),
+    (SdpaNoMask, "scaled_dot_product_attention over a padded history needs attn_mask = the history mask "
+     "(mask[:, None, None, :], `& torch.ones(L, L, dtype=torch.bool).tril()` for causal; mask[cand_user][:, None, "
+     "None, :] for candidate queries) or is_causal=True alone"),
+]
 
 # ------------------------------------------------------------ helpers
 
@@ -298,7 +520,7 @@ def case_dot(tmp):
 
 def case_refused(tmp):
     for cls, node, why in REFUSED:
-        line = bad_line(cls)
+        line = bad_line(cls)[0]
         try:
             ikbo_import.import_module(cls(), INPUTS, TASKS, os.path.join(tmp, "bad", cls.__name__))
             e = None
@@ -363,6 +585,118 @@ def case_cli(tmp):
         print("      rc %d, stderr %r" % (rc, err[-500:]))
 
 
+
+def same_model(a, b):
+    """The two written models (ikbo_ref.Model) are one: model.json and every tensor, bit for bit."""
+    return a.spec == b.spec and sorted(a.w) == sorted(b.w) and all(torch.equal(a.w[k], b.w[k]) for k in a.w)
+
+
+def attempt(f, *args, **kwargs):
+    """(f's result, None) or (None, the exception it raised)."""
+    try:
+        return f(*args, **kwargs), None
+    except Exception as x:          # noqa: BLE001 (the callers' rows say what)
+        return None, x
+
+
+def twins(tmp, tag, inputs, index_module, other, other_form, name):
+    """Imports `index_module` (index convention) and `other` (map_form other_form) with the same name:
+    (index model, other model), each through its self-check; None where an import failed (printed)."""
+    models = []
+    for m, form in ((index_module, "index"), (other, other_form)):
+        model, e = attempt(ikbo_import.import_module, m, inputs, TASKS, os.path.join(tmp, tag, form, "1"),
+                           name=name, description=name, map_form=form)
+        if not ok(e is None, "%s: %s (%s%s) imported, self-check <= 1e-9" % (
+                tag, type(m).__name__, form, ", " + m.attn if hasattr(m, "attn") else "")):
+            print("      %s: %s" % (type(e).__name__, e))
+        models.append(model)
+    return models
+
+
+def case_counts(tmp):
+    """--map counts: modules broadcasting with repeat_interleave / the map made from counts import to the
+    same model as their index twins, and score the same on a grouped request."""
+    for tag, inputs, a, b in (("counts_small", INPUTS, Small(seed=5), SmallCounts(seed=5)),
+                              ("counts_hist", H_INPUTS, Hist("index", seed=6), Hist("counts", seed=6))):
+        mi, mc = twins(tmp, tag, inputs, a, b, "counts", tag)
+        if mi is None or mc is None:
+            continue
+        ok(same_model(mi, mc), "%s: the written model equals the index twin's (model.json, tensors)" % tag)
+        req = ikbo_import.ordered(ikbo_import.make_request.generate(mc.plan, 42, [2, 5, 1, 3]), "counts")
+        si = zoo_scores(a, mc.plan, req, "index")
+        sc = zoo_scores(b, mc.plan, req, "counts")
+        err = max(abs(x - y) / max(abs(y), 1e-6) for x, y in zip(si, sc))
+        ok(len(si) == len(sc) == len(req["candidates"]) and err <= TOL,
+           "%s: module scores (grouped request, cand_counts) = index twin's (cand_user), %.1e" % (tag, err))
+        err = ikbo_import.compare(b, mc, map_form="counts")
+        with torch.no_grad():
+            next(b.parameters()).mul_(1.5)
+        _, e = attempt(ikbo_import.compare, b, mc, map_form="counts")
+        ok(err <= TOL and isinstance(e, ikbo_import.ImportMismatch),
+           "%s: compare(map_form='counts') %.1e; ImportMismatch once a weight is perturbed" % (tag, err))
+
+
+def zoo_scores(m, plan, req, form):
+    return ikbo_import.zoo.module_scores(m, plan, req, inputs=lambda p, r: ikbo_import.module_args(p, r, form))
+
+
+def case_refused_map(tmp):
+    """Misuses of cand_counts / the map, and expand or repeat_interleave that is the broadcast only for
+    uniform counts or one user: UnsupportedNode, the exact message (node, this file's line, reason)."""
+    for cls, form, node, what, why in REFUSED_MAP:
+        line, code = bad_line(cls)
+        want = "node %r (%s) at %s:%d `%s`: %s" % (node, what, os.path.basename(THIS), line, code, why)
+        _, e = attempt(ikbo_import.import_module, cls(), INPUTS, TASKS, os.path.join(tmp, "bad", cls.__name__),
+                       map_form=form)
+        if not ok(type(e) is fx_trace.UnsupportedNode and str(e) == want,
+                  "refused %s (%s): node %r at line %d, the exact reason" % (cls.__name__, form, node, line)):
+            print("      got  %s: %s\n      want %s" % (type(e).__name__, e, want))
+
+
+def case_cli_map(tmp):
+    """--map counts through the CLI; the counts module without it fails (exit 2, one line)."""
+    inputs = os.path.join(tmp, "inputs.json")
+    out = os.path.join(tmp, "cli_counts", "1")
+    rc, stdout, err = cli("%s:SmallCounts" % THIS, out, "--inputs", inputs, "--tasks", "click,like", "--map",
+                          "counts", "--name", "small", "--description", "small")
+    if not ok(rc == 0 and "written (planning auto)" in stdout, "cli --map counts: exit 0, written, self-checked"):
+        print("      rc %d, stderr %r" % (rc, err[-500:]))
+        return
+    ref = ikbo_import.import_module(Small(), INPUTS, TASKS, os.path.join(tmp, "cli_counts_twin", "1"), name="small",
+                                     description="small")
+    ok(same_model(ikbo_import.ikbo_ref.load_model(out), ref), "cli --map counts: the model of the index twin")
+    rc, _, err = cli("%s:SmallCounts" % THIS, os.path.join(tmp, "cli_counts", "2"), "--inputs", inputs,
+                     "--tasks", "click,like")
+    if not ok(rc == 2 and one_line(err) and "SmallCounts.forward failed on the example inputs" in err,
+              "cli: the counts module without --map counts -> exit 2, one line"):
+        print("      rc %d, stderr %r" % (rc, err[-500:]))
+
+
+def case_sdpa(tmp):
+    """F.scaled_dot_product_attention (torch >= 2.0): self-attention (attn_mask keep, causal or not;
+    is_causal=True) and target attention import to the written-out twin's model; misuse refused."""
+    if not hasattr(F, "scaled_dot_product_attention"):
+        print("  sdpa: SKIPPED: torch %s has no F.scaled_dot_product_attention (torch >= 2.0; run this file "
+              "with a torch 2.x Python)" % torch.__version__)
+        return
+    for form, causal in (("index", True), ("index", False), ("index", "is_causal"), ("counts", True)):
+        tag = "sdpa_%s_%s" % (form, causal)
+        mw, ms = twins(tmp, tag, H_INPUTS, Hist("index", "written", bool(causal), seed=7),
+                       Hist(form, "sdpa", causal, seed=7), form, tag)
+        if mw is not None and ms is not None:
+            kinds = [(l["op"], l.get("causal")) for l in ms.spec["layers"] if "attention" in l["op"]]
+            ok(same_model(mw, ms) and kinds == [("self_attention", bool(causal)), ("target_attention", None),
+                                                ("din_attention", None)],
+               "%s: self_attention (causal %s), target_attention: the written-out twin's model" % (tag, bool(causal)))
+    for cls, why in REFUSED_SDPA:
+        line, code = bad_line(cls, "attend")
+        want = "node 'scaled_dot_product_attention' (call_function scaled_dot_product_attention) at %s:%d `%s`: %s" \
+            % (os.path.basename(THIS), line, code, why)
+        _, e = attempt(ikbo_import.import_module, cls(), H_INPUTS, TASKS, os.path.join(tmp, "bad", cls.__name__))
+        if not ok(type(e) is fx_trace.UnsupportedNode and str(e) == want, "refused %s: the exact reason"
+                  % cls.__name__):
+            print("      got  %s: %s\n      want %s" % (type(e).__name__, e, want))
+
 def main():
     print("test_importer: tools/importer (import_module, the CLI, refusals, the self-check)")
     with tempfile.TemporaryDirectory(prefix="ikbo-importer-") as tmp:
@@ -374,6 +708,10 @@ def main():
         case_dot(tmp)
         case_refused(tmp)
         case_cli(tmp)
+        case_counts(tmp)
+        case_refused_map(tmp)
+        case_cli_map(tmp)
+        case_sdpa(tmp)
     print("test_importer: %s" % ("ok" if not FAILS else "FAILED (%d)" % len(FAILS)))
     return 1 if FAILS else 0
 

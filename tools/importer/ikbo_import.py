@@ -4,7 +4,7 @@ ikbo-model/1 version directory in broadcast form ("planning": "auto").
 
     tools/importer/ikbo_import.py FILE.py:FACTORY OUT_DIR --inputs INPUTS.json
         --tasks click,like [--arg A]... [--score-weights 1,0.5] [--name N]
-        [--description TEXT] [--dtype F32|F16|BF16]
+        [--description TEXT] [--dtype F32|F16|BF16] [--map index|counts]
 
 FACTORY is a callable in FILE.py (dotted: `Class.method` works) returning
 the module with its weights, called with the --arg strings; INPUTS.json is
@@ -14,7 +14,9 @@ on any error (an unsupported node: its name and source line). From Python:
 `import_module(module, inputs, tasks, out_dir, ...)`.
 
 Why this exists: teams write ranking models with user tensors broadcast to
-the candidates (`u[cand_user]`) before they meet candidate tensors; the
+the candidates (`u[cand_user]`; with --map counts, for candidates grouped by
+user, `u.repeat_interleave(cand_counts, dim=0)`) before they meet candidate
+tensors; the
 engine's automatic planner (engine/auto_plan.c) takes exactly that form.
 This tool traces the module with torch.fx (fx_trace.py), walks the graph
 from the output and writes one layer per op of the format - plain ops here,
@@ -36,6 +38,7 @@ import os
 import sys
 
 import torch
+import torch.fx as fx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -49,15 +52,25 @@ from fx_trace import UnsupportedNode, trace  # noqa: E402
 from nodes import ACTIVATIONS, View  # noqa: E402
 
 ROLES = ("user_dense", "user_sparse", "cand_dense", "cand_sparse", "cand_user", "history")
+# the forward()'s 5th argument: the map itself, or candidates per user (candidates grouped by user)
+MAP_FORMS = {"index": "cand_user", "counts": "cand_counts"}
 CHECK_TOL = 1e-9
 ROUNDING = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # example and check requests: candidates per user; the first users' histories empty, long, short, exact
 EXAMPLE_COUNTS = [3, 1, 5, 2]
 CHECK_COUNTS = ([1], [4, 1, 7, 2, 3])
+# when the example fails: requests of uniform counts, then of one user (the module assumes one of them)
+DIAGNOSIS_COUNTS = ([2, 2, 2, 2], [3])
 
 
 class ImportMismatch(ValueError):
     """The written model does not compute what the module computes."""
+
+
+def roles(map_form):
+    if map_form not in MAP_FORMS:
+        raise ValueError("map_form: %r, expected one of %s" % (map_form, ", ".join(MAP_FORMS)))
+    return ROLES[:4] + (MAP_FORMS[map_form],) + ROLES[5:]
 
 
 def input_plan(inputs):
@@ -69,25 +82,124 @@ def input_plan(inputs):
     return p
 
 
-def module_args(plan, request):
-    """The forward() arguments for a request (the convention of README.md; zoo.feature_inputs)."""
-    return zoo.feature_inputs(plan, request, plan.user_sparse, plan.cand_sparse)
+def ordered(request, map_form):
+    """The request as the convention orders it: under "counts" its candidates sorted by user, stably."""
+    if map_form == "index":
+        return request
+    r = dict(request)
+    r["candidates"] = sorted(request["candidates"], key=lambda c: c["user"])
+    return r
+
+
+def module_args(plan, request, map_form="index"):
+    """The forward() arguments for a request (the convention of README.md; zoo.feature_inputs);
+    map_form "counts": cand_counts [U] in place of cand_user, the request grouped by user."""
+    args = zoo.feature_inputs(plan, request, plan.user_sparse, plan.cand_sparse)
+    if map_form == "index":
+        return args
+    cand_user = args[4]
+    if bool((cand_user[1:] < cand_user[:-1]).any()):
+        raise ValueError("map_form counts: the request's candidates are not grouped by user")
+    counts = torch.bincount(cand_user, minlength=args[0].shape[0])
+    return args[:4] + (counts,) + args[5:]
 
 
 class Converter:
     """One traced module -> layers and tensors. Not thread-safe; one use."""
 
-    def __init__(self, traced, inputs):
+    def __init__(self, traced, inputs, map_form="index"):
         self.t, self.g, self.inputs = traced, View(traced), inputs
+        self.map_form, names = map_form, roles(map_form)
         ph = traced.placeholders
-        want = len(ROLES) if inputs["user"].get("history") else len(ROLES) - 1
+        want = len(names) if inputs["user"].get("history") else len(names) - 1
         if len(ph) != want:
             raise ValueError("forward() takes %d arguments, expected %d: (%s) - tools/importer/README.md"
-                             % (len(ph), want, ", ".join(ROLES[:want])))
-        self.role = {p: r for p, r in zip(ph, ROLES)}
+                             % (len(ph), want, ", ".join(names[:want])))
+        self.role = {p: r for p, r in zip(ph, names)}
         self.map = ph[4]
         self.layers, self.tensors, self.tables, self.table_of = [], {}, {}, {}
         self.memo, self.names, self.seq = {}, set(), set()
+        self._check_map_uses()
+
+    # ---- the map argument: cand_user (index) or cand_counts (counts)
+
+    def _live(self):
+        """The nodes the output depends on."""
+        live, todo = set(), [self.t.output]
+        while todo:
+            n = todo.pop()
+            if n not in live:
+                live.add(n)
+                todo += n.all_input_nodes
+        return live
+
+    def _check_map_uses(self):
+        """Every live use of the map argument is one the importer reads as the broadcast
+        (README.md); any other is an UnsupportedNode naming that use."""
+        g, live, arg = self.g, self._live(), MAP_FORMS[self.map_form]
+        if self.map_form == "index":
+            allowed = "only as an index of a user tensor: x[cand_user] or x.index_select(0, cand_user)"
+        else:
+            allowed = ("only as the repeats of x.repeat_interleave(cand_counts, dim=0) / torch.repeat_interleave("
+                       "x, cand_counts, dim=0), or in the map torch.repeat_interleave(torch.arange(U), cand_counts)")
+        for u in self.map.users:
+            if u in live and g.is_(self._repeated(u), "arange") and not self.is_map(u):
+                raise UnsupportedNode(u, "the map torch.repeat_interleave(torch.arange(U), cand_counts) takes U as "
+                                      "user_dense.shape[0], cand_counts.shape[0] or a history tensor's shape[0]")
+            if u not in live or self.is_shape(u) or self.bcast_base(u) is not None:
+                continue
+            if not self.is_map(u):
+                raise UnsupportedNode(u, "%s (forward()'s 5th argument) may be used %s (tools/importer/README.md)"
+                                      % (arg, allowed))
+            for v in u.users:
+                if v in live and not self.is_shape(v) and self.bcast_base(v) is None:
+                    raise UnsupportedNode(v, "the candidate -> user map made from cand_counts may only index "
+                                          "a user tensor: x[m] or x.index_select(0, m)")
+
+    def is_shape(self, n):
+        """n reads only a shape: x.shape, x.size(...)."""
+        g = self.g
+        return g.is_(n, "size") or (g.is_(n, "getattr") and n.args[1] == "shape")
+
+    def _user_rows(self, s):
+        """s is U: x.shape[0], x.size(0) or x.size()[0] with x user_dense, cand_counts or a history tensor."""
+        g, ix = self.g, self.g.index(s)
+        if g.is_(s, "size") and g.arg(s, 1, "dim") == 0:
+            x = s.args[0]
+        elif ix and ix[1] == (0,) and (g.is_(ix[0], "getattr") and ix[0].args[1] == "shape"
+                                       or g.is_(ix[0], "size") and g.arg(ix[0], 1, "dim") is None):
+            x = ix[0].args[0]
+        else:
+            return False
+        return self.role.get(x) in ("user_dense", "cand_counts") or any(self.is_history(x, k) for k in range(3))
+
+    def _repeated(self, n):
+        """x for n = x.repeat_interleave(cand_counts, dim=0) or torch.repeat_interleave(x, cand_counts, dim=0)
+        (dim may be left out for a 1-d x) under the counts convention; None otherwise."""
+        g = self.g
+        if self.map_form != "counts" or not g.is_(n, "repeat_interleave") or g.arg(n, 1, "repeats") is not self.map:
+            return None
+        x, dim = n.args[0], g.arg(n, 2, "dim")
+        if x is self.map:
+            return None
+        rank = len(g.shape(x) or ())
+        return x if dim in (0, -rank) or (dim is None and rank == 1) else None
+
+    def is_map(self, n):
+        """n is the candidate -> user map: cand_user; under counts torch.repeat_interleave(cand_counts),
+        torch.repeat_interleave(torch.arange(U), cand_counts) or torch.arange(U).repeat_interleave(cand_counts)."""
+        g = self.g
+        if self.map_form == "index":
+            return n is self.map
+        if not g.is_(n, "repeat_interleave"):
+            return False
+        if n.args[0] is self.map and g.arg(n, 1, "repeats") is None:
+            return True
+        a = self._repeated(n)
+        if not g.is_(a, "arange") or n.args[0] is self.map:
+            return False
+        ends = list(a.args[1:] if len(a.args) == 2 and g.const(a.args[0]) == 0 else a.args)
+        return len(ends) == 1 and self._user_rows(ends[0]) and set(a.kwargs) <= {"dtype", "device"}
 
     # ---- helpers for the matchers
 
@@ -97,14 +209,18 @@ class Converter:
         return bool(ix) and self.role.get(ix[0]) == "history" and ix[1] == (k,)
 
     def bcast_base(self, n):
-        """x for n = x[cand_user] or x.index_select(0, cand_user); else None."""
+        """x for the broadcast of a user tensor x to the candidates: x[m], x[m, :], x.index_select(0, m)
+        with m the map (is_map), or (counts) x.repeat_interleave(cand_counts, dim=0); else None."""
         g = self.g
         ix = g.index(n)
-        if ix and ix[1] == (self.map,):
+        if ix and ix[1] and isinstance(ix[1][0], fx.Node) and self.is_map(ix[1][0]) and \
+                all(i == slice(None) or i is Ellipsis for i in ix[1][1:]):
             return ix[0]
-        if g.is_(n, "index_select") and g.arg(n, 1, "dim") == 0 and g.arg(n, 2, "index") is self.map:
+        if g.is_(n, "index_select") and g.arg(n, 1, "dim") == 0 and isinstance(g.arg(n, 2, "index"), fx.Node) \
+                and self.is_map(g.arg(n, 2, "index")):
             return n.args[0]
-        return None
+        x = self._repeated(n)
+        return None if x is None or self.is_map(n) else x
 
     def layer(self, node, op, /, seq=False, hint=None, **fields):
         """Appends a layer named `hint` or after the node; returns its (unique) name."""
@@ -304,6 +420,11 @@ class Converter:
     def op_reshape(self, n):
         g = self.g
         si, so = g.shape(n.args[0]), g.shape(n)
+        if so[0] != si[0]:
+            raise UnsupportedNode(n, "a reshape that changes the rows (%d -> %d)%s" % (si[0], so[0], (
+                ": x[:, None].expand(U, n, D).reshape(U * n, D) repeats each user n times, which is the broadcast "
+                "only when every user has exactly n candidates (and they are grouped by user); requests have any "
+                "counts: broadcast with " + self.spelling()) if g.is_(n.args[0], "expand") else ""))
         xr = self.emit(n.args[0])
         if xr not in self.seq and len(si) == 2 and len(so) == 3:
             return self.layer(n, "reshape", input=xr, tokens=so[1])
@@ -317,6 +438,25 @@ class Converter:
                 len(g.shape(n.args[0])) != 3:
             raise UnsupportedNode(n, "flatten(1) of [N, K, D] tokens only")
         return self.op_reshape(n)
+
+    def spelling(self):
+        """How this convention broadcasts a user tensor x (for messages)."""
+        return "x[cand_user]" if self.map_form == "index" else "x.repeat_interleave(cand_counts, dim=0)"
+
+    def op_expand(self, n):
+        si, so = self.g.shape(n.args[0]), self.g.shape(n)
+        if si[0] == 1 and so[0] != 1:
+            raise UnsupportedNode(n, "expand of one row to %d rows is the broadcast only when the request has one "
+                                  "user, and requests have several: broadcast with %s" % (so[0], self.spelling()))
+        raise UnsupportedNode(n, "expand is supported as DIN's query expanded over the history only "
+                              "(q[:, None].expand_as(h[cand_user]), README.md); no op of the format repeats values")
+
+    def op_repeat_interleave(self, n):
+        reps = self.g.arg(n, 1, "repeats")
+        why = ("repeating every row %d times is the broadcast only when every user has exactly that many "
+               "candidates" % reps if isinstance(reps, int) else "not the broadcast of a user tensor")
+        raise UnsupportedNode(n, "repeat_interleave: %s; with forward() taking cand_counts (--map counts) the "
+                              "broadcast is x.repeat_interleave(cand_counts, dim=0)" % why)
 
     def op_matmul(self, n):
         g = self.g
@@ -358,14 +498,21 @@ def _load_inputs(arg):
 
 
 def import_module(module, inputs, tasks, out, score_weights=None, name=None, description=None, dtype="F32",
-                  check=True, seed=1):
+                  check=True, seed=1, map_form="index"):
     """Traces `module`, writes OUT/model.json and OUT/weights.safetensors and
     (check=True) compares the written model with the module; returns the
-    ikbo_ref.Model. Raises UnsupportedNode, ImportMismatch or ValueError."""
+    ikbo_ref.Model. map_form: forward()'s 5th argument, "index" (cand_user)
+    or "counts" (cand_counts, candidates grouped by user). Raises
+    UnsupportedNode, ImportMismatch or ValueError."""
+    roles(map_form)
     module = module.double().eval()
     plan0 = input_plan(inputs)
     example = make_request.generate(plan0, seed, EXAMPLE_COUNTS, unused_users=0)
-    cv = Converter(trace(module, module_args(plan0, example)), inputs)
+    try:
+        traced = trace(module, module_args(plan0, ordered(example, map_form), map_form))
+    except ValueError as e:
+        _diagnose(module, inputs, plan0, seed, map_form, e)
+    cv = Converter(traced, inputs, map_form)
     logits = cv.output()
     spec = {"format": "ikbo-model/1", "name": name or type(module).__name__.lower(),
             "description": description or "%s imported from PyTorch (tools/importer)" % type(module).__name__,
@@ -375,8 +522,24 @@ def import_module(module, inputs, tasks, out, score_weights=None, name=None, des
         spec["output"]["score_weights"] = list(score_weights)
     model = export.write_model(out, spec, cv.tensors, dtype, metadata={"importer": type(module).__name__})
     if check:
-        compare(_rounded(module, dtype), model, seed)
+        compare(_rounded(module, dtype), model, seed, map_form)
     return model
+
+
+def _diagnose(module, inputs, plan, seed, map_form, error):
+    """The forward() failed on the example request (`error`): if it runs on a request whose users all have
+    the same number of candidates, or on one of one user, it assumes that; the node that does is named
+    (an UnsupportedNode) where the converter finds it. Always raises."""
+    for counts in DIAGNOSIS_COUNTS:
+        req = make_request.generate(plan, seed, counts, dup_users=0, same_key_users=0, unused_users=0)
+        try:
+            traced = trace(module, module_args(plan, ordered(req, map_form), map_form))
+        except ValueError:
+            continue
+        Converter(traced, inputs, map_form).output()
+        raise ValueError("%s (it runs on a request of %s: it assumes that)" % (
+            error, "one user" if len(counts) == 1 else "users with the same number of candidates")) from error
+    raise error
 
 
 def _rounded(module, dtype):
@@ -388,11 +551,13 @@ def _rounded(module, dtype):
     return m
 
 
-def compare(module, model, seed=1):
+def compare(module, model, seed=1, map_form="index"):
     """Max relative score error, module vs the written model (ikbo_ref); raises ImportMismatch above CHECK_TOL.
-    `module` holds the weights as written (import_module rounds them first)."""
-    reqs = [make_request.generate(model.plan, seed + 100 + i, counts) for i, counts in enumerate(CHECK_COUNTS)]
-    worst = zoo.max_score_error(module, model, reqs, inputs=module_args)
+    `module` holds the weights as written (import_module rounds them first). Under map_form "counts" the
+    requests' candidates are grouped by user (stably; both score them in that order)."""
+    reqs = [ordered(make_request.generate(model.plan, seed + 100 + i, counts), map_form)
+            for i, counts in enumerate(CHECK_COUNTS)]
+    worst = zoo.max_score_error(module, model, reqs, inputs=lambda plan, req: module_args(plan, req, map_form))
     if worst > CHECK_TOL:
         raise ImportMismatch("the written model differs from the module: max relative score error %.3g > %g "
                              "(a pattern the importer matched computes something else: please report)"
@@ -429,12 +594,15 @@ def main(argv=None):
     ap.add_argument("--name", default=None, help="model.json's name (default: the class name)")
     ap.add_argument("--description", default=None, help="model.json's description")
     ap.add_argument("--dtype", default="F32", choices=export.DTYPES)
+    ap.add_argument("--map", default="index", choices=sorted(MAP_FORMS), dest="map_form",
+                    help="forward()'s 5th argument: index (cand_user [C], default) or counts (cand_counts [U], "
+                    "candidates grouped by user)")
     a = ap.parse_args(argv)
     try:
         module = _factory(a.module)(*a.arg)
         sw = [float(x) for x in a.score_weights.split(",")] if a.score_weights else None
         import_module(module, _load_inputs(a.inputs), a.tasks.split(","), a.out, score_weights=sw, name=a.name,
-                      description=a.description, dtype=a.dtype)
+                      description=a.description, dtype=a.dtype, map_form=a.map_form)
     except (ValueError, OSError, KeyError) as e:
         print("ikbo_import: %s" % e, file=sys.stderr)
         return 2

@@ -2,7 +2,9 @@
 
 Why this file exists: the same computation reaches the graph in several
 spellings (`a + b`, `torch.add(a, b)`, `a.add(b)`; `F.relu`, `torch.relu`,
-`x.relu()`, `nn.ReLU`; `x[:, None]` and `x.unsqueeze(1)`). The matchers ask
+`x.relu()`, `nn.ReLU`; `x[:, None]` and `x.unsqueeze(1)`;
+`x.repeat_interleave(r, dim=0)` and `torch.repeat_interleave(x, r, dim=0)`;
+`F.scaled_dot_product_attention`, "sdpa", where torch has it). The matchers ask
 `kind(n)` for one canonical name and read arguments by position or keyword,
 so each pattern is written once. Everything here is a pure function of the
 traced graph (fx_trace.Traced).
@@ -29,13 +31,17 @@ _FUNCTIONS = {
     torch.lt: "lt", torch.gt: "gt", torch.clamp: "clamp", torch.index_select: "index_select",
     operator.mod: "mod", torch.remainder: "mod", torch.tril: "tril", torch.arange: "arange",
     torch.ones: "ones", torch.triu_indices: "triu_indices", getattr: "getattr",
+    torch.repeat_interleave: "repeat_interleave",
 }
+if hasattr(F, "scaled_dot_product_attention"):         # torch >= 2.0
+    _FUNCTIONS[F.scaled_dot_product_attention] = "sdpa"
 _METHODS = {"add": "add", "mul": "mul", "sub": "sub", "div": "div", "matmul": "matmul", "bmm": "matmul",
             "softmax": "softmax", "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh",
             "transpose": "transpose", "reshape": "reshape", "view": "reshape", "flatten": "flatten",
             "unsqueeze": "unsqueeze", "squeeze": "squeeze", "sum": "sum", "masked_fill": "masked_fill",
             "logical_not": "not", "clamp": "clamp", "clamp_min": "clamp", "index_select": "index_select",
-            "expand": "expand", "expand_as": "expand", "tril": "tril", "remainder": "mod", "__getitem__": "getitem"}
+            "expand": "expand", "expand_as": "expand", "tril": "tril", "remainder": "mod", "__getitem__": "getitem",
+            "repeat_interleave": "repeat_interleave", "size": "size"}
 _MODULES = ((nn.Linear, "linear"), (nn.EmbeddingBag, "embedding_bag"), (nn.Embedding, "embedding"),
             (nn.LayerNorm, "layer_norm"), (nn.ReLU, "relu"), (nn.GELU, "gelu"), (nn.SiLU, "silu"),
             (nn.Tanh, "tanh"), (nn.Sigmoid, "sigmoid"))

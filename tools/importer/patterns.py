@@ -6,7 +6,8 @@ summed), masked mean and last pooling over a padded history, DLRM's
 `bmm(t, t^T)[:, triu]`, DCNv2's `x0 * W(x) + x`, MMoE's softmax-weighted
 expert sum, attention written as `softmax(Q K^T / sqrt(dh)) V` over a padded
 history (self-attention, softmax or HSTU's silu; target attention of
-candidates over `h[cand_user]`) and DIN's MLP-scored pooling. Each matcher
+candidates over `h[cand_user]`; or F.scaled_dot_product_attention, torch >=
+2.0, in place of the written-out weights) and DIN's MLP-scored pooling. Each matcher
 looks at the node where its subgraph ends and either returns the layer it
 emitted or None (not this pattern: the converter tries the next, then the
 plain op). A matcher checks every node it consumes; what it does not
@@ -128,34 +129,54 @@ def _silu_weights(cv, att):
     return None
 
 
+def _written_out(cv, av):
+    """av = A @ V, A the attention weights written out (softmax or silu) -> (q, k, v splits, kind, mask info)."""
+    att, v = cv.g.arg(av, 0), cv.g.arg(av, 1)
+    w, kind = _masked_softmax(cv, att), "softmax"
+    if w is None:
+        w, kind = _silu_weights(cv, att), "silu"
+    qk = None if w is None else _scores(cv, w[0])
+    return None if qk is None else (qk[0], qk[1], _split(cv, v), kind, w[1])
+
+
+def _sdpa(cv, n):
+    """n = F.scaled_dot_product_attention(q, k, v, attn_mask=the history mask (mask(); as the written-out
+    forms' keep) or is_causal=True alone) -> (q, k, v splits, "softmax", mask info); None otherwise."""
+    g = cv.g
+    am, drop, causal = g.arg(n, 3, "attn_mask"), g.arg(n, 4, "dropout_p", 0.0), g.arg(n, 5, "is_causal", False)
+    scale, sq, sk, sv = g.arg(n, 6, "scale"), _split(cv, n.args[0]), _split(cv, n.args[1]), _split(cv, n.args[2])
+    if sq is None or sk is None or sv is None:
+        return None
+    if drop != 0 or g.arg(n, 7, "enable_gqa") or scale is not None and not g.is_scale(1 / scale, sq.head_dim):
+        raise UnsupportedNode(n, "scaled_dot_product_attention: dropout_p 0, no enable_gqa and the default scale "
+                              "1/sqrt(head_dim) only")
+    info = (False, True) if am is None and causal is True else mask(cv, am) if causal is False else None
+    if info is None:
+        raise UnsupportedNode(n, "scaled_dot_product_attention over a padded history needs attn_mask = the history "
+                              "mask (mask[:, None, None, :], `& torch.ones(L, L, dtype=torch.bool).tril()` for causal;"
+                              " mask[cand_user][:, None, None, :] for candidate queries) or is_causal=True alone")
+    return sq, sk, sv, "softmax", info
+
+
 def parse_attention(cv, n):
-    """n = Linear_o(((A @ V).transpose(1, 2)).reshape(N, T, H*dh)) with A the
-    attention weights -> Attention; None when n is not an attention output."""
+    """n = Linear_o((O.transpose(1, 2)).reshape(N, T, H*dh)), O = A @ V with A the attention weights
+    written out, or O = F.scaled_dot_product_attention(Q, K, V, ...) -> Attention; None when n is not an
+    attention output."""
     g = cv.g
     x = n.args[0]
     if not (g.is_(x, "reshape") and g.is_(x.args[0], "transpose") and sorted(x.args[0].args[1:3]) == [1, 2]):
         return None
-    av = x.args[0].args[0]
-    if not g.is_(av, "matmul"):
+    o = x.args[0].args[0]
+    parts = _written_out(cv, o) if g.is_(o, "matmul") else _sdpa(cv, o) if g.is_(o, "sdpa") else None
+    if parts is None or parts[2] is None:
         return None
-    att, v = av.args
-    sv = _split(cv, v)
-    w = _masked_softmax(cv, att)
-    kind = "softmax"
-    if w is None:
-        w, kind = _silu_weights(cv, att), "silu"
-    if sv is None or w is None:
-        return None
-    qk = _scores(cv, w[0])
-    if qk is None:
-        return None
-    sq, sk = qk
-    if sk.source is not sv.source or (sq.heads, sq.head_dim) != (sv.heads, sv.head_dim) != (sk.heads, sk.head_dim):
+    sq, sk, sv, kind, info = parts
+    if sk.source is not sv.source or len({(sq.heads, sq.head_dim), (sk.heads, sk.head_dim), (sv.heads, sv.head_dim)}) > 1:
         return None
     mods = tuple(g.module(l) for l in (sq.linear, sk.linear, sv.linear, n))
     if any(m.bias is not None for m in mods):
         raise UnsupportedNode(n, "attention projections must be bias-free nn.Linear (the format's wq/wk/wv/wo)")
-    return Attention(kind, w[1][1], sq.source, sv.source, mods, sv.heads, sv.head_dim, w[1])
+    return Attention(kind, info[1], sq.source, sv.source, mods, sv.heads, sv.head_dim, info)
 
 
 def _prefix(n):

@@ -563,14 +563,18 @@ def check(model_dir, n_requests=5):
 def max_score_error(m, ref, requests, inputs=None):
     """Max relative error of module m's float64 scores (module_scores, `inputs`
     building its arguments) against the reference interpreter's on the loaded
-    model `ref`, over RankRequest dicts; inf when the counts differ."""
+    model `ref`, over RankRequest dicts; inf when the counts differ or a
+    score is not a number (NaN compares false: it would pass unseen)."""
     worst = 0.0
     for req in requests:
         got = module_scores(m, ref.plan, req, inputs=inputs).tolist()
         exp = ikbo_ref.score_request(ref, req)["scores"]
         if len(got) != len(exp):
             return float("inf")
-        worst = max([worst] + [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, exp)])
+        errs = [abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, exp)]
+        if any(e != e for e in errs):
+            return float("inf")
+        worst = max([worst] + errs)
     return worst
 
 
