@@ -18,6 +18,7 @@ import dis
 import inspect
 import os
 import re
+import traceback
 
 import torch
 import torch.fx as fx
@@ -29,6 +30,7 @@ LEAF_MODULES = (nn.Linear, nn.EmbeddingBag, nn.Embedding, nn.LayerNorm,
 FACTORIES = ("arange", "ones", "zeros", "full", "eye", "triu_indices", "tril_indices")
 _FX_DIR = os.path.dirname(fx.__file__)
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_HERE = os.path.abspath(__file__)
 
 
 class UnsupportedNode(ValueError):
@@ -51,7 +53,7 @@ def source(node):
     """'file.py:LINE `code`' of the user code that created the node, or '?'."""
     st = getattr(node, "stack_trace", None) or ""
     frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', st)
-    frames = [f for f in frames if not f[0].startswith(_TORCH_DIR)]      # fx, nn.functional, overrides
+    frames = [f for f in frames if not f[0].startswith(_TORCH_DIR) and os.path.abspath(f[0]) != _HERE]  # fx, overrides, this tracer
     if not frames:
         return "?"
     path, line, code = frames[0]                      # innermost first
@@ -59,12 +61,20 @@ def source(node):
 
 
 class _Tracer(fx.Tracer):
-    def __init__(self):
-        super().__init__()
-        self.record_stack_traces = True
+    """Records each node's stack itself, innermost frame first, the same on
+    every torch: fx's own recording differs (torch 1.13 keeps every user
+    frame innermost first; torch 2.x keeps only the frames of functions
+    named `forward`, outermost first, so a node made in a helper method
+    would point at its caller)."""
 
     def is_leaf_module(self, m, qualname):
         return isinstance(m, LEAF_MODULES)
+
+    def create_proxy(self, *args, **kwargs):
+        proxy = super().create_proxy(*args, **kwargs)
+        stack = traceback.StackSummary.extract(traceback.walk_stack(None))
+        proxy.node.stack_trace = "".join(stack.format())
+        return proxy
 
 
 
