@@ -230,10 +230,12 @@ $(BUILD)/gpu/test_cuda_model: tests/gpu/test_cuda_model.c $(LIBIKBO)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIBIKBO) -Wl,-Bstatic -ljansson -Wl,-Bdynamic \
 	    $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
-$(BUILD)/gpu/bench_kernels: bench/kernels/bench_kernels.cu $(LIBIKBO)
+# The kernel variants that live only in the benchmark (bench/kernels/variants.cuh).
+BENCH_VARIANTS := $(wildcard bench/kernels/lce_v*.cu bench/kernels/attention_v*.cu)
+$(BUILD)/gpu/bench_kernels: bench/kernels/bench_kernels.cu $(BENCH_VARIANTS) $(LIBIKBO)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
-	    -lcublasLt -lcublas
+	$(NVCC) $(filter-out -MMD -MP,$(NVCCFLAGS)) -o $@ $< $(BENCH_VARIANTS) $(LIBIKBO) \
+	    -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublasLt -lcublas
 
 $(BUILD)/gpu/bench_ops: bench/kernels/bench_ops.cu $(LIBIKBO)
 	@mkdir -p $(dir $@)

@@ -6,8 +6,11 @@
  * - LCE at C = 1024, M = 433, D = 256, Ku = 1178, Kc = 866, candidate/user
  *   ratios 70, 2, 10, 1000: the broadcast baseline (materialize [C, Ku+Kc, D]
  *   then one batched GEMM), decomposed cuBLAS (user GEMM at U, candidate GEMM
- *   at C, then a separate broadcast add), and ours (the backend's lce op);
- *   each as ms and as a multiple of the floor
+ *   at C, then a separate broadcast add), and ours (the backend's lce op),
+ *   then beside it the variants that lost and the timing diagnostics
+ *   (bench/kernels/lce_v*.cu, see variants.cuh) and production's mma.sync
+ *   and SIMT fallbacks (forced, cuda_paths.h), each with its relative
+ *   difference to ours; each as ms and as a multiple of the floor
  *     floor = max(FLOPs / GEMM rate, bytes / copy bandwidth)
  *     FLOPs = 2 C M Kc D + 2 U M Ku D
  *     bytes = 2 (C Kc D + U Ku D + C M D + M (Kc + Ku))  (K padded to 8)
@@ -15,7 +18,8 @@
  *   1024, 2048 (and an uneven ratio): the broadcast baseline (gather K/V to
  *   candidates, then our kernel on the materialized K/V with an identity
  *   map) and ours; TFLOP/s counting 4 C H Tq L dh and the ratio to the GEMM
- *   rate of the same dtype.
+ *   rate of the same dtype; beside it the mma.sync fallback and the wgmma
+ *   kernel with one feature off at a time (bench/kernels/attention_v3.cu).
  * Every time is the median of repeated runs timed with CUDA events after
  * warm-up. A short table is printed last.
  *
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "bench/kernels/bench_util.cuh"
+#include "bench/kernels/variants.cuh"
 #include "kernels/cuda/cuda_internal.h"
 
 #define CB(x)                                                                 \
@@ -190,13 +195,13 @@ static std::vector<int> even_counts(int C, int U)
     return c;
 }
 
-static bk_backend *make_backend(const char *dtype, const char *lce, const char *att)
+/* A backend of the dtype whose lce / attention take production's kernel
+ * (CU_PATH_AUTO) or a forced fallback (cuda_paths.h). */
+static bk_backend *make_backend(const char *dtype, int lce = CU_PATH_AUTO, int att = CU_PATH_AUTO)
 {
     setenv("IKBO_CUDA_DTYPE", dtype, 1);
-    setenv("IKBO_CUDA_LCE", lce, 1);
-    setenv("IKBO_CUDA_ATTN", att, 1);
     bk_backend *be = bk_backend_new("cuda:0", &berr);
-    if (!be) {
+    if (!be || bk_cuda_force_path(be, lce, att, &berr)) {
         fprintf(stderr, "cuda:0: %s\n", berr.msg);
         exit(2);
     }
@@ -244,21 +249,32 @@ static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t
     float one = 1.0f, zero = 0.0f;
     int warm = profile ? 1 : 3, reps = profile ? 1 : quick ? 5 : 20;
 
-    /* ours (each tile-shape variant; backend weights give cuBLAS its W too) */
-    const char *vars[] = {"0", "6", "9", "13", "10", "8", "2", "1"};
-    const char *vname[] = {"auto (warp-specialized wgmma, 2-CTA clusters)", "wgmma k_lce_wg (older)",
-                           "warp-specialized, no clusters",
-                           "warp-specialized, 4-CTA clusters (W and E shared)",
-                           "diag: auto without epilogue", "diag: k_lce_wg, no epilogue",
-                           "mma.sync 112x256", "simt"};
-    const int NV = 8;
+    /* ours: production, then the bench-only variants (bench/kernels/lce_v*.cu),
+     * then production's fallbacks forced (backend weights give cuBLAS its W
+     * too). --profile runs the first four; SIMT (last) only at ratio 70. */
+    struct variant {
+        const char *name;
+        lce_variant_fn fn; /* NULL: the backend's lce op */
+        int path;          /* its forced path (cuda_paths.h) */
+    };
+    const variant vt[] = {
+        {"production (warp-specialized wgmma k_lce_ws, 2-CTA clusters)", NULL, CU_PATH_AUTO},
+        {"v6: older wgmma k_lce_wg", lce_v6, CU_PATH_AUTO},
+        {"v9: k_lce_ws, no clusters", lce_v9, CU_PATH_AUTO},
+        {"v13: k_lce_ws, 4-CTA clusters (W and E shared)", lce_v13, CU_PATH_AUTO},
+        {"v10 diag: k_lce_ws without epilogue", lce_v10, CU_PATH_AUTO},
+        {"v8 diag: k_lce_wg without epilogue", lce_v8, CU_PATH_AUTO},
+        {"v7 diag: k_lce_wg without user term", lce_v7, CU_PATH_AUTO},
+        {"fallback mma.sync 112x256", NULL, CU_PATH_MMA},
+        {"fallback simt", NULL, CU_PATH_SIMT}};
+    const int NV = (int)(sizeof vt / sizeof vt[0]);
     double ours_ms[NV] = {0};
     double ours_err[NV] = {0};
     bk_backend *be0 = NULL;
     bk_weight *w0u = NULL, *w0c = NULL;
     bk_stream *s0 = NULL;
     for (int v = 0; v < (quick ? 1 : profile ? 4 : NV); v++) {
-        bk_backend *be = make_backend(dtname, vars[v], "0");
+        bk_backend *be = make_backend(dtname, vt[v].path);
         bk_stream *bs = be->stream_new(be, &berr);
         BK(!bs);
         bk_weight *bwu = be->weight_new(be, hwu.data(), M, Ku, &berr);
@@ -273,7 +289,9 @@ static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t
             continue;
         }
         ours_ms[v] = median_ms(bs->st, [&] {
-            BK(be->lce(bs, eu, U, ec, C, dmap, bwu, bwc, Ku, Kc, M, D, v == 0 ? z : zref, &berr));
+            T *out = v == 0 ? z : zref;
+            BK(vt[v].fn ? vt[v].fn(bs, eu, U, ec, C, dmap, bwu, bwc, Ku, Kc, M, D, out, &berr)
+                        : be->lce(bs, eu, U, ec, C, dmap, bwu, bwc, Ku, Kc, M, D, out, &berr));
         }, profile ? 1 : warm, profile ? 1 : v == NV - 1 ? 2 : reps);
         CK(cudaStreamSynchronize(bs->st));
         if (v == 0) {
@@ -337,7 +355,7 @@ static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t
     printf("    ours vs decomposed rel diff %.2e, vs broadcast %.2e\n", dec_err, bc_err);
     for (int v = 1; v < NV; v++)
         if (ours_ms[v] > 0)
-            printf("    ours[%s] %.3f ms (%.2fx floor), rel diff to auto %.2e\n", vname[v],
+            printf("    ours[%s] %.3f ms (%.2fx floor), rel diff to production %.2e\n", vt[v].name,
                    ours_ms[v], ours_ms[v] / floor_ms, ours_err[v]);
     char line[256];
     snprintf(line, sizeof line, "LCE %-4s ratio %4d  floor %.3f ms | bcast %.3f (%.2fx) | decomp %.3f (%.2fx) | ours %.3f (%.2fx)",
@@ -391,7 +409,7 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     for (int c = 0; c <= C; c++)
         boff[c] = (int64_t)c * L;
 
-    bk_backend *be = make_backend(dtname, "0", "0");
+    bk_backend *be = make_backend(dtname);
     bk_stream *s = be->stream_new(be, &berr);
     BK(!s);
     T *q, *k, *v, *o, *o2, *kb, *vb;
@@ -432,8 +450,8 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     CK(cudaStreamSynchronize(s->st));
     double diff = reldiff<T>(o2, o, (size_t)C * Tq * hd);
     double bc = gath + bker;
-    /* The mma.sync kernel (variant 2) on the same inputs, for comparison. */
-    bk_backend *be2 = make_backend(dtname, "0", "2");
+    /* The mma.sync fallback on the same inputs, for comparison. */
+    bk_backend *be2 = make_backend(dtname, CU_PATH_AUTO, CU_PATH_MMA);
     bk_stream *s2 = be2->stream_new(be2, &berr);
     BK(!s2);
     double mma = median_ms(s2->st, [&] {
@@ -450,6 +468,17 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
            flops / (bker * 1e-3) / 1e12, diff);
     printf("    mma.sync kernel %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", mma,
            flops / (mma * 1e-3) / 1e12, diff2);
+    /* bench/kernels/attention_v3.cu: the wgmma kernel with one feature off. */
+    const char *diags[] = {"p", "o", "f", "s"};
+    const char *dname[] = {"no ping-pong", "no softmax overlap", "no Q prefetch", "4-byte stores"};
+    for (int i = 0; i < (profile ? 0 : 4); i++) {
+        double ms = median_ms(s->st, [&] {
+            BK(attention_v3(s, diags[i], q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
+        }, warm, reps);
+        CK(cudaStreamSynchronize(s->st));
+        printf("    v3 diag %s (%s): %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", diags[i],
+               dname[i], ms, flops / (ms * 1e-3) / 1e12, reldiff<T>(o2, o, (size_t)C * Tq * hd));
+    }
     char line[256];
     snprintf(line, sizeof line, "ATT %-4s L %4d %-8s ours %.3f ms %4.0f TF/s (%.2fx GEMM) | bcast %.3f ms %4.0f TF/s",
              dtname, L, uneven ? "uneven" : "ratio64", ours, flops / (ours * 1e-3) / 1e12,
@@ -527,7 +556,7 @@ static void bench_attention_point(const char *dtname, int L, int uneven, int Tq,
     fill<T>(v, (size_t)ev * hd, 33, 1.0f);
     double ms[2];
     for (int var = 0; var < 2; var++) {
-        bk_backend *be = make_backend(dtname, "0", var ? "2" : "0");
+        bk_backend *be = make_backend(dtname, CU_PATH_AUTO, var ? CU_PATH_MMA : CU_PATH_AUTO);
         bk_stream *s = be->stream_new(be, &berr);
         BK(!s);
         T *out = var ? o2 : o;
@@ -590,7 +619,7 @@ template <typename T> static void bench_self_attention(const char *dtname, doubl
     std::vector<int32_t> map(C);
     for (int c = 0; c < C; c++)
         map[c] = c / ratio;
-    bk_backend *be = make_backend(dtname, "0", "0");
+    bk_backend *be = make_backend(dtname);
     bk_stream *s = be->stream_new(be, &berr);
     BK(!s);
     T *q, *k, *v, *o, *tq, *to;
@@ -658,7 +687,7 @@ template <typename T> static void bench_self_attention(const char *dtname, doubl
 template <typename T> static void bench_din(const char *dtname, double rate)
 {
     const int U = 16, ratio = 70, C = U * ratio, L = 512, D = 64, H1 = 64;
-    bk_backend *be = make_backend(dtname, "0", "0");
+    bk_backend *be = make_backend(dtname);
     bk_stream *s = be->stream_new(be, &berr);
     BK(!s);
     std::vector<int64_t> off(U + 1);

@@ -1,7 +1,7 @@
 /* backend_cuda.cu - the CUDA backend's op table: device memory with per-tag
  * byte accounting, streams (CUDA stream + cuBLASLt handle + workspace),
  * weights, dtype conversion, the plain ops, linear through cuBLASLt, and the
- * constructor bk_cuda_new.
+ * constructor bk_cuda_new (and bk_cuda_force_path, for tests: cuda_paths.h).
  *
  * Why this exists: it lets `--device cuda:N` serve any model the CPU backend
  * serves. The IKBO ops live beside it (lce.cu, attention.cu), and so do the
@@ -1226,6 +1226,23 @@ static void cuda_destroy(bk_backend *be)
     free(be);
 }
 
+/* Tests and benchmarks only (cuda_paths.h): production never calls it. */
+extern "C" int bk_cuda_force_path(bk_backend *be, int lce, int attention, bk_err *err)
+{
+    if (!be || !be->name || strcmp(be->name, "cuda") != 0) {
+        bk_seterr(err, "bk_cuda_force_path: not a CUDA backend");
+        return -1;
+    }
+    if (lce < CU_PATH_AUTO || lce > CU_PATH_SIMT || attention < CU_PATH_AUTO ||
+        attention > CU_PATH_SIMT) {
+        bk_seterr(err, "bk_cuda_force_path: unknown path %d / %d", lce, attention);
+        return -1;
+    }
+    cu_impl(be)->force_lce = lce;
+    cu_impl(be)->force_att = attention;
+    return 0;
+}
+
 static int env_int(const char *name, int dflt)
 {
     const char *v = getenv(name);
@@ -1281,11 +1298,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     cb->dtype = dt;
     cb->sm_count = prop.multiProcessorCount;
     cb->smem_optin = prop.sharedMemPerBlockOptin;
-    cb->lce_variant = env_int("IKBO_CUDA_LCE", 0);
-    cb->att_variant = env_int("IKBO_CUDA_ATTN", 0);
     cb->lt_tune = env_int("IKBO_CUDA_LT_TUNE", 0);
-    const char *diag = getenv("IKBO_ATT_WG_DIAG");
-    snprintf(cb->att_diag, sizeof cb->att_diag, "%s", diag ? diag : "");
     be->name = "cuda";
     be->act_size = dt == CU_F32 ? 4 : 2;
     be->impl = cb;

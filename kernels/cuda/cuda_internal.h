@@ -3,8 +3,10 @@
  * Why this exists: the CUDA backend is split by concern (backend_cuda.cu:
  * memory, streams, weights, conversions, the plain ops and linear through
  * cuBLASLt; lce.cu: the IKBO linear compression; attention.cu: the IKBO
- * target attention). They share the private structs, the dtype dispatch and
- * the error helpers declared here; the engine only ever sees kernels/backend.h.
+ * target attention; lce_kern.cuh and att_wg.cuh: the kernel templates that
+ * bench/kernels also instantiates). They share the private structs, the
+ * dtype dispatch and the error helpers declared here; the engine only ever
+ * sees kernels/backend.h (tests and benches also cuda_paths.h).
  * The ranking-model ops sit one family per file: elementwise.cu (activation,
  * mul), norm.cu (layer_norm), pool.cu (pool), interact.cu (token_linear,
  * dot_interaction), mixture.cu (mixture).
@@ -28,6 +30,7 @@
 
 extern "C" {
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_paths.h"
 }
 
 enum cu_dtype { CU_F32 = 0, CU_BF16 = 1, CU_F16 = 2 };
@@ -37,16 +40,14 @@ typedef struct cuda_backend {
     enum cu_dtype dtype;
     int sm_count;
     size_t smem_optin; /* max dynamic shared memory per block */
-    /* Kernel choice, from IKBO_CUDA_LCE / IKBO_CUDA_ATTN at creation (tests
-     * and benchmarks compare variants; lce.cu and attention.cu list them):
-     * 0 automatic, 1 the SIMT kernel everywhere, 2 the tensor-core kernel
-     * wherever it applies. att_diag: IKBO_ATT_WG_DIAG at creation, the
-     * letters of the wgmma attention kernel's timing diagnostics. */
-    int lce_variant, att_variant;
-    char att_diag[16];
+    /* enum cu_path of the lce and attention ops: CU_PATH_AUTO (the kernel
+     * chosen by shape, dtype and alignment) unless a test or benchmark
+     * forced a fallback (bk_cuda_force_path). */
+    int force_lce, force_att;
     /* IKBO_CUDA_LT_TUNE at creation: how many of cuBLASLt's heuristic
      * candidates a new linear shape times before keeping the fastest
-     * (0/1 = the heuristic's first, no timing). */
+     * (0/1 = the heuristic's first, no timing). A tuning switch for
+     * cuBLASLt's algorithm, not a choice among our kernels. */
     int lt_tune;
     pthread_mutex_t lock; /* guards stats and smem_fn */
     bk_stats stats;

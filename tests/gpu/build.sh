@@ -23,8 +23,10 @@ gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c build/libikbo.a \
 # Where a batch's time goes (bench/e2e/batch_phases.c, run by bench/e2e/device.sh phases).
 gcc $CFLAGS -o $B/batch_phases bench/e2e/batch_phases.c build/libikbo.a \
     -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+# The benchmark links the bench-only kernel variants (bench/kernels/variants.cuh).
 "$NVCC" -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
-    -o $B/bench_kernels bench/kernels/bench_kernels.cu build/libikbo.a \
+    -o $B/bench_kernels bench/kernels/bench_kernels.cu bench/kernels/lce_v*.cu \
+    bench/kernels/attention_v*.cu build/libikbo.a \
     -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
 [ $models = 1 ] || { du -sh $B; exit 0; }
 # Random models of several shapes (SIMT and tensor-core paths, adds, no history).

@@ -17,9 +17,15 @@
  * with the user-user pairs passed as uu and with interleaved token orders,
  * din_attention through identity, grouped and shuffled maps.
  *
- * Kernel variants are separate backends (IKBO_CUDA_LCE / IKBO_CUDA_ATTN are
- * read when a backend is made): automatic, SIMT everywhere, and each
- * tensor-core tile shape.
+ * Kernel paths: production picks the lce and attention kernels by shape,
+ * dtype and alignment (tables in kernels/cuda/lce.cu and attention.cu); the
+ * shapes below reach each of them (wgmma, and the mma.sync and SIMT
+ * fallbacks: small M or D, odd D, Kc = 0, outputs 8- or 4-byte aligned
+ * only), and the IKBO suites run again on backends forced onto the
+ * mma.sync and the SIMT fallback everywhere (bk_cuda_force_path, a
+ * test-only hook in kernels/cuda/cuda_paths.h). IKBO_TEST_NO_WGMMA=1 (for
+ * racecheck, which cannot follow wgmma) forces mma.sync where auto would
+ * take wgmma.
  *
  *   test_cuda_ops [--quick] [--ranking-only] [--dtype fp32|bf16|fp16]...
  * (default: all three dtypes; --ranking-only: the plain and ranking-model
@@ -33,6 +39,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_paths.h"
 
 static bk_backend *cpu, *gpu;
 static bk_stream *cs, *gs;
@@ -365,7 +372,20 @@ static int32_t *make_map(int nu, const int *counts, int *nc_out)
     return map;
 }
 
-static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
+/* A view of out from element `shift` on: an output that is not 16-byte
+ * aligned on the device (2-byte dtypes), to reach the kernels' narrower
+ * store paths. */
+static pair shifted(const pair *out, size_t shift)
+{
+    pair v = *out;
+    v.c = (float *)out->c + shift;
+    v.g = (char *)out->g + shift * gpu->act_size;
+    v.n = out->n - shift;
+    return v;
+}
+
+/* zshift: Z starts zshift elements into its buffer. */
+static void test_lce_at(int nu, const int *counts, int ku, int kc, int m, int d, int zshift)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int nc;
@@ -377,14 +397,15 @@ static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
     wpair pwu = weight_pair(wu, m, ku), pwc = weight_pair(wc, m, kc);
     pair peu = act_pair(eu, (size_t)nu * ku * d + 1), pec = act_pair(ecv, (size_t)nc * kc * d + 1);
     pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
-    pair pz = out_pair((size_t)nc * m * d);
-    ok_or_die(cpu->lce(cs, peu.c, nu, pec.c, nc, pm.c, pwu.c, pwc.c, ku, kc, m, d, pz.c, &ec),
+    pair pz = out_pair((size_t)nc * m * d + zshift), vz = shifted(&pz, zshift);
+    ok_or_die(cpu->lce(cs, peu.c, nu, pec.c, nc, pm.c, pwu.c, pwc.c, ku, kc, m, d, vz.c, &ec),
               "cpu lce", &ec);
-    ok_or_die(gpu->lce(gs, peu.g, nu, pec.g, nc, pm.g, pwu.g, pwc.g, ku, kc, m, d, pz.g, &eg),
+    ok_or_die(gpu->lce(gs, peu.g, nu, pec.g, nc, pm.g, pwu.g, pwc.g, ku, kc, m, d, vz.g, &eg),
               "gpu lce", &eg);
     char what[128];
-    snprintf(what, sizeof what, "lce nu %d nc %d ku %d kc %d m %d d %d", nu, nc, ku, kc, m, d);
-    compare(what, &pz, nc, (size_t)m * d, (size_t)m * d);
+    snprintf(what, sizeof what, "lce nu %d nc %d ku %d kc %d m %d d %d zshift %d", nu, nc, ku, kc,
+             m, d, zshift);
+    compare(what, &vz, nc, (size_t)m * d, (size_t)m * d);
     pair_free(&peu);
     pair_free(&pec);
     pair_free(&pm);
@@ -398,7 +419,14 @@ static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
     free(ecv);
 }
 
-static void test_attention(int nu, const int *counts, const int *lens, int tq, int heads, int dh)
+static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
+{
+    test_lce_at(nu, counts, ku, kc, m, d, 0);
+}
+
+/* oshift: o starts oshift elements into its buffer. */
+static void test_attention_at(int nu, const int *counts, const int *lens, int tq, int heads,
+                              int dh, int oshift)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int nc;
@@ -413,18 +441,18 @@ static void test_attention(int nu, const int *counts, const int *lens, int tq, i
     pair pq = act_pair(q, nq), pk = act_pair(k, nk), pv = act_pair(v, nk);
     pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
     pair po = raw_pair(off, (size_t)(nu + 1) * sizeof(int64_t));
-    pair out = out_pair(nq);
-    ok_or_die(cpu->attention(cs, pq.c, pk.c, pv.c, po.c, nu, pm.c, nc, tq, heads, dh, out.c, &ec),
+    pair out = out_pair(nq + oshift), vo = shifted(&out, oshift);
+    ok_or_die(cpu->attention(cs, pq.c, pk.c, pv.c, po.c, nu, pm.c, nc, tq, heads, dh, vo.c, &ec),
               "cpu attention", &ec);
-    ok_or_die(gpu->attention(gs, pq.g, pk.g, pv.g, po.g, nu, pm.g, nc, tq, heads, dh, out.g, &eg),
+    ok_or_die(gpu->attention(gs, pq.g, pk.g, pv.g, po.g, nu, pm.g, nc, tq, heads, dh, vo.g, &eg),
               "gpu attention", &eg);
     char what[160];
     int lmax = 0;
     for (int u = 0; u < nu; u++)
         lmax = lens[u] > lmax ? lens[u] : lmax;
-    snprintf(what, sizeof what, "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d", nu, nc,
-             tq, heads, dh, lmax, lens[0]);
-    compare(what, &out, (size_t)nc * tq, hd, hd);
+    snprintf(what, sizeof what, "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d oshift %d",
+             nu, nc, tq, heads, dh, lmax, lens[0], oshift);
+    compare(what, &vo, (size_t)nc * tq, hd, hd);
     pair_free(&pq);
     pair_free(&pk);
     pair_free(&pv);
@@ -436,6 +464,11 @@ static void test_attention(int nu, const int *counts, const int *lens, int tq, i
     free(q);
     free(k);
     free(v);
+}
+
+static void test_attention(int nu, const int *counts, const int *lens, int tq, int heads, int dh)
+{
+    test_attention_at(nu, counts, lens, tq, heads, dh, 0);
 }
 
 /* self_attention over jagged histories of lens[u] events; with counts, the
@@ -1136,6 +1169,15 @@ static void suite_lce(void)
     test_lce(4, c4, 33, 19, 50, 128);
     int c1000[] = {1000};
     test_lce(1, c1000, 10, 12, 16, 64);
+    /* Production's paths by shape (lce.cu's table), bf16/fp16: wgmma with
+     * and without user tokens (one 128-wide d block: no cluster); Kc = 0
+     * and M < 64 at D > 128 (mma.sync, 112 x 256 tiles); Z only 8-byte
+     * aligned (mma.sync at a wgmma shape). */
+    test_lce(3, c3, 20, 12, 64, 64);
+    test_lce(3, c3, 0, 20, 70, 128);
+    test_lce(3, c3, 9, 0, 100, 192);
+    test_lce(3, c3, 14, 10, 40, 256);
+    test_lce_at(3, c3, 20, 12, 80, 128, 4);
     if (!quick) {
         int cs3[] = {20, 23, 21};
         test_lce(3, cs3, 118, 86, 433, 256); /* the seed shape, K cut 10x */
@@ -1167,6 +1209,10 @@ static void suite_attention(void)
     test_attention(1, c1000, l1000, 1, 2, 64);
     int cm[] = {1000, 3}, lm[] = {130, 5};
     test_attention(2, cm, lm, 2, 1, 128);
+    /* o only 4-byte aligned: the wgmma kernel's 4-byte stores (bf16/fp16). */
+    int cs[] = {3, 2}, ls[] = {129, 40};
+    test_attention_at(2, cs, ls, 5, 2, 64, 2);
+    test_attention_at(2, cs, ls, 3, 1, 128, 2);
     if (!quick) {
         int cb[] = {3, 4, 1}, lb[] = {1000, 513, 2048};
         test_attention(3, cb, lb, 64, 2, 128);
@@ -1199,23 +1245,22 @@ static void oom_check(void)
     }
 }
 
-static int make_backends(const char *dtype, const char *lce_v, const char *att_v)
+/* A CUDA backend of dtype whose lce and attention take production's kernel
+ * choice (CU_PATH_AUTO) or a forced fallback (cuda_paths.h). */
+static int make_backends(const char *dtype, int lce, int att)
 {
+    static const char *names[] = {"auto", "mma.sync", "simt"};
     bk_err e = {{0}};
     /* Under racecheck (which cannot follow wgmma's asynchronous shared-memory
-     * reads), IKBO_TEST_NO_WGMMA maps the wgmma variants to mma.sync. */
+     * reads), IKBO_TEST_NO_WGMMA forces mma.sync where auto would take wgmma. */
     if (getenv("IKBO_TEST_NO_WGMMA")) {
-        if (!strcmp(lce_v, "0") || !strcmp(lce_v, "6") || !strcmp(lce_v, "9") ||
-            !strcmp(lce_v, "11") || !strcmp(lce_v, "13"))
-            lce_v = "2";
-        if (!strcmp(att_v, "0"))
-            att_v = "2";
+        lce = lce == CU_PATH_AUTO ? CU_PATH_MMA : lce;
+        att = att == CU_PATH_AUTO ? CU_PATH_MMA : att;
     }
     setenv("IKBO_CUDA_DTYPE", dtype, 1);
-    setenv("IKBO_CUDA_LCE", lce_v, 1);
-    setenv("IKBO_CUDA_ATTN", att_v, 1);
-    snprintf(variant_label, sizeof variant_label, "lce=%s attn=%s", lce_v, att_v);
-    if (!(gpu = bk_backend_new("cuda:0", &e)) || !(gs = gpu->stream_new(gpu, &e)))
+    snprintf(variant_label, sizeof variant_label, "lce=%s attn=%s", names[lce], names[att]);
+    if (!(gpu = bk_backend_new("cuda:0", &e)) || bk_cuda_force_path(gpu, lce, att, &e) ||
+        !(gs = gpu->stream_new(gpu, &e)))
         DIE("cuda:0: %s", e.msg);
     return 0;
 }
@@ -1251,7 +1296,7 @@ int main(int argc, char **argv)
         dtype_name = want[di];
         tol = !strcmp(dtype_name, "fp32") ? 1e-5 : !strcmp(dtype_name, "bf16") ? 2e-2 : 5e-3;
         int f0 = failures, c0 = checks;
-        make_backends(dtype_name, "0", "0");
+        make_backends(dtype_name, CU_PATH_AUTO, CU_PATH_AUTO);
         suite_plain();
         suite_ranking();
         if (ranking_only) {
@@ -1265,16 +1310,12 @@ int main(int argc, char **argv)
         if (!getenv("IKBO_TEST_NO_OOM"))
             oom_check(); /* a deliberate failed cudaMalloc: skipped under compute-sanitizer */
         free_gpu();
-        /* Every kernel variant on the IKBO ops (see lce.cu / attention.cu). */
-        const char *lv[] = {"1", "2", "3", "4", "5", "6", "9", "11", "13"};
-        for (int v = 0; v < 9; v++) {
-            make_backends(dtype_name, lv[v], "0");
-            suite_lce();
-            free_gpu();
-        }
-        const char *av[] = {"1", "2"};
+        /* The IKBO ops again with each fallback forced everywhere it applies
+         * (mma.sync: bf16/fp16; SIMT: every dtype). */
+        const int fb[] = {CU_PATH_MMA, CU_PATH_SIMT};
         for (int v = 0; v < 2; v++) {
-            make_backends(dtype_name, "0", av[v]);
+            make_backends(dtype_name, fb[v], fb[v]);
+            suite_lce();
             suite_attention();
             suite_self_attention();
             free_gpu();

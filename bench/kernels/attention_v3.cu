@@ -1,0 +1,63 @@
+/* attention_v3.cu - the wgmma attention kernel with its features switched
+ * off one at a time: timing diagnostics (the former IKBO_ATT_WG_DIAG
+ * letters). Benchmark only.
+ *
+ * What it tries: production's k_att_wg (kernels/cuda/att_wg.cuh: producer
+ * warpgroup with a cp.async + mbarrier ring, two consumer warpgroups,
+ * persistent over (tile, head) work items) without
+ *   p  the named-barrier ping-pong between the consumer warpgroups,
+ *   o  the overlap of a warpgroup's softmax with its own P V,
+ *   f  the L2 prefetch of the next work item's Q rows,
+ *   s  the 16-byte output stores (production keeps the 4-byte ones only
+ *      where o is not 16-byte aligned).
+ * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
+ * kernel with all four went from 320 (the earlier non-specialized wgmma
+ * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
+ * L = 512 from 383 to 402 TFLOP/s, L = 1024 470 -> 472, L = 2048 520 -> 530
+ * (commit 0ff1a91). The times of p, o and f alone were not recorded;
+ * bench_kernels (--only att) prints each letter's now.
+ * The template is production's; PP, OV and the flags are its parameters.
+ */
+#include <string.h>
+
+#include "bench/kernels/variants.cuh"
+#include "kernels/cuda/att_wg.cuh"
+
+template <typename T, int DH>
+static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *err)
+{
+    const bool no_pp = strchr(off, 'p'), no_ov = strchr(off, 'o');
+    int flags = attw_flags(j);
+    if (strchr(off, 'f'))
+        flags &= ~ATTW_PREFETCH_Q;
+    if (strchr(off, 's'))
+        flags &= ~ATTW_VEC_STORE;
+    if (no_pp)
+        return no_ov ? launch_wg<T, DH, false, false>(s, j, flags, err)
+                     : launch_wg<T, DH, false, true>(s, j, flags, err);
+    return no_ov ? launch_wg<T, DH, true, false>(s, j, flags, err)
+                 : launch_wg<T, DH, true, true>(s, j, flags, err);
+}
+
+template <typename T>
+static int att_diag_t(bk_stream *s, const char *off, const void *q, const void *k, const void *v,
+                      const int64_t *offsets, int nu, const int32_t *map, int nc, int tq,
+                      int heads, int dh, void *o, bk_err *err)
+{
+    att_job<T> j = {};
+    j.q = (const T *)q, j.k = (const T *)k, j.v = (const T *)v, j.o = (T *)o;
+    j.off = offsets, j.map = map, j.nu = nu, j.nc = nc, j.tq = tq, j.heads = heads;
+    return dh == 64 ? att_diag<T, 64>(s, off, j, err) : att_diag<T, 128>(s, off, j, err);
+}
+
+int attention_v3(bk_stream *s, const char *off, const void *q, const void *k, const void *v,
+                 const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
+                 int dh, void *o, bk_err *err)
+{
+    if (cu_dt(s) == CU_F32 || (dh != 64 && dh != 128) || nc <= 0 || nu <= 0) {
+        bk_seterr(err, "attention_v3: bf16/fp16, dh 64 or 128, candidates and users only");
+        return -1;
+    }
+    auto f = cu_dt(s) == CU_BF16 ? att_diag_t<__nv_bfloat16> : att_diag_t<__half>;
+    return f(s, off, q, k, v, offsets, nu, map, nc, tq, heads, dh, o, err);
+}

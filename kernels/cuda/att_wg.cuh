@@ -1,0 +1,566 @@
+/* att_wg.cuh - the warp-specialized wgmma attention kernel template, which
+ * production and the kernel benchmark both instantiate.
+ *
+ * Why this exists: attention.cu serves target and self attention at dh 64
+ * and 128 (bf16/fp16) with k_att_wg, ping-pong and softmax overlap on. The
+ * timing diagnostics that switch those features off (the former
+ * IKBO_ATT_WG_DIAG letters) differ only in template parameters and launch
+ * flags; bench/kernels/attention_v3.cu instantiates them from here, so the
+ * kernel body is written once and the serving library carries only the
+ * instantiation it uses. Include after cuda_internal.h.
+ */
+#ifndef IKBO_ATT_WG_CUH
+#define IKBO_ATT_WG_CUH
+
+#include <math.h>
+
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/tma_util.cuh"
+#include "kernels/cuda/wgmma_gen.cuh"
+
+/* One attention launch: a target part (q, map, nc, tq -> o), a self part
+ * (qs over ev event rows -> os), or both (a fused self + target launch). */
+template <typename T> struct att_job {
+    const T *q, *k, *v, *qs;
+    T *o, *os;
+    const int64_t *off;
+    const int32_t *map;
+    int nu, nc, tq, heads, causal, silu;
+    int64_t ev; /* event rows: self part sizing */
+};
+
+/* Builds the tile table(s) of a launch into the stream's scratch: target
+ * tiles of at most 128 query rows first, then self tiles (longest first).
+ * *ntiles (device) gets the total, *cap the table's capacity. attention.cu. */
+int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int nc, int tq,
+                 const int64_t *off, int nu, int causal, int64_t ev, int4 **tiles, int **ntiles,
+                 long *cap, bk_err *err);
+
+/* -------------------------------------------------------- wgmma (Hopper) */
+
+/* Warp-specialized, persistent, ping-pong (the FA3 recipe):
+ * - 384 threads: warpgroup 0 is the producer (56 registers), warpgroups 1
+ *   and 2 are consumers (224 registers) that each own 64 query rows of a
+ *   128-row tile. One CTA per SM loops
+ *   over (tile, head) work items w = blockIdx.x, + gridDim.x, ... in tile
+ *   table order (w = tile * heads + head), so the CTAs in flight cover a
+ *   few users' K/V at a time and share it through L2.
+ * - The producer copies K/V blocks of 128 keys into a ring of STAGES
+ *   shared stages with cp.async (zero-filling keys past L_u, so nothing
+ *   past a user's history, or past the tensor, is read) and the tile's Q
+ *   (rows past the tile zero-filled); each copy batch completes on a
+ *   "full" mbarrier through cp.async.mbarrier.arrive.noinc. Consumers free
+ *   a stage through its "empty" mbarrier once their P V on it is done, and
+ *   Q through "qempty" after the tile's last S GEMM; no block barrier.
+ * - Each consumer iteration is one turn on the tensor cores:
+ *     S_j = Q K_j^T (commit);  O += P_{j-1} V_{j-1} (commit)
+ *   then the exponentials of S_j while that P V still runs, then (P V
+ *   done) the rescale of O and P_j packed for the next turn. Turns
+ *   alternate between the two warpgroups through named barriers 1 and 2,
+ *   so one's softmax runs under the other's GEMMs (and under its own
+ *   P V). A tile takes nkb + 1 turns (S_0 alone, P V alone last);
+ *   both warpgroups always take the same turns (rows past the tile are
+ *   computed on zero Q and not stored), so the alternation never stalls.
+ *   S = Q K^T: wgmma m64n128k16, A = Q and B = K both K-major 128B-swizzled
+ *   shared tiles; O += P V: wgmma m64n{DH}k16, A = P in registers (the S
+ *   accumulator layout repacked to bf16/fp16), B = V read MN-major (the
+ *   descriptor's transpose bit) from its swizzled tile.
+ * Tiles are stored as DH/64 column blocks of [rows][64] (128-byte rows).
+ * lbo_v / sbo_v: byte offsets of V's MN-major descriptor (column-block
+ * stride and 8-key-group stride); passed in so a test can confirm them. */
+/* 2^x on the special-function unit alone (exp2f adds a denormal-range
+ * fix-up: three more instructions per element); x <= 0 here, -inf -> 0. */
+__device__ __forceinline__ float att_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* tanh on the special-function unit (max relative error about 2^-11: below
+ * the bf16/fp16 rounding of P it feeds). HSTU's silu as
+ * x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU op per element, as
+ * softmax's exp2, instead of exp2 and a reciprocal. */
+__device__ __forceinline__ float att_tanh(float x)
+{
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* One butterfly step of a transpose across lanes l and l ^ m: the lane
+ * with the bit set (hi) trades its x for its partner's y, the other trades
+ * its y for the partner's x. */
+__device__ __forceinline__ void lane_swap(uint32_t &x, uint32_t &y, bool hi, int m)
+{
+    uint32_t s = __shfl_xor_sync(0xffffffffu, hi ? x : y, m);
+    if (hi)
+        x = s;
+    else
+        y = s;
+}
+
+template <int DH> struct attw_cfg {
+    static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
+    static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
+    static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
+    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
+};
+
+#define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
+#define ATTW_PREFETCH_Q 1 /* flags: the next tile's Q rows into L2 */
+#define ATTW_VEC_STORE 2  /* flags: o is 16-byte aligned, store 16 bytes at a time */
+
+/* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
+ * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
+ * index in the user); other tiles are target tiles (q, o). */
+template <typename T> struct attw_args {
+    const T *q, *k, *v, *qs;
+    T *o, *os;
+    const int64_t *off;
+    const int4 *tiles;
+    const int *ntiles;
+    int heads, flags;
+    int causal, silu;   /* self tiles: keys j <= i; silu(q.k / sqrt(dh)) / n weights */
+    float scale_log2;   /* log2(e) / sqrt(dh) */
+    float scale;        /* 1 / sqrt(dh) */
+    uint32_t lbo_v, sbo_v;
+};
+
+/* Key blocks a tile reads: all of its user's, or, causal self tile t,
+ * blocks 0..t (the last one the diagonal). */
+__device__ __forceinline__ int attw_nkb(int4 ti, int L, int causal, int bn)
+{
+    const int nkb = (L + bn - 1) / bn;
+    return (ti.w & 1) && causal ? min(nkb, (ti.w >> 1) + 1) : nkb;
+}
+
+template <typename T, int DH, bool PP, bool OV>
+__global__ void __launch_bounds__(384, 1)
+k_att_wg(const __grid_constant__ attw_args<T> a)
+{
+    const T *__restrict__ q = a.q, *__restrict__ k = a.k, *__restrict__ v = a.v;
+    const int64_t *__restrict__ off = a.off;
+    const int4 *__restrict__ tiles = a.tiles;
+    const int heads = a.heads, flags = a.flags;
+    const float scale_log2 = a.scale_log2;
+    typedef attw_cfg<DH> CFG;
+    constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
+    static_assert(BM == BN, "Q and K/V tiles share the copy layout");
+    const int hd = heads * DH;
+    /* Launched as the tile table's programmatic dependent: wait for it (a
+     * no-op when launched plainly). */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    const long W = (long)*a.ntiles * heads;
+
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *Ks = Qs + CFG::Q_BYTES;            /* [ST][KV_BYTES] */
+    unsigned char *Vs = Ks + ST * CFG::KV_BYTES;      /* [ST][KV_BYTES] */
+    uint64_t *full = (uint64_t *)(Qs + CFG::BAR_OFS); /* [ST] */
+    uint64_t *empty = full + ST;                      /* [ST] */
+    uint64_t *qfull = empty + ST, *qempty = qfull + 1;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    if (tid == 0) {
+        for (int i = 0; i < ST; i++) {
+            mbar_init(&full[i], 128); /* the producer warpgroup's threads */
+            mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
+        }
+        mbar_init(qfull, 128);
+        mbar_init(qempty, 8);
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (warp < 4) {
+        /* ---- producer: chunk lc of rows lr, lr + RSTEP, ...; RSTEP is a
+         * multiple of 8, so one swizzle phase per thread ---- */
+        setmaxnreg_dec<56>();
+        constexpr int RSTEP = 128 / CH, NR = BN / RSTEP;
+        static_assert(RSTEP % 8 == 0, "fixed swizzle phase per thread");
+        const int lr = tid / CH, lc = tid % CH;
+        const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
+        int it = 0, qt = 0;
+        for (long w = blockIdx.x; w < W; w += gridDim.x) {
+            const int4 ti = tiles[w / heads];
+            const int h = (int)(w % heads);
+            const int64_t kv0 = off[ti.z];
+            const int L = (int)(off[ti.z + 1] - kv0);
+            const int nkb = attw_nkb(ti, L, a.causal, BN);
+            if (nkb == 0)
+                continue;
+            const T *kb_ = k + (size_t)kv0 * hd + h * DH + lc * 8;
+            const T *vb_ = v + (size_t)kv0 * hd + h * DH + lc * 8;
+            for (int kb = 0; kb < nkb; kb++, it++) {
+                const int st = it % ST;
+                mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
+                unsigned char *kd = Ks + st * CFG::KV_BYTES, *vd = Vs + st * CFG::KV_BYTES;
+#pragma unroll
+                for (int n = 0; n < NR; n++) {
+                    const int j = kb * BN + lr + n * RSTEP;
+                    const bool ok = j < L;
+                    const size_t g = ok ? (size_t)j * hd : 0;
+                    const uint32_t so = lso + n * RSTEP * 128;
+                    cp_async16(kd + so, kb_ + g, ok);
+                    cp_async16(vd + so, vb_ + g, ok);
+                }
+                cp_async_mbar_arrive_noinc(&full[st]);
+                if (kb == 0) {
+                    /* Q after the first K/V block: that one only needed a
+                     * free stage, Q waits for the last tile's last S. */
+                    mbar_wait(qempty, (qt & 1) ^ 1);
+                    const T *qsrc = (ti.w & 1) ? a.qs : q;
+                    const T *qb = qsrc + h * DH + lc * 8;
+#pragma unroll
+                    for (int n = 0; n < NR; n++) {
+                        const int row = ti.x + lr + n * RSTEP;
+                        const bool ok = row < ti.y;
+                        cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : qsrc, ok);
+                    }
+                    cp_async_mbar_arrive_noinc(qfull);
+                    qt++;
+                    /* The next work item's Q rows into L2 (one row each),
+                     * so its copy into shared memory waits on L2, not HBM. */
+                    const long w2 = w + gridDim.x;
+                    if ((flags & ATTW_PREFETCH_Q) && w2 < W) {
+                        const int4 tn = tiles[w2 / heads];
+                        const int row = tn.x + tid;
+                        if (row < tn.y)
+                            bulk_prefetch_l2(((tn.w & 1) ? a.qs : q) + (size_t)row * hd +
+                                                 (int)(w2 % heads) * DH,
+                                             DH * 2);
+                    }
+                }
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
+
+    /* ---- consumers ---- */
+    setmaxnreg_inc<224>();
+    const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
+    const bool lead = lane == 0;
+    const int my_bar = ATTW_PP_BAR + wg, other_bar = ATTW_PP_BAR + (wg ^ 1);
+    const unsigned char *Qw = Qs + wg * 64 * 128;
+    int it = 0, qt = 0;
+    if (PP && wg == 1)
+        named_bar_arrive(ATTW_PP_BAR, 256); /* warpgroup 0 takes the first turn */
+    auto turn_begin = [&]() {
+        if (PP)
+            named_bar_sync(my_bar, 256);
+    };
+    auto turn_end = [&]() {
+        if (PP)
+            named_bar_arrive(other_bar, 256);
+    };
+
+    float oacc[DH / 2], s[BN / 2];
+    uint32_t pa[BN / 16][4];
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+    /* s = 0, before the turn's wgmma.fence. */
+    auto zero_s = [&]() {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i++)
+            s[i] = 0.0f;
+    };
+    /* S += Q K^T (issued, not committed). */
+    auto issue_s = [&](const unsigned char *Kb) {
+#pragma unroll
+        for (int kk = 0; kk < DH / 16; kk++) {
+            uint64_t da = wg_desc(Qw + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
+            uint64_t db = wg_desc(Kb + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+            wgmma_ss<T, BN, 0>::run(s, da, db);
+        }
+    };
+    auto issue_pv = [&](const unsigned char *Vb) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, a.lbo_v, a.sbo_v));
+    };
+    /* Online softmax of block kb (base 2), in two parts so that the first
+     * can run while this warpgroup's previous P V is still on the tensor
+     * cores: softmax_p turns s into P in place (masked keys -> 0) and
+     * updates mrow, lrow; softmax_o (after that P V is done) rescales oacc
+     * and packs P into pa.
+     * s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1).
+     * Every block has at least one valid key, so the max is finite. */
+    float corr[2];
+    /* diag: the causal block of a self tile (key kk > row rl masked, both
+     * relative to the block); silu: HSTU weights, no running max. */
+    auto softmax_p = [&](int kb, int L, bool diag, bool silu) {
+        if ((kb + 1) * BN > L || diag) {
+            const int rl = wg * 64 + wq * 16 + g;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int kk = 8 * j + 2 * t + (x & 1);
+                    if (kb * BN + kk >= L || (diag && kk > rl + 8 * (x >> 1)))
+                        s[4 * j + x] = -INFINITY;
+                }
+        }
+        if (silu) {
+            /* p = silu(s / sqrt(dh)); the division by n comes at the end. */
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) {
+                const float h2 = s[i] * (0.5f * a.scale);
+                s[i] = s[i] == -INFINITY ? 0.0f : fmaf(h2, att_tanh(h2), h2);
+            }
+            corr[0] = corr[1] = 1.0f;
+            return;
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mnew = fmaxf(mrow[r], mx[r] * scale_log2);
+            corr[r] = att_ex2(mrow[r] - mnew);
+            mrow[r] = mnew;
+        }
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                float p = att_ex2(fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]));
+                s[4 * j + x] = p;
+                ls[x >> 1] += p;
+            }
+        lrow[0] = fmaf(lrow[0], corr[0], ls[0]);
+        lrow[1] = fmaf(lrow[1], corr[1], ls[1]);
+    };
+    auto softmax_o = [&]() {
+        /* Once the row maxima settle, most blocks change none of them. */
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+            for (int j = 0; j < DH / 8; j++) {
+                oacc[4 * j] *= corr[0];
+                oacc[4 * j + 1] *= corr[0];
+                oacc[4 * j + 2] *= corr[1];
+                oacc[4 * j + 3] *= corr[1];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            pa[j >> 1][(j & 1) * 2] = pack2<T>(s[4 * j], s[4 * j + 1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack2<T>(s[4 * j + 2], s[4 * j + 3]);
+        }
+    };
+
+    /* The next work item's tile and history length are loaded a tile ahead. */
+    int4 ti_n = make_int4(0, 0, 0, 0);
+    int L_n = 0;
+    if ((long)blockIdx.x < W) {
+        ti_n = tiles[blockIdx.x / heads];
+        L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+    }
+    for (long w = blockIdx.x; w < W; w += gridDim.x) {
+        const int4 ti = ti_n;
+        const int h = (int)(w % heads);
+        const int L = L_n;
+        const bool self_t = ti.w & 1, silu = self_t && a.silu;
+        const int nkb = attw_nkb(ti, L, a.causal, BN);
+        /* causal self tiles end on their diagonal block */
+        const bool diag_last = self_t && a.causal;
+        const long w2 = w + gridDim.x;
+        if (w2 < W)
+            ti_n = tiles[w2 / heads];
+#pragma unroll
+        for (int i = 0; i < DH / 2; i++)
+            oacc[i] = 0.0f;
+        mrow[0] = mrow[1] = -INFINITY;
+        lrow[0] = lrow[1] = 0.0f;
+        if (nkb > 0) {
+            mbar_wait(qfull, qt & 1);
+            /* turn 0: S_0 */
+            mbar_wait(&full[it % ST], (it / ST) & 1);
+            zero_s();
+            turn_begin();
+            wg_fence();
+            wg_fence_regs<BN / 2>(s);
+            issue_s(Ks + (it % ST) * CFG::KV_BYTES);
+            wg_commit();
+            turn_end();
+            wg_wait<0>();
+            wg_fence_regs<BN / 2>(s);
+            if (nkb == 1 && lead)
+                mbar_arrive(qempty);
+            softmax_p(0, L, diag_last && nkb == 1, silu);
+            softmax_o();
+            /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
+            for (int kb = 1; kb < nkb; kb++) {
+                const int sp = it % ST;
+                it++;
+                const int sn = it % ST;
+                mbar_wait(&full[sn], (it / ST) & 1);
+                zero_s();
+                turn_begin();
+                wg_fence();
+                wg_fence_regs<DH / 2>(oacc);
+                wg_fence_regs<BN / 2>(s);
+                issue_s(Ks + sn * CFG::KV_BYTES);
+                if (OV)
+                    wg_commit();
+                issue_pv(Vs + sp * CFG::KV_BYTES);
+                wg_commit();
+                turn_end();
+                if (OV) {
+                    wg_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
+                    wg_fence_regs<BN / 2>(s);
+                } else {
+                    wg_wait<0>();
+                    wg_fence_regs<BN / 2>(s);
+                    wg_fence_regs<DH / 2>(oacc);
+                }
+                if (kb == nkb - 1 && lead)
+                    mbar_arrive(qempty);
+                if (kb == 1 && w2 < W)
+                    L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+                softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
+                if (OV) {
+                    wg_wait<0>();
+                    wg_fence_regs<DH / 2>(oacc);
+                }
+                if (lead)
+                    mbar_arrive(&empty[sp]);
+                softmax_o();
+            }
+            /* turn nkb: P V of the last block */
+            const int sp = it % ST;
+            it++;
+            turn_begin();
+            wg_fence();
+            wg_fence_regs<DH / 2>(oacc);
+            issue_pv(Vs + sp * CFG::KV_BYTES);
+            wg_commit();
+            turn_end();
+            if (nkb == 1 && w2 < W)
+                L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+            wg_wait<0>();
+            wg_fence_regs<DH / 2>(oacc);
+            if (lead)
+                mbar_arrive(&empty[sp]);
+            qt++;
+        } else if (w2 < W) {
+            L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+        }
+
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = lrow[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = silu ? 1.0f / (float)L : l > 0.0f ? 1.0f / l : 0.0f;
+        }
+        if (flags & ATTW_VEC_STORE) {
+            /* 16-byte stores: the quad (t = 0..3) holds 4 chunks of 8
+             * columns as a 4 x 4 matrix of words (thread t, word b = its
+             * columns 2t, 2t+1 of chunk 4a + b); two butterfly exchanges
+             * transpose it so thread t holds all of chunk 4a + t. A quarter
+             * of the store instructions of the 4-byte path below. */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
+                T *orow = (self_t ? a.os : a.o) + (size_t)row * hd + h * DH;
+#pragma unroll
+                for (int a = 0; a < DH / 32; a++) {
+                    uint32_t w4[4];
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        const int j = 4 * a + b;
+                        w4[b] = pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+                    }
+                    const bool o1 = t & 1, o2 = t & 2;
+                    lane_swap(w4[0], w4[1], o1, 1);
+                    lane_swap(w4[2], w4[3], o1, 1);
+                    lane_swap(w4[0], w4[2], o2, 2);
+                    lane_swap(w4[1], w4[3], o2, 2);
+                    if (row < ti.y)
+                        *(uint4 *)(orow + 8 * (4 * a + t)) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
+                if (row >= ti.y)
+                    continue;
+                T *orow = (self_t ? a.os : a.o) + (size_t)row * hd + h * DH;
+#pragma unroll
+                for (int j = 0; j < DH / 8; j++)
+                    *(uint32_t *)(orow + j * 8 + 2 * t) =
+                        pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
+            }
+        }
+    }
+    /* Warpgroup 1's arrivals at barrier 1 outnumber warpgroup 0's waits by
+     * the opening one: take it, so no barrier is left half-arrived. */
+    if (PP && wg == 0)
+        named_bar_sync(ATTW_PP_BAR, 256);
+}
+
+/* Production's launch flags: Q prefetch always, 16-byte stores where o (and
+ * os) are 16-byte aligned. */
+template <typename T> static int attw_flags(const att_job<T> &j)
+{
+    bool al16 = ((uintptr_t)j.o | (uintptr_t)j.os) % 16 == 0;
+    return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0);
+}
+
+/* One k_att_wg launch over the tile table (dh = DH, 64 or 128). Production:
+ * PP and OV on, flags attw_flags(j); bench/kernels/attention_v3.cu turns
+ * them off one at a time for timing. */
+template <typename T, int DH, bool PP = true, bool OV = true>
+static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
+{
+    static_assert(DH == 64 || DH == 128, "k_att_wg is written for dh 64 and 128");
+    int4 *tiles;
+    int *ntiles;
+    long cap;
+    if (cu_att_tiles(s, j.q != nullptr, j.qs != nullptr, j.map, j.nc, j.tq, j.off, j.nu, j.causal,
+                     j.ev, &tiles, &ntiles, &cap, err))
+        return -1;
+    const double rs = 1.0 / sqrt((double)DH);
+    auto kern = k_att_wg<T, DH, PP, OV>;
+    if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
+        return -1;
+    /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
+     * groups 1024 bytes apart (SBO); the swapped assignment was checked
+     * on the H200 and faults. */
+    attw_args<T> a = {};
+    a.q = j.q, a.k = j.k, a.v = j.v, a.qs = j.qs, a.o = j.o, a.os = j.os, a.off = j.off;
+    a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags;
+    a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
+    a.scale_log2 = (float)(1.4426950408889634 * rs);
+    a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
+    /* Persistent: one CTA per SM (or per work item, if fewer), launched as
+     * the tile table's programmatic dependent. */
+    long work = cap * j.heads, sms = cu_impl(s->be)->sm_count;
+    unsigned pgrid = (unsigned)(work < sms ? work : sms);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3(pgrid);
+    cfg.blockDim = dim3(attw_cfg<DH>::NT);
+    cfg.dynamicSmemBytes = attw_cfg<DH>::SMEM;
+    cfg.stream = s->st;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    CU_TRY(cudaLaunchKernelEx(&cfg, kern, a), "attention (wgmma)");
+    return cu_check_launch(s, err, "attention (wgmma)");
+}
+
+#endif
