@@ -2,14 +2,13 @@
  *
  * Data: a request admitted by batcher_submit becomes a `breq` (it owns the
  * request's score arrays) and one or more `bseg` (the whole plan, or chunks
- * of it) appended to the FIFO queue. The dispatcher pops segments into a
+ * of it) appended to the FIFO queue. A free instance pops segments into a
  * `bbatch`, merges them into one ikbo_batch (its own copies of the inputs;
- * none when the batch is one whole request), and hands it to an instance
- * through the ready list. The instance computes, scatters each segment's
- * scores into its request's arrays, and the request completes when its last
- * segment is done or dropped.
+ * none when the batch is one whole request) and computes it, scatters each
+ * segment's scores into its request's arrays, and the request completes
+ * when its last segment is done or dropped.
  *
- * Locking: one mutex per batcher guards the queue, the ready list, the
+ * Locking: one mutex per batcher guards the queue, the idle stack, the
  * counters and each breq's bookkeeping (segs_left, failure status, timing).
  * Merging and computing run outside it. Callbacks run outside it.
  */
@@ -64,7 +63,6 @@ typedef struct bbatch {
     int *off;
     float *scores, *task_scores;
     rs_batch rb;    /* merged inputs; empty when the batch is one whole request's plan */
-    struct bbatch *next;
 } bbatch;
 
 typedef struct instance {
@@ -73,22 +71,24 @@ typedef struct instance {
     pthread_t thread;
     int started;
     ikbo_ctx *ctx;
+    pthread_cond_t cv;          /* this instance alone, while idle: work, stop */
+    struct instance *next_idle; /* the idle stack */
+    int idle;                   /* on the idle stack */
 } instance;
 
 struct batcher {
     pthread_mutex_t mu;
-    pthread_cond_t cv_disp; /* dispatcher: work queued, instance freed, stop */
-    pthread_cond_t cv_inst; /* instances: batch ready, dispatcher done */
     bseg *head, *tail;
     long long q_cands, q_rows; /* in the FIFO: what the next batch is formed from */
-    /* Admission: requests admitted and not computing yet (reserved, queued,
-     * or in an assembled batch waiting for an instance) and their candidates. */
+    /* Admission: requests admitted and not computing yet (reserved, or
+     * queued in the FIFO) and their candidates. */
     long long w_requests, w_cands;
-    bbatch *ready_head, *ready_tail;
-    int n_ready;
-    int idle_instances;
-    int active; /* batches popped and not finished (merging, ready, computing) */
-    int stopping, dispatcher_done;
+    /* Instances waiting for work, the most recently idle first. The first
+     * (the leader) is the one a submit wakes; it watches the FIFO's delay
+     * and deadlines while it waits. */
+    instance *idle_head;
+    int active; /* batches popped and not finished (merging, computing, answering) */
+    int stopping;
     uint64_t next_batch_id;
 
     config_batching lim;
@@ -96,13 +96,18 @@ struct batcher {
     char *label;
     int n_tasks;
     batcher_hooks hooks;
-    pthread_t dispatcher;
-    int dispatcher_started;
     instance *inst;
     int n_inst;
-    /* Completion: requests whose last segment an instance scored wait here
-     * for a completer thread, which runs their callbacks (response build,
-     * protobuf pack, send), so an instance goes straight to its next batch. */
+    /* The sweeper: answers queued requests whose deadline passes while no
+     * instance is idle to watch them. sweep_at: when it wakes next (0: only
+     * when signalled). */
+    pthread_cond_t cv_sweep;
+    int64_t sweep_at;
+    pthread_t sweeper;
+    int sweeper_started;
+    /* Completion: requests whose callbacks an instance hands off (work is
+     * waiting for it) wait here for a completer thread, which runs them
+     * (response build, protobuf pack, send). */
     pthread_cond_t cv_done;
     breq *done_head, *done_tail;
     pthread_t *completer;
@@ -156,8 +161,9 @@ static void breq_free(breq *q)
     free(q);
 }
 
-/* Runs the callback (no lock held) and frees the request. */
-static void breq_complete(batcher *b, breq *q)
+/* Runs the callback (no lock held) and frees the request. instance: the
+ * instance whose thread this is, -1 for a completer or the sweeper. */
+static void breq_complete(batcher *b, breq *q, int instance)
 {
     batcher_result res;
     memset(&res, 0, sizeof res);
@@ -175,6 +181,7 @@ static void breq_complete(batcher *b, breq *q)
         m_obs(b->m_queue_s, res.queue_seconds);
         m_obs(b->m_req_compute_s, res.compute_seconds);
     }
+    if (b->hooks.before_callback) b->hooks.before_callback(b->hooks.arg, instance);
     q->r.done(q->r.arg, &res);
     breq_free(q);
 }
@@ -346,7 +353,17 @@ nomem:
                          bt->n_requests);
 }
 
-/* ---- dispatcher --------------------------------------------------------- */
+/* ---- forming batches ----------------------------------------------------- */
+
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ns)
+{
+    if (!until_ns) {
+        pthread_cond_wait(cv, mu);
+        return;
+    }
+    struct timespec ts = {(time_t)(until_ns / 1000000000), (long)(until_ns % 1000000000)};
+    pthread_cond_timedwait(cv, mu, &ts);
+}
 
 /* Pops the head segments that fit one batch (at least one). Locked. */
 static bbatch *pop_batch(batcher *b)
@@ -388,27 +405,119 @@ static bbatch *pop_batch(batcher *b)
     return bt;
 }
 
-static void complete_list(batcher *b, breq *done)
+/* Wakes the idle leader and takes it off the idle stack, so that the next
+ * wake reaches the next idle instance. 0 when no instance is idle. Locked. */
+static int wake_leader(batcher *b)
 {
-    while (done) {
-        breq *q = done;
-        done = q->next_done;
-        breq_complete(b, q);
+    instance *in = b->idle_head;
+    if (!in) return 0;
+    b->idle_head = in->next_idle;
+    in->next_idle = NULL;
+    in->idle = 0;
+    pthread_cond_signal(&in->cv);
+    return 1;
+}
+
+/* A request with this deadline (0: none) is queued and no instance is idle
+ * to watch it: the sweeper must wake by then. Locked. */
+static void watch_deadline(batcher *b, int64_t deadline_ns)
+{
+    if (!deadline_ns || (b->sweep_at && b->sweep_at <= deadline_ns)) return;
+    b->sweep_at = deadline_ns;
+    pthread_cond_signal(&b->cv_sweep);
+}
+
+/* Waits on the idle stack until woken or until_ns (0: no limit). Locked. */
+static void idle_wait(batcher *b, instance *in, int64_t until_ns)
+{
+    in->next_idle = b->idle_head;
+    b->idle_head = in;
+    in->idle = 1;
+    timed_wait(&in->cv, &b->mu, until_ns);
+    if (in->idle) { /* timed out (or a spurious wake-up): still on the stack */
+        for (instance **pp = &b->idle_head; *pp; pp = &(*pp)->next_idle)
+            if (*pp == in) {
+                *pp = in->next_idle;
+                break;
+            }
+        in->idle = 0;
+    }
+    in->next_idle = NULL;
+}
+
+/* ---- answering ------------------------------------------------------------ */
+
+/* The rule of batcher.h: work waits for the instance that finished requests
+ * when the FIFO holds a request and no other instance is idle to take it.
+ * Then a completer answers them; else the instance does. Locked. */
+static int work_waits(const batcher *b) { return b->head && !b->idle_head && b->n_completers > 0; }
+
+/* Appends finished requests (in order) to the completers' list. Locked. */
+static void hand_off(batcher *b, breq *list)
+{
+    int n = 0;
+    while (list) {
+        breq *q = list;
+        list = q->next_done;
+        q->next_done = NULL;
+        if (b->done_tail)
+            b->done_tail->next_done = q;
+        else
+            b->done_head = q;
+        b->done_tail = q;
+        n++;
+    }
+    /* Several: wake every completer, they take one at a time. */
+    if (n > 1)
+        pthread_cond_broadcast(&b->cv_done);
+    else if (n == 1)
+        pthread_cond_signal(&b->cv_done);
+}
+
+/* Answers requests on this thread, in order. An instance (instance >= 0)
+ * hands what is left to the completers as soon as work waits for it. No
+ * lock held. */
+static void complete_here(batcher *b, breq *list, int instance)
+{
+    while (list) {
+        breq *q = list;
+        list = q->next_done;
+        breq_complete(b, q, instance);
+        if (!list || instance < 0) continue;
+        pthread_mutex_lock(&b->mu);
+        if (work_waits(b)) {
+            hand_off(b, list);
+            list = NULL;
+        }
+        pthread_mutex_unlock(&b->mu);
     }
 }
 
-/* Accounts a computed batch to its requests (or fails them when it could
- * not be built or scored) and completes those with nothing left. unwait: the
- * segments still count as waiting (a batch that never reached an instance).
- * Takes the lock. */
-static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t t0, double dt,
-                            int unwait, int to_completers)
+/* Answers requests an instance found finished (scored, failed or dropped):
+ * by the completers when work waits, else here. Locked on entry and exit;
+ * the lock is released while callbacks run. */
+static void answer(batcher *b, breq *list, int instance)
 {
-    breq *done = NULL;
+    if (!list) return;
+    if (work_waits(b)) {
+        hand_off(b, list);
+        return;
+    }
+    pthread_mutex_unlock(&b->mu);
+    complete_here(b, list, instance);
+    pthread_mutex_lock(&b->mu);
+}
+
+/* Accounts a finished batch to its requests (or fails them when it could
+ * not be built or scored) and answers those with nothing left. Takes the
+ * lock. */
+static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t t0, double dt,
+                            int instance)
+{
+    breq *done = NULL, **tail = &done;
     pthread_mutex_lock(&b->mu);
     for (int i = 0; i < bt->n_segs; i++) {
         breq *q = bt->segs[i]->q;
-        if (unwait) unwait_seg(b, bt->segs[i]);
         if (st->code != RQ_OK) {
             fail_req(q, RJ_ERROR, st->code, st->msg);
         } else {
@@ -420,110 +529,16 @@ static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t
             if (t0 > q->start_ns) q->start_ns = t0;
         }
         if (--q->segs_left == 0) {
-            q->next_done = done;
-            done = q;
-        }
-    }
-    if (to_completers && done && b->n_completers > 0) {
-        /* FIFO onto the completers' list (done is in reverse batch order;
-         * the order among one batch's requests does not matter). Several
-         * requests: wake every completer, they take one at a time. */
-        int n = 0;
-        while (done) {
-            breq *q = done;
-            done = q->next_done;
             q->next_done = NULL;
-            if (b->done_tail)
-                b->done_tail->next_done = q;
-            else
-                b->done_head = q;
-            b->done_tail = q;
-            n++;
+            *tail = q;
+            tail = &q->next_done;
         }
-        if (n > 1)
-            pthread_cond_broadcast(&b->cv_done);
-        else
-            pthread_cond_signal(&b->cv_done);
     }
+    answer(b, done, instance);
     pthread_mutex_unlock(&b->mu);
-    complete_list(b, done);
 }
 
-static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t until_ns)
-{
-    if (!until_ns) {
-        pthread_cond_wait(cv, mu);
-        return;
-    }
-    struct timespec ts = {(time_t)(until_ns / 1000000000), (long)(until_ns % 1000000000)};
-    pthread_cond_timedwait(cv, mu, &ts);
-}
-
-static void *dispatcher_main(void *arg)
-{
-    batcher *b = arg;
-    log_thread_name("ikbo-batch", -1);
-    pthread_mutex_lock(&b->mu);
-    for (;;) {
-        int64_t now = clock_mono_ns();
-        breq *done = NULL;
-        int64_t earliest = sweep(b, now, &done);
-        if (done) {
-            pthread_mutex_unlock(&b->mu);
-            complete_list(b, done);
-            pthread_mutex_lock(&b->mu);
-            continue;
-        }
-        if (!b->head) {
-            if (b->stopping) break;
-            timed_wait(&b->cv_disp, &b->mu, earliest);
-            continue;
-        }
-        int free_inst = b->idle_instances - b->n_ready;
-        int full = b->q_cands >= b->lim.max_batch_candidates ||
-                   b->q_rows >= b->lim.max_batch_users;
-        int64_t due = b->head->q->enq_ns + b->lim.max_queue_delay_us * 1000;
-        /* With an instance free: go when the batch is full or the oldest has
-         * waited long enough. With none: assemble one full batch ahead. */
-        int go = free_inst > 0 ? (full || now >= due || b->stopping) : (full && b->n_ready == 0);
-        if (!go) {
-            int64_t wake = earliest;
-            if (free_inst > 0 && (!wake || due < wake)) wake = due;
-            timed_wait(&b->cv_disp, &b->mu, wake);
-            continue;
-        }
-        bbatch *bt = pop_batch(b);
-        if (!bt) { /* out of memory: let the instances drain, retry */
-            timed_wait(&b->cv_disp, &b->mu, clock_mono_ns() + 1000000);
-            continue;
-        }
-        b->active++;
-        pthread_mutex_unlock(&b->mu);
-        rq_status st;
-        rq_status_ok(&st);
-        if (merge(b, bt, &st) != 0) {
-            finish_segments(b, bt, &st, 0, 0, 1, 0);
-            bbatch_free(bt);
-            pthread_mutex_lock(&b->mu);
-            b->active--;
-            continue;
-        }
-        pthread_mutex_lock(&b->mu);
-        if (b->ready_tail)
-            b->ready_tail->next = bt;
-        else
-            b->ready_head = bt;
-        b->ready_tail = bt;
-        b->n_ready++;
-        pthread_cond_signal(&b->cv_inst);
-    }
-    b->dispatcher_done = 1;
-    pthread_cond_broadcast(&b->cv_inst);
-    pthread_mutex_unlock(&b->mu);
-    return NULL;
-}
-
-/* ---- instances ---------------------------------------------------------- */
+/* ---- instances ------------------------------------------------------------ */
 
 static void run_batch(batcher *b, instance *in, bbatch *bt)
 {
@@ -566,8 +581,46 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
             }
         }
     }
-    finish_segments(b, bt, &st, t0, dt, 0, 1);
-    bbatch_free(bt);
+    finish_segments(b, bt, &st, t0, dt, in->index);
+}
+
+/* The next batch of a free instance, by the rules of batcher.h: drops what
+ * expired or was cancelled, then pops the head segments once they fill a
+ * batch, the oldest has waited max_queue_delay_us, or the batcher stops;
+ * until then waits on the idle stack. NULL: stop. Locked. */
+static bbatch *next_batch(batcher *b, instance *in)
+{
+    for (;;) {
+        int64_t now = clock_mono_ns();
+        breq *dropped = NULL;
+        int64_t earliest = b->head ? sweep(b, now, &dropped) : 0;
+        if (dropped) {
+            answer(b, dropped, in->index);
+            continue;
+        }
+        if (!b->head) {
+            if (b->stopping) return NULL;
+            idle_wait(b, in, 0);
+            continue;
+        }
+        const int full = b->q_cands >= b->lim.max_batch_candidates ||
+                         b->q_rows >= b->lim.max_batch_users;
+        const int64_t due = b->head->q->enq_ns + b->lim.max_queue_delay_us * 1000;
+        if (!full && now < due && !b->stopping) {
+            idle_wait(b, in, earliest && earliest < due ? earliest : due);
+            continue;
+        }
+        bbatch *bt = pop_batch(b);
+        if (!bt) { /* out of memory: let the others drain, retry */
+            timed_wait(&in->cv, &b->mu, clock_mono_ns() + 1000000);
+            continue;
+        }
+        for (int i = 0; i < bt->n_segs; i++) unwait_seg(b, bt->segs[i]);
+        b->active++;
+        /* What is left is the next idle instance's, or the sweeper's to watch. */
+        if (b->head && !wake_leader(b)) watch_deadline(b, earliest);
+        return bt;
+    }
 }
 
 static void *instance_main(void *arg)
@@ -576,19 +629,16 @@ static void *instance_main(void *arg)
     batcher *b = in->b;
     log_thread_name("ikbo-inst", in->index);
     pthread_mutex_lock(&b->mu);
-    for (;;) {
-        b->idle_instances++;
-        pthread_cond_signal(&b->cv_disp);
-        while (!b->ready_head && !b->dispatcher_done) pthread_cond_wait(&b->cv_inst, &b->mu);
-        b->idle_instances--;
-        bbatch *bt = b->ready_head;
-        if (!bt) break;
-        b->ready_head = bt->next;
-        if (!b->ready_head) b->ready_tail = NULL;
-        b->n_ready--;
-        for (int i = 0; i < bt->n_segs; i++) unwait_seg(b, bt->segs[i]);
+    bbatch *bt;
+    while ((bt = next_batch(b, in))) {
         pthread_mutex_unlock(&b->mu);
-        run_batch(b, in, bt);
+        rq_status st;
+        rq_status_ok(&st);
+        if (merge(b, bt, &st) == 0)
+            run_batch(b, in, bt);
+        else
+            finish_segments(b, bt, &st, 0, 0, in->index);
+        bbatch_free(bt);
         pthread_mutex_lock(&b->mu);
         b->active--;
     }
@@ -596,8 +646,34 @@ static void *instance_main(void *arg)
     return NULL;
 }
 
-/* Runs the callbacks of requests the instances finished, in order. Exits
- * once told to stop and the list is empty: no request is left behind. */
+/* ---- sweeper and completers ------------------------------------------------ */
+
+/* Answers queued requests whose deadline passes, or whose client went away,
+ * while no instance is idle to watch the FIFO (an instance also sweeps it
+ * before every batch it forms). */
+static void *sweeper_main(void *arg)
+{
+    batcher *b = arg;
+    log_thread_name("ikbo-sweep", -1);
+    pthread_mutex_lock(&b->mu);
+    while (!b->stopping) {
+        breq *dropped = NULL;
+        int64_t earliest = b->head ? sweep(b, clock_mono_ns(), &dropped) : 0;
+        if (dropped) {
+            pthread_mutex_unlock(&b->mu);
+            complete_here(b, dropped, -1);
+            pthread_mutex_lock(&b->mu);
+            continue;
+        }
+        b->sweep_at = earliest;
+        timed_wait(&b->cv_sweep, &b->mu, earliest);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Runs the callbacks the instances handed off, in order. Exits once told to
+ * stop and the list is empty: no request is left behind. */
 static void *completer_main(void *arg)
 {
     batcher *b = arg;
@@ -613,7 +689,7 @@ static void *completer_main(void *arg)
         b->done_head = q->next_done;
         if (!b->done_head) b->done_tail = NULL;
         pthread_mutex_unlock(&b->mu);
-        breq_complete(b, q);
+        breq_complete(b, q, -1);
         pthread_mutex_lock(&b->mu);
     }
     pthread_mutex_unlock(&b->mu);
@@ -758,7 +834,9 @@ int batcher_submit_reserved(batcher *b, const batcher_request *r, rq_status *st)
     b->tail = tail;
     b->q_cands += C;
     b->q_rows += U;
-    pthread_cond_signal(&b->cv_disp);
+    /* An idle instance takes it (one wake-up); else the first instance to
+     * finish its batch does, and the sweeper watches its deadline. */
+    if (!wake_leader(b)) watch_deadline(b, r->deadline_ns);
     pthread_mutex_unlock(&b->mu);
     return 0;
 }
@@ -791,13 +869,13 @@ static void stop_threads(batcher *b)
 {
     pthread_mutex_lock(&b->mu);
     b->stopping = 1;
-    if (!b->dispatcher_started) {
-        b->dispatcher_done = 1;
-        pthread_cond_broadcast(&b->cv_inst);
+    while (wake_leader(b)) {
     }
-    pthread_cond_broadcast(&b->cv_disp);
+    pthread_cond_signal(&b->cv_sweep);
     pthread_mutex_unlock(&b->mu);
-    if (b->dispatcher_started) pthread_join(b->dispatcher, NULL);
+    if (b->sweeper_started) pthread_join(b->sweeper, NULL);
+    b->sweeper_started = 0;
+    /* The instances drain the FIFO (sweeping it before each batch). */
     for (int i = 0; i < b->n_inst; i++)
         if (b->inst[i].started) pthread_join(b->inst[i].thread, NULL);
     /* The instances are gone, so the completers' list only shrinks now. */
@@ -812,13 +890,60 @@ static void stop_threads(batcher *b)
 static void destroy(batcher *b)
 {
     pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv_disp);
-    pthread_cond_destroy(&b->cv_inst);
+    pthread_cond_destroy(&b->cv_sweep);
     pthread_cond_destroy(&b->cv_done);
+    for (int i = 0; b->inst && i < b->n_inst; i++) pthread_cond_destroy(&b->inst[i].cv);
     free(b->completer);
     free(b->inst);
     free(b->label);
     free(b);
+}
+
+/* Completers first, so an instance never finishes a batch with nobody to
+ * hand answers to; the sweeper last. 0, or -1 with *err. */
+static int start_threads(batcher *b, ikbo_err *err)
+{
+    /* One completer per instance: completing a request (response build,
+     * pack, send) costs a fraction of scoring it. */
+    for (int i = 0; i < b->n_inst; i++) {
+        if (pthread_create(&b->completer[i], NULL, completer_main, b) != 0) {
+            bk_seterr(err, "batcher: cannot start completion thread %d", i);
+            return -1;
+        }
+        b->n_completers++;
+    }
+    for (int i = 0; i < b->n_inst; i++) {
+        if (pthread_create(&b->inst[i].thread, NULL, instance_main, &b->inst[i]) != 0) {
+            bk_seterr(err, "batcher: cannot start instance thread %d", i);
+            return -1;
+        }
+        b->inst[i].started = 1;
+    }
+    if (pthread_create(&b->sweeper, NULL, sweeper_main, b) != 0) {
+        bk_seterr(err, "batcher: cannot start the sweeper thread");
+        return -1;
+    }
+    b->sweeper_started = 1;
+    return 0;
+}
+
+static void metrics_init(batcher *b, metrics_server *mx)
+{
+    const char *const ml[] = {b->label};
+    b->m_queue_s = metrics_series_get(mx->queue_seconds, ml);
+    b->m_req_compute_s = metrics_series_get(mx->request_compute_seconds, ml);
+    b->m_batch_compute_s = metrics_series_get(mx->batch_compute_seconds, ml);
+    b->m_batch_requests = metrics_series_get(mx->batch_requests, ml);
+    b->m_batch_users = metrics_series_get(mx->batch_users, ml);
+    b->m_batch_cands = metrics_series_get(mx->batch_candidates, ml);
+    b->m_batch_ratio = metrics_series_get(mx->batch_candidates_per_user, ml);
+    b->m_q_requests = metrics_series_get(mx->queue_requests, ml);
+    b->m_q_cands = metrics_series_get(mx->queue_candidates, ml);
+    b->m_bytes_avoided = metrics_series_get(mx->broadcast_bytes_avoided_total, ml);
+    for (int i = 0; i < RJ_COUNT; i++) {
+        const char *const mr[] = {b->label, REJECT_NAME[i]};
+        b->m_rejected[i] = metrics_series_get(mx->rejected_total, mr);
+    }
 }
 
 batcher *batcher_new(const batcher_model *model, const config_batching *lim, metrics_server *mx,
@@ -838,67 +963,31 @@ batcher *batcher_new(const batcher_model *model, const config_batching *lim, met
     if (hooks) b->hooks = *hooks;
     b->n_inst = b->lim.instances;
     b->inst = calloc((size_t)b->n_inst, sizeof *b->inst);
+    b->completer = calloc((size_t)b->n_inst, sizeof *b->completer);
     pthread_mutex_init(&b->mu, NULL);
+    /* Timed waits (delay, deadlines) are on CLOCK_MONOTONIC. */
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cv_disp, &ca);
+    pthread_cond_init(&b->cv_sweep, &ca);
+    for (int i = 0; b->inst && i < b->n_inst; i++) {
+        b->inst[i].b = b;
+        b->inst[i].index = i;
+        pthread_cond_init(&b->inst[i].cv, &ca);
+    }
     pthread_condattr_destroy(&ca);
-    pthread_cond_init(&b->cv_inst, NULL);
     pthread_cond_init(&b->cv_done, NULL);
-    b->completer = calloc((size_t)b->n_inst, sizeof *b->completer);
     if (!b->label || !b->inst || !b->completer) {
         bk_seterr(err, "batcher: out of memory");
         destroy(b);
         return NULL;
     }
-    if (mx) {
-        const char *const ml[] = {b->label};
-        b->m_queue_s = metrics_series_get(mx->queue_seconds, ml);
-        b->m_req_compute_s = metrics_series_get(mx->request_compute_seconds, ml);
-        b->m_batch_compute_s = metrics_series_get(mx->batch_compute_seconds, ml);
-        b->m_batch_requests = metrics_series_get(mx->batch_requests, ml);
-        b->m_batch_users = metrics_series_get(mx->batch_users, ml);
-        b->m_batch_cands = metrics_series_get(mx->batch_candidates, ml);
-        b->m_batch_ratio = metrics_series_get(mx->batch_candidates_per_user, ml);
-        b->m_q_requests = metrics_series_get(mx->queue_requests, ml);
-        b->m_q_cands = metrics_series_get(mx->queue_candidates, ml);
-        b->m_bytes_avoided = metrics_series_get(mx->broadcast_bytes_avoided_total, ml);
-        for (int i = 0; i < RJ_COUNT; i++) {
-            const char *const mr[] = {b->label, REJECT_NAME[i]};
-            b->m_rejected[i] = metrics_series_get(mx->rejected_total, mr);
-        }
-    }
-    /* One completer per instance: completing a request (response build,
-     * pack, send) costs a fraction of scoring it. Started first, so an
-     * instance never finishes a batch with nobody to complete it. */
-    for (int i = 0; i < b->n_inst; i++) {
-        if (pthread_create(&b->completer[i], NULL, completer_main, b) != 0) {
-            bk_seterr(err, "batcher: cannot start completion thread %d", i);
-            stop_threads(b);
-            destroy(b);
-            return NULL;
-        }
-        b->n_completers++;
-    }
-    for (int i = 0; i < b->n_inst; i++) {
-        b->inst[i].b = b;
-        b->inst[i].index = i;
-        if (pthread_create(&b->inst[i].thread, NULL, instance_main, &b->inst[i]) != 0) {
-            bk_seterr(err, "batcher: cannot start instance thread %d", i);
-            stop_threads(b);
-            destroy(b);
-            return NULL;
-        }
-        b->inst[i].started = 1;
-    }
-    if (pthread_create(&b->dispatcher, NULL, dispatcher_main, b) != 0) {
-        bk_seterr(err, "batcher: cannot start the dispatcher thread");
+    if (mx) metrics_init(b, mx);
+    if (start_threads(b, err) != 0) {
         stop_threads(b);
         destroy(b);
         return NULL;
     }
-    b->dispatcher_started = 1;
     return b;
 }
 

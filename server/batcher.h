@@ -9,21 +9,39 @@
  *
  * Threads of one batcher (one per model version):
  * - callers (gRPC workers, the HTTP thread) batcher_submit a validated plan
- *   and return at once; admission is decided there, under the batcher's lock;
- * - one dispatcher pops requests in FIFO order into a batch and builds the
- *   merged ikbo_batch (user dedup, candidates grouped by merged row so map
- *   stays non-decreasing). It forms a batch when an instance is free and the
- *   queue holds max_batch_candidates candidates or max_batch_users user rows,
- *   or the oldest request has waited max_queue_delay_us (0: at once). While
- *   every instance computes it assembles at most one more batch, and only a
- *   full one (a batch that cannot grow loses nothing by closing early);
+ *   and return at once; admission is decided there, under the batcher's
+ *   lock. A submit appends to the FIFO and wakes one idle instance, if any;
  * - `instances` instance threads, each with its own ikbo_ctx (workspace and,
- *   on GPU, stream), run ikbo_score and copy each request's scores out of
- *   the batch;
- * - as many completion threads take the requests whose last segment was
- *   scored and run their callbacks (on the server: response build, protobuf
- *   pack, send, request free), so an instance starts its next batch at once
- *   instead of spending a share of its time on answers.
+ *   on GPU, stream). A free instance forms its own batch from the FIFO
+ *   under the lock: it drops what expired or was cancelled, then, when the
+ *   queue holds max_batch_candidates candidates or max_batch_users user
+ *   rows, or the oldest request has waited max_queue_delay_us (0: at once),
+ *   pops the head requests that fit one batch and, outside the lock, builds
+ *   the merged ikbo_batch (user dedup, candidates grouped by merged row so
+ *   map stays non-decreasing), runs ikbo_score and copies each request's
+ *   scores out. So a request submitted while an instance is idle starts
+ *   computing after one wake-up. Idle instances wait on a stack, most
+ *   recently idle first; the first (the leader) is the one a submit wakes,
+ *   and it waits for the oldest request's delay and the queue's earliest
+ *   deadline. An instance that leaves requests in the queue wakes the next
+ *   idle one. Nothing is assembled ahead of a free instance: what waits
+ *   stays in the FIFO, where later arrivals still join it and deadlines and
+ *   cancellation still drop it; with several instances one merges while
+ *   another computes;
+ * - the instance answers the requests it finished (runs their callbacks:
+ *   on the server, response build, protobuf pack, send, request free)
+ *   itself unless work waits for it, that is, the FIFO holds a request and
+ *   no other instance is idle to take it. Then the requests go to the
+ *   completion threads (as many as instances), so the instance starts its
+ *   next batch at once. The rule is checked before each callback: work
+ *   that arrives while an instance answers sends the rest to the
+ *   completers. An answer thus costs no hand-off when the server is not
+ *   busy, and delays a request that arrives meanwhile by at most the one
+ *   callback then running;
+ * - one sweeper thread answers queued requests whose deadline passes while
+ *   no instance is idle to watch the queue; it sleeps until the earliest
+ *   such deadline, and is woken only when a request with an earlier one is
+ *   left in the queue with no instance idle.
  *
  * A request is never split across batches unless it alone exceeds
  * max_batch_candidates or max_batch_users: then it is cut into chunks at
@@ -39,16 +57,17 @@
  * full: 512 requests queued, limit 512") when admitting it would put more
  * than max_queue_requests requests or max_queue_candidates candidates in the
  * queue, which holds every request admitted and not computing yet (waiting
- * in the FIFO, or in a batch assembled ahead for an instance). Admission is
+ * in the FIFO; a request leaves it when an instance pops it). Admission is
  * a reservation taken before the request is validated and planned
  * (batcher_reserve), so a refusal costs almost nothing. A request larger
  * than max_queue_candidates is admitted only into an empty queue. So the
  * work ahead of an admitted request is at most the queue limits plus the
  * batches computing: max_queue_candidates bounds its queueing delay. A
  * queued request whose deadline passes gets DEADLINE_EXCEEDED, and one whose
- * client went away (*cancelled != 0) gets CANCELLED, without being computed;
- * the dispatcher checks both whenever it wakes and wakes at the earliest
- * deadline. A request already merged into an assembled batch is computed.
+ * client went away (*cancelled != 0) gets CANCELLED, without being computed:
+ * an instance checks both before it forms a batch, and the idle leader or
+ * the sweeper wakes at the earliest deadline. A request already popped
+ * into a batch is computed.
  *
  * Scores are bitwise identical to scoring each request alone on the CPU
  * backend: the engine scores a candidate the same whatever else is in the
@@ -62,11 +81,12 @@
  * Ownership: the request and the plan given to batcher_submit are only read
  * and must stay valid until the callback has run. The result passed to the
  * callback (and its score arrays) is valid during the callback only.
- * Thread-safety: batcher_submit from any thread; the callback runs on a
- * completion thread (scored requests, and those failed by a scoring error)
- * or the dispatcher (requests dropped before scoring), never under a batcher
- * lock, never inside batcher_submit; batcher_free from one thread once no
- * submit can start, and every callback has run when it returns.
+ * Thread-safety: batcher_submit from any thread; the callback runs on an
+ * instance or a completion thread (by the rule above), or on the sweeper
+ * (requests dropped at their deadline while every instance computes),
+ * never under a batcher lock, never inside batcher_submit; batcher_free
+ * from one thread once no submit can start, and every callback has run
+ * when it returns.
  */
 #ifndef IKBO_SERVER_BATCHER_H
 #define IKBO_SERVER_BATCHER_H
@@ -113,11 +133,14 @@ typedef struct batcher_model {
     void *ctx_arg;
 } batcher_model;
 
-/* Test hook, NULL in the daemon: called on the instance thread just before
- * a batch is computed, with the number of requests (or chunks) in it. */
+/* Test hooks, NULL in the daemon. before_compute: on the instance thread
+ * just before a batch is computed, with the number of requests (or chunks)
+ * in it. before_callback: just before a request's callback, with the
+ * instance whose thread runs it, or -1 (a completer or the sweeper). */
 typedef struct batcher_hooks {
     void (*before_compute)(void *arg, int instance, int n_requests);
     void *arg;
+    void (*before_callback)(void *arg, int instance);
 } batcher_hooks;
 
 /* The limits a model runs with: the server's "batching" config, overridden
@@ -129,7 +152,7 @@ typedef struct batcher_hooks {
 void batcher_resolve(const ikbo_serving *server, const ikbo_serving *serving,
                      const char *device, ikbo_serving *out);
 
-/* Starts the dispatcher and the instance threads. lim must be resolved
+/* Starts the instance, completion and sweeper threads. lim must be resolved
  * (instances >= 1). mx NULL = no metrics. NULL with *err on failure. */
 batcher *batcher_new(const batcher_model *model, const config_batching *lim,
                      metrics_server *mx, const batcher_hooks *hooks, ikbo_err *err);

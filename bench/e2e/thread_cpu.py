@@ -2,9 +2,9 @@
 """thread_cpu.py - CPU time per thread of running processes over a window.
 
 Why this exists: at saturation the end-to-end benchmark must say which
-thread is the bottleneck (a gRPC worker, the batch dispatcher, an execution
-instance, gRPC's own event-engine threads, the load generator). The server
-names its threads (ikbo-grpcN, ikbo-batch, ikbo-instN, ikbo-http, ...), so
+thread is the bottleneck (a gRPC worker, an execution instance, a completion
+thread, gRPC's own event-engine threads, the load generator). The server
+names its threads (ikbo-grpcN, ikbo-instN, ikbo-doneN, ikbo-http, ...), so
 /proc/<pid>/task/<tid>/{comm,stat} is enough; no profiler is needed on the
 GPU machine.
 

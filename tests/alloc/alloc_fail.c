@@ -314,7 +314,7 @@ void __wrap_log_thread_name(const char *prefix, int index)
     static const struct {
         const char *prefix;
         unsigned role;
-    } roles[] = {{"ikbo-batch", AF_DISPATCH},
+    } roles[] = {{"ikbo-sweep", AF_SWEEP},
                  {"ikbo-inst", AF_INSTANCE},
                  {"ikbo-done", AF_COMPLETE},
                  {"ikbo-reaper", AF_REAPER}};

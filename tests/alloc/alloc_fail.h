@@ -26,7 +26,7 @@
  *
  * Which allocations count: only those made on threads whose role is in the
  * armed mask. A thread's role comes from its log_thread_name() prefix
- * (ikbo-batch: dispatcher, ikbo-inst: instance, ikbo-done: completer,
+ * (ikbo-sweep: sweeper, ikbo-inst: instance, ikbo-done: completer,
  * ikbo-reaper, others), the calling thread is AF_MAIN after af_init(), so a
  * sweep over a multi-threaded path stays deterministic: the counted threads
  * hand one request to each other in turn.
@@ -41,7 +41,7 @@
 
 enum af_role {
     AF_MAIN = 1u << 0,     /* the test's thread(s) */
-    AF_DISPATCH = 1u << 1, /* batcher dispatcher (ikbo-batch) */
+    AF_SWEEP = 1u << 1,    /* batcher sweeper (ikbo-sweep) */
     AF_INSTANCE = 1u << 2, /* batcher instance (ikbo-inst) */
     AF_COMPLETE = 1u << 3, /* batcher completer (ikbo-done) */
     AF_REAPER = 1u << 4,   /* batcher set reaper (ikbo-reaper) */

@@ -27,12 +27,13 @@
  *
  * Determinism: allocations count only on the threads a sweep names (roles
  * in alloc_fail.h); the request sweeps count the test thread and the
- * batcher's dispatcher, instance and completer, which handle one request in
- * turn; the merge sweep counts the dispatcher only. Waits are bounded
+ * batcher's sweeper, instance and completer, which handle one request in
+ * turn; the merge sweep counts the instance only (it merges, computes and,
+ * with nothing queued behind, answers). Waits are bounded
  * (WAIT_S); nothing depends on speed.
  *
  * What is accepted, knowingly: a fallback that succeeds (the protobuf-c
- * unpack where the fast decoder's arena failed, the dispatcher retrying a
+ * unpack where the fast decoder's arena failed, an instance retrying a
  * batch it could not allocate, the memory estimate from the file size);
  * /metrics missing a series for that one scrape; jansson-internal failures
  * only in the load, config and first-allocation sweeps, because jansson
@@ -81,7 +82,7 @@
 
 #define WAIT_S 20             /* longest wait for an answer or a free */
 #define MAX_ITER 200000       /* a sweep that does not end is a bug */
-/* Armed requests in persistent mode: the dispatcher retries a batch it
+/* Armed requests in persistent mode: an instance retries a batch it
  * could not allocate every millisecond until memory returns; the request's
  * deadline ends that. */
 #define REQ_DEADLINE_NS 300000000LL
@@ -245,7 +246,7 @@ static int check_scores(const Ikbo__V1__RankResponse *r, char *why)
 
 /* An allocation failure may end in these codes only; a valid request never
  * gets a client-error status because memory ran out. DEADLINE_EXCEEDED: a
- * retry loop (the dispatcher's) outlived the deadline, persistent mode. */
+ * retry loop (an instance's) outlived the deadline, persistent mode. */
 static long g_jansson_misreports; /* see clean_code */
 
 static int clean_code(const rq_status *st, char *why)
@@ -563,7 +564,7 @@ static int grpc_rank(tr_arg *a, char *why)
     char *details = NULL;
     uint8_t *resp = NULL;
     size_t n = 0;
-    /* Persistent mode: the dispatcher retries a batch it cannot allocate
+    /* Persistent mode: an instance retries a batch it cannot allocate
      * until the call's deadline (as in the request sweeps). */
     const int timeout_ms = g_persistent ? (int)(REQ_DEADLINE_NS / 1000000) : WAIT_S * 1000;
     if (lg_unary(a->ch, "/ikbo.v1.Ranker/Rank", g_wire, g_wire_len, timeout_ms, &code, &details,
@@ -985,7 +986,7 @@ static int describe_after(void *p, char *why)
 }
 
 /* N_MERGE requests in one batch: the batch closes when full (their
- * candidates together), the delay is long, so the dispatcher merges all. */
+ * candidates together), the delay is long, so one instance merges all. */
 static int merge_round(world *w, char *why)
 {
     call c[N_MERGE];
@@ -1273,7 +1274,7 @@ int main(void)
         cleanup();
         return 1;
     }
-    const unsigned REQ_BATCH = AF_DISPATCH | AF_INSTANCE | AF_COMPLETE, REQ = AF_MAIN | REQ_BATCH;
+    const unsigned REQ_BATCH = AF_SWEEP | AF_INSTANCE | AF_COMPLETE, REQ = AF_MAIN | REQ_BATCH;
     static tr_arg tr_a[4] = {{.tls = 0}, {.tls = 1}, {.tls = 0}, {.tls = 0}};
     static many_arg many_a;
     /* The demo, and its broadcast-form twin (models/demo_auto, "planning":
@@ -1309,7 +1310,7 @@ int main(void)
         {"request json (jansson 1st)", REQ | AF_LIBS, req_setup, req_op, req_after,
          req_teardown, &ra[3], 1},
         {"request chunked", REQ, req_setup, req_op, req_after, req_teardown, &ra[4], 0},
-        {"batcher merge of 3", AF_DISPATCH, merge_setup, merge_op, merge_after, req_teardown,
+        {"batcher merge of 3", AF_INSTANCE, merge_setup, merge_op, merge_after, req_teardown,
          &merge_a, 0},
         {"model info (all)", AF_MAIN, req_setup, describe_op, describe_after, req_teardown,
          &desc_a[0], 0},

@@ -307,7 +307,14 @@ typedef struct slot {
     double queue_s;
     atomic_int cancel;
     atomic_int done;
+    int cb_instance;  /* before_callback's instance: -1 a completer or the sweeper */
+    int cb_computed;  /* the instance that last computed on the callback's thread, -1 none */
 } slot;
+
+/* Per thread: the instance it computed a batch for last (gate_hook), and
+ * the instance before_callback named for the callback about to run. */
+static __thread int t_computed = -1;
+static __thread int t_cb_instance = -2;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
@@ -361,6 +368,8 @@ static void on_done(void *arg, const batcher_result *r)
     snprintf(s->msg, sizeof s->msg, "%s", r->st.msg);
     s->batches = r->batches;
     s->queue_s = r->queue_seconds;
+    s->cb_instance = t_cb_instance;
+    s->cb_computed = t_computed;
     if (r->st.code == RQ_OK) {
         for (int i = 0; i < s->C; i++) {
             int ri = s->plan->order[i];
@@ -381,6 +390,32 @@ static void wait_done(int n)
     pthread_mutex_lock(&g_mu);
     while (g_done < n) pthread_cond_wait(&g_cv, &g_mu);
     pthread_mutex_unlock(&g_mu);
+}
+
+/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait on a default condvar. */
+static struct timespec realtime_in(int ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (t.tv_nsec >= 1000000000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000;
+    }
+    return t;
+}
+
+/* wait_done, bounded: 0 once n callbacks ran, -1 after ms. */
+static int wait_done_ms(int n, int ms)
+{
+    struct timespec until = realtime_in(ms);
+    int rc = 0;
+    pthread_mutex_lock(&g_mu);
+    while (g_done < n && rc == 0) rc = pthread_cond_timedwait(&g_cv, &g_mu, &until);
+    int ok = g_done >= n;
+    pthread_mutex_unlock(&g_mu);
+    return ok ? 0 : -1;
 }
 
 static void reset_done(void)
@@ -475,7 +510,7 @@ static void gate_reset(int open)
 static void gate_hook(void *arg, int instance, int n_requests)
 {
     (void)arg;
-    (void)instance;
+    t_computed = instance;
     pthread_mutex_lock(&G.mu);
     G.arrived++;
     G.requests += n_requests;
@@ -500,10 +535,28 @@ static void gate_wait_arrived(int n)
     pthread_mutex_unlock(&G.mu);
 }
 
+/* gate_wait_arrived, bounded: 0 once n batches arrived, -1 after ms. */
+static int gate_wait_arrived_ms(int n, int ms)
+{
+    struct timespec until = realtime_in(ms);
+    int rc = 0;
+    pthread_mutex_lock(&G.mu);
+    while (G.arrived < n && rc == 0) rc = pthread_cond_timedwait(&G.cv, &G.mu, &until);
+    int ok = G.arrived >= n;
+    pthread_mutex_unlock(&G.mu);
+    return ok ? 0 : -1;
+}
+
+static void callback_hook(void *arg, int instance)
+{
+    (void)arg;
+    t_cb_instance = instance;
+}
+
 static batcher *new_batcher(const config_batching *lim, metrics_server *mx)
 {
     batcher_model bm = {MI, "t", make_ctx, NULL};
-    batcher_hooks hk = {gate_hook, NULL};
+    batcher_hooks hk = {gate_hook, NULL, callback_hook};
     ikbo_err err;
     memset(&err, 0, sizeof err);
     batcher *b = batcher_new(&bm, lim, mx, &hk, &err);
@@ -833,8 +886,7 @@ static void test_cancel(void **state)
     rq_status st;
     assert_int_equal(submit(b, &a, 0, &st), 0);
     gate_wait_arrived(1);
-    /* f fills a batch, which the dispatcher assembles ahead while a computes;
-     * what queues behind it waits for an instance */
+    /* f fills a batch; it and what queues behind it wait for the instance */
     assert_int_equal(submit(b, &f, 0, &st), 0);
     assert_int_equal(submit(b, &c, 0, &st), 0);
     assert_int_equal(submit(b, &big, 0, &st), 0);
@@ -883,6 +935,142 @@ static void test_free_finishes_queue(void **state)
     assert_int_equal(g_done, N);
     for (int i = 0; i < N; i++) check_bitwise(&sl[i], i);
     for (int i = 0; i < N; i++) slot_free(&sl[i]);
+    free_ctxs();
+}
+
+/* Bounds of the waits below: far above any machine's time for these few
+ * tiny batches, and below the 10 s queue delay the leader tests rely on. */
+#define WAIT_MS 5000
+
+/* A request submitted to an idle batcher is formed into a batch, computed
+ * and answered by the one instance that took it: the callback runs on that
+ * instance's thread (no dispatcher, no completer). Submitted one after the
+ * other, nothing waits when each finishes, so every answer stays there. */
+static void test_idle_instance_answers(void **state)
+{
+    (void)state;
+    config_batching lim = limits(1024, 64, 0, 2);
+    gate_reset(1);
+    reset_done();
+    batcher *b = new_batcher(&lim, NULL);
+    uint64_t s = 51;
+    enum { N = 8 };
+    slot sl[N];
+    int c7[1] = {7};
+    rq_status st;
+    for (int i = 0; i < N; i++) {
+        slot_init(&sl[i], make_request(&s, 1, c7, 0), 1);
+        assert_int_equal(submit(b, &sl[i], 0, &st), 0);
+        assert_int_equal(wait_done_ms(i + 1, WAIT_MS), 0);
+        check_bitwise(&sl[i], i);
+        assert_true(sl[i].cb_instance >= 0);
+        assert_int_equal(sl[i].cb_computed, sl[i].cb_instance);
+    }
+    batcher_free(b);
+    for (int i = 0; i < N; i++) slot_free(&sl[i]);
+    free_ctxs();
+}
+
+/* An instance that finishes a batch while a request waits for it (and no
+ * other instance is idle) hands the answer to a completer and computes the
+ * waiting request; that one, with nothing behind it, it answers itself. */
+static void test_busy_instance_hands_off(void **state)
+{
+    (void)state;
+    config_batching lim = limits(1024, 64, 0, 1);
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, NULL);
+    uint64_t s = 61;
+    slot a, w;
+    int c5[1] = {5};
+    slot_init(&a, make_request(&s, 1, c5, 0), 1);
+    slot_init(&w, make_request(&s, 1, c5, 0), 1);
+    rq_status st;
+    assert_int_equal(submit(b, &a, 0, &st), 0);
+    assert_int_equal(gate_wait_arrived_ms(1, WAIT_MS), 0); /* a computing, held */
+    assert_int_equal(submit(b, &w, 0, &st), 0);             /* w waits for the instance */
+    gate_open();
+    assert_int_equal(wait_done_ms(2, WAIT_MS), 0);
+    check_bitwise(&a, 0);
+    check_bitwise(&w, 1);
+    assert_int_equal(a.cb_instance, -1); /* a completer */
+    assert_int_equal(a.cb_computed, -1); /* a thread that never computed */
+    assert_int_equal(w.cb_instance, 0);
+    assert_int_equal(w.cb_computed, 0);
+    batcher_free(b);
+    slot_free(&a);
+    slot_free(&w);
+    free_ctxs();
+}
+
+/* The idle leader waits out max_queue_delay_us (10 s here), but a submit
+ * that fills the batch wakes it at once, and a queued request's deadline
+ * inside the delay is answered at the deadline, not at the delay (a submit
+ * that wakes an idle instance does not wake the sweeper). */
+static void test_leader_delay_and_deadline(void **state)
+{
+    (void)state;
+    metrics_server mx;
+    assert_int_equal(metrics_server_init(&mx, "test"), 0);
+    config_batching lim = limits(8, 100000, 10 * 1000 * 1000, 1);
+    gate_reset(1);
+    reset_done();
+    batcher *b = new_batcher(&lim, &mx);
+    uint64_t s = 71;
+    slot a, f, d;
+    int c4[1] = {4};
+    slot_init(&a, make_request(&s, 1, c4, 0), 1);
+    slot_init(&f, make_request(&s, 1, c4, 0), 1);
+    slot_init(&d, make_request(&s, 1, c4, 0), 0);
+    rq_status st;
+    assert_int_equal(submit(b, &a, 0, &st), 0);
+    assert_int_equal(submit(b, &f, 0, &st), 0); /* 8 candidates: full */
+    assert_int_equal(wait_done_ms(2, WAIT_MS), 0);
+    check_bitwise(&a, 0);
+    check_bitwise(&f, 1);
+    assert_int_equal(G.max_requests, 2);
+    /* The instance back on the idle stack (it answered a and f itself). */
+    int64_t until = mono_ns() + WAIT_MS * 1000000LL;
+    while (!batcher_idle(b) && mono_ns() < until) sleep_ms(1);
+    assert_true(batcher_idle(b));
+    assert_int_equal(submit(b, &d, mono_ns() + 50 * 1000000LL, &st), 0);
+    assert_int_equal(wait_done_ms(3, WAIT_MS), 0);
+    assert_int_equal(d.code, RQ_DEADLINE_EXCEEDED);
+    /* (Answered by the leader; or by the sweeper when that thread first ran
+     * after d was queued, so saw its deadline too: the test cannot tell.) */
+    assert_int_equal(G.arrived, 1);  /* d was never computed */
+    assert_int_equal(metrics_value(series(mx.rejected_total, "t", "deadline")), 1);
+    batcher_free(b);
+    slot_free(&a);
+    slot_free(&f);
+    slot_free(&d);
+    metrics_server_free(&mx);
+    free_ctxs();
+}
+
+/* An instance that pops part of the queue wakes the next idle instance for
+ * the rest: a request cut into two chunks computes on both at once. */
+static void test_next_idle_takes_rest(void **state)
+{
+    (void)state;
+    config_batching lim = limits(16, 100000, 0, 2);
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, NULL);
+    uint64_t s = 81;
+    slot big;
+    int c32[1] = {32};
+    slot_init(&big, make_request(&s, 1, c32, 0), 1);
+    rq_status st;
+    assert_int_equal(submit(b, &big, 0, &st), 0);
+    assert_int_equal(gate_wait_arrived_ms(2, WAIT_MS), 0); /* both chunks held at once */
+    gate_open();
+    assert_int_equal(wait_done_ms(1, WAIT_MS), 0);
+    check_bitwise(&big, 0);
+    assert_int_equal(big.batches, 2);
+    batcher_free(b);
+    slot_free(&big);
     free_ctxs();
 }
 
@@ -945,6 +1133,10 @@ int main(void)
         cmocka_unit_test(test_deadline_in_queue),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_free_finishes_queue),
+        cmocka_unit_test(test_idle_instance_answers),
+        cmocka_unit_test(test_busy_instance_hands_off),
+        cmocka_unit_test(test_leader_delay_and_deadline),
+        cmocka_unit_test(test_next_idle_takes_rest),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
