@@ -1311,9 +1311,14 @@ int main(int argc, char **argv)
             oom_check(); /* a deliberate failed cudaMalloc: skipped under compute-sanitizer */
         free_gpu();
         /* The IKBO ops again with each fallback forced everywhere it applies
-         * (mma.sync: bf16/fp16; SIMT: every dtype). */
+         * (mma.sync: bf16/fp16; SIMT: every dtype). In fp32 every path is
+         * already SIMT, so a forced run would repeat the automatic one; it
+         * would also triple the draws of the one ill-conditioned check (a
+         * single silu score, whose relative error is that of q.k under
+         * cancellation: 1.7e-5 against 1e-5, seen once on the H200 on 2026-12-03
+         * in a run that drew it three times; it can still fail, rarely). */
         const int fb[] = {CU_PATH_MMA, CU_PATH_SIMT};
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 2 && strcmp(dtype_name, "fp32"); v++) {
             make_backends(dtype_name, fb[v], fb[v]);
             suite_lce();
             suite_attention();
