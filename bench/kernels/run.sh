@@ -41,7 +41,7 @@ for s in $stages; do
     stage ops-fp16 ops.log $B/test_cuda_ops --dtype fp16 ;;
   sanitize)
     stage memcheck sanitizer.log env IKBO_TEST_NO_OOM=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 $B/test_cuda_ops --quick --dtype bf16
-    stage racecheck sanitizer.log env IKBO_TEST_NO_OOM=1 IKBO_TEST_NO_WGMMA=1 timeout 100 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda_ops --quick --dtype fp16 ;;
+    stage racecheck sanitizer.log env IKBO_TEST_NO_OOM=1 IKBO_TEST_NO_WGMMA=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 $B/test_cuda_ops --quick --dtype fp16 ;;
   model)
     stage model-fp32 model.log env IKBO_CUDA_DTYPE=fp32 $B/test_cuda_model $models
     stage model-bf16 model.log env IKBO_CUDA_DTYPE=bf16 $B/test_cuda_model $models ;;

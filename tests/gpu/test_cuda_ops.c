@@ -1319,6 +1319,8 @@ int main(int argc, char **argv)
          * in a run that drew it three times; it can still fail, rarely). */
         const int fb[] = {CU_PATH_MMA, CU_PATH_SIMT};
         for (int v = 0; v < 2 && strcmp(dtype_name, "fp32"); v++) {
+            if (fb[v] == CU_PATH_MMA && getenv("IKBO_TEST_NO_WGMMA"))
+                continue; /* the automatic run above was already mma.sync */
             make_backends(dtype_name, fb[v], fb[v]);
             suite_lce();
             suite_attention();
