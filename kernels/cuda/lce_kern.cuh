@@ -345,19 +345,28 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
 
 /* How many clusters of `cl` CTAs of `kern` fit on the device at once (the
  * persistent grid's size), asked once per kernel. */
-static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
+/* A launch of `grid` CTAs in clusters of `cl`; *at is its one attribute. */
+static inline cudaLaunchConfig_t cluster_cfg(cudaLaunchAttribute *at, int cl, unsigned grid,
+                                             unsigned threads, size_t smem, cudaStream_t st)
 {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)cl;
-    at.val.clusterDim.y = 1;
-    at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(sms / cl * cl));
-    cfg.blockDim = dim3(384);
+    at->id = cudaLaunchAttributeClusterDimension;
+    at->val.clusterDim.x = (unsigned)cl;
+    at->val.clusterDim.y = 1;
+    at->val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &at;
+    cfg.stream = st;
+    cfg.attrs = at;
     cfg.numAttrs = 1;
+    return cfg;
+}
+
+static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
+{
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = cluster_cfg(&at, cl, (unsigned)(sms / cl * cl), 384, smem, 0);
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n <= 0) {
         (void)cudaGetLastError();
@@ -424,18 +433,9 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
         return -1;
     }
     long units = ntiles / cl;
-    cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)cl;
-    at.val.clusterDim.y = 1;
-    at.val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(cl * (units < fit[cl] ? units : fit[cl])));
-    cfg.blockDim = dim3(lcews_cfg<BNM>::THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s->st;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
+    cudaLaunchConfig_t cfg = cluster_cfg(&at, cl, (unsigned)(cl * (units < fit[cl] ? units : fit[cl])),
+                                         lcews_cfg<BNM>::THREADS, smem, s->st);
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, te, tz, K, M, D, yf, map, (int)units),
            "lce (wgmma, warp-specialized, clusters)");
     return cu_check_launch(s, err, "lce (wgmma, warp-specialized, clusters)");
