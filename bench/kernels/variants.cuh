@@ -17,7 +17,7 @@
 #ifndef IKBO_BENCH_VARIANTS_CUH
 #define IKBO_BENCH_VARIANTS_CUH
 
-#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/lce_kern.cuh" /* lce_ws_shape; includes cuda_internal.h */
 
 #define LCE_VARIANT_ARGS                                                                    \
     bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,       \
@@ -40,12 +40,12 @@ int attention_v3(bk_stream *s, const char *off, const void *q, const void *k, co
                  const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                  int dh, void *o, bk_err *err);
 
-/* Shared by the k_lce_ws variants: whether k_lce_ws takes the call (the
- * same conditions as production's lce_use_ws, without the alignment, which
- * the benchmark's buffers always have). */
+/* Shared by the k_lce_ws variants: whether k_lce_ws takes the call
+ * (lce_kern.cuh's lce_ws_shape, production's rule without the alignment,
+ * which the benchmark's buffers always have). */
 static inline int lce_ws_takes(bk_stream *s, int kc, int m, int d, const char *name, bk_err *err)
 {
-    if (cu_dt(s) != CU_F32 && m >= 64 && d >= 64 && d % 8 == 0 && kc > 0)
+    if (lce_ws_shape(cu_dt(s), kc, m, d))
         return 1;
     bk_seterr(err, "%s: bf16/fp16 with M, D >= 64, D %% 8 == 0 and Kc > 0 only", name);
     return 0;

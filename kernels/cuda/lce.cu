@@ -294,9 +294,9 @@ static int launch_tc(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
 static bool lce_use_ws(bk_stream *s, const void *eu, const void *ec, const bk_weight *w_user,
                        const bk_weight *w_cand, int kc, int m, int d, const void *z)
 {
-    return cu_dt(s) != CU_F32 && cu_impl(s->be)->force_lce == CU_PATH_AUTO && m >= 64 &&
-           d >= 64 && d % 8 == 0 && kc > 0 && aligned16(eu) && aligned16(ec) && aligned16(z) &&
-           aligned16(w_user->data) && aligned16(w_cand->data);
+    return cu_impl(s->be)->force_lce == CU_PATH_AUTO && lce_ws_shape(cu_dt(s), kc, m, d) &&
+           aligned16(eu) && aligned16(ec) && aligned16(z) && aligned16(w_user->data) &&
+           aligned16(w_cand->data);
 }
 
 static bool lce_use_mma(bk_stream *s, const void *e, const void *w, int d, const void *out)

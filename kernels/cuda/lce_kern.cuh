@@ -28,6 +28,16 @@
 #include "kernels/cuda/tma_util.cuh"
 #include "kernels/cuda/wgmma_gen.cuh"
 
+/* Whether k_lce_ws takes an LCE of this dtype and shape (alignment aside):
+ * bf16/fp16, M and D at least one wgmma tile (M is wgmma's N, 64 d rows
+ * per warpgroup), D % 8 == 0, and candidate tokens (Kc = 0 has no E for
+ * TMA to map). Production's choice (lce.cu lce_use_ws) and the bench
+ * variants of k_lce_ws both ask this. */
+static inline bool lce_ws_shape(enum cu_dtype dt, int kc, int m, int d)
+{
+    return dt != CU_F32 && m >= 64 && d >= 64 && d % 8 == 0 && kc > 0;
+}
+
 enum { MODE_USER = 0, MODE_ADD = 1, MODE_PLAIN = 2 };
 
 /* Epilogue helper of the wgmma kernels. In an m64nN fp32 accumulator
