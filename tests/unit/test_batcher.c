@@ -385,38 +385,34 @@ static void on_done(void *arg, const batcher_result *r)
     pthread_mutex_unlock(&g_mu);
 }
 
-static void wait_done(int n)
-{
-    pthread_mutex_lock(&g_mu);
-    while (g_done < n) pthread_cond_wait(&g_cv, &g_mu);
-    pthread_mutex_unlock(&g_mu);
-}
+/* Bounds of every wait on a test condition: far above any machine's time
+ * for these few tiny batches, and below the 10 s queue delay the leader
+ * tests rely on. */
+#define WAIT_MS 5000
 
-/* CLOCK_REALTIME ms from now, for pthread_cond_timedwait on a default condvar. */
-static struct timespec realtime_in(int ms)
+/* 0 once *count >= n (read under mu, signalled on cv), -1 after ms. */
+static int wait_count(pthread_mutex_t *mu, pthread_cond_t *cv, const int *count, int n, int ms)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (t.tv_nsec >= 1000000000) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* the condvars use the default clock */
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
     }
-    return t;
+    int rc = 0;
+    pthread_mutex_lock(mu);
+    while (*count < n && rc == 0) rc = pthread_cond_timedwait(cv, mu, &until);
+    int ok = *count >= n;
+    pthread_mutex_unlock(mu);
+    return ok ? 0 : -1;
 }
 
 /* wait_done, bounded: 0 once n callbacks ran, -1 after ms. */
-static int wait_done_ms(int n, int ms)
-{
-    struct timespec until = realtime_in(ms);
-    int rc = 0;
-    pthread_mutex_lock(&g_mu);
-    while (g_done < n && rc == 0) rc = pthread_cond_timedwait(&g_cv, &g_mu, &until);
-    int ok = g_done >= n;
-    pthread_mutex_unlock(&g_mu);
-    return ok ? 0 : -1;
-}
+static int wait_done_ms(int n, int ms) { return wait_count(&g_mu, &g_cv, &g_done, n, ms); }
+
+static void wait_done(int n) { assert_int_equal(wait_done_ms(n, WAIT_MS), 0); }
 
 static void reset_done(void)
 {
@@ -528,24 +524,10 @@ static void gate_open(void)
     pthread_mutex_unlock(&G.mu);
 }
 
-static void gate_wait_arrived(int n)
-{
-    pthread_mutex_lock(&G.mu);
-    while (G.arrived < n) pthread_cond_wait(&G.cv, &G.mu);
-    pthread_mutex_unlock(&G.mu);
-}
-
 /* gate_wait_arrived, bounded: 0 once n batches arrived, -1 after ms. */
-static int gate_wait_arrived_ms(int n, int ms)
-{
-    struct timespec until = realtime_in(ms);
-    int rc = 0;
-    pthread_mutex_lock(&G.mu);
-    while (G.arrived < n && rc == 0) rc = pthread_cond_timedwait(&G.cv, &G.mu, &until);
-    int ok = G.arrived >= n;
-    pthread_mutex_unlock(&G.mu);
-    return ok ? 0 : -1;
-}
+static int gate_wait_arrived_ms(int n, int ms) { return wait_count(&G.mu, &G.cv, &G.arrived, n, ms); }
+
+static void gate_wait_arrived(int n) { assert_int_equal(gate_wait_arrived_ms(n, WAIT_MS), 0); }
 
 static void callback_hook(void *arg, int instance)
 {
@@ -937,10 +919,6 @@ static void test_free_finishes_queue(void **state)
     for (int i = 0; i < N; i++) slot_free(&sl[i]);
     free_ctxs();
 }
-
-/* Bounds of the waits below: far above any machine's time for these few
- * tiny batches, and below the 10 s queue delay the leader tests rely on. */
-#define WAIT_MS 5000
 
 /* A request submitted to an idle batcher is formed into a batch, computed
  * and answered by the one instance that took it: the callback runs on that
