@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_graph.h"
 #include "ikbo.h"
 #include "model.h"
 #include "op.h"
@@ -44,6 +45,7 @@ struct ikbo_model {
     model_def *def;
     bk_backend *be;
     enum ikbo_mode mode;
+    int graphs; /* batch graphs per context; 0 = off */
     char device[32];
     bk_weight **table_w; /* [n_tables] */
     bk_weight *(*layer_w)[MD_MAX_WEIGHTS]; /* [n_layers][4] */
@@ -82,6 +84,18 @@ struct ikbo_ctx {
     /* Bytes broadcast mode would have copied to C rows for the last batch
      * (0 in broadcast mode, where they were copied). */
     uint64_t avoided;
+    /* Candidate rows of this batch's passes: n_cands, or its bucket with
+     * graphs on (rows past n_cands are padding: batch_graph.h). */
+    int rows_c;
+    /* Batch graphs (NULL: off) and this batch's key, recorded by the dry
+     * pass: the scalars, then every arena take's size in order. */
+    bg_cache *graphs;
+    int64_t *key;
+    size_t key_n, key_cap;
+    int key_oom; /* the key could not be recorded: no graph this batch */
+    ikbo_graph_stats gst;
+    bk_bag bags[BK_MAX_BAGS]; /* queued by OP_QUEUED layers (op_queue_bag) */
+    int n_bags;
 };
 
 const char *ikbo_version(void) { return "0.1.0"; }
@@ -209,6 +223,7 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
         return NULL;
     }
     m->mode = opts ? opts->mode : IKBO_MODE_IKBO;
+    m->graphs = opts && opts->graphs > 0 ? opts->graphs : 0;
     if (m->mode != IKBO_MODE_IKBO && m->mode != IKBO_MODE_BROADCAST) {
         bk_seterr(err, "load options: unknown mode %d", (int)m->mode);
         free(m);
@@ -221,6 +236,7 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
     }
     m->be = bk_backend_new(device, err);
     if (!m->be) goto fail;
+    if (!m->be->graph_capture) m->graphs = 0;
     model_def *d = m->def;
     m->table_w = calloc((size_t)d->n_tables + 1, sizeof(*m->table_w));
     m->layer_w = calloc((size_t)d->n_layers + 1, sizeof(*m->layer_w));
@@ -334,8 +350,10 @@ static void ctx_release(ikbo_ctx *c)
     bk_backend *be = c->m ? c->m->be : NULL;
     for (int t = 0; be && t < BK_TAG_COUNT; t++)
         if (c->ar[t].base) be->free(be, c->ar[t].base, c->ar[t].cap, (enum bk_tag)t);
+    bg_free(c->graphs); /* before the stream its graphs belong to */
     if (c->s) be->stream_free(c->s);
     free(c->vals);
+    free(c->key);
     free(c->bag_ids);
     free(c->bag_off);
     free(c->stack_buf);
@@ -368,6 +386,11 @@ ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
         ctx_release(c);
         return NULL;
     }
+    if (m->graphs && !(c->graphs = bg_new(m->be, m->graphs))) {
+        ctx_release(c);
+        bk_seterr(err, "out of memory");
+        return NULL;
+    }
     return c;
 }
 
@@ -383,6 +406,29 @@ void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
 
 uint64_t ikbo_ctx_last_avoided_bytes(const ikbo_ctx *c) { return c->avoided; }
 
+void ikbo_ctx_graph_stats(const ikbo_ctx *c, ikbo_graph_stats *out)
+{
+    *out = c->gst;
+    out->evictions = c->graphs ? c->graphs->evictions : 0;
+    out->held = c->graphs ? bg_held(c->graphs) : 0;
+}
+
+/* Appends v to the batch key (dry pass, graphs on). */
+static void key_push(ikbo_ctx *c, int64_t v)
+{
+    if (c->key_n == c->key_cap) {
+        size_t cap = c->key_cap ? 2 * c->key_cap : 64;
+        int64_t *p = realloc(c->key, cap * sizeof *p);
+        if (!p) {
+            c->key_oom = 1;
+            return;
+        }
+        c->key = p;
+        c->key_cap = cap;
+    }
+    c->key[c->key_n++] = v;
+}
+
 /* Takes bytes from the tag's arena (or, in the dry pass, only counts them).
  * Never fails in the real pass: the arenas were grown to the dry total. */
 static void *take(ikbo_ctx *c, enum bk_tag tag, size_t bytes)
@@ -390,6 +436,7 @@ static void *take(ikbo_ctx *c, enum bk_tag tag, size_t bytes)
     size_t n = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     if (c->dry) {
         c->need[tag] += n;
+        if (c->graphs) key_push(c, (int64_t)(n << 2 | tag));
         return NULL;
     }
     arena *a = &c->ar[tag];
@@ -398,13 +445,22 @@ static void *take(ikbo_ctx *c, enum bk_tag tag, size_t bytes)
     return p;
 }
 
+/* The real pass starts at the arenas' bases. */
+static void arenas_rewind(ikbo_ctx *c)
+{
+    for (int t = 0; t < BK_TAG_COUNT; t++) c->ar[t].used = 0;
+}
+
+/* Grows the arenas to the dry pass's totals; a moved arena invalidates
+ * every recorded graph. */
 static int grow_arenas(ikbo_ctx *c, ikbo_err *err)
 {
     bk_backend *be = c->m->be;
+    arenas_rewind(c);
     for (int t = 0; t < BK_TAG_COUNT; t++) {
         arena *a = &c->ar[t];
-        a->used = 0;
         if (c->need[t] <= a->cap) continue;
+        if (c->graphs) bg_flush(c->graphs);
         if (a->base) be->free(be, a->base, a->cap, (enum bk_tag)t);
         a->base = NULL;
         a->cap = 0;
@@ -535,19 +591,23 @@ static int validate_batch(const ikbo_model *m, const ikbo_batch *b, ikbo_err *er
         if (!c->dry && (x) != 0) return -1;                                   \
     } while (0)
 
-/* Places a jagged id list in the index arena (and its host mirror);
- * returns backend ids and offsets. */
-static void put_jagged(ikbo_ctx *c, const ikbo_jagged *j, int rows, const int64_t **ids,
+/* Places a jagged id list of `real` rows in the index arena (and its host
+ * mirror) as `rows` rows, the rest empty; returns backend ids and offsets.
+ * With graphs on, the ids get bg_room's room, so nearby counts share a key. */
+static void put_jagged(ikbo_ctx *c, const ikbo_jagged *j, int real, int rows, const int64_t **ids,
                        const int64_t **off)
 {
-    size_t nid = (size_t)j->offsets[rows];
-    int64_t *di = take(c, BK_TAG_INDEX, nid * sizeof(int64_t));
+    size_t nid = (size_t)j->offsets[real];
+    size_t room = c->graphs ? bg_room(nid) : nid;
+    int64_t *di = take(c, BK_TAG_INDEX, room * sizeof(int64_t));
     int64_t *dof = take(c, BK_TAG_INDEX, (size_t)(rows + 1) * sizeof(int64_t));
     *ids = di;
     *off = dof;
     if (c->dry) return;
     if (nid) memcpy(mirror(c, di), j->ids, nid * sizeof(int64_t));
-    memcpy(mirror(c, dof), j->offsets, (size_t)(rows + 1) * sizeof(int64_t));
+    int64_t *ho = mirror(c, dof);
+    memcpy(ho, j->offsets, (size_t)(real + 1) * sizeof(int64_t));
+    for (int r = real + 1; r <= rows; r++) ho[r] = (int64_t)nid;
 }
 
 /* Cuts each user's history to its most recent max_len events, straight
@@ -599,7 +659,7 @@ static value input_value(ikbo_ctx *c, const fwd *f, md_ref r)
     switch (r.src) {
     case MD_SRC_LAYER: return c->vals[r.index];
     case MD_SRC_USER_DENSE: v.p = (void *)f->user_dense; v.rows = f->b->n_users; break;
-    case MD_SRC_CAND_DENSE: v.p = (void *)f->cand_dense; v.rows = f->b->n_cands; break;
+    case MD_SRC_CAND_DENSE: v.p = (void *)f->cand_dense; v.rows = f->C; break;
     default: break;
     }
     return v;
@@ -615,7 +675,7 @@ static void avoided(ikbo_ctx *c, size_t rows, size_t width)
 static const void *broadcast_dense(ikbo_ctx *c, const fwd *f, const void *src, int width,
                                    ikbo_err *err)
 {
-    int C = f->b->n_cands;
+    int C = f->C;
     void *dst = take(c, BK_TAG_BROADCAST, act_bytes(c, (size_t)C, (size_t)width));
     if (!c->dry && c->m->be->gather(c->s, src, NULL, f->map, C, NULL, width, dst, err)) return NULL;
     return c->dry ? (const void *)1 : dst;
@@ -696,6 +756,23 @@ int op_in_placed(const op_run *r, int k)
 
 const bk_weight *op_table_w(const op_run *r, int t) { return r->c->m->table_w[t]; }
 
+/* Launches the queued bags (one backend call). */
+static int flush_bags(ikbo_ctx *c, ikbo_err *err)
+{
+    int n = c->n_bags;
+    c->n_bags = 0;
+    return n && !c->dry ? c->m->be->embedding_bags(c->s, c->bags, n, err) : 0;
+}
+
+int op_queue_bag(op_run *r, const bk_bag *bag)
+{
+    ikbo_ctx *c = r->c;
+    if (r->dry) return 0;
+    if (c->n_bags == BK_MAX_BAGS && flush_bags(c, r->err)) return -1;
+    c->bags[c->n_bags++] = *bag;
+    return 0;
+}
+
 void op_bag(const op_run *r, const int64_t **ids, const int64_t **off)
 {
     *ids = r->c->bag_ids[r->li];
@@ -718,7 +795,7 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
 {
     const model_def *d = c->m->def;
     const md_layer *l = &d->layers[li];
-    int U = f->b->n_users, C = f->b->n_cands;
+    int U = f->b->n_users, C = f->C;
     op_run r = {.c = c, .f = f, .d = d, .l = l, .li = li, .be = c->m->be, .s = c->s,
                 .w = c->m->layer_w[li], .U = U, .C = C, .rows = l->domain == MD_USER ? U : C,
                 .bc = c->m->mode == IKBO_MODE_BROADCAST, .dry = c->dry, .out = &c->vals[li],
@@ -729,29 +806,37 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
     return md_ops[l->op]->run(&r);
 }
 
-/* One pass over the model; in the dry pass only sizes are summed. */
-static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
+/* A batch's inputs: every index array into the host mirror and up with one
+ * copy, then the dense features. Candidates past b->n_cands (padding) map
+ * to the last user, have empty bags and zero dense features. The dry pass
+ * only takes (and, with graphs on, records the key). */
+static int forward_inputs(ikbo_ctx *c, const ikbo_batch *b, fwd *f, ikbo_err *err)
 {
     const model_def *d = c->m->def;
     bk_backend *be = c->m->be;
-    int U = b->n_users, C = b->n_cands;
-    fwd f = {.b = b};
+    int U = b->n_users, Cr = b->n_cands, C = c->rows_c;
+    *f = (fwd){.b = b, .C = C};
     memset(c->stack_taken, 0, (size_t)d->n_layers);
 
     int bc = c->m->mode == IKBO_MODE_BROADCAST;
 
     /* Index arrays first, in arena order, into the host mirror. */
     int32_t *map = take(c, BK_TAG_INDEX, (size_t)C * sizeof(int32_t));
-    if (!c->dry) memcpy(mirror(c, map), b->map, (size_t)C * sizeof(int32_t));
-    f.map = map;
-    if (d->has_history) put_history(c, b, &f.h_ids, &f.h_acts, &f.h_off, &f.n_events);
+    if (!c->dry) {
+        int32_t *hm = mirror(c, map);
+        memcpy(hm, b->map, (size_t)Cr * sizeof(int32_t));
+        for (int i = Cr; i < C; i++) hm[i] = U - 1;
+    }
+    f->map = map;
+    if (d->has_history) put_history(c, b, &f->h_ids, &f->h_acts, &f->h_off, &f->n_events);
     for (int li = 0; li < d->n_layers; li++) {
         const md_layer *l = &d->layers[li];
         md_ref r = l->n_in > 0 ? l->in[0] : (md_ref){0};
         if (r.src != MD_SRC_USER_SPARSE && r.src != MD_SRC_CAND_SPARSE) continue;
-        const ikbo_jagged *j =
-            r.src == MD_SRC_USER_SPARSE ? &b->user_sparse[r.index] : &b->cand_sparse[r.index];
-        put_jagged(c, j, l->domain == MD_USER ? U : C, &c->bag_ids[li], &c->bag_off[li]);
+        if (r.src == MD_SRC_USER_SPARSE)
+            put_jagged(c, &b->user_sparse[r.index], U, U, &c->bag_ids[li], &c->bag_off[li]);
+        else
+            put_jagged(c, &b->cand_sparse[r.index], Cr, C, &c->bag_ids[li], &c->bag_off[li]);
     }
 
     /* Per-candidate history offsets: what broadcast mode copies, and what
@@ -762,25 +847,31 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
     int64_t ev = 0;
     if (hbo) hbo[0] = 0;
     for (int i = 0; d->has_history && i < C; i++) {
-        int u = b->map[i];
+        int u = i < Cr ? b->map[i] : U - 1;
         int64_t len = b->hist.offsets[u + 1] - b->hist.offsets[u];
         ev += len < d->hist_max_len ? len : d->hist_max_len;
         if (hbo) hbo[i + 1] = ev;
     }
     if (hbo && !d->has_history) memset(hbo, 0, (size_t)(C + 1) * sizeof(int64_t));
-    f.bc_events = ev;
+    f->bc_events = ev;
     if (bc) {
         if (ev > INT32_MAX) {
             bk_seterr(err, "batch: broadcast mode would copy %lld history events, over the engine's limit",
                       (long long)ev);
             return -1;
         }
-        f.identity = id;
-        f.bc_off = bo;
+        f->identity = id;
+        f->bc_off = bo;
         if (!c->dry) {
             int32_t *hid = mirror(c, id);
             for (int i = 0; i < C; i++) hid[i] = i;
         }
+    }
+    if (c->dry && c->graphs) {
+        key_push(c, U);
+        key_push(c, C);
+        key_push(c, f->n_events);
+        key_push(c, f->bc_events);
     }
     if (!c->dry) {
         const arena *ix = &c->ar[BK_TAG_INDEX];
@@ -789,18 +880,79 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
 
     if (d->user_dense) {
         void *p = take(c, BK_TAG_USER, act_bytes(c, (size_t)U, (size_t)d->user_dense));
-        TRY(be->upload_f32(c->s, p, b->user_dense, (size_t)U * d->user_dense, err));
-        f.user_dense = p;
+        TRY(be->upload_f32(c->s, p, b->user_dense, (size_t)U * d->user_dense, 0, err));
+        f->user_dense = p;
     }
     if (d->cand_dense) {
-        void *p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, (size_t)d->cand_dense));
-        TRY(be->upload_f32(c->s, p, b->cand_dense, (size_t)C * d->cand_dense, err));
-        f.cand_dense = p;
+        size_t w = (size_t)d->cand_dense;
+        void *p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, w));
+        TRY(be->upload_f32(c->s, p, b->cand_dense, (size_t)Cr * w, (size_t)(C - Cr) * w, err));
+        f->cand_dense = p;
     }
-
-    for (int li = 0; li < d->n_layers; li++)
-        if (run_layer(c, &f, li, err)) return -1;
     return 0;
+}
+
+/* One pass over the model; in the dry pass only sizes are summed. Leaves
+ * the logits buffer in *logits (real pass). */
+static int forward(ikbo_ctx *c, const ikbo_batch *b, void **logits, ikbo_err *err)
+{
+    const model_def *d = c->m->def;
+    fwd f;
+    c->n_bags = 0;
+    if (forward_inputs(c, b, &f, err)) return -1;
+    for (int li = 0; li < d->n_layers; li++) {
+        if (!(md_ops[d->layers[li].op]->flags & OP_QUEUED) && flush_bags(c, err)) return -1;
+        if (run_layer(c, &f, li, err)) return -1;
+    }
+    if (flush_bags(c, err)) return -1;
+    *logits = c->vals[d->logits_layer].p;
+    return 0;
+}
+
+/* The logits of the batch's rows_c rows into h_logits: the batch's one
+ * wait (download_f32 returns with the stream idle). */
+static int download_logits(ikbo_ctx *c, const void *logits, ikbo_err *err)
+{
+    size_t n = (size_t)c->rows_c * c->m->def->n_tasks;
+    return c->m->be->download_f32(c->s, c->h_logits, logits, n, err);
+}
+
+/* With graphs on: replays the key's graph, or records it on the key's
+ * second batch. Returns 0 (computed), 1 (not computed: run the batch
+ * normally) or never -1: a failed recording or replay is a fallback whose
+ * reason lands in the stats, and the normal run reports any real error. */
+static int score_graphed(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
+{
+    bk_backend *be = c->m->be;
+    bg_entry *e = c->key_oom ? NULL : bg_get(c->graphs, c->key, (int)c->key_n);
+    if (!e) return 1;
+    int counts = 1;
+    if (e->g) {
+        fwd f;
+        counts = !be->graph_replay(c->s, e->g, err);
+        if (counts && !forward_inputs(c, b, &f, err) && !download_logits(c, e->logits, err)) {
+            c->gst.replays++;
+            return 0;
+        }
+    } else {
+        if (!e->seen++ || e->fails >= BG_MAX_FAILS) return 1;
+        void *logits = NULL;
+        if (!be->graph_capture(c->s, err) && !forward(c, b, &logits, err) &&
+            !download_logits(c, logits, err)) {
+            if ((e->g = be->graph_take(c->s))) {
+                e->logits = logits;
+                c->gst.captures++;
+            }
+            return 0;
+        }
+    }
+    be->graph_cancel(c->s);
+    bg_fail(c->graphs, e, counts);
+    c->gst.fallbacks++;
+    snprintf(c->gst.last_error, sizeof c->gst.last_error, "%.*s", (int)sizeof c->gst.last_error - 1, err->msg);
+    arenas_rewind(c);
+    c->avoided = 0;
+    return 1;
 }
 
 int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scores, ikbo_err *err)
@@ -808,27 +960,29 @@ int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scor
     ikbo_model *m = c->m;
     const model_def *d = m->def;
     if (validate_batch(m, b, err)) return -1;
+    int C = b->n_cands, T = d->n_tasks;
+    c->rows_c = c->graphs ? bg_bucket(C) : C;
     for (int li = 0; li < d->n_layers; li++)
-        if ((int64_t)b->n_cands * d->layers[li].tokens > INT32_MAX) {
-            bk_seterr(err, "batch: %d candidates exceed the engine's limit", b->n_cands);
+        if ((int64_t)c->rows_c * d->layers[li].tokens > INT32_MAX) {
+            bk_seterr(err, "batch: %d candidates exceed the engine's limit", C);
             return -1;
         }
 
     memset(c->need, 0, sizeof(c->need));
+    c->key_n = 0;
+    c->key_oom = 0;
     c->dry = 1;
-    int dry_rc = forward(c, b, err);
+    void *logits = NULL;
+    int dry_rc = forward(c, b, &logits, err);
     c->dry = 0;
     if (dry_rc) return -1;
     c->avoided = 0;
     if (grow_arenas(c, err)) return -1;
-    if (forward(c, b, err)) return -1;
+    GROW(c->h_logits, c->h_logits_cap, (size_t)c->rows_c * T);
+    int rc = c->graphs ? score_graphed(c, b, err) : 1;
+    if (rc == 1 && (forward(c, b, &logits, err) || download_logits(c, logits, err))) return -1;
     memcpy(c->last, c->need, sizeof(c->need));
 
-    int C = b->n_cands, T = d->n_tasks;
-    GROW(c->h_logits, c->h_logits_cap, (size_t)C * T);
-    const value *lv = &c->vals[d->logits_layer];
-    /* The batch's one wait: download_f32 returns with the stream idle. */
-    if (m->be->download_f32(c->s, c->h_logits, lv->p, (size_t)C * T, err)) return -1;
     for (int i = 0; i < C; i++) {
         double s = 0;
         for (int t = 0; t < T; t++) {

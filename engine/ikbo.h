@@ -54,6 +54,11 @@ static inline int ikbo_mode_parse(const char *s, enum ikbo_mode *out)
 typedef struct ikbo_load_opts {
     const char *device; /* "cpu" (default when NULL), "cuda:N" */
     enum ikbo_mode mode;
+    /* Batch graphs (engine/batch_graph.h): how many batch shapes each
+     * context keeps a recorded graph for; 0 = off. Ignored by a backend
+     * without graphs (the CPU). With graphs on, a batch's candidates are
+     * padded to their bucket (at most 1/8 more rows). */
+    int graphs;
 } ikbo_load_opts;
 
 /* What a model takes and returns. Pointers stay valid for the model's life. */
@@ -110,6 +115,7 @@ typedef struct ikbo_serving {
     long long instances;
     long long max_queue_candidates;
     long long max_queue_requests;
+    long long graphs; /* batch graphs per instance (ikbo_load_opts.graphs) */
     char mode[16];   /* "", "ikbo", "broadcast" */
     char device[32]; /* "", "cpu", "cuda:N" */
 } ikbo_serving;
@@ -160,6 +166,18 @@ void ikbo_ctx_last_bytes(const ikbo_ctx *ctx, size_t bytes[BK_TAG_COUNT]);
  * same batch (user operands of lce, add, mul and dot_interaction at C rows; for target_attention
  * the history and its K/V per candidate). 0 in broadcast mode. */
 uint64_t ikbo_ctx_last_avoided_bytes(const ikbo_ctx *ctx);
+
+/* What a context's batch graphs did (all 0 with graphs off). */
+typedef struct ikbo_graph_stats {
+    uint64_t replays;   /* batches computed by replaying a graph */
+    uint64_t captures;  /* batches recorded into a new graph */
+    uint64_t fallbacks; /* recordings or replays that failed; the batch
+                           was then computed without a graph */
+    uint64_t evictions; /* batch shapes dropped for a newer one */
+    int held;           /* graphs held now */
+    char last_error[200]; /* why the last fallback happened ("" if none) */
+} ikbo_graph_stats;
+void ikbo_ctx_graph_stats(const ikbo_ctx *ctx, ikbo_graph_stats *out);
 
 const char *ikbo_version(void);
 

@@ -115,6 +115,7 @@ typedef struct value {
 /* What a batch's forward pass shares (engine.c fills it). */
 typedef struct fwd {
     const ikbo_batch *b;
+    int C; /* candidate rows: b->n_cands, or more when padded (batch_graph.h) */
     const int32_t *map;      /* backend map [C]                    */
     const int32_t *identity; /* backend 0..C-1 (broadcast mode)    */
     const void *user_dense, *cand_dense;
@@ -185,6 +186,10 @@ void **op_aux(const op_run *r, int li);
  * a target_attention: the self_attention that computed it; -1 none
  * (engine.c's plan_fuse). */
 int op_fuse(const op_run *r);
+/* embedding_bag: queues the layer's bag; the engine launches consecutive
+ * OP_QUEUED layers' bags with one be->embedding_bags call before the next
+ * other layer runs. r->out->p must already be set. -1 on failure. */
+int op_queue_bag(op_run *r, const bk_bag *bag);
 /* The backend weight of table t. */
 const bk_weight *op_table_w(const op_run *r, int t);
 /* Backend ids/offsets of an embedding_bag's sparse input for this batch. */
@@ -197,6 +202,8 @@ enum {
     OP_PLACED = 2,    /* a vector output may be written into a gathering reader  */
     OP_GATHERS = 4,   /* writes its inputs side by side (stack, concat)          */
     OP_INTERNAL = 8,  /* written by the auto planner only, not accepted in model.json */
+    OP_QUEUED = 16,   /* run queues its backend call (op_queue_bag): a run of such
+                         layers is launched as one, before the next other layer */
 };
 
 /* FLOPs of one layer per user row (u) and per candidate row (c) as the

@@ -56,6 +56,8 @@ const serving_key serving_keys[] = {
             SERVING_BATCHING, "admission: candidates waiting, at most"),
     INT_KEY(max_queue_requests, 1, 10000000, SERVING_DEF_MAX_QUEUE_REQUESTS, SERVING_BATCHING,
             "admission: requests waiting, at most"),
+    INT_KEY(graphs, 0, 1024, SERVING_DEF_GRAPHS, BOTH,
+            "batch shapes each instance keeps a recorded CUDA graph for; 0 = off (cuda only)"),
     STR_KEY(mode, SERVING_MODE, SERVING_MODEL | SERVING_TOP, "\"ikbo\" or \"broadcast\""),
     STR_KEY(device, SERVING_DEVICE, SERVING_MODEL | SERVING_TOP, "\"cpu\" or \"cuda:N\""),
 };

@@ -60,3 +60,12 @@ bk_backend *bk_backend_new(const char *device, bk_err *err)
         be->fault = f;
     return be;
 }
+
+int bk_bags_check(const bk_bag *bags, int n, bk_err *err)
+{
+    if (n < 1 || n > BK_MAX_BAGS || !bags) {
+        bk_seterr(err, "embedding_bags: %d bags (expected 1..%d)", bags ? n : 0, BK_MAX_BAGS);
+        return -1;
+    }
+    return 0;
+}

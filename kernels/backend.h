@@ -34,6 +34,7 @@
 typedef struct bk_backend bk_backend;
 typedef struct bk_weight bk_weight;
 typedef struct bk_stream bk_stream;
+typedef struct bk_graph bk_graph;
 
 /* Error text carried up to the caller (gRPC status, log line, CLI). */
 typedef struct bk_err {
@@ -89,6 +90,18 @@ typedef struct bk_seq_att {
     void *to;
 } bk_seq_att;
 
+/* One embedding_bag call's arguments (embedding_bags). */
+typedef struct bk_bag {
+    const bk_weight *table;
+    const int64_t *ids, *offsets;
+    int n;
+    enum bk_pool pool;
+    void *out;
+    int ld;
+} bk_bag;
+/* embedding_bags takes at most this many bags (passed by value to kernels). */
+#define BK_MAX_BAGS 32
+
 /* mixture takes at most this many experts (pointers passed by value). */
 #define BK_MIX_MAX_EXPERTS 64
 
@@ -124,8 +137,10 @@ struct bk_backend {
     void (*free)(bk_backend *be, void *p, size_t bytes, enum bk_tag tag);
     /* Raw byte copies (ids, offsets, map) host <-> backend. */
     int (*upload)(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err);
-    /* fp32 host -> activation dtype, n elements. */
-    int (*upload_f32)(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err);
+    /* fp32 host -> activation dtype, n elements, then pad zero elements
+     * (padding rows: engine/batch_graph.h); one copy. */
+    int (*upload_f32)(bk_stream *s, void *dst, const float *src, size_t n, size_t pad,
+                      bk_err *err);
     /* activation dtype -> fp32 host, n elements (completes before returning). */
     int (*download_f32)(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err);
     void (*get_stats)(bk_backend *be, bk_stats *out);
@@ -134,6 +149,30 @@ struct bk_backend {
     bk_stream *(*stream_new)(bk_backend *be, bk_err *err);
     void (*stream_free)(bk_stream *s);
     int (*sync)(bk_stream *s, bk_err *err);
+
+    /* ---- batch graphs (optional: NULL when the backend has none, as on
+     * the CPU; the engine's use is in engine/batch_graph.h) ----
+     * A batch is a fixed sequence: uploads, ops, one download_f32. Its
+     * launches can be recorded once and replayed for a later batch whose
+     * every buffer address, size and scalar is the same.
+     * graph_capture: from now until the next download_f32, the stream's
+     *   work is recorded, not run; that download_f32 ends the recording,
+     *   runs the graph and waits, as usual. graph_take then hands the
+     *   graph to the caller (NULL if the recording failed).
+     * graph_replay: from now until the next download_f32, uploads only
+     *   stage their bytes (each must reach the staging address and size it
+     *   had when g was recorded, or the upload fails), ops are refused,
+     *   and download_f32 launches g in place of its own copy. Fails at once
+     *   when the stream's private buffers moved since g was recorded.
+     * graph_cancel: after any failure in either mode, back to normal
+     *   (a recording in progress is discarded; nothing of it ran).
+     * A bk_graph belongs to the stream that recorded it; free it before
+     * the stream. */
+    int (*graph_capture)(bk_stream *s, bk_err *err);
+    bk_graph *(*graph_take)(bk_stream *s);
+    int (*graph_replay)(bk_stream *s, const bk_graph *g, bk_err *err);
+    void (*graph_cancel)(bk_stream *s);
+    void (*graph_free)(bk_graph *g);
 
     /* ---- weights ---- */
     /* w: fp32 [rows, cols] row-major, copied. */
@@ -148,6 +187,10 @@ struct bk_backend {
     int (*embedding_bag)(bk_stream *s, const bk_weight *table, const int64_t *ids,
                          const int64_t *offsets, int n, enum bk_pool pool,
                          void *out, int ld, bk_err *err);
+    /* n (1..BK_MAX_BAGS) embedding_bag calls as one: the same results as
+     * calling embedding_bag for each bag in order (on a GPU, one launch;
+     * the engine groups consecutive embedding_bag layers this way). */
+    int (*embedding_bags)(bk_stream *s, const bk_bag *bags, int n, bk_err *err);
 
     /* History embedding over packed jagged events: for user u, events
      * [offsets[u], offsets[u+1]) (already cut to the most recent max_len,
@@ -306,6 +349,10 @@ static inline int bk_parse_device(const char *s, int *ordinal)
     if (ordinal) *ordinal = v;
     return 0;
 }
+
+/* embedding_bags' shared argument check: 1 <= n <= BK_MAX_BAGS, bags
+ * non-NULL. 0, or -1 with err set. */
+int bk_bags_check(const bk_bag *bags, int n, bk_err *err);
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms

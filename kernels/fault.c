@@ -8,7 +8,7 @@
 
 #include "backend.h"
 
-static const char *const point_names[BK_FAULT_POINTS] = {"alloc", "launch", "sync"};
+static const char *const point_names[BK_FAULT_POINTS] = {"alloc", "launch", "sync", "graph"};
 
 /* A decimal in [1, LONG_MAX] spanning exactly [s, end); -1 otherwise. */
 static long positive(const char *s, const char *end)
@@ -29,8 +29,8 @@ static int parse_rule(const char *s, size_t len, bk_fault_rule *r, bk_err *err)
            !((size_t)(colon - s) == strlen(point_names[p]) && !memcmp(s, point_names[p], colon - s)))
         p++;
     if (!colon || p == BK_FAULT_POINTS) {
-        bk_seterr(err, "IKBO_FAULT: rule \"%.*s\": expected POINT:N[@B] with POINT alloc, launch "
-                  "or sync", (int)len, s);
+        bk_seterr(err, "IKBO_FAULT: rule \"%.*s\": expected POINT:N[@B] with POINT alloc, launch, "
+                  "sync or graph", (int)len, s);
         return -1;
     }
     const char *at = memchr(colon + 1, '@', end - colon - 1);

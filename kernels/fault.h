@@ -14,6 +14,8 @@
  *   POINT  alloc   device memory for buffers, weights, stream scratch
  *          launch  a kernel launch check (CUDA only; never fires on the CPU)
  *          sync    a stream wait (sync, download_f32)
+ *          graph   a batch graph's instantiation or launch (CUDA only); the
+ *                  engine then computes that batch without the graph
  *   N      the N-th call at that point fails (1-based, counted per backend
  *          from its creation; calls inside the constructor do not count)
  *   B      only in the B-th backend this process creates (each model version
@@ -30,7 +32,13 @@
 #ifndef IKBO_FAULT_H
 #define IKBO_FAULT_H
 
-enum bk_fault_point { BK_FAULT_ALLOC = 0, BK_FAULT_LAUNCH = 1, BK_FAULT_SYNC = 2, BK_FAULT_POINTS = 3 };
+enum bk_fault_point {
+    BK_FAULT_ALLOC = 0,
+    BK_FAULT_LAUNCH = 1,
+    BK_FAULT_SYNC = 2,
+    BK_FAULT_GRAPH = 3,
+    BK_FAULT_POINTS = 4
+};
 
 /* Per-backend state, embedded in bk_backend (zero = disarmed). */
 typedef struct bk_fault {

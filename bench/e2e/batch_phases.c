@@ -13,10 +13,15 @@
  *      span (idle = GPU waiting for the host) and backend host time;
  *      this tool adds the wall time of those profiled ikbo_score calls, so
  *      wall - backend host = the engine's own host work (validation, dry
- *      pass, staging, output sigmoid).
+ *      pass, staging, output sigmoid);
+ *   3. with --graphs N, the clean timing again on a model loaded with batch
+ *      graphs (engine/batch_graph.h), and how many batches replayed.
+ * Each shape cycles through NB batches of the same shape with different
+ * data (user sparse features of 1 to 8 ids), as a server sees.
  *
  *   batch_phases MODEL_VERSION_DIR [--device cuda:0] [--mode ikbo|broadcast]
  *                [--shapes "1x10 1x70 16x70"] [--iters 50] [--warmup 5] [--no-profile]
+ *                [--graphs N]
  */
 #include <math.h>
 #include <stdint.h>
@@ -139,10 +144,23 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Scores the batch warmup + iters times on a fresh context; fills t[iters]
- * with the measured wall times (us). */
+/* Sorts t[n] (for percentiles) and returns its mean. */
+static double stats(double *t, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += t[i];
+    qsort(t, (size_t)n, sizeof(double), cmp_d);
+    return sum / n;
+}
+
+#define NB 4 /* batches per shape, cycled */
+
+/* Scores warmup + iters batches (cycling through b[NB]) on a fresh context;
+ * fills t[iters] with the measured wall times (us) and *gs with the
+ * context's graph counters. */
 static int run(ikbo_model *m, const ikbo_batch *b, int warmup, int iters, double *t, float *ts,
-               float *sc)
+               float *sc, ikbo_graph_stats *gs)
 {
     ikbo_err e = {{0}};
     ikbo_ctx *c = ikbo_ctx_new(m, &e);
@@ -152,7 +170,7 @@ static int run(ikbo_model *m, const ikbo_batch *b, int warmup, int iters, double
     }
     for (int i = 0; i < warmup + iters; i++) {
         double t0 = now_us();
-        if (ikbo_score(c, b, ts, sc, &e)) {
+        if (ikbo_score(c, &b[i % NB], ts, sc, &e)) {
             fprintf(stderr, "batch_phases: ikbo_score: %s\n", e.msg);
             ikbo_ctx_free(c);
             return -1;
@@ -160,6 +178,7 @@ static int run(ikbo_model *m, const ikbo_batch *b, int warmup, int iters, double
         if (i >= warmup)
             t[i - warmup] = now_us() - t0;
     }
+    ikbo_ctx_graph_stats(c, gs);
     fflush(stdout);
     ikbo_ctx_free(c); /* with IKBO_CUDA_PROFILE set, the backend reports here */
     fflush(stderr);
@@ -170,7 +189,7 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "cuda:0", *shapes = "1x10 1x70 1x500 16x10 16x70 16x500";
     enum ikbo_mode mode = IKBO_MODE_IKBO;
-    int iters = 50, warmup = 5, profile = 1;
+    int iters = 50, warmup = 5, profile = 1, graphs = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--device") && v) device = argv[++i];
@@ -184,27 +203,37 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters") && v) iters = atoi(argv[++i]);
         else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(a, "--no-profile")) profile = 0;
+        else if (!strcmp(a, "--graphs") && v) graphs = atoi(argv[++i]);
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "usage: %s MODEL_VERSION_DIR [--device D] [--mode ikbo|broadcast] "
-                            "[--shapes \"UxN ...\"] [--iters N] [--warmup N] [--no-profile]\n",
+                            "[--shapes \"UxN ...\"] [--iters N] [--warmup N] [--no-profile] "
+                            "[--graphs N]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (!dir || iters < 1 || warmup < 0) {
-        fprintf(stderr, "batch_phases: need a model directory and --iters >= 1\n");
+    if (!dir || iters < 1 || warmup < 0 || graphs < 0) {
+        fprintf(stderr, "batch_phases: need a model directory, --iters >= 1, --graphs >= 0\n");
         return 2;
     }
     unsetenv("IKBO_CUDA_PROFILE");
     ikbo_err e = {{0}};
-    ikbo_load_opts o = {device, mode};
+    ikbo_load_opts o = {.device = device, .mode = mode};
     ikbo_model *m = ikbo_model_load(dir, &o, &e);
     if (!m) {
         fprintf(stderr, "batch_phases: %s\n", e.msg);
         return 1;
     }
+    o.graphs = graphs;
+    ikbo_model *mg = graphs ? ikbo_model_load(dir, &o, &e) : NULL;
+    if (graphs && !mg) {
+        fprintf(stderr, "batch_phases: %s\n", e.msg);
+        ikbo_model_free(m);
+        return 1;
+    }
     const ikbo_model_info *in = ikbo_model_get_info(m);
+    ikbo_graph_stats gs;
     printf("batch_phases: %s on %s, %s mode, %d warm-up + %d timed batches per shape\n", dir,
            device, ikbo_mode_name(mode), warmup, iters);
     double *t = xcalloc((size_t)iters, sizeof(double));
@@ -218,43 +247,54 @@ int main(int argc, char **argv)
             rc = 2;
             break;
         }
-        ikbo_batch b = make_batch(in, nu, per);
-        int C = b.n_cands;
+        ikbo_batch b[NB];
+        for (int k = 0; k < NB; k++)
+            b[k] = make_batch(in, nu, per);
+        int C = b[0].n_cands;
         float *ts = xcalloc((size_t)C * in->n_tasks, sizeof(float)), *sc = xcalloc((size_t)C, sizeof(float));
-        if (run(m, &b, warmup, iters, t, ts, sc)) {
+        if (run(m, b, warmup, iters, t, ts, sc, &gs)) {
             rc = 1;
             break;
         }
-        double sum = 0;
-        for (int i = 0; i < iters; i++)
-            sum += t[i];
-        qsort(t, (size_t)iters, sizeof(double), cmp_d);
-        double mean = sum / iters;
+        double mean = stats(t, iters);
         printf("== shape %dx%d (C %d): ikbo_score mean %.1f us, p50 %.1f, p90 %.1f; %.3f us/candidate, "
                "%.0f candidates/s on one context (score[0] %.5f)\n",
                nu, per, C, mean, t[iters / 2], t[iters * 9 / 10], mean / C, C / mean * 1e6,
                (double)sc[0]);
+        if (mg) {
+            float s0 = sc[0];
+            if (run(mg, b, warmup, iters, t, ts, sc, &gs)) {
+                rc = 1;
+                break;
+            }
+            double gm = stats(t, iters);
+            printf("   graphs %d: ikbo_score mean %.1f us, p50 %.1f, p90 %.1f (%.2fx); recorded %llu, "
+                   "replayed %llu of %d, fell back %llu%s%s; score[0] %.5f (|diff| %.1e)\n",
+                   graphs, gm, t[iters / 2], t[iters * 9 / 10], mean / gm,
+                   (unsigned long long)gs.captures, (unsigned long long)gs.replays, warmup + iters,
+                   (unsigned long long)gs.fallbacks, gs.last_error[0] ? ": " : "", gs.last_error,
+                   (double)sc[0], fabs((double)sc[0] - s0));
+        }
         if (profile) {
             setenv("IKBO_CUDA_PROFILE", "1", 1);
             char skip[16];
             snprintf(skip, sizeof skip, "%d", warmup);
             setenv("IKBO_CUDA_PROFILE_SKIP", skip, 1);
             fflush(stdout);
-            if (run(m, &b, warmup, iters, t, ts, sc))
+            if (run(m, b, warmup, iters, t, ts, sc, &gs))
                 rc = 1;
             unsetenv("IKBO_CUDA_PROFILE");
-            sum = 0;
-            for (int i = 0; i < iters; i++)
-                sum += t[i];
             printf("   profiled: ikbo_score wall mean %.1f us (the profile's events add to it)\n",
-                   sum / iters);
+                   stats(t, iters));
         }
         fflush(stdout);
         free(ts);
         free(sc);
-        free_batch(in, &b);
+        for (int k = 0; k < NB; k++)
+            free_batch(in, &b[k]);
     }
     free(t);
+    ikbo_model_free(mg);
     ikbo_model_free(m);
     return rc;
 }

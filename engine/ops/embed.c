@@ -39,13 +39,13 @@ static int run_embedding_bag(op_run *r)
     int ld;
     r->out->p = op_out_placed(r, r->rows, l->dim, &ld);
     op_bag(r, &ids, &off);
-    OP_TRY(r, r->be->embedding_bag(r->s, op_table_w(r, l->table), ids, off, r->rows, l->pooling,
-                                   r->out->p, ld, r->err));
-    return 0;
+    bk_bag bag = {op_table_w(r, l->table), ids, off, r->rows, l->pooling, r->out->p, ld};
+    return op_queue_bag(r, &bag);
 }
 
 static const char *const eb_keys[] = {"name", "op", "input", "table", "pooling", NULL};
-const md_op_def md_op_embedding_bag = {"embedding_bag", eb_keys, OP_PLACED, plan_embedding_bag,
+const md_op_def md_op_embedding_bag = {"embedding_bag", eb_keys, OP_PLACED | OP_QUEUED,
+                                       plan_embedding_bag,
                                        run_embedding_bag, NULL,
                                          cost_embedding_bag};
 

@@ -97,13 +97,16 @@ static int cpu_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk
 }
 
 /* Activations are fp32 on the CPU, so conversion is a copy. */
-static int cpu_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
+static int cpu_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, size_t pad,
+                          bk_err *err)
 {
-    if (n > SIZE_MAX / sizeof(float)) {
-        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
+    if (n > SIZE_MAX / sizeof(float) - pad) {
+        bk_seterr(err, "upload_f32: %zu + %zu elements overflow size_t", n, pad);
         return -1;
     }
-    return cpu_upload(s, dst, src, n * sizeof(float), err);
+    if (cpu_upload(s, dst, src, n * sizeof(float), err)) return -1;
+    if (pad) memset((float *)dst + n, 0, pad * sizeof(float));
+    return 0;
 }
 
 static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
@@ -285,6 +288,7 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->weight_new = cpu_weight_new;
     be->weight_free = cpu_weight_free;
     be->embedding_bag = cpu_embedding_bag;
+    be->embedding_bags = cpu_embedding_bags;
     be->history_embedding = cpu_history_embedding;
     be->linear = cpu_linear;
     be->lce = cpu_lce;

@@ -119,6 +119,7 @@ static inline float cpu_activate(float v, enum bk_act act)
 int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
                       const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
                       bk_err *err);
+int cpu_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *err);
 int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
                           const bk_weight *position, const int64_t *ids, const int32_t *actions,
                           const int64_t *offsets, int n, void *out, bk_err *err);

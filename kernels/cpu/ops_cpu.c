@@ -32,6 +32,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -140,6 +141,23 @@ int cpu_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
         if (pool == BK_POOL_MEAN && count > 0)
             for (int j = 0; j < dim; j++)
                 ob[j] /= (float)count;
+    }
+    return 0;
+}
+
+/* The bags one after the other: the CPU has no launches to save. */
+int cpu_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *err)
+{
+    if (bk_bags_check(bags, n, err))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        const bk_bag *b = &bags[i];
+        if (cpu_embedding_bag(s, b->table, b->ids, b->offsets, b->n, b->pool, b->out, b->ld, err)) {
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            bk_seterr(err, "embedding_bags: bag %d: %s", i, msg);
+            return -1;
+        }
     }
     return 0;
 }

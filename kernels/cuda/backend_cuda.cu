@@ -334,6 +334,7 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
     if (sc->p) {
         /* The stream may still read the old block: wait before freeing it. */
         CU_TRY(cudaStreamSynchronize(s->st), "waiting to grow scratch");
+        s->gen++;
         cuda_free(s->be, sc->p, sc->cap, sc->tag);
         sc->p = NULL;
         sc->cap = 0;
@@ -345,7 +346,10 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
     return 0;
 }
 
-int cu_enter(bk_stream *s, bk_err *err) { return enter(s->be, err); }
+int cu_enter(bk_stream *s, bk_err *err)
+{
+    return cu_graph_refuse(s, err) ? -1 : enter(s->be, err);
+}
 
 unsigned cu_grid_for(size_t n, unsigned block)
 {
@@ -460,6 +464,7 @@ static char *host_stage(bk_stream *s, size_t bytes, bk_err *err)
         off = 0;
         if (bytes > h->cap) {
             size_t want = h->peak > bytes ? h->peak : bytes;
+            s->gen++;
             if (pinned_resize(h, want + want / 4 + 4096, err))
                 return NULL;
         }
@@ -476,6 +481,7 @@ static void host_idle(bk_stream *s)
     if (h->peak > h->cap) {
         bk_err ignore;
         size_t want = h->peak + h->peak / 4 + 4096;
+        s->gen++;
         (void)pinned_resize(h, want, &ignore); /* on failure the next stage() retries */
     }
     h->used = 0;
@@ -491,7 +497,7 @@ static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, b
         bk_seterr(err, "upload: NULL buffer for %zu bytes", bytes);
         return -1;
     }
-    if (enter(s->be, err))
+    if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     /* Through pinned staging: asynchronous, and the caller may reuse src at
      * once. */
@@ -499,7 +505,7 @@ static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, b
     if (!h)
         return -1;
     memcpy(h, src, bytes);
-    CU_TRY(cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, s->st), "upload");
+    return cu_copy(s, dst, h, bytes, cudaMemcpyHostToDevice, err);
     return 0;
 }
 
@@ -517,35 +523,36 @@ template <typename T> static void host_to_f32(const void *src, float *dst, size_
         dst[i] = cu_tof<T>(x[i]);
 }
 
-static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
+static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, size_t pad,
+                           bk_err *err)
 {
     cu_prof_scope prof_(s, "upload_f32");
-    if (!n)
+    if (!n && !pad)
         return 0;
-    if (n > SIZE_MAX / sizeof(float)) {
-        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
+    if (n > SIZE_MAX / sizeof(float) - pad) {
+        bk_seterr(err, "upload_f32: %zu + %zu elements overflow size_t", n, pad);
         return -1;
     }
-    if (!dst || !src) {
+    if (!dst || (n && !src)) {
         bk_seterr(err, "upload_f32: NULL buffer for %zu elements", n);
         return -1;
     }
-    if (enter(s->be, err))
+    if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     /* Converted on the host into the staging: one copy, no kernel. */
-    size_t bytes = n * s->be->act_size;
+    size_t bytes = (n + pad) * s->be->act_size;
     char *h = host_stage(s, bytes, err);
     if (!h)
         return -1;
     CU_DISPATCH(cu_dt(s), host_from_f32<T>(src, h, n));
-    CU_TRY(cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, s->st), "upload_f32");
-    return 0;
+    memset(h + n * s->be->act_size, 0, pad * s->be->act_size);
+    return cu_copy(s, dst, h, bytes, cudaMemcpyHostToDevice, err);
 }
 
 static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
 {
     cu_prof_scope prof_(s, "download_f32", true);
-    if (enter(s->be, err))
+    if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     if (!n) {
         if (stream_wait(s, err, "download_f32: stream"))
@@ -567,7 +574,8 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
     char *h = host_stage(s, bytes, err);
     if (!h)
         return -1;
-    CU_TRY(cudaMemcpyAsync(h, src, bytes, cudaMemcpyDeviceToHost, s->st), "download_f32");
+    if (cu_copy(s, h, src, bytes, cudaMemcpyDeviceToHost, err) || cu_graph_run(s, err))
+        return -1;
     if (stream_wait(s, err, "download_f32: stream (an earlier op on it failed)"))
         return -1;
     CU_DISPATCH(cu_dt(s), host_to_f32<T>(h, dst, n));
@@ -592,6 +600,7 @@ static void cuda_stream_free(bk_stream *s)
     if (!s)
         return;
     cudaSetDevice(cu_impl(s->be)->ordinal);
+    cu_graph_stream_free(s);
     if (s->st)
         cudaStreamSynchronize(s->st);
     if (s->prof) {
@@ -650,7 +659,7 @@ fail:
 static int cuda_sync(bk_stream *s, bk_err *err)
 {
     cu_prof_scope prof_(s, "sync", true);
-    if (enter(s->be, err))
+    if (cu_enter(s, err))
         return -1;
     if (stream_wait(s, err, "stream (an earlier op on it failed)"))
         return -1;
@@ -735,21 +744,36 @@ __device__ __forceinline__ int64_t wrap_row(int64_t id, int rows)
     return r < 0 ? r + rows : r;
 }
 
-/* One block per bag; threads across the embedding width; ids in order. */
-template <typename T>
-__global__ void k_embedding_bag(const T *__restrict__ table, int rows, int tld, int dim,
-                                const int64_t *__restrict__ ids, const int64_t *__restrict__ off,
-                                int mean, T *__restrict__ out, int ld)
+/* embedding_bags' arguments, by value: one launch for up to BK_MAX_BAGS
+ * bags (a model's sparse features are ~10 small launches otherwise). */
+struct cu_bag {
+    const void *table;
+    const int64_t *ids, *off;
+    void *out;
+    int rows, tld, dim, ld, n, mean;
+};
+struct cu_bags {
+    cu_bag b[BK_MAX_BAGS];
+};
+
+/* Block (row, bag): threads across the embedding width; ids in order.
+ * Rows past a bag's n (bags of fewer rows than the grid) exit. */
+template <typename T> __global__ void k_embedding_bags(const __grid_constant__ cu_bags a)
 {
+    const cu_bag &g = a.b[blockIdx.y];
     int b = blockIdx.x;
-    int64_t s = off[b], e = off[b + 1];
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    if (b >= g.n)
+        return;
+    const T *__restrict__ table = (const T *)g.table;
+    T *__restrict__ out = (T *)g.out;
+    int64_t s = g.off[b], e = g.off[b + 1];
+    for (int j = threadIdx.x; j < g.dim; j += blockDim.x) {
         float acc = 0.0f;
         for (int64_t i = s; i < e; i++)
-            acc += cu_tof<T>(table[wrap_row(ids[i], rows) * tld + j]);
-        if (mean && e > s)
+            acc += cu_tof<T>(table[wrap_row(g.ids[i], g.rows) * g.tld + j]);
+        if (g.mean && e > s)
             acc /= (float)(e - s);
-        out[(size_t)b * ld + j] = cu_fromf<T>(acc);
+        out[(size_t)b * g.ld + j] = cu_fromf<T>(acc);
     }
 }
 
@@ -759,23 +783,41 @@ static int block_for(int width)
     return b < 32 ? 32 : b > 256 ? 256 : b;
 }
 
+static int cuda_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *err)
+{
+    cu_prof_scope prof_(s, "embedding_bag");
+    if (bk_bags_check(bags, n, err))
+        return -1;
+    cu_bags a;
+    int nb = 0, rows = 0, width = 0;
+    for (int i = 0; i < n; i++) {
+        const bk_bag *g = &bags[i];
+        if (g->n <= 0 || g->table->cols == 0)
+            continue;
+        if (g->table->rows <= 0) {
+            bk_seterr(err, "embedding_bags: bag %d: table has no rows", i);
+            return -1;
+        }
+        a.b[nb++] = cu_bag{g->table->data, g->ids, g->offsets, g->out, g->table->rows,
+                           g->table->ld, g->table->cols, g->ld, g->n, g->pool == BK_POOL_MEAN};
+        rows = g->n > rows ? g->n : rows;
+        width = g->table->cols > width ? g->table->cols : width;
+    }
+    if (!nb)
+        return 0;
+    if (cu_enter(s, err))
+        return -1;
+    CU_DISPATCH(cu_dt(s),
+                (k_embedding_bags<T><<<dim3(rows, nb), block_for(width), 0, s->st>>>(a)));
+    return cu_check_launch(s, err, "embedding_bag");
+}
+
 static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_t *ids,
                               const int64_t *offsets, int n, enum bk_pool pool, void *out, int ld,
                               bk_err *err)
 {
-    cu_prof_scope prof_(s, "embedding_bag");
-    if (n <= 0 || table->cols == 0)
-        return 0;
-    if (table->rows <= 0) {
-        bk_seterr(err, "embedding_bag: table has no rows");
-        return -1;
-    }
-    if (enter(s->be, err))
-        return -1;
-    CU_DISPATCH(cu_dt(s), (k_embedding_bag<T><<<n, block_for(table->cols), 0, s->st>>>(
-                              (const T *)table->data, table->rows, table->ld, table->cols, ids,
-                              offsets, pool == BK_POOL_MEAN, (T *)out, ld)));
-    return cu_check_launch(s, err, "embedding_bag");
+    bk_bag b = {table, ids, offsets, n, pool, out, ld};
+    return n <= 0 ? 0 : cuda_embedding_bags(s, &b, 1, err);
 }
 
 /* Blocks (user, slice): the gridDim.y slices of one user split its (event,
@@ -826,7 +868,7 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
                   table->cols, action->cols, position->cols);
         return -1;
     }
-    if (enter(s->be, err))
+    if (cu_enter(s, err))
         return -1;
     dim3 grid((unsigned)n, slices_for(s, n));
     CU_DISPATCH(cu_dt(s), (k_history_embedding<T><<<grid, 256, 0, s->st>>>(
@@ -857,7 +899,7 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
     cu_prof_scope prof_(s, "add");
     if (n <= 0 || width <= 0)
         return 0;
-    if (enter(s->be, err))
+    if (cu_enter(s, err))
         return -1;
     size_t total = (size_t)n * width;
     CU_DISPATCH(cu_dt(s), (k_add<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
@@ -907,7 +949,7 @@ static int cuda_copy_rows(bk_stream *s, const void *src, int lds, const int32_t 
     cu_prof_scope prof_(s, "copy_rows");
     if (n <= 0 || width <= 0)
         return 0;
-    if (enter(s->be, err))
+    if (cu_enter(s, err))
         return -1;
     size_t es = s->be->act_size, wb = (size_t)width * es, sb = (size_t)lds * es,
            db = (size_t)ldd * es;
@@ -979,7 +1021,7 @@ static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets
     cu_prof_scope prof_(s, "gather");
     if (nc <= 0 || width <= 0)
         return 0;
-    if (enter(s->be, err))
+    if (cu_enter(s, err))
         return -1;
     if (!src_offsets) {
         size_t total = (size_t)nc * width;
@@ -1160,7 +1202,7 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         bk_seterr(err, "linear: row strides %d/%d below widths %d/%d", ldx, ldy, in, out);
         return -1;
     }
-    if (enter(s->be, err))
+    if (cu_enter(s, err))
         return -1;
     enum cu_dtype dt = cu_dt(s);
     size_t es = s->be->act_size;
@@ -1315,6 +1357,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->weight_new = cuda_weight_new;
     be->weight_free = cuda_weight_free;
     be->embedding_bag = cuda_embedding_bag;
+    be->embedding_bags = cuda_embedding_bags;
     be->history_embedding = cuda_history_embedding;
     be->linear = cuda_linear;
     be->lce = cuda_lce;
@@ -1331,5 +1374,6 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->token_linear = cuda_token_linear;
     be->dot_interaction = cuda_dot_interaction;
     be->mixture = cuda_mixture;
+    cu_graph_install(be);
     return be;
 }

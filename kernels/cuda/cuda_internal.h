@@ -132,7 +132,32 @@ struct bk_stream {
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;
     cu_prof *prof; /* NULL unless IKBO_CUDA_PROFILE */
+    /* Batch graphs (graph.cu). gen counts moves of the stream's private
+     * buffers (staging, scratch): a graph recorded at another gen points at
+     * freed memory and is refused. */
+    unsigned long gen;
+    int gmode;             /* enum cu_gmode */
+    bk_graph *grec;        /* capture: the graph being recorded; then done */
+    const bk_graph *gplay; /* replay: the graph replayed */
+    int gnext;             /* replay: the next staged copy to check */
 };
+
+/* ------------------------------------------------------------ graphs
+ * (graph.cu; the contract is backend.h's graph_* entries) */
+enum cu_gmode { CU_G_OFF = 0, CU_G_CAPTURE = 1, CU_G_REPLAY = 2 };
+/* Every staged host<->device copy of the backend: queued (and recorded)
+ * normally; while replaying, only checked against the recorded copy. */
+int cu_copy(bk_stream *s, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+            bk_err *err);
+/* download_f32 calls it after queueing its copy, before it waits: ends a
+ * recording and launches it, or launches the replayed graph. */
+int cu_graph_run(bk_stream *s, bk_err *err);
+/* Fails when the stream is replaying (ops are not called then). */
+int cu_graph_refuse(bk_stream *s, bk_err *err);
+/* Stream teardown: drops a recording still held. */
+void cu_graph_stream_free(bk_stream *s);
+/* The backend table's graph entries. */
+void cu_graph_install(bk_backend *be);
 
 struct bk_weight {
     int rows, cols;

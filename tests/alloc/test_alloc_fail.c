@@ -794,7 +794,7 @@ typedef struct load_arg {
 static int load_op(void *p, char *why)
 {
     load_arg *a = p;
-    ikbo_load_opts o = {"cpu", a->mode};
+    ikbo_load_opts o = {.device = "cpu", .mode = a->mode};
     ikbo_err err = {{0}};
     float *s = af_sys_malloc((size_t)g_C * 4), *t = af_sys_malloc((size_t)g_C * g_T * 4);
     ikbo_model *m = ikbo_model_load(a->dir ? a->dir : g_v1, &o, &err);

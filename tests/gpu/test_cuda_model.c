@@ -57,6 +57,19 @@ static ikbo_jagged rand_jagged(int rows, int maxlen)
     return j;
 }
 
+/* A jagged id list with exactly k ids per row. */
+static ikbo_jagged fixed_jagged(int rows, int k)
+{
+    int64_t *off = xcalloc((size_t)rows + 1, sizeof(int64_t));
+    for (int r = 0; r < rows; r++)
+        off[r + 1] = off[r] + k;
+    int64_t *ids = xcalloc((size_t)off[rows] + 1, sizeof(int64_t));
+    for (int64_t i = 0; i < off[rows]; i++)
+        ids[i] = (int64_t)irand(0, 100000);
+    ikbo_jagged j = {ids, off};
+    return j;
+}
+
 typedef struct batch_mem {
     ikbo_batch b;
     float *ud, *cd;
@@ -65,7 +78,11 @@ typedef struct batch_mem {
     int nus, ncs;
 } batch_mem;
 
-static batch_mem make_batch(const ikbo_model_info *in, int nu, const int *counts)
+/* hist_len < 0: history lengths from empty to past max_len, else each
+ * user hist_len events; cand_ids < 0: 0..4 ids per candidate and sparse
+ * feature, else exactly cand_ids. */
+static batch_mem make_batch_fixed(const ikbo_model_info *in, int nu, const int *counts,
+                                  int hist_len, int cand_ids)
 {
     batch_mem m;
     memset(&m, 0, sizeof m);
@@ -89,7 +106,7 @@ static batch_mem make_batch(const ikbo_model_info *in, int nu, const int *counts
         m.us[f] = rand_jagged(nu, 6);
     m.csp = xcalloc((size_t)m.ncs, sizeof(ikbo_jagged));
     for (int f = 0; f < m.ncs; f++)
-        m.csp[f] = rand_jagged(nc, 4);
+        m.csp[f] = cand_ids < 0 ? rand_jagged(nc, 4) : fixed_jagged(nc, cand_ids);
     m.b.n_users = nu;
     m.b.n_cands = nc;
     m.b.user_dense = in->user_dense ? m.ud : NULL;
@@ -102,8 +119,10 @@ static batch_mem make_batch(const ikbo_model_info *in, int nu, const int *counts
         int64_t *off = xcalloc((size_t)nu + 1, sizeof(int64_t));
         for (int u = 0; u < nu; u++) {
             int kind = (int)(rnd() % 4);
-            int len = kind == 0 ? 0 : kind == 1 ? in->hist_max_len + irand(0, 7)
-                                               : irand(1, in->hist_max_len);
+            int len = hist_len >= 0 ? hist_len
+                      : kind == 0   ? 0
+                      : kind == 1   ? in->hist_max_len + irand(0, 7)
+                                    : irand(1, in->hist_max_len);
             off[u + 1] = off[u] + len;
         }
         int64_t *ids = xcalloc((size_t)off[nu] + 1, sizeof(int64_t));
@@ -117,6 +136,11 @@ static batch_mem make_batch(const ikbo_model_info *in, int nu, const int *counts
         m.b.hist_actions = in->hist_actions > 0 ? m.acts : NULL;
     }
     return m;
+}
+
+static batch_mem make_batch(const ikbo_model_info *in, int nu, const int *counts)
+{
+    return make_batch_fixed(in, nu, counts, -1, -1);
 }
 
 static void free_batch(batch_mem *m)
@@ -162,6 +186,76 @@ static int topk_overlap(const float *ref, const float *got, int n, int k)
     return same;
 }
 
+/* ||got - ref|| / ||ref|| over n values; *nan counts NaNs in got. */
+static double rel_err(const float *got, const float *ref, size_t n, int *nan)
+{
+    double num = 0, den = 0;
+    *nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]))
+            (*nan)++;
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* Batch graphs (engine/batch_graph.h) on a context that has them: batches
+ * sharing one key (1 user, 65..72 candidates -> bucket 72, full-length
+ * history, 1 id per candidate and feature, 0..6 per user), a larger batch
+ * (another key; the arenas grow, which forgets every graph), then the first
+ * shape three times more. Every batch's task scores against the CPU's, NaN-
+ * poisoned first. Without IKBO_FAULT the expected trace is exact: 2
+ * recordings, 5 replays, no fallback; with IKBO_FAULT=graph:N some
+ * recordings fail and their batches must still score right. Returns the
+ * failures; adds its checks to *checks. */
+static int check_graphs(const char *dir, const char *mode, const ikbo_model_info *in, ikbo_ctx *cc,
+                        ikbo_ctx *cg, double tol, int *checks)
+{
+    int seq[][2] = {{1, 70}, {1, 72}, {1, 65}, {1, 71}, {1, 70}, {1, 69},
+                    {2, 1000}, {1, 70}, {1, 66}, {1, 72}};
+    int failures = 0, n = (int)(sizeof seq / sizeof seq[0]);
+    ikbo_err e = {{0}};
+    for (int i = 0; i < n; i++) {
+        int counts[2] = {seq[i][1], 1};
+        batch_mem bm = make_batch_fixed(in, seq[i][0], counts, in->hist_max_len, 1);
+        int C = bm.b.n_cands, T = in->n_tasks;
+        float *tc = xcalloc((size_t)C * T, sizeof(float)), *tg = xcalloc((size_t)C * T, sizeof(float));
+        for (int k = 0; k < C * T; k++)
+            tg[k] = NAN;
+        (*checks)++;
+        if (ikbo_score(cc, &bm.b, tc, NULL, &e) || ikbo_score(cg, &bm.b, tg, NULL, &e)) {
+            printf("FAIL %s graphs %s batch %d: %s\n", dir, mode, i, e.msg);
+            failures++;
+        } else {
+            int nan;
+            double rel = rel_err(tg, tc, (size_t)C * T, &nan);
+            int bad = nan || !(rel <= tol);
+            failures += bad;
+            if (bad)
+                printf("FAIL %s graphs %s batch %d (C %d): rel %.2e%s\n", dir, mode, i, C, rel,
+                       nan ? " NaN" : "");
+        }
+        free(tc);
+        free(tg);
+        free_batch(&bm);
+    }
+    ikbo_graph_stats st;
+    ikbo_ctx_graph_stats(cg, &st);
+    const char *fault = getenv("IKBO_FAULT");
+    int faulty = fault && strstr(fault, "graph");
+    int bad = faulty ? !st.fallbacks || st.replays + st.captures + st.fallbacks < 5
+                     : st.captures != 2 || st.replays != 5 || st.fallbacks;
+    (*checks)++;
+    failures += bad;
+    printf("%s %-28s graphs %-9s recorded %llu, replayed %llu, fell back %llu, held %d%s%s\n",
+           bad ? "FAIL" : "ok  ", dir, mode, (unsigned long long)st.captures,
+           (unsigned long long)st.replays, (unsigned long long)st.fallbacks, st.held,
+           st.last_error[0] ? "; last fallback: " : "", st.last_error);
+    return failures;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -173,8 +267,9 @@ int main(int argc, char **argv)
     int failures = 0, checks = 0;
     for (int a = 1; a < argc; a++) {
         ikbo_err e = {{0}};
-        ikbo_load_opts oc = {"cpu", IKBO_MODE_IKBO}, og = {"cuda:0", IKBO_MODE_IKBO},
-                       ob = {"cuda:0", IKBO_MODE_BROADCAST};
+        ikbo_load_opts oc = {.device = "cpu", .mode = IKBO_MODE_IKBO},
+                       og = {.device = "cuda:0", .mode = IKBO_MODE_IKBO},
+                       ob = {.device = "cuda:0", .mode = IKBO_MODE_BROADCAST};
         ikbo_model *mc = ikbo_model_load(argv[a], &oc, &e);
         if (!mc) {
             printf("FAIL %s: cpu load: %s\n", argv[a], e.msg);
@@ -228,16 +323,8 @@ int main(int argc, char **argv)
                     failures++;
                     continue;
                 }
-                double num = 0, den = 0;
-                int nan = 0;
-                for (int i = 0; i < C * T; i++) {
-                    if (isnan(tgs[md][i]))
-                        nan++;
-                    double d = (double)tgs[md][i] - tc[i];
-                    num += d * d;
-                    den += (double)tc[i] * tc[i];
-                }
-                double rel = sqrt(num / (den > 0 ? den : 1));
+                int nan;
+                double rel = rel_err(tgs[md], tc, (size_t)C * T, &nan);
                 int k = C < 10 ? C : 10, agree = topk_overlap(sc, sgs[md], C, k);
                 int bad = nan || !(rel <= tol);
                 if (md == 0) {
@@ -269,6 +356,21 @@ int main(int argc, char **argv)
             printf("FAIL %s: IKBO-mode backend peaked at %zu broadcast bytes\n", argv[a],
                    st.bytes_peak[BK_TAG_BROADCAST]);
             failures++;
+        }
+        for (int md = 0; md < 2; md++) {
+            ikbo_load_opts o = md ? ob : og;
+            o.graphs = 4;
+            ikbo_model *mgr = ikbo_model_load(argv[a], &o, &e);
+            ikbo_ctx *cgr = mgr ? ikbo_ctx_new(mgr, &e) : NULL;
+            if (!cgr) {
+                printf("FAIL %s: graphs: %s\n", argv[a], e.msg);
+                failures++;
+            } else {
+                failures += check_graphs(argv[a], md ? "broadcast" : "ikbo", in, cc, cgr, tol,
+                                         &checks);
+            }
+            ikbo_ctx_free(cgr);
+            ikbo_model_free(mgr);
         }
         ikbo_ctx_free(cc);
         ikbo_ctx_free(cg);

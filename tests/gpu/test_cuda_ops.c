@@ -92,7 +92,7 @@ static float *rand_vec(size_t n, float scale)
     void *d = gpu->alloc(gpu, n * gpu->act_size, BK_TAG_CAND, &e);
     if (!d)
         DIE("alloc: %s", e.msg);
-    ok_or_die(gpu->upload_f32(gs, d, h, n, &e), "upload_f32", &e);
+    ok_or_die(gpu->upload_f32(gs, d, h, n, 0, &e), "upload_f32", &e);
     ok_or_die(gpu->download_f32(gs, h, d, n, &e), "download_f32", &e);
     gpu->free(gpu, d, n * gpu->act_size, BK_TAG_CAND);
     return h;
@@ -116,7 +116,7 @@ static pair act_pair(const float *h, size_t n)
         DIE("alloc: %s", e.msg);
     if (h && n) {
         memcpy(p.c, h, n * sizeof(float));
-        ok_or_die(gpu->upload_f32(gs, p.g, h, n, &e), "upload_f32", &e);
+        ok_or_die(gpu->upload_f32(gs, p.g, h, n, 0, &e), "upload_f32", &e);
     }
     return p;
 }
@@ -254,6 +254,63 @@ static void test_embedding_bag(int rows, int dim, int n, int maxbag, int pool, i
     free(t);
     free(off);
     free(ids);
+}
+
+/* embedding_bags: nb bags of different tables, row counts, widths, pools
+ * and strides in one GPU launch against the CPU's embedding_bag per bag. */
+static void test_embedding_bags(int nb)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    bk_bag bc[BK_MAX_BAGS] = {{0}}, bg[BK_MAX_BAGS] = {{0}};
+    wpair w[BK_MAX_BAGS];
+    pair pi[BK_MAX_BAGS], po[BK_MAX_BAGS], out[BK_MAX_BAGS];
+    int dim[BK_MAX_BAGS], rows[BK_MAX_BAGS];
+    for (int i = 0; i < nb; i++) {
+        int n = irand(0, 3) ? irand(1, 300) : 0;
+        rows[i] = irand(1, 3000);
+        dim[i] = irand(1, 3) == 1 ? irand(1, 40) : 8 * irand(1, 40);
+        float *t = rand_vec((size_t)rows[i] * dim[i], 1.0f);
+        w[i] = weight_pair(t, rows[i], dim[i]);
+        free(t);
+        int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+        off[0] = 0;
+        for (int b = 0; b < n; b++)
+            off[b + 1] = off[b] + irand(0, 6);
+        int64_t *ids = xmalloc((size_t)(off[n] + 1) * sizeof(int64_t));
+        for (int64_t k = 0; k < off[n]; k++)
+            ids[k] = (int64_t)irand(-2 * rows[i], 2 * rows[i]);
+        pi[i] = raw_pair(ids, (size_t)off[n] * sizeof(int64_t));
+        po[i] = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
+        free(ids);
+        free(off);
+        int ld = dim[i] + irand(0, 2) * 8;
+        out[i] = out_pair((size_t)n * ld + 1); /* + 1: a bag of 0 rows still allocates */
+        enum bk_pool pool = irand(0, 1) ? BK_POOL_MEAN : BK_POOL_SUM;
+        bc[i] = (bk_bag){w[i].c, pi[i].c, po[i].c, n, pool, out[i].c, ld};
+        bg[i] = (bk_bag){w[i].g, pi[i].g, po[i].g, n, pool, out[i].g, ld};
+        ok_or_die(cpu->embedding_bag(cs, w[i].c, pi[i].c, po[i].c, n, pool, out[i].c, ld, &ec),
+                  "cpu embedding_bag", &ec);
+    }
+    ok_or_die(gpu->embedding_bags(gs, bg, nb, &eg), "gpu embedding_bags", &eg);
+    for (int i = 0; i < nb; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "embedding_bags %d/%d: rows %d dim %d n %d %s ld %d", i, nb,
+                 rows[i], dim[i], bc[i].n, bc[i].pool ? "mean" : "sum", bc[i].ld);
+        compare(what, &out[i], (size_t)bc[i].n, (size_t)dim[i], (size_t)bc[i].ld);
+        pair_free(&pi[i]);
+        pair_free(&po[i]);
+        pair_free(&out[i]);
+        wpair_free(&w[i]);
+    }
+    /* The count is checked the same way on both backends. */
+    checks++;
+    if (!gpu->embedding_bags(gs, bg, 0, &eg) || !cpu->embedding_bags(cs, bc, BK_MAX_BAGS + 1, &ec) ||
+        strcmp(eg.msg, "embedding_bags: 0 bags (expected 1..32)") ||
+        strcmp(ec.msg, "embedding_bags: 33 bags (expected 1..32)")) {
+        failures++;
+        printf("FAIL [%s] embedding_bags bad count: gpu \"%s\", cpu \"%s\"\n", dtype_name, eg.msg,
+               ec.msg);
+    }
 }
 
 static void test_history(int n, int dim, int max_len, int nact, int with_actions)
@@ -642,6 +699,9 @@ static void suite_plain(void)
             test_embedding_bag(1, dims[i], 1, 3, pool, 0);
             test_embedding_bag(irand(2, 2000), dims[i], irand(1, 200), 20, pool, i % 2 ? 3 : 0);
         }
+    int nbags[] = {1, 2, 10, BK_MAX_BAGS};
+    for (int i = 0; i < 4; i++)
+        test_embedding_bags(nbags[i]);
     int hd[] = {8, 13, 64};
     for (int i = 0; i < 3; i++) {
         test_history(1, hd[i], 1, 1, 0);

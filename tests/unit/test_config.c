@@ -279,7 +279,8 @@ static void test_batching(void **s)
     char *j = config_to_json(&c);
     assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
                               "\"max_queue_delay_us\":250,\"instances\":3,"
-                              "\"max_queue_candidates\":800,\"max_queue_requests\":20}"));
+                              "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
+                              "\"graphs\":16}"));
     free(j);
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
@@ -337,13 +338,15 @@ static void test_serving_table(void **s)
     serving_err("{\"device\":\"cuda:01\"}", SERVING_MODEL, "serving",
                 "serving.device: expected \"cpu\" or \"cuda:N\", got \"cuda:01\"");
     serving_err("{\"mode\":[]}", SERVING_MODEL, "serving", "serving.mode: expected string, got array");
+    serving_err("{\"graphs\":1025}", SERVING_MODEL, "serving",
+                "serving.graphs: expected integer 0..1024, got 1025");
     serving_err("[]", SERVING_MODEL, "serving", "serving: expected object, got array");
     serving_err("{\"max_queue_requests\":1}", SERVING_MODEL, "serving",
                 "serving.max_queue_requests: unknown key (known: max_batch_candidates, "
-                "max_batch_users, max_queue_delay_us, instances, mode, device)");
+                "max_batch_users, max_queue_delay_us, instances, graphs, mode, device)");
     apply_err("{\"batching\":{\"mode\":\"ikbo\"}}",
               "batching.mode: unknown key (known: max_batch_candidates, max_batch_users, "
-              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests)");
+              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs)");
     apply_err("{\"batching\":{\"max_queue_candidates\":0}}",
               "batching.max_queue_candidates: expected integer 1..1000000000, got 0");
 
@@ -380,7 +383,7 @@ static void test_serving_table(void **s)
     json_t *o = serving_to_json(&src, SERVING_MODEL);
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     assert_string_equal(txt, "{\"max_batch_candidates\":-1,\"max_batch_users\":0,"
-                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"mode\":\"\","
+                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"mode\":\"\","
                              "\"device\":\"cuda:3\"}");
     free(txt);
     json_decref(o);

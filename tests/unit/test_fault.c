@@ -37,6 +37,10 @@ static void test_grammar(void **state)
     assert_int_equal(r[0].backend, 2);
     assert_int_equal(r[1].point, BK_FAULT_LAUNCH);
     assert_int_equal(r[2].backend, 1);
+    assert_int_equal(parse("graph:2@3", r, &err), 1);
+    assert_int_equal(r[0].point, BK_FAULT_GRAPH);
+    assert_int_equal(r[0].n, 2);
+    assert_int_equal(r[0].backend, 3);
     /* The same point for two different backends is fine. */
     assert_int_equal(parse("sync:1@1,sync:2@2,sync:3", r, &err), 3);
 }
@@ -109,7 +113,7 @@ static void test_backends_and_counts(void **state)
     float x = 1, y = 0;
     void *buf = be->alloc(be, sizeof x, BK_TAG_CAND, &err);
     assert_non_null(buf);
-    assert_int_equal(be->upload_f32(s, buf, &x, 1, &err), 0);
+    assert_int_equal(be->upload_f32(s, buf, &x, 1, 0, &err), 0);
     assert_int_equal(be->sync(s, &err), 0);
     assert_int_equal(be->download_f32(s, &y, buf, 1, &err), 0);
     memset(&err, 0, sizeof err);
