@@ -54,7 +54,7 @@ static void *dev_floats(ctx *c, size_t n, enum bk_tag tag, int random)
         die("alloc", &c->err);
     for (size_t i = 0; i < n; i++)
         h[i] = random ? rnd(c) : 0.0f;
-    if (c->be->upload_f32(c->s, d, h, n, 0, &c->err))
+    if (c->be->upload_f32(c->s, d, h, n, &c->err))
         die("upload", &c->err);
     free(h);
     return d;

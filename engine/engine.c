@@ -15,8 +15,9 @@
  *
  * Per-batch copies: every index array of a batch (map, history, all
  * embedding bags' ids and offsets, broadcast offsets) is written into a host
- * mirror of the index arena and uploaded with one copy before the first op;
- * then the two dense inputs; the logits come back with the one wait of the
+ * mirror of the index arena, with the two dense inputs converted to the
+ * activation dtype beside them (be->host_from_f32), and uploaded with one
+ * copy before the first op; the logits come back with the one wait of the
  * batch (download_f32). On the GPU each copy has a fixed cost, and an upload
  * between kernels used to be one of ~25.
  *
@@ -586,11 +587,6 @@ static int validate_batch(const ikbo_model *m, const ikbo_batch *b, ikbo_err *er
 
 /* ------------------------------------------------------------- forward */
 
-#define TRY(x)                                                                \
-    do {                                                                      \
-        if (!c->dry && (x) != 0) return -1;                                   \
-    } while (0)
-
 /* Places a jagged id list of `real` rows in the index arena (and its host
  * mirror) as `rows` rows, the rest empty; returns backend ids and offsets.
  * With graphs on, the ids get bg_room's room, so nearby counts share a key. */
@@ -806,8 +802,9 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
     return md_ops[l->op]->run(&r);
 }
 
-/* A batch's inputs: every index array into the host mirror and up with one
- * copy, then the dense features. Candidates past b->n_cands (padding) map
+/* A batch's inputs: every index array and the dense features into the host
+ * mirror of the index arena, and up with one copy. Candidates past
+ * b->n_cands (padding) map
  * to the last user, have empty bags and zero dense features. The dry pass
  * only takes (and, with graphs on, records the key). */
 static int forward_inputs(ikbo_ctx *c, const ikbo_batch *b, fwd *f, ikbo_err *err)
@@ -873,23 +870,23 @@ static int forward_inputs(ikbo_ctx *c, const ikbo_batch *b, fwd *f, ikbo_err *er
         key_push(c, f->n_events);
         key_push(c, f->bc_events);
     }
-    if (!c->dry) {
-        const arena *ix = &c->ar[BK_TAG_INDEX];
-        if (ix->used && be->upload(c->s, ix->base, c->h_index, ix->used, err)) return -1;
-    }
 
-    if (d->user_dense) {
-        void *p = take(c, BK_TAG_USER, act_bytes(c, (size_t)U, (size_t)d->user_dense));
-        TRY(be->upload_f32(c->s, p, b->user_dense, (size_t)U * d->user_dense, 0, err));
-        f->user_dense = p;
+    /* The dense features, converted into the mirror beside the index
+     * arrays (padding rows zero): the batch's inputs are one copy. */
+    size_t uw = (size_t)d->user_dense, cw = (size_t)d->cand_dense;
+    void *ud = uw ? take(c, BK_TAG_INDEX, act_bytes(c, (size_t)U, uw)) : NULL;
+    void *cd = cw ? take(c, BK_TAG_INDEX, act_bytes(c, (size_t)C, cw)) : NULL;
+    f->user_dense = ud;
+    f->cand_dense = cd;
+    if (c->dry) return 0;
+    if (ud) be->host_from_f32(be, mirror(c, ud), b->user_dense, (size_t)U * uw);
+    if (cd) {
+        be->host_from_f32(be, mirror(c, cd), b->cand_dense, (size_t)Cr * cw);
+        memset((char *)mirror(c, cd) + act_bytes(c, (size_t)Cr, cw), 0,
+               act_bytes(c, (size_t)(C - Cr), cw));
     }
-    if (d->cand_dense) {
-        size_t w = (size_t)d->cand_dense;
-        void *p = take(c, BK_TAG_CAND, act_bytes(c, (size_t)C, w));
-        TRY(be->upload_f32(c->s, p, b->cand_dense, (size_t)Cr * w, (size_t)(C - Cr) * w, err));
-        f->cand_dense = p;
-    }
-    return 0;
+    const arena *ix = &c->ar[BK_TAG_INDEX];
+    return ix->used ? be->upload(c->s, ix->base, c->h_index, ix->used, err) : 0;
 }
 
 /* One pass over the model; in the dry pass only sizes are summed. Leaves

@@ -157,7 +157,8 @@ int ikbo_score(ikbo_ctx *ctx, const ikbo_batch *b, float *task_scores, float *sc
 void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out);
 
 /* Workspace bytes the last ikbo_score on this context took, by bk_tag
- * (user tensors, candidate tensors, broadcast copies, index arrays). In IKBO
+ * (user tensors, candidate tensors, broadcast copies, the batch inputs: index
+ * arrays and dense features). In IKBO
  * mode bytes[BK_TAG_BROADCAST] is 0: no user tensor exists at C rows. */
 void ikbo_ctx_last_bytes(const ikbo_ctx *ctx, size_t bytes[BK_TAG_COUNT]);
 

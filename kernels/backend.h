@@ -114,7 +114,8 @@ enum bk_tag {
     BK_TAG_USER = 0,      /* a user-domain tensor: rows = U (or history rows) */
     BK_TAG_CAND = 1,      /* a candidate-domain tensor: rows = C             */
     BK_TAG_BROADCAST = 2, /* a user tensor gathered to candidates (baseline)  */
-    BK_TAG_INDEX = 3,     /* ids, offsets, map                                */
+    BK_TAG_INDEX = 3,     /* ids, offsets, map, and the dense input features
+                             (the batch's inputs, uploaded in one copy)     */
     BK_TAG_COUNT = 4
 };
 
@@ -137,10 +138,13 @@ struct bk_backend {
     void (*free)(bk_backend *be, void *p, size_t bytes, enum bk_tag tag);
     /* Raw byte copies (ids, offsets, map) host <-> backend. */
     int (*upload)(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err);
-    /* fp32 host -> activation dtype, n elements, then pad zero elements
-     * (padding rows: engine/batch_graph.h); one copy. */
-    int (*upload_f32)(bk_stream *s, void *dst, const float *src, size_t n, size_t pad,
-                      bk_err *err);
+    /* fp32 host -> activation dtype, n elements. */
+    int (*upload_f32)(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err);
+    /* fp32 -> activation dtype on the host, n elements into dst (host
+     * memory): what upload_f32 converts before its copy. The engine
+     * converts the dense inputs into its host mirror of the batch's
+     * inputs and uploads them with the index arrays in one copy. */
+    void (*host_from_f32)(bk_backend *be, void *dst, const float *src, size_t n);
     /* activation dtype -> fp32 host, n elements (completes before returning). */
     int (*download_f32)(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err);
     void (*get_stats)(bk_backend *be, bk_stats *out);

@@ -97,16 +97,19 @@ static int cpu_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk
 }
 
 /* Activations are fp32 on the CPU, so conversion is a copy. */
-static int cpu_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, size_t pad,
-                          bk_err *err)
+static int cpu_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
 {
-    if (n > SIZE_MAX / sizeof(float) - pad) {
-        bk_seterr(err, "upload_f32: %zu + %zu elements overflow size_t", n, pad);
+    if (n > SIZE_MAX / sizeof(float)) {
+        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
         return -1;
     }
-    if (cpu_upload(s, dst, src, n * sizeof(float), err)) return -1;
-    if (pad) memset((float *)dst + n, 0, pad * sizeof(float));
-    return 0;
+    return cpu_upload(s, dst, src, n * sizeof(float), err);
+}
+
+static void cpu_host_from_f32(bk_backend *be, void *dst, const float *src, size_t n)
+{
+    (void)be;
+    if (n) memcpy(dst, src, n * sizeof(float));
 }
 
 static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
@@ -280,6 +283,7 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->free = cpu_free;
     be->upload = cpu_upload;
     be->upload_f32 = cpu_upload_f32;
+    be->host_from_f32 = cpu_host_from_f32;
     be->download_f32 = cpu_download_f32;
     be->get_stats = cpu_get_stats;
     be->stream_new = cpu_stream_new;

@@ -523,29 +523,32 @@ template <typename T> static void host_to_f32(const void *src, float *dst, size_
         dst[i] = cu_tof<T>(x[i]);
 }
 
-static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, size_t pad,
-                           bk_err *err)
+static void cuda_host_from_f32(bk_backend *be, void *dst, const float *src, size_t n)
+{
+    CU_DISPATCH(cu_impl(be)->dtype, host_from_f32<T>(src, dst, n));
+}
+
+static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
 {
     cu_prof_scope prof_(s, "upload_f32");
-    if (!n && !pad)
+    if (!n)
         return 0;
-    if (n > SIZE_MAX / sizeof(float) - pad) {
-        bk_seterr(err, "upload_f32: %zu + %zu elements overflow size_t", n, pad);
+    if (n > SIZE_MAX / sizeof(float)) {
+        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
         return -1;
     }
-    if (!dst || (n && !src)) {
+    if (!dst || !src) {
         bk_seterr(err, "upload_f32: NULL buffer for %zu elements", n);
         return -1;
     }
     if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     /* Converted on the host into the staging: one copy, no kernel. */
-    size_t bytes = (n + pad) * s->be->act_size;
+    size_t bytes = n * s->be->act_size;
     char *h = host_stage(s, bytes, err);
     if (!h)
         return -1;
     CU_DISPATCH(cu_dt(s), host_from_f32<T>(src, h, n));
-    memset(h + n * s->be->act_size, 0, pad * s->be->act_size);
     return cu_copy(s, dst, h, bytes, cudaMemcpyHostToDevice, err);
 }
 
@@ -1213,6 +1216,8 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
                             act == BK_ACT_RELU)));
         if (cu_check_launch(s, err, "linear bias"))
             return -1;
+    } else if (cu_linear_small_fits(rows, w)) {
+        return cu_linear_small(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else {
         cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
                                                             : CUBLASLT_EPILOGUE_BIAS)
@@ -1349,6 +1354,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->free = cuda_free;
     be->upload = cuda_upload;
     be->upload_f32 = cuda_upload_f32;
+    be->host_from_f32 = cuda_host_from_f32;
     be->download_f32 = cuda_download_f32;
     be->get_stats = cuda_get_stats;
     be->stream_new = cuda_stream_new;

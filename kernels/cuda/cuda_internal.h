@@ -237,6 +237,14 @@ __device__ __forceinline__ float cu_act_f(float x, int act)
     }
 }
 
+/* linear at rows <= CU_SMALL_ROWS as one pass over W (linear_small.cu):
+ * cuda_linear takes it where cu_linear_small_fits, cuBLASLt elsewhere.
+ * Arguments as backend.h's linear, already checked. */
+#define CU_SMALL_ROWS 16
+int cu_linear_small_fits(int rows, const bk_weight *w);
+int cu_linear_small(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                    const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+
 /* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
 unsigned cu_grid_for(size_t n, unsigned block);
 

@@ -92,7 +92,7 @@ static float *rand_vec(size_t n, float scale)
     void *d = gpu->alloc(gpu, n * gpu->act_size, BK_TAG_CAND, &e);
     if (!d)
         DIE("alloc: %s", e.msg);
-    ok_or_die(gpu->upload_f32(gs, d, h, n, 0, &e), "upload_f32", &e);
+    ok_or_die(gpu->upload_f32(gs, d, h, n, &e), "upload_f32", &e);
     ok_or_die(gpu->download_f32(gs, h, d, n, &e), "download_f32", &e);
     gpu->free(gpu, d, n * gpu->act_size, BK_TAG_CAND);
     return h;
@@ -116,7 +116,7 @@ static pair act_pair(const float *h, size_t n)
         DIE("alloc: %s", e.msg);
     if (h && n) {
         memcpy(p.c, h, n * sizeof(float));
-        ok_or_die(gpu->upload_f32(gs, p.g, h, n, 0, &e), "upload_f32", &e);
+        ok_or_die(gpu->upload_f32(gs, p.g, h, n, &e), "upload_f32", &e);
     }
     return p;
 }
@@ -718,6 +718,17 @@ static void suite_plain(void)
                 test_linear(rws[(i + act) % 5], ins[i], outs[(i + b + act) % 5], b, act,
                             (i + act) % 2 ? 5 : 0, b ? 3 : 0);
     test_linear(4096, 512, 1024, 1, 1, 0, 0);
+    /* Few rows: linear_small.cu's shapes (in <= 128, or >= 32768 outputs)
+     * and cuBLASLt's beside them (long rows, few outputs). */
+    for (int act = 0; act < BK_ACT_COUNT; act++)
+        test_linear(1 + act % 3, 32, 40000 + act, act % 2, act, act % 2 ? 5 : 0, act % 2 ? 0 : 3);
+    test_linear(1, 64, 32, 1, 1, 0, 0);
+    test_linear(16, 128, 1000, 1, 3, 3, 1);
+    test_linear(9, 7, 70000, 0, 0, 0, 0);
+    test_linear(5, 500, 33000, 1, 4, 1, 0);
+    test_linear(16, 512, 64, 1, 1, 0, 0);
+    test_linear(1, 1000, 40, 0, 0, 0, 0);
+    test_linear(17, 32, 300, 1, 1, 0, 0);
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);

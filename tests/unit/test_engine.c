@@ -230,7 +230,7 @@ static float *score(ikbo_ctx *ctx, const ikbo_batch *b, size_t last[BK_TAG_COUNT
  * reader, is where they are written (engine.c, stacks in place). */
 static size_t expected_cand_bytes(int C)
 {
-    size_t widths[] = {3 /* candidate.dense */, 16 /* x_cand */, 16 /* ta out */, 32, 24, 8, 8, 2};
+    size_t widths[] = {16 /* x_cand */, 16 /* ta out */, 32, 24, 8, 8, 2};
     size_t n = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
         n += (C * widths[i] * 4 + 255) / 256 * 256;

@@ -113,7 +113,7 @@ static void test_backends_and_counts(void **state)
     float x = 1, y = 0;
     void *buf = be->alloc(be, sizeof x, BK_TAG_CAND, &err);
     assert_non_null(buf);
-    assert_int_equal(be->upload_f32(s, buf, &x, 1, 0, &err), 0);
+    assert_int_equal(be->upload_f32(s, buf, &x, 1, &err), 0);
     assert_int_equal(be->sync(s, &err), 0);
     assert_int_equal(be->download_f32(s, &y, buf, 1, &err), 0);
     memset(&err, 0, sizeof err);

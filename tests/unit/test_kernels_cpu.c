@@ -129,7 +129,7 @@ static void *dalloc(T *t, size_t bytes, enum bk_tag tag)
 static void *dfloats(T *t, const float *host, size_t n, enum bk_tag tag)
 {
     void *p = dalloc(t, n * sizeof(float), tag);
-    OK(t, t->be->upload_f32(t->s, p, host, n, 0, &t->err));
+    OK(t, t->be->upload_f32(t->s, p, host, n, &t->err));
     return p;
 }
 
