@@ -38,7 +38,6 @@ bg_cache *bg_new(bk_backend *be, int cap)
 static void clear(bg_cache *c, bg_entry *e)
 {
     if (e->g) c->be->graph_free(e->g);
-    free(e->key);
     memset(e, 0, sizeof *e);
 }
 
@@ -55,38 +54,39 @@ void bg_free(bg_cache *c)
     free(c);
 }
 
-static uint64_t hash(const int64_t *k, int n)
+/* A 64-bit finalizer (splitmix64's): every input bit reaches every output bit. */
+static uint64_t mix(uint64_t x)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++) {
-        h ^= (uint64_t)k[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
 }
 
-bg_entry *bg_get(bg_cache *c, const int64_t *key, int n)
+void bg_key_add(bg_key *k, int64_t v)
 {
-    uint64_t h = hash(key, n);
+    k->a = mix(k->a ^ (uint64_t)v) + 0x9e3779b97f4a7c15ull;
+    k->b = mix(k->b + (uint64_t)v * 0xff51afd7ed558ccdull) ^ 0xc4ceb9fe1a85ec53ull;
+}
+
+bg_entry *bg_get(bg_cache *c, bg_key key)
+{
     bg_entry *victim = &c->e[0];
     c->tick++;
     for (int i = 0; i < c->cap; i++) {
         bg_entry *e = &c->e[i];
-        if (e->key && e->hash == h && e->nkey == n && !memcmp(e->key, key, (size_t)n * sizeof *key)) {
+        if (e->used_slot && e->key.a == key.a && e->key.b == key.b) {
             e->used = c->tick;
             return e;
         }
-        if (!victim->key) continue; /* a free slot wins */
-        if (!e->key || e->used < victim->used) victim = e;
+        if (!victim->used_slot) continue; /* a free slot wins */
+        if (!e->used_slot || e->used < victim->used) victim = e;
     }
-    int64_t *k = malloc((size_t)n * sizeof *k);
-    if (!k) return NULL;
-    if (victim->key) c->evictions++;
+    if (victim->used_slot) c->evictions++;
     clear(c, victim);
-    memcpy(k, key, (size_t)n * sizeof *k);
-    victim->key = k;
-    victim->nkey = n;
-    victim->hash = h;
+    victim->key = key;
+    victim->used_slot = 1;
     victim->used = c->tick;
     return victim;
 }

@@ -6,8 +6,11 @@
  * scalar equals the recorded batch's. The engine lays a batch out
  * deterministically (its arenas are bump-allocated in a fixed order), so
  * the batch's *key* - users, padded candidates, history events, broadcast
- * events and the size of every arena take, in order - decides it. This
- * file is the per-context cache from key to graph: a fixed number of
+ * events and the size of every arena take, in order - decides it. The key
+ * is kept as a 128-bit hash of that sequence (bg_key_add: two independent
+ * 64-bit lanes; an accidental match of two different sequences is not a
+ * practical event, and a replay still checks every staged copy's address
+ * and size). This file is the per-context cache from key to graph: a fixed number of
  * entries, least recently used evicted. A key's first batch runs normally
  * (it sizes every buffer and cuBLASLt plan), its second is recorded, later
  * ones replay; a key whose recording or replay failed twice is never
@@ -35,10 +38,16 @@
 /* A key's failures (recording or replay) before it is never recorded again. */
 #define BG_MAX_FAILS 2
 
+/* A batch key being built (bg_key_add), or complete. */
+typedef struct bg_key {
+    uint64_t a, b;
+} bg_key;
+#define BG_KEY_INIT ((bg_key){0x9e3779b97f4a7c15ull, 0xd1b54a32d192ed03ull})
+void bg_key_add(bg_key *k, int64_t v);
+
 typedef struct bg_entry {
-    uint64_t hash;
-    int64_t *key; /* NULL: a free slot */
-    int nkey;
+    bg_key key;
+    int used_slot; /* 0: a free slot */
     int seen;      /* batches run normally under this key */
     int fails;
     bk_graph *g;   /* NULL until recorded */
@@ -71,9 +80,9 @@ bg_cache *bg_new(bk_backend *be, int cap);
 void bg_free(bg_cache *c);
 /* Frees every graph and forgets every key (the arenas moved). */
 void bg_flush(bg_cache *c);
-/* The entry of key[0..n), inserted (evicting the least recently used) when
- * absent; NULL on out of memory. */
-bg_entry *bg_get(bg_cache *c, const int64_t *key, int n);
+/* The entry of key, inserted (evicting the least recently used) when
+ * absent. */
+bg_entry *bg_get(bg_cache *c, bg_key key);
 /* Drops e's graph after a failure; `counts`: the failure counts toward
  * BG_MAX_FAILS (not when the graph was only stale: the stream's buffers
  * grew since, which stops once they reach the traffic's high-water). */

@@ -88,12 +88,10 @@ struct ikbo_ctx {
     /* Candidate rows of this batch's passes: n_cands, or its bucket with
      * graphs on (rows past n_cands are padding: batch_graph.h). */
     int rows_c;
-    /* Batch graphs (NULL: off) and this batch's key, recorded by the dry
-     * pass: the scalars, then every arena take's size in order. */
+    /* Batch graphs (NULL: off) and this batch's key, built by the dry
+     * pass: every arena take's size in order, then the scalars. */
     bg_cache *graphs;
-    int64_t *key;
-    size_t key_n, key_cap;
-    int key_oom; /* the key could not be recorded: no graph this batch */
+    bg_key key;
     ikbo_graph_stats gst;
     bk_bag bags[BK_MAX_BAGS]; /* queued by OP_QUEUED layers (op_queue_bag) */
     int n_bags;
@@ -354,7 +352,6 @@ static void ctx_release(ikbo_ctx *c)
     bg_free(c->graphs); /* before the stream its graphs belong to */
     if (c->s) be->stream_free(c->s);
     free(c->vals);
-    free(c->key);
     free(c->bag_ids);
     free(c->bag_off);
     free(c->stack_buf);
@@ -414,22 +411,6 @@ void ikbo_ctx_graph_stats(const ikbo_ctx *c, ikbo_graph_stats *out)
     out->held = c->graphs ? bg_held(c->graphs) : 0;
 }
 
-/* Appends v to the batch key (dry pass, graphs on). */
-static void key_push(ikbo_ctx *c, int64_t v)
-{
-    if (c->key_n == c->key_cap) {
-        size_t cap = c->key_cap ? 2 * c->key_cap : 64;
-        int64_t *p = realloc(c->key, cap * sizeof *p);
-        if (!p) {
-            c->key_oom = 1;
-            return;
-        }
-        c->key = p;
-        c->key_cap = cap;
-    }
-    c->key[c->key_n++] = v;
-}
-
 /* Takes bytes from the tag's arena (or, in the dry pass, only counts them).
  * Never fails in the real pass: the arenas were grown to the dry total. */
 static void *take(ikbo_ctx *c, enum bk_tag tag, size_t bytes)
@@ -437,7 +418,7 @@ static void *take(ikbo_ctx *c, enum bk_tag tag, size_t bytes)
     size_t n = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     if (c->dry) {
         c->need[tag] += n;
-        if (c->graphs) key_push(c, (int64_t)(n << 2 | tag));
+        if (c->graphs) bg_key_add(&c->key, (int64_t)(n << 2 | tag));
         return NULL;
     }
     arena *a = &c->ar[tag];
@@ -865,10 +846,10 @@ static int forward_inputs(ikbo_ctx *c, const ikbo_batch *b, fwd *f, ikbo_err *er
         }
     }
     if (c->dry && c->graphs) {
-        key_push(c, U);
-        key_push(c, C);
-        key_push(c, f->n_events);
-        key_push(c, f->bc_events);
+        bg_key_add(&c->key, U);
+        bg_key_add(&c->key, C);
+        bg_key_add(&c->key, f->n_events);
+        bg_key_add(&c->key, f->bc_events);
     }
 
     /* The dense features, converted into the mirror beside the index
@@ -921,8 +902,7 @@ static int download_logits(ikbo_ctx *c, const void *logits, ikbo_err *err)
 static int score_graphed(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
 {
     bk_backend *be = c->m->be;
-    bg_entry *e = c->key_oom ? NULL : bg_get(c->graphs, c->key, (int)c->key_n);
-    if (!e) return 1;
+    bg_entry *e = bg_get(c->graphs, c->key);
     int counts = 1;
     if (e->g) {
         fwd f;
@@ -966,8 +946,7 @@ int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scor
         }
 
     memset(c->need, 0, sizeof(c->need));
-    c->key_n = 0;
-    c->key_oom = 0;
+    c->key = BG_KEY_INIT;
     c->dry = 1;
     void *logits = NULL;
     int dry_rc = forward(c, b, &logits, err);

@@ -59,6 +59,7 @@
 #include <unistd.h>
 
 #include "alloc_fail.h"
+#include "engine/batch_graph.h"
 #include "engine/ikbo.h"
 #include "server/batcher.h"
 #include "server/config.h"
@@ -839,6 +840,27 @@ static int peek_op(void *p, char *why)
 
 static void no_teardown(void *p) { (void)p; }
 
+/* The batch-graph cache (engine/batch_graph.h) is only built over a backend
+ * that records graphs (CUDA); its allocations are swept here directly. */
+static void graph_free_stub(bk_graph *g) { (void)g; }
+
+static int graph_cache_op(void *p, char *why)
+{
+    (void)p;
+    bk_backend be = {.graph_free = graph_free_stub};
+    bg_cache *c = bg_new(&be, 3);
+    if (!c) return 1;
+    bg_key k = BG_KEY_INIT;
+    for (int i = 0; i < 5; i++) {
+        bg_key_add(&k, i);
+        bg_get(c, k);
+    }
+    uint64_t ev = c->evictions;
+    bg_free(c);
+    return ev == 2 ? 0 : failf(why, "5 keys in 3 slots: %llu evictions, expected 2",
+                               (unsigned long long)ev);
+}
+
 /* ---- sweeps: server ----------------------------------------------------- */
 
 typedef struct req_arg {
@@ -1295,6 +1317,7 @@ int main(void)
         {"model load+score (broadcast)", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[1], 0},
         {"auto model load+score+plan", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[2], 0},
         {"model peek serving", AF_MAIN | AF_LIBS, NULL, peek_op, NULL, no_teardown, NULL, 0},
+        {"batch-graph cache", AF_MAIN, NULL, graph_cache_op, NULL, no_teardown, NULL, 0},
         {"registry first load", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after, req_teardown,
          &reg_a[0], 0},
         {"registry first load (named)", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after,
