@@ -92,6 +92,7 @@ struct ikbo_ctx {
      * pass: every arena take's size in order, then the scalars. */
     bg_cache *graphs;
     bg_key key;
+    enum ikbo_graph_use last_graph;
     ikbo_graph_stats gst;
     bk_bag bags[BK_MAX_BAGS]; /* queued by OP_QUEUED layers (op_queue_bag) */
     int n_bags;
@@ -403,6 +404,11 @@ void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
 }
 
 uint64_t ikbo_ctx_last_avoided_bytes(const ikbo_ctx *c) { return c->avoided; }
+
+const char *const ikbo_graph_use_names[IKBO_GRAPH_USES] = {"none", "replayed", "recorded",
+                                                           "fell_back"};
+
+enum ikbo_graph_use ikbo_ctx_last_graph(const ikbo_ctx *c) { return c->last_graph; }
 
 void ikbo_ctx_graph_stats(const ikbo_ctx *c, ikbo_graph_stats *out)
 {
@@ -909,6 +915,7 @@ static int score_graphed(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
         counts = !be->graph_replay(c->s, e->g, err);
         if (counts && !forward_inputs(c, b, &f, err) && !download_logits(c, e->logits, err)) {
             c->gst.replays++;
+            c->last_graph = IKBO_GRAPH_REPLAYED;
             return 0;
         }
     } else {
@@ -919,6 +926,7 @@ static int score_graphed(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
             if ((e->g = be->graph_take(c->s))) {
                 e->logits = logits;
                 c->gst.captures++;
+                c->last_graph = IKBO_GRAPH_RECORDED;
             }
             return 0;
         }
@@ -926,6 +934,7 @@ static int score_graphed(ikbo_ctx *c, const ikbo_batch *b, ikbo_err *err)
     be->graph_cancel(c->s);
     bg_fail(c->graphs, e, counts);
     c->gst.fallbacks++;
+    c->last_graph = IKBO_GRAPH_FELL_BACK;
     snprintf(c->gst.last_error, sizeof c->gst.last_error, "%.*s", (int)sizeof c->gst.last_error - 1, err->msg);
     arenas_rewind(c);
     c->avoided = 0;
@@ -947,6 +956,7 @@ int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scor
 
     memset(c->need, 0, sizeof(c->need));
     c->key = BG_KEY_INIT;
+    c->last_graph = IKBO_GRAPH_NONE;
     c->dry = 1;
     void *logits = NULL;
     int dry_rc = forward(c, b, &logits, err);

@@ -180,6 +180,17 @@ typedef struct ikbo_graph_stats {
 } ikbo_graph_stats;
 void ikbo_ctx_graph_stats(const ikbo_ctx *ctx, ikbo_graph_stats *out);
 
+/* What the last ikbo_score on this context did with batch graphs. */
+enum ikbo_graph_use {
+    IKBO_GRAPH_NONE = 0,     /* graphs off, or the key's first batch: run as usual */
+    IKBO_GRAPH_REPLAYED = 1, /* computed by replaying the key's graph */
+    IKBO_GRAPH_RECORDED = 2, /* recorded into a new graph (and computed by it) */
+    IKBO_GRAPH_FELL_BACK = 3, /* a recording or replay failed; run as usual */
+    IKBO_GRAPH_USES = 4
+};
+extern const char *const ikbo_graph_use_names[IKBO_GRAPH_USES]; /* "none", "replayed", ... */
+enum ikbo_graph_use ikbo_ctx_last_graph(const ikbo_ctx *ctx);
+
 const char *ikbo_version(void);
 
 #endif

@@ -116,7 +116,7 @@ struct batcher {
     /* metrics series (NULL without metrics) */
     metrics_series *m_queue_s, *m_req_compute_s, *m_batch_compute_s, *m_batch_requests,
         *m_batch_users, *m_batch_cands, *m_batch_ratio, *m_q_requests, *m_q_cands,
-        *m_bytes_avoided, *m_rejected[RJ_COUNT];
+        *m_bytes_avoided, *m_rejected[RJ_COUNT], *m_graphs[IKBO_GRAPH_USES];
 };
 
 static void m_add(metrics_series *s, double v)
@@ -568,6 +568,7 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
         m_obs(b->m_batch_cands, C);
         m_obs(b->m_batch_ratio, (double)C / (double)U);
         m_add(b->m_bytes_avoided, (double)ikbo_ctx_last_avoided_bytes(in->ctx));
+        m_add(b->m_graphs[ikbo_ctx_last_graph(in->ctx)], 1);
         /* Scatter: segments own disjoint ranges of their requests' arrays. */
         for (int i = 0; i < bt->n_segs; i++) {
             const bseg *s = bt->segs[i];
@@ -943,6 +944,10 @@ static void metrics_init(batcher *b, metrics_server *mx)
     for (int i = 0; i < RJ_COUNT; i++) {
         const char *const mr[] = {b->label, REJECT_NAME[i]};
         b->m_rejected[i] = metrics_series_get(mx->rejected_total, mr);
+    }
+    for (int i = 0; i < IKBO_GRAPH_USES; i++) {
+        const char *const mg[] = {b->label, ikbo_graph_use_names[i]};
+        b->m_graphs[i] = metrics_series_get(mx->batch_graphs_total, mg);
     }
 }
 

@@ -556,6 +556,12 @@ int metrics_server_init(metrics_server *m, const char *version)
     m->queue_candidates = metrics_family_new(
         r, METRICS_GAUGE, "ikbo_queue_candidates",
         "Candidates admitted to the batcher queue and not yet in a batch.", 1, model, 0, NULL);
+    static const char *const model_use[] = {"model", "use"};
+    m->batch_graphs_total = metrics_family_new(
+        r, METRICS_COUNTER, "ikbo_batch_graphs_total",
+        "Scored batches by what they did with batch graphs: none (off, or a shape's first "
+        "batch), replayed, recorded, fell_back (a recording or replay failed).",
+        2, model_use, 0, NULL);
     m->rejected_total = metrics_family_new(
         r, METRICS_COUNTER, "ikbo_rejected_total",
         "Rank requests the batcher did not compute, by reason (queue_full, deadline, cancelled, "
@@ -588,6 +594,7 @@ int metrics_server_init(metrics_server *m, const char *version)
                              m->batch_users,         m->batch_candidates,
                              m->batch_candidates_per_user, m->queue_requests,
                              m->queue_candidates,    m->rejected_total,
+                             m->batch_graphs_total,
                              m->model_load_failures_total, m->model_memory_bytes};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!all[i]) goto fail;

@@ -123,6 +123,9 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   queue_requests, queue_candidates  gauges: admitted, not yet in a batch
  *   rejected_total{model,reason}    counter: queue_full, deadline, cancelled,
  *                                   error (batch not built or not scored)
+ *   batch_graphs_total{model,use}   counter per scored batch: what it did with
+ *                                   batch graphs (ikbo_ctx_last_graph): none,
+ *                                   replayed, recorded, fell_back
  *   grpc_requests_total{method,code} every gRPC call by full method name
  *                                   (unknown methods as "unknown")
  *   http_requests_total{path,code}  every HTTP request by route and status
@@ -149,6 +152,7 @@ typedef struct metrics_server {
     metrics_family *queue_requests;
     metrics_family *queue_candidates;
     metrics_family *rejected_total;
+    metrics_family *batch_graphs_total;
     metrics_family *model_load_failures_total;
     metrics_family *model_memory_bytes;
     metrics_series *inflight; /* the one inflight series */

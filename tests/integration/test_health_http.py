@@ -159,6 +159,12 @@ def test_metrics_count_exactly():
     # The first scrape itself is counted by the second.
     check_eq(delta("ikbo_http_requests_total", path="/metrics", code="200"), 1, "scrape")
     check(delta("ikbo_broadcast_bytes_avoided_total", model="demo") > 0, "bytes avoided")
+    # On the CPU there are no batch graphs: every scored batch counts as "none".
+    batches = delta("ikbo_batch_compute_seconds_count", model="demo")
+    check(batches > 0, "batches scored")
+    check_eq(delta("ikbo_batch_graphs_total", model="demo", use="none"), batches,
+             "batch graphs: none on the cpu")
+    check_eq(delta("ikbo_batch_graphs_total", model="demo", use="replayed"), 0, "no replays")
 
 
 def test_model_memory_metrics():
