@@ -26,6 +26,13 @@
  * its columns of the stack's buffer (row stride = the stack's width), and
  * the stack copies only its other inputs. In the bench model that removes
  * the copy of 85% of E_cand, the largest copy of a batch.
+ *
+ * Embedding bags: consecutive embedding_bag layers (OP_QUEUED) queue their
+ * bags and run as one be->embedding_bags call before the next other layer.
+ *
+ * Batch graphs (batch_graph.h, with ikbo_load_opts.graphs on a backend that
+ * records them): the dry pass also builds the batch's key; score_graphed
+ * replays the key's graph (only the inputs are staged) or records it.
  */
 #include <errno.h>
 #include <limits.h>

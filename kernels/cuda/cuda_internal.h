@@ -4,7 +4,8 @@
  * memory, streams, weights, conversions, the plain ops and linear through
  * cuBLASLt; lce.cu: the IKBO linear compression; attention.cu: the IKBO
  * target attention; lce_kern.cuh and att_wg.cuh: the kernel templates that
- * bench/kernels also instantiates). They share the private structs, the
+ * bench/kernels also instantiates; linear_small.cu: linear at a few rows;
+ * graph.cu: recording and replaying a batch as a CUDA graph). They share the private structs, the
  * dtype dispatch and the error helpers declared here; the engine only ever
  * sees kernels/backend.h (tests and benches also cuda_paths.h).
  * The ranking-model ops sit one family per file: elementwise.cu (activation,
