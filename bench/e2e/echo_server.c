@@ -96,6 +96,11 @@ struct echo_server {
     size_t n_tasks; /* task scores per score */
     atomic_long next_rank;
     grpc_slice info_resp;
+    /* Shutdown: once stopping is set (under req_lock), no worker requests
+     * another call, so none can publish on a completion queue being shut
+     * down (gRPC core aborts on that). */
+    pthread_mutex_t req_lock;
+    int stopping;
 };
 
 enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
@@ -402,9 +407,11 @@ static void *worker_main(void *arg)
             call_free(c);
             continue;
         }
-        /* Keep accepting. A failed re-request (out of memory) leaves this
-         * worker one slot short for the method; the other slots serve. */
-        request_call(w, c->method);
+        /* Keep accepting (until shutdown). A failed re-request (out of
+         * memory) leaves this worker one slot short; the other slots serve. */
+        pthread_mutex_lock(&w->srv->req_lock);
+        if (!w->srv->stopping) request_call(w, c->method);
+        pthread_mutex_unlock(&w->srv->req_lock);
         c->refs = 2;
         grpc_op close_op;
         memset(&close_op, 0, sizeof close_op);
@@ -419,8 +426,15 @@ static void *worker_main(void *arg)
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+/* Shutdown order: no new call requests; the server's shutdown (calls
+ * cancelled, pending requests failed onto the workers' queues); then each
+ * worker's queue is shut down and drained by its worker; then the server
+ * is destroyed, when nothing can reach it any more. */
 static void echo_free(echo_server *s)
 {
+    pthread_mutex_lock(&s->req_lock);
+    s->stopping = 1;
+    pthread_mutex_unlock(&s->req_lock);
     if (s->started) { /* workers still run: they free the calls cancelled here */
         grpc_completion_queue *scq = grpc_completion_queue_create_for_next(NULL);
         static int shutdown_tag;
@@ -433,7 +447,6 @@ static void echo_free(echo_server *s)
         }
         grpc_completion_queue_destroy(scq);
     }
-    if (s->server) grpc_server_destroy(s->server);
     for (int i = 0; s->workers && i < s->n_workers; i++) {
         worker *w = &s->workers[i];
         if (!w->cq) continue;
@@ -449,6 +462,8 @@ static void echo_free(echo_server *s)
         }
         grpc_completion_queue_destroy(w->cq);
     }
+    if (s->server) grpc_server_destroy(s->server);
+    pthread_mutex_destroy(&s->req_lock);
     for (long r = 0; r < s->n_rank_resp; r++) grpc_slice_unref(s->rank_resp[r]);
     free(s->rank_resp);
     grpc_slice_unref(s->info_resp);
@@ -615,6 +630,7 @@ int main(int argc, char **argv)
     grpc_init();
     echo_server s;
     memset(&s, 0, sizeof s);
+    pthread_mutex_init(&s.req_lock, NULL);
     int port = 0, rc = build_answers(&s, &o, &e);
     if (rc == 0) rc = echo_start(&s, &o, &port, &e);
     if (rc == 0) {

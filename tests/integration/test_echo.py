@@ -86,6 +86,9 @@ class Echo:
             self.proc.wait()
             raise AssertionError("echo_server did not exit within %ds of SIGTERM" % timeout)
         self.log.close()
+        if rc != 0:  # what it said last, for the failure that follows
+            sys.stderr.write("---- echo_server log (tail), exit %d ----\n%s\n"
+                             % (rc, "\n".join(self.logs().splitlines()[-20:])))
         return rc
 
 
