@@ -76,17 +76,17 @@ bg_entry *bg_get(bg_cache *c, bg_key key)
     c->tick++;
     for (int i = 0; i < c->cap; i++) {
         bg_entry *e = &c->e[i];
-        if (e->used_slot && e->key.a == key.a && e->key.b == key.b) {
+        if (e->in_use && e->key.a == key.a && e->key.b == key.b) {
             e->used = c->tick;
             return e;
         }
-        if (!victim->used_slot) continue; /* a free slot wins */
-        if (!e->used_slot || e->used < victim->used) victim = e;
+        if (!victim->in_use) continue; /* a free slot wins */
+        if (!e->in_use || e->used < victim->used) victim = e;
     }
-    if (victim->used_slot) c->evictions++;
+    if (victim->in_use) c->evictions++;
     clear(c, victim);
     victim->key = key;
-    victim->used_slot = 1;
+    victim->in_use = 1;
     victim->used = c->tick;
     return victim;
 }

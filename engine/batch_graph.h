@@ -47,7 +47,7 @@ void bg_key_add(bg_key *k, int64_t v);
 
 typedef struct bg_entry {
     bg_key key;
-    int used_slot; /* 0: a free slot */
+    int in_use; /* 0: a free slot */
     int seen;      /* batches run normally under this key */
     int fails;
     bk_graph *g;   /* NULL until recorded */

@@ -185,6 +185,13 @@ static int run(ikbo_model *m, const ikbo_batch *b, int warmup, int iters, double
     return 0;
 }
 
+/* run, then stats: the mean wall time (us; t[iters] sorted), or -1. */
+static double timed(ikbo_model *m, const ikbo_batch *b, int warmup, int iters, double *t,
+                    float *ts, float *sc, ikbo_graph_stats *gs)
+{
+    return run(m, b, warmup, iters, t, ts, sc, gs) ? -1 : stats(t, iters);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "cuda:0", *shapes = "1x10 1x70 1x500 16x10 16x70 16x500";
@@ -252,22 +259,22 @@ int main(int argc, char **argv)
             b[k] = make_batch(in, nu, per);
         int C = b[0].n_cands;
         float *ts = xcalloc((size_t)C * in->n_tasks, sizeof(float)), *sc = xcalloc((size_t)C, sizeof(float));
-        if (run(m, b, warmup, iters, t, ts, sc, &gs)) {
+        double mean = timed(m, b, warmup, iters, t, ts, sc, &gs);
+        if (mean < 0) {
             rc = 1;
             break;
         }
-        double mean = stats(t, iters);
         printf("== shape %dx%d (C %d): ikbo_score mean %.1f us, p50 %.1f, p90 %.1f; %.3f us/candidate, "
                "%.0f candidates/s on one context (score[0] %.5f)\n",
                nu, per, C, mean, t[iters / 2], t[iters * 9 / 10], mean / C, C / mean * 1e6,
                (double)sc[0]);
         if (mg) {
             float s0 = sc[0];
-            if (run(mg, b, warmup, iters, t, ts, sc, &gs)) {
+            double gm = timed(mg, b, warmup, iters, t, ts, sc, &gs);
+            if (gm < 0) {
                 rc = 1;
                 break;
             }
-            double gm = stats(t, iters);
             printf("   graphs %d: ikbo_score mean %.1f us, p50 %.1f, p90 %.1f (%.2fx); recorded %llu, "
                    "replayed %llu of %d, fell back %llu%s%s; score[0] %.5f (|diff| %.1e)\n",
                    graphs, gm, t[iters / 2], t[iters * 9 / 10], mean / gm,
@@ -281,11 +288,13 @@ int main(int argc, char **argv)
             snprintf(skip, sizeof skip, "%d", warmup);
             setenv("IKBO_CUDA_PROFILE_SKIP", skip, 1);
             fflush(stdout);
-            if (run(m, b, warmup, iters, t, ts, sc, &gs))
-                rc = 1;
+            double pm = timed(m, b, warmup, iters, t, ts, sc, &gs);
             unsetenv("IKBO_CUDA_PROFILE");
-            printf("   profiled: ikbo_score wall mean %.1f us (the profile's events add to it)\n",
-                   stats(t, iters));
+            if (pm < 0)
+                rc = 1;
+            else
+                printf("   profiled: ikbo_score wall mean %.1f us (the profile's events add to it)\n",
+                       pm);
         }
         fflush(stdout);
         free(ts);

@@ -506,7 +506,6 @@ static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, b
         return -1;
     memcpy(h, src, bytes);
     return cu_copy(s, dst, h, bytes, cudaMemcpyHostToDevice, err);
-    return 0;
 }
 
 template <typename T> static void host_from_f32(const float *src, void *dst, size_t n)
@@ -548,7 +547,7 @@ static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, 
     char *h = host_stage(s, bytes, err);
     if (!h)
         return -1;
-    CU_DISPATCH(cu_dt(s), host_from_f32<T>(src, h, n));
+    cuda_host_from_f32(s->be, h, src, n);
     return cu_copy(s, dst, h, bytes, cudaMemcpyHostToDevice, err);
 }
 
