@@ -116,6 +116,7 @@ typedef struct ikbo_serving {
     long long max_queue_candidates;
     long long max_queue_requests;
     long long graphs; /* batch graphs per instance (ikbo_load_opts.graphs) */
+    long long idle_spin_us; /* how long an idle instance or completer polls before sleeping */
     char mode[16];   /* "", "ikbo", "broadcast" */
     char device[32]; /* "", "cpu", "cuda:N" */
 } ikbo_serving;

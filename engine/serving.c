@@ -58,6 +58,9 @@ const serving_key serving_keys[] = {
             "admission: requests waiting, at most"),
     INT_KEY(graphs, 0, 1024, SERVING_DEF_GRAPHS, BOTH,
             "batch shapes each instance keeps a recorded CUDA graph for; 0 = off (cuda only)"),
+    INT_KEY(idle_spin_us, 0, 10000, SERVING_DEF_IDLE_SPIN_US, BOTH,
+            "how long an idle instance (and one completer) polls for work before it sleeps; "
+            "unset = auto by device"),
     STR_KEY(mode, SERVING_MODE, SERVING_MODEL | SERVING_TOP, "\"ikbo\" or \"broadcast\""),
     STR_KEY(device, SERVING_DEVICE, SERVING_MODEL | SERVING_TOP, "\"cpu\" or \"cuda:N\""),
 };

@@ -593,11 +593,14 @@ static void test_bitwise_random_mixes(void **state)
     struct {
         long long max_c, max_u, delay_us;
         int inst;
+        long long spin_us; /* idle instances and a completer poll this long */
     } cfgs[] = {
-        {1024, 64, 0, 1},   /* defaults-like */
-        {64, 8, 300, 2},    /* small batches, waiting, two instances */
-        {7, 2, 0, 3},       /* heavy chunking: most requests exceed the limits */
-        {100000, 100000, 2000, 1},
+        {1024, 64, 0, 1, 0},   /* defaults-like */
+        {64, 8, 300, 2, 0},    /* small batches, waiting, two instances */
+        {7, 2, 0, 3, 0},       /* heavy chunking: most requests exceed the limits */
+        {100000, 100000, 2000, 1, 0},
+        {64, 8, 0, 3, 500},    /* polling: a submit is seen without a wake-up */
+        {64, 8, 300, 2, 5000}, /* polling past the delay: the delay ends it */
     };
     const int N = 96;
     uint64_t s = 7;
@@ -611,6 +614,7 @@ static void test_bitwise_random_mixes(void **state)
             slot_init(&slots[i], make_request(&s, nu, counts, 12), 1);
         }
         config_batching lim = limits(cfgs[k].max_c, cfgs[k].max_u, cfgs[k].delay_us, cfgs[k].inst);
+        lim.idle_spin_us = cfgs[k].spin_us;
         gate_reset(1);
         reset_done();
         batcher *b = new_batcher(&lim, &mx);
@@ -952,10 +956,10 @@ static void test_idle_instance_answers(void **state)
 /* An instance that finishes a batch while a request waits for it (and no
  * other instance is idle) hands the answer to a completer and computes the
  * waiting request; that one, with nothing behind it, it answers itself. */
-static void test_busy_instance_hands_off(void **state)
+static void busy_instance_hands_off(long long spin_us)
 {
-    (void)state;
     config_batching lim = limits(1024, 64, 0, 1);
+    lim.idle_spin_us = spin_us;
     gate_reset(0);
     reset_done();
     batcher *b = new_batcher(&lim, NULL);
@@ -982,16 +986,24 @@ static void test_busy_instance_hands_off(void **state)
     free_ctxs();
 }
 
+/* The same with polling: the completer that polls takes the hand-off. */
+static void test_busy_instance_hands_off(void **state)
+{
+    (void)state;
+    busy_instance_hands_off(0);
+    busy_instance_hands_off(3000);
+}
+
 /* The idle leader waits out max_queue_delay_us (10 s here), but a submit
  * that fills the batch wakes it at once, and a queued request's deadline
  * inside the delay is answered at the deadline, not at the delay (a submit
  * that wakes an idle instance does not wake the sweeper). */
-static void test_leader_delay_and_deadline(void **state)
+static void leader_delay_and_deadline(long long spin_us)
 {
-    (void)state;
     metrics_server mx;
     assert_int_equal(metrics_server_init(&mx, "test"), 0);
     config_batching lim = limits(8, 100000, 10 * 1000 * 1000, 1);
+    lim.idle_spin_us = spin_us;
     gate_reset(1);
     reset_done();
     batcher *b = new_batcher(&lim, &mx);
@@ -1025,6 +1037,15 @@ static void test_leader_delay_and_deadline(void **state)
     slot_free(&d);
     metrics_server_free(&mx);
     free_ctxs();
+}
+
+/* With polling too: the leader polls (10 ms, the most) and then sleeps
+ * until the delay or a deadline, as without. */
+static void test_leader_delay_and_deadline(void **state)
+{
+    (void)state;
+    leader_delay_and_deadline(0);
+    leader_delay_and_deadline(10000);
 }
 
 /* An instance that pops part of the queue wakes the next idle instance for
@@ -1062,8 +1083,14 @@ static void test_resolve(void **state)
     assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_CPU);
     assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_CPU);
     assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_CPU);
+    assert_int_equal(out.idle_spin_us, CONFIG_BATCH_AUTO_SPIN_US_CPU);
     batcher_resolve(&srv, NULL, "cuda:0", &out);
     assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_GPU);
+    assert_int_equal(out.idle_spin_us, CONFIG_BATCH_AUTO_SPIN_US_GPU);
+    srv.idle_spin_us = 0; /* an explicit 0 (off) is kept on a GPU */
+    batcher_resolve(&srv, NULL, "cuda:0", &out);
+    assert_int_equal(out.idle_spin_us, 0);
+    srv.idle_spin_us = -1;
     assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_GPU);
     assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_GPU);
     /* An explicit server value is kept on every device. */

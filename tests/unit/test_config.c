@@ -280,7 +280,7 @@ static void test_batching(void **s)
     assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
                               "\"max_queue_delay_us\":250,\"instances\":3,"
                               "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
-                              "\"graphs\":16}"));
+                              "\"graphs\":16,\"idle_spin_us\":-1}"));
     free(j);
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
@@ -324,7 +324,9 @@ static void test_serving_table(void **s)
         const serving_key *k = &serving_keys[i];
         assert_ptr_equal(serving_find(k->name, k->scopes), k);
         assert_non_null(k->description);
-        assert_true(k->type != SERVING_INT || (k->min <= k->def && k->def <= k->max));
+        /* A default of -1: unset, resolved by device (batcher_resolve). */
+        assert_true(k->type != SERVING_INT || k->def == -1 ||
+                    (k->min <= k->def && k->def <= k->max));
     }
     assert_null(serving_find("max_queue_requests", SERVING_MODEL));
     assert_null(serving_find("mode", SERVING_BATCHING));
@@ -343,10 +345,10 @@ static void test_serving_table(void **s)
     serving_err("[]", SERVING_MODEL, "serving", "serving: expected object, got array");
     serving_err("{\"max_queue_requests\":1}", SERVING_MODEL, "serving",
                 "serving.max_queue_requests: unknown key (known: max_batch_candidates, "
-                "max_batch_users, max_queue_delay_us, instances, graphs, mode, device)");
+                "max_batch_users, max_queue_delay_us, instances, graphs, idle_spin_us, mode, device)");
     apply_err("{\"batching\":{\"mode\":\"ikbo\"}}",
               "batching.mode: unknown key (known: max_batch_candidates, max_batch_users, "
-              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs)");
+              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, idle_spin_us)");
     apply_err("{\"batching\":{\"max_queue_candidates\":0}}",
               "batching.max_queue_candidates: expected integer 1..1000000000, got 0");
 
@@ -383,7 +385,8 @@ static void test_serving_table(void **s)
     json_t *o = serving_to_json(&src, SERVING_MODEL);
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     assert_string_equal(txt, "{\"max_batch_candidates\":-1,\"max_batch_users\":0,"
-                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"mode\":\"\","
+                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"idle_spin_us\":-1,"
+                             "\"mode\":\"\","
                              "\"device\":\"cuda:3\"}");
     free(txt);
     json_decref(o);
