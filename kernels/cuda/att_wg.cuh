@@ -151,7 +151,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     const int hd = heads * DH;
     /* Launched as the tile table's programmatic dependent: wait for it (a
      * no-op when launched plainly). */
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    pdl_wait();
     const long W = (long)*a.ntiles * heads;
 
     extern __shared__ unsigned char smem_raw[];
@@ -550,9 +550,7 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
     long work = cap * j.heads, sms = cu_impl(s->be)->sm_count;
     unsigned pgrid = (unsigned)(work < sms ? work : sms);
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at = pdl_attr();
     cfg.gridDim = dim3(pgrid);
     cfg.blockDim = dim3(attw_cfg<DH>::NT);
     cfg.dynamicSmemBytes = attw_cfg<DH>::SMEM;

@@ -146,6 +146,11 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         cluster_sync();
     else
         __syncthreads();
+    /* The user GEMM lets the candidate GEMM (its programmatic dependent,
+     * launch_ws) start at once: that one needs the user term only in its
+     * epilogue. */
+    if (MODE == MODE_USER)
+        pdl_trigger();
 
     if (warp < 4) {
         /* ---- producer: one thread; the warpgroup gives registers back ---- */
@@ -242,6 +247,8 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         }
         float4 u[NQ / 2];
         if (MODE == MODE_ADD && EPI) {
+            if (i == 0)
+                pdl_wait(); /* the user GEMM's tiles are written */
 #pragma unroll
             for (int q = 0; q < NQ / 2; q++)
                 u[q] = __ldg(ysrc + (size_t)q * 256);
@@ -355,28 +362,37 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
 
 /* How many clusters of `cl` CTAs of `kern` fit on the device at once (the
  * persistent grid's size), asked once per kernel. */
-/* A launch of `grid` CTAs in clusters of `cl`; *at is its one attribute. */
+/* A launch of `grid` CTAs in clusters of `cl` (1: no cluster attribute),
+ * the programmatic dependent of the stream's previous kernel if pdl; at[2]
+ * holds the attributes. */
 static inline cudaLaunchConfig_t cluster_cfg(cudaLaunchAttribute *at, int cl, unsigned grid,
-                                             unsigned threads, size_t smem, cudaStream_t st)
+                                             unsigned threads, size_t smem, cudaStream_t st,
+                                             bool pdl = false)
 {
     cudaLaunchConfig_t cfg = {};
-    at->id = cudaLaunchAttributeClusterDimension;
-    at->val.clusterDim.x = (unsigned)cl;
-    at->val.clusterDim.y = 1;
-    at->val.clusterDim.z = 1;
+    int n = 0;
+    if (cl > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cl;
+        at[n].val.clusterDim.y = 1;
+        at[n].val.clusterDim.z = 1;
+        n++;
+    }
+    if (pdl)
+        at[n++] = pdl_attr();
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = (unsigned)n;
     return cfg;
 }
 
 static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
 {
-    cudaLaunchAttribute at;
-    cudaLaunchConfig_t cfg = cluster_cfg(&at, cl, (unsigned)(sms / cl * cl), 384, smem, 0);
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = cluster_cfg(at, cl, (unsigned)(sms / cl * cl), 384, smem, 0);
     int n = 0;
     if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n <= 0) {
         (void)cudaGetLastError();
@@ -429,26 +445,29 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     if (cu_smem_limit(s, (const void *)kern, (int)smem, err))
         return -1;
     const int sms = cu_impl(s->be)->sm_count;
-    if (cl == 1) {
-        unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
-        kern<<<grid, lcews_cfg<BNM>::THREADS, smem, s->st>>>(tw, te, tz, K, M, D, yf, map,
-                                                              (int)ntiles);
-        return cu_check_launch(s, err, "lce (wgmma, warp-specialized)");
+    /* The candidate GEMM after a user GEMM is its programmatic dependent:
+     * its mainloop runs on the SMs the (usually small) user GEMM leaves
+     * free, and it waits for the user term before its first epilogue. */
+    const bool pdl = MODE == MODE_ADD;
+    long grid = ntiles < sms ? ntiles : sms, units = ntiles;
+    if (cl > 1) {
+        static int fit[5]; /* per instantiation and cluster size; benign race, same value */
+        if (!fit[cl])
+            fit[cl] = max_clusters((const void *)kern, smem, sms, cl);
+        if (fit[cl] <= 0) {
+            bk_seterr(err, "lce: no cluster of %d %zu-byte CTAs fits on the device", cl, smem);
+            return -1;
+        }
+        units = ntiles / cl;
+        grid = cl * (units < fit[cl] ? units : fit[cl]);
     }
-    static int fit[5]; /* per instantiation and cluster size; benign race, same value */
-    if (!fit[cl])
-        fit[cl] = max_clusters((const void *)kern, smem, sms, cl);
-    if (fit[cl] <= 0) {
-        bk_seterr(err, "lce: no cluster of %d %zu-byte CTAs fits on the device", cl, smem);
-        return -1;
-    }
-    long units = ntiles / cl;
-    cudaLaunchAttribute at;
-    cudaLaunchConfig_t cfg = cluster_cfg(&at, cl, (unsigned)(cl * (units < fit[cl] ? units : fit[cl])),
-                                         lcews_cfg<BNM>::THREADS, smem, s->st);
-    CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, te, tz, K, M, D, yf, map, (int)units),
-           "lce (wgmma, warp-specialized, clusters)");
-    return cu_check_launch(s, err, "lce (wgmma, warp-specialized, clusters)");
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = cluster_cfg(at, cl, (unsigned)grid, lcews_cfg<BNM>::THREADS, smem,
+                                         s->st, pdl);
+    const char *what = cl > 1 ? "lce (wgmma, warp-specialized, clusters)"
+                              : "lce (wgmma, warp-specialized)";
+    CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, te, tz, K, M, D, yf, map, (int)units), what);
+    return cu_check_launch(s, err, what);
 }
 
 /* Both GEMMs of one LCE on a fragment-order kernel: the user term at U rows

@@ -1,6 +1,6 @@
 /* tma_util.cuh - the warp-specialized pipeline primitives of the Hopper
  * kernels: mbarriers, TMA tensor loads and stores, named barriers, and the
- * host-side tensor-map encoder.
+ * host-side tensor-map encoder; and programmatic dependent launch.
  *
  * Why this exists: a producer warp that issues TMA copies into a ring of
  * shared-memory stages, and consumer warpgroups that wait on a stage's
@@ -21,6 +21,29 @@
 #include <stdint.h>
 
 #include "kernels/cuda/mma_util.cuh"
+
+/* Programmatic dependent launch (a launch with
+ * cudaLaunchAttributeProgrammaticStreamSerialization). pdl_trigger: this
+ * CTA lets the dependent grid start (it may start once every CTA has
+ * triggered or exited); the first call per CTA counts. pdl_wait: the
+ * calling thread waits until the grid before this one has completed and its
+ * writes are visible; a no-op in a grid launched plainly. A dependent must
+ * wait before it reads what the grid before it writes. */
+__device__ __forceinline__ void pdl_trigger()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+/* The launch attribute that makes a kernel its stream predecessor's
+ * programmatic dependent. */
+static inline cudaLaunchAttribute pdl_attr()
+{
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    return at;
+}
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count)
 {
