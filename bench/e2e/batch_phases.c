@@ -11,6 +11,13 @@
  *      the CUDA backend prints, per batch, each op's calls, host time in the
  *      call and GPU time between CUDA events around it, plus GPU busy vs
  *      span (idle = GPU waiting for the host) and backend host time;
+ *      with each op its floor (floor us: max(FLOPs / GEMM rate, compulsory
+ *      bytes / copy bandwidth), ceilings measured at the profile's start
+ *      and printed in its header; kernels/cuda/cuda_internal.h, cu_prof)
+ *      and x floor (gpu us / floor us), then the totals: the ops' GPU time
+ *      against the sum of their floors (issue 17: <= 1.4x at 16 x 70), GPU
+ *      busy / sum of floors, and what stayed out of the sums (transfers;
+ *      ops without a floor, named);
  *      this tool adds the wall time of those profiled ikbo_score calls, so
  *      wall - backend host = the engine's own host work (validation, dry
  *      pass, staging, output sigmoid);

@@ -578,6 +578,38 @@ static int attention_t(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
     return launch_simt<T>(s, j, dh, err);
 }
 
+/* Profile work of an attention call (cu_prof_scope::work), from the actual
+ * per-user lengths L_u (cu_prof_jagged; none when off or map is not in
+ * this batch's uploads). Per head, with r = heads * dh:
+ *   self part (self: its events, causal or not): QK^T and PV over each
+ *     user's L_u^2 pairs (L_u (L_u + 1) / 2 causal): 4 dh FLOPs a pair;
+ *     q, k, v read and o written once: 4 events r elements;
+ *   target part (nc candidates of tq queries): candidate c's tq queries
+ *     over its user's L keys: 4 tq L dh a candidate; q read and o written
+ *     at nc tq rows; k and v of the distinct users read once (already
+ *     counted when the self part reads them all); the map.
+ * Plus the offsets. The softmax (or silu) is not a dominant term. */
+static void att_work(bk_stream *s, cu_prof_scope &pr, const int64_t *off, int nu, bool self,
+                     int causal, const int32_t *map, int nc, int tq, int heads, int dh)
+{
+    cu_prof_jag js, jt;
+    if ((self && cu_prof_jagged(s, off, NULL, nu, &js)) ||
+        (nc > 0 && cu_prof_jagged(s, off, map, nc, &jt)))
+        return;
+    const double r = (double)heads * dh, es = (double)s->be->act_size;
+    double flops = 0, elems = 0, idx = (nu + 1.0) * sizeof *off;
+    if (self) {
+        flops += 4.0 * r * (causal ? js.tri : js.sq);
+        elems += 4.0 * js.urows * r;
+    }
+    if (nc > 0) {
+        flops += 4.0 * r * tq * jt.pairs;
+        elems += 2.0 * nc * tq * r + (self ? 0 : 2.0 * jt.urows * r);
+        idx += nc * (double)sizeof *map;
+    }
+    pr.work(flops, elems * es + idx);
+}
+
 int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
                    const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                    int dh, void *o, bk_err *err)
@@ -589,6 +621,8 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
         bk_seterr(err, "attention: %d candidates but no users", nc);
         return -1;
     }
+    if (prof_.on())
+        att_work(s, prof_, offsets, nu, false, 0, map, nc, tq, heads, dh);
     if (cu_enter(s, err))
         return -1;
     int rc = 0;
@@ -622,6 +656,9 @@ int cuda_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
         bk_seterr(err, "self_attention: %d candidates but no users", a->nc);
         return -1;
     }
+    if (prof_.on())
+        att_work(s, prof_, a->offsets, a->nu, self_part, a->causal, tgt_part ? a->map : NULL,
+                 tgt_part ? a->nc : 0, a->tq_tokens, a->heads, a->dh);
     if (cu_enter(s, err))
         return -1;
     int rc = 0;

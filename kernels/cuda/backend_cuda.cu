@@ -20,7 +20,10 @@
  * (truly asynchronous; fp32 <-> activation dtype conversion on the host, no
  * conversion kernels); a linear shape's cuBLASLt descriptors and algorithm
  * are made once; a kernel's shared memory limit is raised once; the stream
- * waits only in download_f32 and sync.
+ * waits only in download_f32 and sync. The profile also sets each op's GPU
+ * time against its floor (cuda_internal.h, cu_prof), with the copy and GEMM
+ * ceilings measured when the first profiled stream starts (section
+ * "profile ceilings").
  *
  * Errors: every CUDA and cuBLAS status is checked and becomes a bk_err that
  * names the step. A kernel fault is reported by the next call that waits on
@@ -116,7 +119,11 @@ static double now_us(void)
     return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
 }
 
-static cu_prof *prof_new(void)
+/* The process's ceilings for the stream's dtype (measured on the first
+ * profiled stream of that dtype: prof_ceilings, after linear). */
+static void prof_ceilings(bk_stream *s, cu_ceil *out);
+
+static cu_prof *prof_new(bk_stream *s)
 {
     const char *v = getenv("IKBO_CUDA_PROFILE");
     if (!v || !*v || !strcmp(v, "0"))
@@ -134,6 +141,7 @@ static cu_prof *prof_new(void)
             free(p);
             return NULL;
         }
+    prof_ceilings(s, &p->ceil);
     return p;
 }
 
@@ -152,7 +160,75 @@ cu_prof_scope::cu_prof_scope(bk_stream *st, const char *name, bool closes_batch)
     }
     i = p->n++;
     p->name[i] = name;
+    p->kind[i] = CU_WORK_NONE;
     cudaEventRecord(p->ev[2 * i], s->st);
+}
+
+/* The one floor formula (see cu_prof): us, or -1 without ceilings. */
+static double prof_floor_us(const cu_ceil *c, double flops, double bytes)
+{
+    if (!c->ok)
+        return -1;
+    double tf = flops / c->gemm_flops, tb = bytes / c->copy_bps;
+    return (tf > tb ? tf : tb) * 1e6;
+}
+
+/* A raw upload's device range and its staged host bytes (cu_prof_upload). */
+static void prof_note_upload(cu_prof *p, const void *dev, const void *host, size_t bytes)
+{
+    cu_prof_upload *u = &p->up[p->n_up++ % CU_PROF_UPLOADS];
+    u->dev = (const char *)dev;
+    u->host = (const char *)host;
+    u->bytes = bytes;
+}
+
+/* The host copy of device bytes [dev, dev + bytes) uploaded in this batch
+ * (the newest upload holding them), or NULL. */
+static const void *prof_host(bk_stream *s, const void *dev, size_t bytes)
+{
+    cu_prof *p = s->prof;
+    const char *d = (const char *)dev;
+    int n = p->n_up < CU_PROF_UPLOADS ? p->n_up : CU_PROF_UPLOADS;
+    for (int k = 0; k < n; k++) {
+        const cu_prof_upload *u = &p->up[(p->n_up - 1 - k) % CU_PROF_UPLOADS];
+        if (d >= u->dev && d < u->dev + u->bytes && bytes <= (size_t)(u->dev + u->bytes - d))
+            return u->host + (d - u->dev);
+    }
+    return NULL;
+}
+
+int cu_prof_jagged(bk_stream *s, const int64_t *off, const int32_t *map, int n, cu_prof_jag *j)
+{
+    memset(j, 0, sizeof *j);
+    if (!s->prof || n <= 0)
+        return s->prof ? 0 : -1;
+    const int32_t *m = map ? (const int32_t *)prof_host(s, map, (size_t)n * sizeof *map) : NULL;
+    if (map && !m)
+        return -1;
+    int umax = n - 1;
+    for (int r = 0; m && r < n; r++) {
+        if (m[r] < 0)
+            return -1;
+        umax = r == 0 || m[r] > umax ? m[r] : umax;
+    }
+    const int64_t *o = off ? (const int64_t *)prof_host(s, off, ((size_t)umax + 2) * sizeof *off)
+                           : NULL;
+    if (off && !o)
+        return -1;
+    for (int r = 0; r < n; r++) {
+        int u = m ? m[r] : r;
+        double len = o ? (double)(o[u + 1] - o[u]) : 0;
+        j->pairs += len;
+        j->nonempty += len > 0;
+        if (r == 0 || u != (m ? m[r - 1] : r - 1)) {
+            j->users += 1;
+            j->urows += len;
+            j->sq += len * len;
+            j->tri += len * (len + 1) / 2;
+            j->maxlen = len > j->maxlen ? len : j->maxlen;
+        }
+    }
+    return 0;
 }
 
 static cu_prof_stat *prof_stat(cu_prof *p, const char *name)
@@ -181,6 +257,23 @@ static const char *prof_shape_name(cu_prof *p, const char *op, int rows, int in,
     return p->shape_name[p->n_shape++];
 }
 
+/* One timed call into its op's sums: time, and floor where it declared work. */
+static void prof_add(cu_prof *p, int k, double gpu_us)
+{
+    cu_prof_stat *st = prof_stat(p, p->name[k]);
+    if (!st)
+        return;
+    st->calls += 1;
+    st->host_us += p->host_us[k];
+    st->gpu_us += gpu_us;
+    st->transfer |= p->kind[k] == CU_WORK_TRANSFER;
+    double fl = p->kind[k] == CU_WORK_OP ? prof_floor_us(&p->ceil, p->flops[k], p->bytes[k]) : -1;
+    if (fl >= 0) {
+        st->floor_us += fl;
+        st->floor_calls += 1;
+    }
+}
+
 /* The stream is idle: read the batch's events and add them up. A batch of
  * nothing but sync calls (a second sync after download_f32) is folded into
  * the previous batch rather than counted as one. */
@@ -200,12 +293,7 @@ static void prof_close(cu_prof *p)
         float ms = 0;
         if (cudaEventElapsedTime(&ms, p->ev[2 * k], p->ev[2 * k + 1]) != cudaSuccess)
             ms = 0;
-        cu_prof_stat *st = prof_stat(p, p->name[k]);
-        if (st) {
-            st->calls += 1;
-            st->host_us += p->host_us[k];
-            st->gpu_us += ms * 1e3;
-        }
+        prof_add(p, k, ms * 1e3);
         busy += ms * 1e3;
     }
     float span = 0;
@@ -232,7 +320,53 @@ cu_prof_scope::~cu_prof_scope()
         prof_close(p);
 }
 
-/* Per-batch means since the warm-up, to stderr: the diagnostic's output. */
+/* The ceilings, as the header and the totals print them. */
+static void prof_ceil_text(const cu_ceil *c, char *buf, size_t cap)
+{
+    if (c->ok)
+        snprintf(buf, cap, "copy %.2f TB/s, gemm %s %.0f TFLOP/s", c->copy_bps * 1e-12, c->dtype,
+                 c->gemm_flops * 1e-12);
+    else
+        snprintf(buf, cap, "not measured (%s), so no floors", c->why);
+}
+
+/* The report's totals (per batch, b batches): the ops with a floor against
+ * the sum of their floors, then what stayed out of the sums and why. */
+static void prof_totals(const cu_prof *p, double b)
+{
+    double gpu = 0, fl = 0, xfer = 0, nofl = 0;
+    char ceil[256], xn[512] = "", nn[512] = "";
+    for (int k = 0; k < p->nst; k++) {
+        const cu_prof_stat *st = &p->st[k];
+        char *list = st->transfer ? xn : nn;
+        if (!st->transfer && (st->floor_calls == st->calls || !p->ceil.ok)) {
+            gpu += st->gpu_us;
+            fl += st->floor_us;
+            continue;
+        }
+        *(st->transfer ? &xfer : &nofl) += st->gpu_us;
+        size_t used = strlen(list);
+        snprintf(list + used, 512 - used, "%s%s", used ? ", " : "", st->name);
+    }
+    prof_ceil_text(&p->ceil, ceil, sizeof ceil);
+    if (p->ceil.ok && fl > 0)
+        fprintf(stderr,
+                "  ops gpu us %.1f | sum of floors us %.1f | ratio %.2fx | gpu busy us %.1f / "
+                "sum of floors %.2fx | ceilings: %s\n",
+                gpu / b, fl / b, gpu / fl, p->busy_us / b, p->busy_us / fl, ceil);
+    else
+        fprintf(stderr, "  ops gpu us %.1f | sum of floors - | ceilings: %s\n", gpu / b, ceil);
+    fprintf(stderr, "  not in the sums: transfers, not ops: %s (gpu us %.1f) | ", *xn ? xn : "none",
+            xfer / b);
+    if (*nn)
+        fprintf(stderr, "ops without a floor: %s (gpu us %.1f)\n", nn, nofl / b);
+    else
+        fprintf(stderr, "ops without a floor: none\n");
+}
+
+/* Per-batch means since the warm-up, to stderr: the diagnostic's output.
+ * floor us and x floor: "-" where an op declared no work (or some of its
+ * calls did not, or the ceilings are unknown); "transfer" for transfers. */
 static void prof_report(bk_stream *s)
 {
     cu_prof *p = s->prof;
@@ -241,19 +375,34 @@ static void prof_report(bk_stream *s)
         return;
     }
     double b = (double)p->batches, host = 0;
-    fprintf(stderr, "cuda profile: %ld batches, per batch:\n", p->batches);
-    fprintf(stderr, "  %-28s %7s %10s %10s\n", "op", "calls", "host us", "gpu us");
+    char ceil[256];
+    prof_ceil_text(&p->ceil, ceil, sizeof ceil);
+    fprintf(stderr,
+            "cuda profile: %ld batches, per batch; floor = max(FLOPs / gemm, bytes / copy), "
+            "ceilings: %s\n",
+            p->batches, ceil);
+    fprintf(stderr, "  %-28s %7s %10s %10s %10s %8s\n", "op", "calls", "host us", "gpu us",
+            "floor us", "x floor");
     for (int k = 0; k < p->nst; k++) {
         cu_prof_stat *st = &p->st[k];
+        char fl[32] = "-", x[32] = "-";
         host += st->host_us;
-        fprintf(stderr, "  %-28s %7.1f %10.1f %10.1f\n", st->name, st->calls / b,
-                st->host_us / b, st->gpu_us / b);
+        if (st->transfer)
+            snprintf(x, sizeof x, "transfer");
+        else if (st->floor_calls == st->calls) {
+            snprintf(fl, sizeof fl, "%.1f", st->floor_us / b);
+            if (st->floor_us > 0)
+                snprintf(x, sizeof x, "%.2fx", st->gpu_us / st->floor_us);
+        }
+        fprintf(stderr, "  %-28s %7.1f %10.1f %10.1f %10s %8s\n", st->name, st->calls / b,
+                st->host_us / b, st->gpu_us / b, fl, x);
     }
     fprintf(stderr,
             "  backend host us %.1f | gpu busy us %.1f, span us %.1f (idle %.1f) | "
             "wall first op -> idle us %.1f\n",
             host / b, p->busy_us / b, p->span_us / b, (p->span_us - p->busy_us) / b,
             p->wall_us / b);
+    prof_totals(p, b);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -461,6 +610,8 @@ static char *host_stage(bk_stream *s, size_t bytes, bk_err *err)
     if (!h->p || off + bytes > h->cap) {
         if (cu_check(cudaStreamSynchronize(s->st), err, "waiting to reuse copy staging"))
             return NULL;
+        if (s->prof)
+            s->prof->n_up = 0; /* the staged bytes it points at are reused */
         off = 0;
         if (bytes > h->cap) {
             size_t want = h->peak > bytes ? h->peak : bytes;
@@ -478,6 +629,8 @@ static char *host_stage(bk_stream *s, size_t bytes, bk_err *err)
 static void host_idle(bk_stream *s)
 {
     cu_pinned *h = &s->host;
+    if (s->prof)
+        s->prof->n_up = 0; /* the batch's staged uploads are gone */
     if (h->peak > h->cap) {
         bk_err ignore;
         size_t want = h->peak + h->peak / 4 + 4096;
@@ -491,6 +644,7 @@ static void host_idle(bk_stream *s)
 static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
 {
     cu_prof_scope prof_(s, "upload");
+    prof_.transfer();
     if (!bytes)
         return 0;
     if (!dst || !src) {
@@ -505,6 +659,8 @@ static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, b
     if (!h)
         return -1;
     memcpy(h, src, bytes);
+    if (s->prof)
+        prof_note_upload(s->prof, dst, h, bytes); /* the ops' lengths: cu_prof_jagged */
     return cu_copy(s, dst, h, bytes, cudaMemcpyHostToDevice, err);
 }
 
@@ -530,6 +686,7 @@ static void cuda_host_from_f32(bk_backend *be, void *dst, const float *src, size
 static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
 {
     cu_prof_scope prof_(s, "upload_f32");
+    prof_.transfer();
     if (!n)
         return 0;
     if (n > SIZE_MAX / sizeof(float)) {
@@ -554,6 +711,7 @@ static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, 
 static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
 {
     cu_prof_scope prof_(s, "download_f32", true);
+    prof_.transfer();
     if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     if (!n) {
@@ -651,7 +809,7 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
     if (!(s->ws = dev_malloc(be, WS_BYTES, err)))
         goto fail;
     s->ws_size = WS_BYTES;
-    s->prof = prof_new();
+    s->prof = prof_new(s);
     return s;
 fail:
     cuda_stream_free(s);
@@ -661,6 +819,7 @@ fail:
 static int cuda_sync(bk_stream *s, bk_err *err)
 {
     cu_prof_scope prof_(s, "sync", true);
+    prof_.transfer();
     if (cu_enter(s, err))
         return -1;
     if (stream_wait(s, err, "stream (an earlier op on it failed)"))
@@ -785,6 +944,23 @@ static int block_for(int width)
     return b < 32 ? 32 : b > 256 ? 256 : b;
 }
 
+/* Profile work of one bags launch: per bag, its ids and offsets, one table
+ * row per id (ids * row bytes) and its output rows; no FLOPs. None when a
+ * bag's offsets are not in this batch's uploads. */
+static void bags_work(bk_stream *s, cu_prof_scope &pr, const cu_bags *a, int nb)
+{
+    double bytes = 0, es = (double)s->be->act_size;
+    for (int i = 0; i < nb; i++) {
+        const cu_bag *g = &a->b[i];
+        cu_prof_jag j;
+        if (cu_prof_jagged(s, g->off, NULL, g->n, &j))
+            return;
+        bytes += j.pairs * (sizeof(int64_t) + g->dim * es) + (g->n + 1.0) * sizeof(int64_t) +
+                 (double)g->n * g->dim * es;
+    }
+    pr.work(0, bytes);
+}
+
 static int cuda_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *err)
 {
     cu_prof_scope prof_(s, "embedding_bag");
@@ -807,6 +983,8 @@ static int cuda_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *
     }
     if (!nb)
         return 0;
+    if (prof_.on())
+        bags_work(s, prof_, &a, nb);
     if (cu_enter(s, err))
         return -1;
     CU_DISPATCH(cu_dt(s),
@@ -870,6 +1048,18 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
                   table->cols, action->cols, position->cols);
         return -1;
     }
+    cu_prof_jag j;
+    if (prof_.on() && !cu_prof_jagged(s, offsets, NULL, n, &j)) {
+        /* Events E: ids (+ actions), offsets, E table rows (ids * row
+         * bytes), the action rows touched (at most E; row 0 alone without
+         * actions), the position rows touched (the longest history), E
+         * output rows; no FLOPs. */
+        double rb = (double)table->cols * s->be->act_size, E = j.pairs;
+        double act_rows = actions ? (E < action->rows ? E : action->rows) : (E > 0);
+        double pos_rows = j.maxlen < position->rows ? j.maxlen : position->rows;
+        prof_.work(0, E * (sizeof(int64_t) + (actions ? sizeof(int32_t) : 0)) +
+                          (n + 1.0) * sizeof(int64_t) + (2 * E + act_rows + pos_rows) * rb);
+    }
     if (cu_enter(s, err))
         return -1;
     dim3 grid((unsigned)n, slices_for(s, n));
@@ -901,6 +1091,10 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
     cu_prof_scope prof_(s, "add");
     if (n <= 0 || width <= 0)
         return 0;
+    cu_prof_jag j; /* a and out at n rows, b at its distinct rows, the map */
+    if (prof_.on() && !cu_prof_jagged(s, NULL, map, n, &j))
+        prof_.work(0, (2.0 * n + j.users) * width * s->be->act_size +
+                          (map ? n * (double)sizeof *map : 0));
     if (cu_enter(s, err))
         return -1;
     size_t total = (size_t)n * width;
@@ -951,6 +1145,10 @@ static int cuda_copy_rows(bk_stream *s, const void *src, int lds, const int32_t 
     cu_prof_scope prof_(s, "copy_rows");
     if (n <= 0 || width <= 0)
         return 0;
+    cu_prof_jag j; /* n rows written, the distinct source rows read, the map */
+    if (prof_.on() && !cu_prof_jagged(s, NULL, map, n, &j))
+        prof_.work(0, ((double)n + j.users) * width * s->be->act_size +
+                          (map ? n * (double)sizeof *map : 0));
     if (cu_enter(s, err))
         return -1;
     size_t es = s->be->act_size, wb = (size_t)width * es, sb = (size_t)lds * es,
@@ -1023,6 +1221,18 @@ static int cuda_gather(bk_stream *s, const void *src, const int64_t *src_offsets
     cu_prof_scope prof_(s, "gather");
     if (nc <= 0 || width <= 0)
         return 0;
+    /* Dense: nc rows written, each distinct user row read once. Jagged:
+     * every candidate's copy of its user's events written, each user's
+     * events read once, plus the offsets touched. Both read the map. */
+    cu_prof_jag j;
+    if (prof_.on() && !cu_prof_jagged(s, src_offsets, map, nc, &j)) {
+        double rb = (double)width * s->be->act_size, idx = nc * (double)sizeof *map;
+        if (!src_offsets)
+            prof_.work(0, (nc + j.users) * rb + idx);
+        else
+            prof_.work(0, (j.pairs + j.urows) * rb + idx +
+                              (nc + 1.0 + j.users + 1.0) * sizeof(int64_t));
+    }
     if (cu_enter(s, err))
         return -1;
     if (!src_offsets) {
@@ -1204,6 +1414,10 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         bk_seterr(err, "linear: row strides %d/%d below widths %d/%d", ldx, ldy, in, out);
         return -1;
     }
+    if (prof_.on()) /* x, W, bias once, y; the activation pass is not compulsory */
+        prof_.work(2.0 * rows * in * out,
+                   ((double)rows * in + (double)out * in + (double)rows * out + (bias ? out : 0)) *
+                       s->be->act_size);
     if (cu_enter(s, err))
         return -1;
     enum cu_dtype dt = cu_dt(s);
@@ -1258,6 +1472,141 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
     }
     /* What the epilogue lacks: sigmoid, exact gelu, silu, tanh (elementwise.cu). */
     return act == BK_ACT_RELU ? 0 : cu_act_rows(s, y, ldy, rows, out, act, err);
+}
+
+/* ------------------------------------------------------------ profile ceilings
+ * What the profile's floors divide by (cu_prof, prof_floor_us): measured
+ * once per process and dtype, on the first profiled stream, in the same
+ * run as the ops they judge. Allocations are freed right after; a failure
+ * leaves the ceilings unknown (the report says why and prints no floors). */
+
+#define CEIL_COPY_BYTES ((size_t)1 << 30)
+#define CEIL_GEMM_N 8192
+
+/* Values in [-1, 1) from a hash of the index: GEMM operands with real bit
+ * patterns (zeros would flatter the rate: less switching, less power). */
+template <typename T> __global__ void k_ceil_fill(T *p, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = cu_fromf<T>((float)(h >> 8) * (1.0f / 8388608.0f) - 1.0f);
+    }
+}
+
+/* The best of 3 runs of run(err) on s's stream, in ms between CUDA events. */
+template <class F> static int best_of_3(bk_stream *s, F run, float *best, bk_err *err)
+{
+    cudaEvent_t ev[2] = {NULL, NULL};
+    int rc = -1;
+    *best = -1;
+    if (cu_check(cudaEventCreate(&ev[0]), err, "ceiling event") ||
+        cu_check(cudaEventCreate(&ev[1]), err, "ceiling event"))
+        goto out;
+    for (int r = 0; r < 3; r++) {
+        float ms = 0;
+        if (cu_check(cudaEventRecord(ev[0], s->st), err, "ceiling event") || run(err) ||
+            cu_check(cudaEventRecord(ev[1], s->st), err, "ceiling event") ||
+            cu_check(cudaEventSynchronize(ev[1]), err, "ceiling run") ||
+            cu_check(cudaEventElapsedTime(&ms, ev[0], ev[1]), err, "ceiling time"))
+            goto out;
+        if (*best < 0 || ms < *best)
+            *best = ms;
+    }
+    rc = 0;
+    if (!(*best > 0)) {
+        bk_seterr(err, "ceiling timed at %g ms", (double)*best);
+        rc = -1;
+    }
+out:
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
+    return rc;
+}
+
+/* Copy bandwidth: device-to-device copies of 1 GiB, read + write bytes / s. */
+static int ceil_copy(bk_stream *s, double *bps, bk_err *err)
+{
+    void *a = NULL, *b = NULL;
+    float ms = 0;
+    auto copy = [&](bk_err *e) {
+        return cu_check(cudaMemcpyAsync(b, a, CEIL_COPY_BYTES, cudaMemcpyDeviceToDevice, s->st), e,
+                        "ceiling copy");
+    };
+    int rc = cu_check(cudaMalloc(&a, CEIL_COPY_BYTES), err, "1 GiB for the copy ceiling") ||
+                     cu_check(cudaMalloc(&b, CEIL_COPY_BYTES), err, "1 GiB for the copy ceiling") ||
+                     best_of_3(s, copy, &ms, err)
+                 ? -1
+                 : 0;
+    cudaFree(a);
+    cudaFree(b);
+    (void)cudaGetLastError();
+    if (!rc)
+        *bps = 2.0 * (double)CEIL_COPY_BYTES / (ms * 1e-3);
+    return rc;
+}
+
+/* GEMM rate: 8192^3 through cuBLASLt exactly as linear plans and runs it
+ * (algo_plan: the dtype's inputs and output, fp32 compute and scale). */
+static int ceil_gemm(bk_stream *s, enum cu_dtype dt, double *fps, bk_err *err)
+{
+    const int n = CEIL_GEMM_N;
+    const size_t elems = (size_t)n * n, bytes = elems * (dt == CU_F32 ? 4 : 2);
+    void *w = NULL, *x = NULL, *y = NULL;
+    float ms = 0, alpha = 1.0f, beta = 0.0f;
+    int rc = -1;
+    cu_algo_entry e = {1, n, n, n, n, n, n, (int)CUBLASLT_EPILOGUE_DEFAULT, 256, 256, 256, (int)dt,
+                       NULL, NULL, NULL, NULL, {}};
+    auto gemm = [&](bk_err *er) {
+        return blas_check(cublasLtMatmul(s->lt, e.op, &alpha, w, e.la, x, e.lb, &beta, y, e.ld, y,
+                                         e.ld, &e.algo, s->ws, s->ws_size, s->st),
+                          er, "ceiling gemm");
+    };
+    if (cu_check(cudaMalloc(&w, bytes), err, "the gemm ceiling's operands") ||
+        cu_check(cudaMalloc(&x, bytes), err, "the gemm ceiling's operands") ||
+        cu_check(cudaMalloc(&y, bytes), err, "the gemm ceiling's operands"))
+        goto out;
+    CU_DISPATCH(dt, {
+        k_ceil_fill<T><<<cu_grid_for(elems, 256), 256, 0, s->st>>>((T *)w, elems);
+        k_ceil_fill<T><<<cu_grid_for(elems, 256), 256, 0, s->st>>>((T *)x, elems);
+    });
+    if (cu_check(cudaGetLastError(), err, "filling the gemm ceiling's operands") ||
+        algo_plan(s, &e, NULL, w, x, y, err))
+        goto out;
+    rc = best_of_3(s, gemm, &ms, err);
+out:
+    algo_release(&e);
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(y);
+    (void)cudaGetLastError();
+    if (!rc)
+        *fps = 2.0 * n * (double)n * n / (ms * 1e-3);
+    return rc;
+}
+
+static void prof_ceilings(bk_stream *s, cu_ceil *out)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static cu_ceil done[3]; /* by enum cu_dtype */
+    static int tried[3];
+    const enum cu_dtype dt = cu_dt(s);
+    pthread_mutex_lock(&lock);
+    if (!tried[dt]) {
+        cu_ceil *c = &done[dt];
+        bk_err e;
+        c->dtype = dt == CU_F32 ? "fp32" : dt == CU_BF16 ? "bf16" : "fp16";
+        c->ok = !ceil_copy(s, &c->copy_bps, &e) && !ceil_gemm(s, dt, &c->gemm_flops, &e);
+        if (!c->ok)
+            snprintf(c->why, sizeof c->why, "%.190s", e.msg);
+        tried[dt] = 1;
+    }
+    *out = done[dt];
+    pthread_mutex_unlock(&lock);
 }
 
 /* ------------------------------------------------------------ the table */

@@ -95,20 +95,61 @@ typedef struct cu_pinned {
 /* Where a stream's time goes (IKBO_CUDA_PROFILE=1, a diagnostic): every op
  * records its host time and a pair of CUDA events; at each synchronization
  * the batch's events are read and summed per op, and stream_free prints the
- * per-batch means to stderr. Off: one branch per op. */
+ * per-batch means to stderr. Off: one branch per op.
+ *
+ * Each op call also declares its work (cu_prof_scope::work), and the report
+ * sets its GPU time against its floor (issue 17's target: the bench model's
+ * forward within 1.4x the sum of its ops' floors):
+ *   floor = max(FLOPs / GEMM rate, bytes / copy bandwidth)
+ * bytes: the call's compulsory HBM traffic - every input read once, every
+ * output written once, every weight read once; a row read through the
+ * candidate-to-user map counts the user row once, not per candidate; an
+ * embedding table read by ids counts ids * row bytes; activations and
+ * weights at the activation dtype's size, fp32 scratch as fp32, index
+ * arrays at their int size. FLOPs: multiply-add = 2, dominant terms only
+ * (GEMMs, attention's QK^T and PV, LCE's two GEMMs); elementwise and copy
+ * ops have none (their floor is the bandwidth one). The ceilings are
+ * measured once per process and dtype (backend_cuda.cu, prof_ceilings):
+ * the best of 3 device-to-device copies of 1 GiB (read + write) and of 3
+ * cuBLASLt 8192^3 GEMMs in the activation dtype (fp32 accumulate), as
+ * linear runs them. Transfers (upload, upload_f32, download_f32, sync) have
+ * no floor and stay out of both sums. */
 #define CU_PROF_MAX 512
 #define CU_PROF_NAMES 64
+#define CU_PROF_UPLOADS 8
+enum cu_work { CU_WORK_NONE = 0, CU_WORK_OP = 1, CU_WORK_TRANSFER = 2 };
 typedef struct cu_prof_stat {
     const char *name;
     double calls, host_us, gpu_us;
+    double floor_us, floor_calls; /* over the calls that declared work */
+    int transfer;
 } cu_prof_stat;
+/* The ceilings a floor divides by; ok = 0: not measured (why says so). */
+typedef struct cu_ceil {
+    int ok;
+    const char *dtype;
+    double copy_bps, gemm_flops; /* bytes/s (read + write), FLOP/s */
+    char why[200];
+} cu_ceil;
+/* A raw upload of the current batch: device range and its bytes in the
+ * stream's pinned staging (valid until the staging is reused: host_stage
+ * wraps or host_idle; both forget the list). The jagged ops read their
+ * lengths here (cu_prof_jagged): the engine uploads every index array of a
+ * batch in one copy (engine.c), so the host already has what the device
+ * reads, with no extra copy or wait. */
+typedef struct cu_prof_upload {
+    const char *dev, *host;
+    size_t bytes;
+} cu_prof_upload;
 typedef struct cu_prof {
     int skip;    /* batches still to discard (warm-up) */
-    int depth;   /* nested scopes (upload_f32 -> upload) count once */
+    int depth;   /* nested scopes (token_linear -> lce) count once */
     int n;       /* ops recorded in the current batch */
     int dropped; /* ops past CU_PROF_MAX (not timed) */
     const char *name[CU_PROF_MAX];
     double host_us[CU_PROF_MAX];
+    double flops[CU_PROF_MAX], bytes[CU_PROF_MAX]; /* declared work */
+    signed char kind[CU_PROF_MAX];                 /* enum cu_work */
     cudaEvent_t ev[2 * CU_PROF_MAX];
     double t_first; /* host clock at the batch's first op (us) */
     long batches;
@@ -119,6 +160,9 @@ typedef struct cu_prof {
      * are reported one by one; they live as long as the profile. */
     char shape_name[CU_PROF_NAMES][40];
     int n_shape;
+    cu_ceil ceil;
+    cu_prof_upload up[CU_PROF_UPLOADS]; /* a ring: the newest CU_PROF_UPLOADS */
+    int n_up;
 } cu_prof;
 
 struct bk_stream {
@@ -184,12 +228,46 @@ int cu_smem_limit(bk_stream *s, const void *fn, int bytes, bk_err *err);
  * the stream idle (download_f32, sync), so the batch's events are read. */
 struct cu_prof_scope {
     bk_stream *s;
-    int i;
+    int i; /* the call's event slot; -1 when not profiled (off, nested, dropped) */
     bool closes;
     double t0;
     cu_prof_scope(bk_stream *st, const char *name, bool closes_batch = false);
     ~cu_prof_scope();
+    /* Whether this call is profiled: ops compute their work only then. */
+    bool on() const { return i >= 0; }
+    /* The call's compulsory work (see cu_prof): dominant FLOPs and bytes. */
+    void work(double flops, double bytes)
+    {
+        if (i < 0)
+            return;
+        s->prof->flops[i] = flops;
+        s->prof->bytes[i] = bytes;
+        s->prof->kind[i] = CU_WORK_OP;
+    }
+    /* A host<->device transfer or a wait, not an op: no floor. */
+    void transfer()
+    {
+        if (i >= 0)
+            s->prof->kind[i] = CU_WORK_TRANSFER;
+    }
 };
+
+/* What a jagged or mapped op reads, for its profile work, from this batch's
+ * host copies of its index arrays (cu_prof_upload). For rows r < n, user
+ * u(r) = map ? map[r] : r and L_u = off[u+1] - off[u] (0 when off is
+ * NULL). Distinct users are counted as runs of equal map values: the
+ * engine's map is non-decreasing (ikbo.h); an unsorted map over-counts. */
+typedef struct cu_prof_jag {
+    double pairs;    /* sum over r of L_u(r): rows read per row through its user */
+    double users;    /* distinct users */
+    double urows;    /* sum of L_u over distinct users: each user's rows once */
+    double sq, tri;  /* sum over distinct users of L_u^2 and L_u (L_u + 1) / 2 */
+    double nonempty; /* rows r with L_u(r) > 0 */
+    double maxlen;   /* the longest L_u */
+} cu_prof_jag;
+/* 0, or -1 when map or off is not in this batch's uploads (the op then
+ * declares no work and the report lists it as an op without a floor). */
+int cu_prof_jagged(bk_stream *s, const int64_t *off, const int32_t *map, int n, cu_prof_jag *j);
 
 #define CU_TRY(call, what)                                                    \
     do {                                                                      \

@@ -433,6 +433,18 @@ int cuda_din_attention(bk_stream *s, const void *q, const void *qp, const void *
                                                   : !offsets ? "offsets" : "out");
         return -1;
     }
+    cu_prof_jag j;
+    if (prof_.on() && !cu_prof_jagged(s, offsets, map, n, &j)) {
+        /* Per (row, event) pair: wd @ (q * h) (2 h1 d), w2 . act (2 h1) and
+         * the output sum a_j h[j] (2 d). Bytes: q, qp, out at n rows; h and
+         * hp once per distinct user's event; the weights; map and offsets. */
+        const double es = (double)s->be->act_size;
+        const double elems = (double)n * (2.0 * d + h1) + j.urows * (d + h1) +
+                             (double)h1 * d + h1 + 1;
+        prof_.work(2.0 * j.pairs * ((double)h1 * d + h1 + d),
+                   elems * es + (map ? n * (double)sizeof *map : 0) +
+                       (j.users + 1) * sizeof *offsets);
+    }
     if (cu_enter(s, err))
         return -1;
     int rc = 0;

@@ -100,6 +100,8 @@ int cuda_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void
     }
     if (n == 0)
         return 0;
+    if (prof_.on()) /* x read, out written */
+        prof_.work(0, 2.0 * n * s->be->act_size);
     if (cu_enter(s, err))
         return -1;
     return act_launch(s, x, 1, n, 1, act, out, err, "activation");
@@ -146,6 +148,10 @@ int cuda_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, con
     cu_prof_scope prof_(s, "mul");
     if (n <= 0 || width <= 0)
         return 0;
+    cu_prof_jag j; /* a, c, out at n rows, b at its distinct rows, the map */
+    if (prof_.on() && !cu_prof_jagged(s, NULL, map, n, &j))
+        prof_.work(0, ((c ? 3.0 : 2.0) * n + j.users) * width * s->be->act_size +
+                          (map ? n * (double)sizeof *map : 0));
     if (cu_enter(s, err))
         return -1;
     int v = 16 / (int)s->be->act_size;

@@ -32,6 +32,12 @@ int cuda_token_linear(bk_stream *s, const void *x, int rows, const bk_weight *w,
                   w->rows, w->cols, m, k);
         return -1;
     }
+    /* One batched GEMM: X, W and Z once. Declared here: the nested lce
+     * scope below is not timed on its own. */
+    if (prof_.on())
+        prof_.work(2.0 * rows * m * k * d,
+                   ((double)rows * k * d + (double)m * k + (double)rows * m * d) *
+                       s->be->act_size);
     /* lce with Ku = 0: Z[c] = W_cand @ Ec[c]; the user weight is never read. */
     bk_weight none = {m, 0, 0, NULL, 0};
     return cuda_lce(s, NULL, 0, x, rows, NULL, &none, w, 0, k, m, d, z, err);
@@ -189,9 +195,23 @@ int cuda_dot_interaction(bk_stream *s, const void *tu, const void *uu, const int
         bk_seterr(err, "dot_interaction: token width %d", d);
         return -1;
     }
+    const int K = ord->ku + ord->kc, nb = (K + DI_TILE - 1) / DI_TILE;
+    cu_prof_jag j;
+    if (prof_.on() && !cu_prof_jagged(s, NULL, map, n, &j)) {
+        /* Dots: 2 d FLOPs per pair computed (the user-user pairs are copied
+         * from uu when given). Bytes: candidate tokens at n rows, user
+         * tokens (and uu) once per distinct user, the output, the map. */
+        const int ku = ord->ku;
+        const double P = self ? K * (K + 1) / 2.0 : K * (K - 1) / 2.0;
+        const double Pu = self ? ku * (ku + 1) / 2.0 : ku * (ku - 1) / 2.0;
+        const double es = (double)s->be->act_size;
+        prof_.work(2.0 * n * d * (P - (uu ? Pu : 0)),
+                   ((double)n * ord->kc * d + j.users * ((double)ku * d + (uu ? Pu : 0)) +
+                    (double)n * P) * es +
+                       (map ? n * (double)sizeof *map : 0));
+    }
     if (cu_enter(s, err))
         return -1;
-    const int K = ord->ku + ord->kc, nb = (K + DI_TILE - 1) / DI_TILE;
     const size_t tiles = (size_t)n * (nb * (nb + 1) / 2);
     const int v = 16 / (int)s->be->act_size;
     const bool vec = d % v == 0 && cu_aligned16(tu) && cu_aligned16(tc);

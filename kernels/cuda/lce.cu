@@ -370,6 +370,15 @@ int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const
         bk_seterr(err, "lce: %d candidates but no users", nc);
         return -1;
     }
+    if (prof_.on()) {
+        /* The user GEMM U x Ku and the candidate GEMM C x Kc into [C, M, D];
+         * E_user, E_cand, both W, Z and the map once (the fp32 user term's
+         * round trip is this implementation's, not compulsory). */
+        const double es = (double)s->be->act_size, uk = ku > 0 ? (double)nu * ku : 0;
+        prof_.work(2.0 * m * d * (uk + (double)nc * kc),
+                   ((uk + (double)nc * kc) * d + (double)m * (ku + kc) + (double)nc * m * d) * es +
+                       (ku > 0 ? nc * (double)sizeof *map : 0));
+    }
     if (cu_enter(s, err))
         return -1;
     int rc = 0;

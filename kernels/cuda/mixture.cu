@@ -93,6 +93,9 @@ int cuda_mixture(bk_stream *s, const void *const *experts, int n_experts, const 
         ex.p[e] = experts[e];
         vec = vec && cu_aligned16(experts[e]);
     }
+    if (prof_.on()) /* every expert's rows and the gate read, out written */
+        prof_.work(0, ((double)n_experts * n * width + (double)n * n_experts + (double)n * width) *
+                          s->be->act_size);
     if (cu_enter(s, err))
         return -1;
     const unsigned grid = (unsigned)(((size_t)n + MX_WARPS - 1) / MX_WARPS);

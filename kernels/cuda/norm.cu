@@ -108,6 +108,8 @@ int cuda_layer_norm(bk_stream *s, const void *x, int rows, int dim, const bk_wei
         bk_seterr(err, "layer_norm: eps %g is not positive", (double)eps);
         return -1;
     }
+    if (prof_.on()) /* x, out; w and b once */
+        prof_.work(0, (2.0 * rows * dim + 2.0 * dim) * s->be->act_size);
     if (cu_enter(s, err))
         return -1;
     const int v = 16 / (int)s->be->act_size;

@@ -118,6 +118,15 @@ int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k,
     }
     if (n <= 0 || d <= 0)
         return 0;
+    cu_prof_jag j;
+    if (prof_.on() && !cu_prof_jagged(s, offsets, NULL, n, &j)) {
+        /* Jagged: each row's events (LAST: one per non-empty row) and the
+         * offsets; tokens: k tokens a row (LAST: one). Then n output rows. */
+        const double in_rows = offsets ? (fn == BK_POOL_LAST ? j.nonempty : j.pairs)
+                                       : (double)n * (fn == BK_POOL_LAST ? (k > 0) : k);
+        prof_.work(0, (in_rows + n) * d * s->be->act_size +
+                          (offsets ? (n + 1.0) * sizeof *offsets : 0));
+    }
     if (cu_enter(s, err))
         return -1;
     if (offsets) {
