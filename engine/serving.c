@@ -60,7 +60,7 @@ const serving_key serving_keys[] = {
             "batch shapes each instance keeps a recorded CUDA graph for; 0 = off (cuda only)"),
     INT_KEY(idle_spin_us, 0, 10000, SERVING_DEF_IDLE_SPIN_US, BOTH,
             "how long an idle instance (and one completer) polls for work before it sleeps; "
-            "unset = auto by device"),
+            "0 = sleep at once"),
     STR_KEY(mode, SERVING_MODE, SERVING_MODEL | SERVING_TOP, "\"ikbo\" or \"broadcast\""),
     STR_KEY(device, SERVING_DEVICE, SERVING_MODEL | SERVING_TOP, "\"cpu\" or \"cuda:N\""),
 };

@@ -151,8 +151,6 @@ void batcher_resolve(const ikbo_serving *server, const ikbo_serving *sv, const c
     if (out->max_batch_users <= 0)
         out->max_batch_users = gpu ? CONFIG_BATCH_AUTO_USERS_GPU : CONFIG_BATCH_AUTO_USERS_CPU;
     if (out->instances > CONFIG_BATCH_MAX_INSTANCES) out->instances = CONFIG_BATCH_MAX_INSTANCES;
-    if (out->idle_spin_us < 0)
-        out->idle_spin_us = gpu ? CONFIG_BATCH_AUTO_SPIN_US_GPU : CONFIG_BATCH_AUTO_SPIN_US_CPU;
     if (out->max_queue_delay_us < 0) out->max_queue_delay_us = 0;
     if (out->max_queue_candidates < 1) out->max_queue_candidates = 1;
     if (out->max_queue_requests < 1) out->max_queue_requests = 1;

@@ -31,7 +31,7 @@
  *                     {max_batch_candidates 1024, max_batch_users 64,
  *                      max_queue_delay_us 0, instances 0 (auto: cpu 1, cuda 4),
  *                      max_queue_candidates 32768, max_queue_requests 1024,
- *                      graphs 16, idle_spin_us unset (auto: cpu 0, cuda 200)}
+ *                      graphs 16, idle_spin_us 0}
  *                     (ranges and meanings: engine/serving.h's key table,
  *                     the same for model.json's "serving"). A model's
  *                     model.json "serving" block (then its config.json)
@@ -98,13 +98,6 @@ enum config_log_format { CONFIG_LOG_PLAIN = 0, CONFIG_LOG_JSON = 1 };
  * unchanged (bench/RESULTS.md, 2026-12-02). */
 #define CONFIG_BATCH_AUTO_INSTANCES_CPU 1
 #define CONFIG_BATCH_AUTO_INSTANCES_GPU 4
-/* idle_spin_us unset: on a GPU an idle instance (and one completer) polls
- * for work this long before it sleeps, so a request that arrives at a
- * server that is not busy starts without a thread wake-up; on the CPU the
- * cores are the compute, so none. (Measured: bench/RESULTS.md, "Polling
- * before sleeping".) */
-#define CONFIG_BATCH_AUTO_SPIN_US_CPU 0
-#define CONFIG_BATCH_AUTO_SPIN_US_GPU 200
 #define CONFIG_BATCH_MAX_QUEUE_DELAY_US SERVING_DEF_MAX_QUEUE_DELAY_US
 #define CONFIG_BATCH_INSTANCES SERVING_DEF_INSTANCES /* 0 = auto */
 #define CONFIG_BATCH_MAX_QUEUE_CANDIDATES SERVING_DEF_MAX_QUEUE_CANDIDATES

@@ -1083,14 +1083,8 @@ static void test_resolve(void **state)
     assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_CPU);
     assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_CPU);
     assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_CPU);
-    assert_int_equal(out.idle_spin_us, CONFIG_BATCH_AUTO_SPIN_US_CPU);
     batcher_resolve(&srv, NULL, "cuda:0", &out);
     assert_int_equal(out.instances, CONFIG_BATCH_AUTO_INSTANCES_GPU);
-    assert_int_equal(out.idle_spin_us, CONFIG_BATCH_AUTO_SPIN_US_GPU);
-    srv.idle_spin_us = 0; /* an explicit 0 (off) is kept on a GPU */
-    batcher_resolve(&srv, NULL, "cuda:0", &out);
-    assert_int_equal(out.idle_spin_us, 0);
-    srv.idle_spin_us = -1;
     assert_int_equal(out.max_batch_candidates, CONFIG_BATCH_AUTO_CANDIDATES_GPU);
     assert_int_equal(out.max_batch_users, CONFIG_BATCH_AUTO_USERS_GPU);
     /* An explicit server value is kept on every device. */

@@ -280,7 +280,7 @@ static void test_batching(void **s)
     assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
                               "\"max_queue_delay_us\":250,\"instances\":3,"
                               "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
-                              "\"graphs\":16,\"idle_spin_us\":-1}"));
+                              "\"graphs\":16,\"idle_spin_us\":0}"));
     free(j);
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
@@ -324,9 +324,7 @@ static void test_serving_table(void **s)
         const serving_key *k = &serving_keys[i];
         assert_ptr_equal(serving_find(k->name, k->scopes), k);
         assert_non_null(k->description);
-        /* A default of -1: unset, resolved by device (batcher_resolve). */
-        assert_true(k->type != SERVING_INT || k->def == -1 ||
-                    (k->min <= k->def && k->def <= k->max));
+        assert_true(k->type != SERVING_INT || (k->min <= k->def && k->def <= k->max));
     }
     assert_null(serving_find("max_queue_requests", SERVING_MODEL));
     assert_null(serving_find("mode", SERVING_BATCHING));
