@@ -729,6 +729,9 @@ static void suite_plain(void)
     test_linear(16, 512, 64, 1, 1, 0, 0);
     test_linear(1, 1000, 40, 0, 0, 0, 0);
     test_linear(17, 32, 300, 1, 1, 0, 0);
+    test_linear(16, 32, 300800, 1, 1, 0, 0); /* the bench model's user MLP at 16 users */
+    test_linear(16, 64, 32, 1, 1, 0, 0);     /* few outputs: a block per row */
+    test_linear(11, 72, 100, 0, 2, 3, 5);    /* the same, pitched x and y */
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);
