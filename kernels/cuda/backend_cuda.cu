@@ -901,8 +901,43 @@ static void cuda_weight_free(bk_backend *be, bk_weight *w)
 
 __device__ __forceinline__ int64_t wrap_row(int64_t id, int rows)
 {
+    if ((uint64_t)id < (uint64_t)rows)
+        return id; /* in range (the usual case): no 64-bit division */
     int64_t r = id % rows;
     return r < 0 ? r + rows : r;
+}
+
+/* The 16-byte (vector) paths below take an activation-dtype array when its
+ * pointer and row stride (ld elements of es bytes) are 16-byte aligned. */
+static bool vec_ok(const void *p, int ld, size_t es)
+{
+    return cu_aligned16(p) && (size_t)ld * es % 16 == 0;
+}
+
+/* cu_vec<T>::store as one 16-byte store instruction (nvcc split the plain
+ * uint4 store into four narrower ones in k_history_embedding_vec). */
+template <typename T> __device__ __forceinline__ void vec_store(T *p, const float *f)
+{
+    uint4 u;
+    cu_vec<T>::store((T *)&u, f);
+    __stwb((uint4 *)p, u);
+}
+
+/* How the vector kernels lay a block of nt threads over rows of c 16-byte
+ * chunks: per rows a step, thread t on row t / c, chunk t % c (threads past
+ * per * c idle); when c >= nt, one row a step and each thread strides its
+ * chunks by nt. One 32-bit division a thread, none per element. */
+__host__ __device__ __forceinline__ int vec_rows_per_step(int c, int nt)
+{
+    return c < nt ? nt / c : 1;
+}
+struct vec_lane {
+    int per, row, chunk;
+};
+__device__ __forceinline__ vec_lane vec_lane_of(int c)
+{
+    int row = (int)threadIdx.x / c;
+    return vec_lane{vec_rows_per_step(c, (int)blockDim.x), row, (int)threadIdx.x - row * c};
 }
 
 /* embedding_bags' arguments, by value: one launch for up to BK_MAX_BAGS
@@ -917,8 +952,10 @@ struct cu_bags {
     cu_bag b[BK_MAX_BAGS];
 };
 
-/* Block (row, bag): threads across the embedding width; ids in order.
- * Rows past a bag's n (bags of fewer rows than the grid) exit. */
+/* Scalar path (bags_vec_ok false: a width not whole 16-byte chunks, or
+ * an output at an unaligned column or stride): block (row, bag), threads
+ * across the embedding width; ids in order. Rows past a bag's n (bags of
+ * fewer rows than the grid) exit. */
 template <typename T> __global__ void k_embedding_bags(const __grid_constant__ cu_bags a)
 {
     const cu_bag &g = a.b[blockIdx.y];
@@ -944,6 +981,97 @@ static int block_for(int width)
     return b < 32 ? 32 : b > 256 ? 256 : b;
 }
 
+#define BAG_BLOCK 128 /* threads of a vector-path bags block */
+#define BAG_IDS 8     /* ids whose rows a thread loads before adding any */
+
+/* Vector path: block (row group, bag), its rows laid out by vec_lane_of
+ * over the bag's dim / V 16-byte chunks (V = 16 / sizeof(T)); a thread owns
+ * one chunk of one output row (for dim 256 bf16: a warp a row, 4 rows a
+ * block). It loads BAG_IDS ids, then their table chunks, then adds them,
+ * so BAG_IDS 16-byte loads are in flight; the fp32 sum still runs in id
+ * order, the mean divides by the count, one rounding. */
+template <typename T>
+__global__ void __launch_bounds__(BAG_BLOCK) k_embedding_bags_vec(const __grid_constant__ cu_bags a)
+{
+    constexpr int V = cu_vec<T>::V;
+    const cu_bag &g = a.b[blockIdx.y];
+    const vec_lane l = vec_lane_of(g.dim / V);
+    const int b = (int)blockIdx.x * l.per + l.row;
+    if (l.row >= l.per || b >= g.n)
+        return;
+    const T *__restrict__ table = (const T *)g.table;
+    const int64_t *__restrict__ ids = g.ids;
+    const int64_t s = g.off[b], e = g.off[b + 1];
+    for (int j = l.chunk * V; j < g.dim; j += (int)blockDim.x * V) {
+        float acc[V];
+#pragma unroll
+        for (int q = 0; q < V; q++)
+            acc[q] = 0.0f;
+        for (int64_t i = s; i < e; i += BAG_IDS) {
+            int64_t r[BAG_IDS];
+            uint4 raw[BAG_IDS];
+#pragma unroll
+            for (int k = 0; k < BAG_IDS; k++) /* all ids issued before any is used */
+                r[k] = i + k < e ? ids[i + k] : 0;
+#pragma unroll
+            for (int k = 0; k < BAG_IDS; k++)
+                r[k] = wrap_row(r[k], g.rows);
+#pragma unroll
+            for (int k = 0; k < BAG_IDS; k++)
+                if (i + k < e)
+                    raw[k] = __ldg((const uint4 *)(table + r[k] * g.tld + j));
+#pragma unroll
+            for (int k = 0; k < BAG_IDS; k++)
+                if (i + k < e) {
+                    float f[V];
+                    cu_vec<T>::load((const T *)&raw[k], f);
+#pragma unroll
+                    for (int q = 0; q < V; q++)
+                        acc[q] += f[q];
+                }
+        }
+        if (g.mean && e > s) {
+#pragma unroll
+            for (int q = 0; q < V; q++)
+                acc[q] /= (float)(e - s);
+        }
+        vec_store((T *)g.out + (size_t)b * g.ld + j, acc);
+    }
+}
+
+/* Whether a bag takes the vector path: whole 16-byte chunks a row, table
+ * and output (pointer and stride) 16-byte aligned. */
+static bool bags_vec_ok(const cu_bag *g, size_t es)
+{
+    return g->dim % (int)(16 / es) == 0 && vec_ok(g->table, g->tld, es) &&
+           vec_ok(g->out, g->ld, es);
+}
+
+/* Launches the bags of a whose bags_vec_ok is vec as one kernel (none when
+ * no bag is): a batch whose bags all qualify (or none do) is one launch. */
+static void bags_launch(bk_stream *s, const cu_bags *a, int nb, bool vec)
+{
+    size_t es = s->be->act_size;
+    cu_bags p;
+    int np = 0, gx = 0, width = 0;
+    for (int i = 0; i < nb; i++) {
+        const cu_bag *g = &a->b[i];
+        if (bags_vec_ok(g, es) != vec)
+            continue;
+        p.b[np++] = *g;
+        int per = vec ? vec_rows_per_step(g->dim / (int)(16 / es), BAG_BLOCK) : 1;
+        int blocks = (g->n + per - 1) / per;
+        gx = blocks > gx ? blocks : gx;
+        width = g->dim > width ? g->dim : width;
+    }
+    if (!np)
+        return;
+    CU_DISPATCH(cu_dt(s), {
+        auto k = vec ? k_embedding_bags_vec<T> : k_embedding_bags<T>;
+        k<<<dim3(gx, np), vec ? BAG_BLOCK : block_for(width), 0, s->st>>>(p);
+    });
+}
+
 /* Profile work of one bags launch: per bag, its ids and offsets, one table
  * row per id (ids * row bytes) and its output rows; no FLOPs. None when a
  * bag's offsets are not in this batch's uploads. */
@@ -967,7 +1095,7 @@ static int cuda_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *
     if (bk_bags_check(bags, n, err))
         return -1;
     cu_bags a;
-    int nb = 0, rows = 0, width = 0;
+    int nb = 0;
     for (int i = 0; i < n; i++) {
         const bk_bag *g = &bags[i];
         if (g->n <= 0 || g->table->cols == 0)
@@ -978,8 +1106,6 @@ static int cuda_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *
         }
         a.b[nb++] = cu_bag{g->table->data, g->ids, g->offsets, g->out, g->table->rows,
                            g->table->ld, g->table->cols, g->ld, g->n, g->pool == BK_POOL_MEAN};
-        rows = g->n > rows ? g->n : rows;
-        width = g->table->cols > width ? g->table->cols : width;
     }
     if (!nb)
         return 0;
@@ -987,8 +1113,8 @@ static int cuda_embedding_bags(bk_stream *s, const bk_bag *bags, int n, bk_err *
         bags_work(s, prof_, &a, nb);
     if (cu_enter(s, err))
         return -1;
-    CU_DISPATCH(cu_dt(s),
-                (k_embedding_bags<T><<<dim3(rows, nb), block_for(width), 0, s->st>>>(a)));
+    bags_launch(s, &a, nb, true);
+    bags_launch(s, &a, nb, false);
     return cu_check_launch(s, err, "embedding_bag");
 }
 
@@ -1000,7 +1126,9 @@ static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_
     return n <= 0 ? 0 : cuda_embedding_bags(s, &b, 1, err);
 }
 
-/* Blocks (user, slice): the gridDim.y slices of one user split its (event,
+/* Scalar path (history_vec_ok false: a width not whole 16-byte chunks, or
+ * an unaligned table or output).
+ * Blocks (user, slice): the gridDim.y slices of one user split its (event,
  * column) pairs, so a few users with long histories still fill the GPU (one
  * block per user left a single user's 1024 x 256 lookups on one SM). */
 template <typename T>
@@ -1035,6 +1163,56 @@ static unsigned slices_for(bk_stream *s, int n)
     return (unsigned)(want < 1 ? 1 : want > 128 ? 128 : want);
 }
 
+/* Vector path: blocks (user, slice) as above; a block step covers per
+ * events of the user (vec_lane_of over dim / V 16-byte chunks, V = 16 /
+ * sizeof(T): 8 events of a 256-thread block at dim 256 bf16), the slices
+ * striding over the events. A thread owns one chunk of one event: it reads
+ * the event's id and action once, then the table, action and position
+ * chunks as three independent 16-byte loads, and writes
+ * (table + action) + position in fp32, rounded once. */
+template <typename T>
+__global__ void k_history_embedding_vec(const T *__restrict__ table, int rows, int tld,
+                                        const T *__restrict__ action, int ald,
+                                        const T *__restrict__ position, int pld,
+                                        const int64_t *__restrict__ ids,
+                                        const int32_t *__restrict__ actions,
+                                        const int64_t *__restrict__ off, int dim,
+                                        T *__restrict__ out)
+{
+    constexpr int V = cu_vec<T>::V;
+    const vec_lane l = vec_lane_of(dim / V);
+    if (l.row >= l.per)
+        return;
+    const int64_t s = off[blockIdx.x], len = off[blockIdx.x + 1] - s;
+    for (int64_t p = (int64_t)blockIdx.y * l.per + l.row; p < len;
+         p += (int64_t)gridDim.y * l.per) {
+        const int64_t ev = s + p, r = wrap_row(ids[ev], rows);
+        const int64_t a = actions ? actions[ev] : 0;
+        for (int j = l.chunk * V; j < dim; j += (int)blockDim.x * V) {
+            float v[V], av[V], pv[V];
+            cu_vec<T>::load(table + r * tld + j, v);
+            cu_vec<T>::load(action + a * ald + j, av);
+            cu_vec<T>::load(position + p * pld + j, pv);
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                v[q] += av[q];
+                v[q] += pv[q];
+            }
+            vec_store(out + ev * dim + j, v);
+        }
+    }
+}
+
+/* Whether history_embedding takes the vector path: whole 16-byte chunks a
+ * row, the three tables and out 16-byte aligned (out's stride is dim). */
+static bool history_vec_ok(const bk_weight *table, const bk_weight *action,
+                           const bk_weight *position, const void *out, size_t es)
+{
+    return table->cols % (int)(16 / es) == 0 && vec_ok(table->data, table->ld, es) &&
+           vec_ok(action->data, action->ld, es) && vec_ok(position->data, position->ld, es) &&
+           cu_aligned16(out);
+}
+
 static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight *action,
                                   const bk_weight *position, const int64_t *ids,
                                   const int32_t *actions, const int64_t *offsets, int n,
@@ -1063,10 +1241,14 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
     if (cu_enter(s, err))
         return -1;
     dim3 grid((unsigned)n, slices_for(s, n));
-    CU_DISPATCH(cu_dt(s), (k_history_embedding<T><<<grid, 256, 0, s->st>>>(
-                              (const T *)table->data, table->rows, table->ld,
-                              (const T *)action->data, action->ld, (const T *)position->data,
-                              position->ld, ids, actions, offsets, table->cols, (T *)out)));
+    bool vec = history_vec_ok(table, action, position, out, s->be->act_size);
+    CU_DISPATCH(cu_dt(s), {
+        auto k = vec ? k_history_embedding_vec<T> : k_history_embedding<T>;
+        k<<<grid, 256, 0, s->st>>>((const T *)table->data, table->rows, table->ld,
+                                   (const T *)action->data, action->ld,
+                                   (const T *)position->data, position->ld, ids, actions, offsets,
+                                   table->cols, (T *)out);
+    });
     return cu_check_launch(s, err, "history_embedding");
 }
 

@@ -222,7 +222,10 @@ static void compare(const char *what, pair *out, size_t rows, size_t width, size
 
 /* ------------------------------------------------------------------ ops */
 
-static void test_embedding_bag(int rows, int dim, int n, int maxbag, int pool, int pad)
+/* The bags are written at column col of rows of ld = col + dim + pad
+ * elements (a stack's column offset: col > 0 may leave the output 16-byte
+ * unaligned). */
+static void test_embedding_bag(int rows, int dim, int n, int maxbag, int pool, int pad, int col)
 {
     bk_err ec = {{0}}, eg = {{0}};
     float *t = rand_vec((size_t)rows * dim, 1.0f);
@@ -237,16 +240,20 @@ static void test_embedding_bag(int rows, int dim, int n, int maxbag, int pool, i
         ids[i] = (int64_t)(rnd() % 3 == 0 ? rnd() : (uint64_t)irand(-3 * rows, 3 * rows));
     pair pi = raw_pair(ids, (size_t)nid * sizeof(int64_t));
     pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
-    int ld = dim + pad;
+    int ld = col + dim + pad;
     pair out = out_pair((size_t)n * ld);
-    ok_or_die(cpu->embedding_bag(cs, w.c, pi.c, po.c, n, (enum bk_pool)pool, out.c, ld, &ec),
+    pair at = out; /* the view from column col */
+    at.c = (float *)out.c + col;
+    at.g = (char *)out.g + (size_t)col * gpu->act_size;
+    at.n = out.n - col;
+    ok_or_die(cpu->embedding_bag(cs, w.c, pi.c, po.c, n, (enum bk_pool)pool, at.c, ld, &ec),
               "cpu embedding_bag", &ec);
-    ok_or_die(gpu->embedding_bag(gs, w.g, pi.g, po.g, n, (enum bk_pool)pool, out.g, ld, &eg),
+    ok_or_die(gpu->embedding_bag(gs, w.g, pi.g, po.g, n, (enum bk_pool)pool, at.g, ld, &eg),
               "gpu embedding_bag", &eg);
     char what[128];
-    snprintf(what, sizeof what, "embedding_bag rows %d dim %d n %d %s ld %d", rows, dim, n,
-             pool ? "mean" : "sum", ld);
-    compare(what, &out, n, dim, ld);
+    snprintf(what, sizeof what, "embedding_bag rows %d dim %d n %d %s ld %d col %d", rows, dim, n,
+             pool ? "mean" : "sum", ld, col);
+    compare(what, &at, n, dim, ld);
     pair_free(&pi);
     pair_free(&po);
     pair_free(&out);
@@ -313,7 +320,8 @@ static void test_embedding_bags(int nb)
     }
 }
 
-static void test_history(int n, int dim, int max_len, int nact, int with_actions)
+/* full: every user has max_len events (else 0..max_len, a fifth empty). */
+static void test_history(int n, int dim, int max_len, int nact, int with_actions, int full)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int rows = irand(1, 500);
@@ -325,7 +333,7 @@ static void test_history(int n, int dim, int max_len, int nact, int with_actions
     int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
     off[0] = 0;
     for (int u = 0; u < n; u++)
-        off[u + 1] = off[u] + (rnd() % 5 == 0 ? 0 : irand(0, max_len));
+        off[u + 1] = off[u] + (full ? max_len : rnd() % 5 == 0 ? 0 : irand(0, max_len));
     int64_t ne = off[n];
     int64_t *ids = xmalloc((size_t)(ne + 1) * sizeof(int64_t));
     int32_t *acts = xmalloc((size_t)(ne + 1) * sizeof(int32_t));
@@ -696,18 +704,29 @@ static void suite_plain(void)
     int dims[] = {1, 5, 16, 64, 300};
     for (int i = 0; i < 5; i++)
         for (int pool = 0; pool < 2; pool++) {
-            test_embedding_bag(1, dims[i], 1, 3, pool, 0);
-            test_embedding_bag(irand(2, 2000), dims[i], irand(1, 200), 20, pool, i % 2 ? 3 : 0);
+            test_embedding_bag(1, dims[i], 1, 3, pool, 0, 0);
+            test_embedding_bag(irand(2, 2000), dims[i], irand(1, 200), 20, pool, i % 2 ? 3 : 0, 0);
         }
+    /* Candidate bags written into a stack (width 256, 1-8 ids): at a
+     * 16-byte aligned column (the vector path), at an unaligned column
+     * with an aligned stride, and at an unaligned stride (per element). */
+    test_embedding_bag(5000, 256, 1120, 8, 0, 0, 256);
+    test_embedding_bag(2000, 256, 70, 8, 1, 5, 3);
+    test_embedding_bag(2000, 256, 70, 8, 0, 3, 8);
+    test_embedding_bag(100, 1032, 20, 20, 1, 0, 0); /* wider than a block's chunks */
     int nbags[] = {1, 2, 10, BK_MAX_BAGS};
     for (int i = 0; i < 4; i++)
         test_embedding_bags(nbags[i]);
     int hd[] = {8, 13, 64};
     for (int i = 0; i < 3; i++) {
-        test_history(1, hd[i], 1, 1, 0);
-        test_history(irand(2, 40), hd[i], irand(1, 300), irand(1, 5), 1);
-        test_history(irand(2, 40), hd[i], irand(1, 300), irand(1, 5), 0);
+        test_history(1, hd[i], 1, 1, 0, 0);
+        test_history(irand(2, 40), hd[i], irand(1, 300), irand(1, 5), 1, 0);
+        test_history(irand(2, 40), hd[i], irand(1, 300), irand(1, 5), 0, 0);
     }
+    /* The bench model's histories (width 256, 1024 events): 1 and 16 users. */
+    test_history(1, 256, 1024, 4, 1, 1);
+    test_history(16, 256, 1024, 4, 1, 1);
+    test_history(3, 2048 + 8, 40, 2, 0, 1); /* wider than a block's chunks */
     test_mean_pool(1, 1, 1);
     test_mean_pool(17, 9, 30);
     test_mean_pool(irand(1, 100), 64, 500);
