@@ -433,7 +433,6 @@ static void watch_deadline(batcher *b, int64_t deadline_ns)
     pthread_cond_signal(&b->cv_sweep);
 }
 
-/* Waits on the idle stack until woken or until_ns (0: no limit). Locked. */
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -473,6 +472,8 @@ static int64_t poll_end(const batcher *b, int64_t until_ns)
     return until_ns && until_ns < end ? until_ns : end;
 }
 
+/* Waits on the idle stack until woken or until_ns (0: no limit), polling
+ * first for idle_spin_us. Locked. */
 static void idle_wait(batcher *b, instance *in, int64_t until_ns)
 {
     in->next_idle = b->idle_head;
