@@ -21,6 +21,19 @@ histogram's buckets, so approximate; the mean is exact), the echo's
 open-loop latency at the same rate with the same request bodies, and the
 ratio (client - forward) / echo at p50, p99 and the mean: 1.0 would be a
 server whose every cost outside the forward pass is the transport's.
+
+Right after it, the breakdown of each point's mean open-loop client latency
+(every point, echo or not; each part a /metrics delta sum over the server's
+request count, like the forward time, so the four add up to the client
+mean): queue = ikbo_queue_seconds (submit to the compute start of its
+batch), forward, rest of server = ikbo_request_duration_seconds - queue -
+forward (decode, validation, plan, response), outside server = client -
+server duration (gRPC transport, its threads, the client and its send
+lag); "n/a" where a histogram is missing. The batcher observes queue and
+forward for scored requests only, the duration for all: with failed calls
+the rest holds theirs. A request split over batches waits until its last
+batch starts, so its queue holds the earlier batches' forward: the rest
+comes out low then (negative at worst).
 """
 import argparse
 import glob
@@ -150,6 +163,22 @@ def floor_table(rows):
     return out
 
 
+def breakdown_table(rows):
+    """The client-latency breakdown's lines (means, ms, share of the client's)."""
+    out = ["| mode | users/req | cands/user | open-loop req/s | client mean ms | queue ms | forward ms "
+           "| rest of server ms | outside server ms |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    part = lambda r, x: "n/a" if x is None else (
+        "%.3f (%.0f%%)" % (x, 100 * x / r["client_ms"]) if r["client_ms"] else "%.3f" % x)
+    for r in rows:
+        out.append("| %s | %d | %d | %.2f | %s | %s | %s | %s | %s |" % (
+            r["mode"], r["users"], r["cands"], r["open_rate"], fmt(r["client_ms"], "%.3f"),
+            part(r, r["queue_ms"]), part(r, r["compute_ms"]), part(r, r["server_rest_ms"]),
+            part(r, r["outside_server_ms"])))
+    out.append("")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -176,10 +205,15 @@ def main():
             csum, ccount = hist_delta(before, after, compute_name, model)
             # per request: the forward time of the calls the server counted
             compute_ms = 1e3 * csum / scount if scount and ccount else None
+        qsum, qcount = hist_delta(before, after, "ikbo_queue_seconds", model)
+        queue_ms = 1e3 * qsum / scount if scount and qcount else None
         om = oj["measured"]
         client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
         overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
         outside_server = (1 - server_ms / client_ms) if (server_ms is not None and client_ms) else None
+        server_rest_ms = (server_ms - queue_ms - compute_ms
+                          if None not in (server_ms, queue_ms, compute_ms) else None)
+        outside_server_ms = client_ms - server_ms if None not in (client_ms, server_ms) else None
         busiest = None
         tpath = os.path.join(a.dir, tag + ".closed.threads.json")
         if os.path.exists(tpath):
@@ -200,7 +234,8 @@ def main():
                          p50=om["latency_ms"]["p50"], p99=om["latency_ms"]["p99"],
                          p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
                          server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
-                         overhead=overhead, outside_server=outside_server, errors=errors,
+                         overhead=overhead, outside_server=outside_server, queue_ms=queue_ms,
+                         server_rest_ms=server_rest_ms, outside_server_ms=outside_server_ms, errors=errors,
                          unsent=oj.get("unsent", 0), busiest=busiest, floor=floor))
     order = {"ikbo": 0, "broadcast": 1}
     rows.sort(key=lambda r: (order.get(r["mode"], 9), r["users"], r["cands"]))
@@ -239,6 +274,7 @@ def main():
                     i["p99"], b["p99"]))
         out.append("")
     out += floor_table(rows)
+    out += breakdown_table(rows)
     if any(r["busiest"] for r in rows):
         out.append("| mode | users/req | cands/user | threads at saturation (CPU % of one core) |")
         out.append("|---|---:|---:|---|")
@@ -269,6 +305,11 @@ def main():
         if bad_echo:
             notes.append("failed echo calls at: %s (see TAG.echo-*.json)."
                          % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad_echo))
+    notes.append("client latency breakdown (means per request, share of the client's): queue = "
+                 "ikbo_queue_seconds, forward = %s, rest of server = ikbo_request_duration_seconds - "
+                 "queue - forward (decode, validation, plan, response), outside server = client - "
+                 "server (transport, gRPC, client, send lag); the server's means include the "
+                 "warm-up calls, the client's do not." % (compute_name or "n/a"))
     bad = [r for r in rows if r["errors"] or r["unsent"]]
     if bad:
         notes.append("failed or unsent calls at: %s (see the per-run JSON)."
