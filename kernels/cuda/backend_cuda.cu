@@ -1611,6 +1611,8 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
                             act == BK_ACT_RELU)));
         if (cu_check_launch(s, err, "linear bias"))
             return -1;
+    } else if (cu_linear_tk_fits(dt, rows, w, y, ldy)) {
+        return cu_linear_tk(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else if (cu_linear_small_fits(rows, w)) {
         return cu_linear_small(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else {

@@ -5,6 +5,7 @@
  * cuBLASLt; lce.cu: the IKBO linear compression; attention.cu: the IKBO
  * target attention; lce_kern.cuh and att_wg.cuh: the kernel templates that
  * bench/kernels also instantiates; linear_small.cu: linear at a few rows;
+ * linear_tk.cu: linear with short input rows on tensor cores;
  * graph.cu: recording and replaying a batch as a CUDA graph). They share the private structs, the
  * dtype dispatch and the error helpers declared here; the engine only ever
  * sees kernels/backend.h (tests and benches also cuda_paths.h).
@@ -317,12 +318,21 @@ __device__ __forceinline__ float cu_act_f(float x, int act)
 }
 
 /* linear at rows <= CU_SMALL_ROWS as one pass over W (linear_small.cu):
- * cuda_linear takes it where cu_linear_small_fits, cuBLASLt elsewhere.
+ * cuda_linear takes it where cu_linear_small_fits and linear_tk does not
+ * apply, cuBLASLt elsewhere.
  * Arguments as backend.h's linear, already checked. */
 #define CU_SMALL_ROWS 16
 int cu_linear_small_fits(int rows, const bk_weight *w);
 int cu_linear_small(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                     const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+
+/* linear with short input rows (W's ld <= 64) and many outputs on tensor
+ * cores (linear_tk.cu): cuda_linear takes it first where
+ * cu_linear_tk_fits(dtype, rows, W, y, ldy). Arguments as backend.h's
+ * linear, already checked. */
+int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy);
+int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                 const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 
 /* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
 unsigned cu_grid_for(size_t n, unsigned block);

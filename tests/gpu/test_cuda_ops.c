@@ -393,6 +393,27 @@ static void test_mean_pool(int n, int dim, int maxlen)
     free(off);
 }
 
+/* Counts a failure when any column width .. ld - 1 of the GPU output (the
+ * neighbours of an op writing into a wider row, such as a stack part in
+ * place) lost its NaN poison. */
+static void check_pads(const char *what, pair *out, size_t rows, size_t width, size_t ld)
+{
+    bk_err e = {{0}};
+    float *g = xmalloc(out->n * sizeof(float));
+    ok_or_die(gpu->download_f32(gs, g, out->g, out->n, &e), "download_f32", &e);
+    size_t bad = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = width; j < ld; j++)
+            bad += !isnan(g[r * ld + j]);
+    checks++;
+    if (bad) {
+        failures++;
+        printf("FAIL [%s %s] %s: %zu values written past the row width\n", dtype_name,
+               variant_label, what, bad);
+    }
+    free(g);
+}
+
 static void test_linear(int rows, int in, int out, int has_bias, int act, int padx, int pady)
 {
     bk_err ec = {{0}}, eg = {{0}};
@@ -413,6 +434,8 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
     snprintf(what, sizeof what, "linear rows %d in %d out %d bias %d act %d ldx %d ldy %d", rows,
              in, out, has_bias, act, ldx, ldy);
     compare(what, &py, rows, out, ldy);
+    if (pady)
+        check_pads(what, &py, rows, out, ldy);
     pair_free(&px);
     pair_free(&py);
     wpair_free(&pw);
@@ -751,6 +774,19 @@ static void suite_plain(void)
     test_linear(16, 32, 300800, 1, 1, 0, 0); /* the bench model's user MLP at 16 users */
     test_linear(16, 64, 32, 1, 1, 0, 0);     /* few outputs: a block per row */
     test_linear(11, 72, 100, 0, 2, 3, 5);    /* the same, pitched x and y */
+    /* Short input rows, many outputs: linear_tk.cu's tensor-core kernel
+     * (bf16/fp16, W's ld <= 64, outputs in 16-byte chunks, ldy % 8 == 0);
+     * row tiles of 16, 32 and 64, one to four k-steps, strip tails. */
+    test_linear(1120, 16, 8192, 1, 1, 0, 8);   /* the bench model's c_r1 shape, narrower */
+    test_linear(70, 16, 190464, 1, 1, 0, 32768); /* c_r1 at 1 x 70 into E_cand's pitch */
+    test_linear(70, 16, 15872, 1, 1, 3, 0);    /* partial row tile, pitched x */
+    test_linear(1, 32, 4096, 1, 0, 0, 0);
+    test_linear(37, 20, 1000, 1, 2, 1, 24);    /* ld 24: a half k-step; a strip tail */
+    test_linear(33, 48, 264, 0, 4, 0, 0);      /* three k-steps */
+    test_linear(100, 64, 2056, 1, 3, 5, 8);    /* four k-steps */
+    test_linear(16, 64, 512, 1, 1, 0, 0);
+    for (int act = 0; act < BK_ACT_COUNT; act++)
+        test_linear(3 + 7 * act, 16, 256 + 8 * act, act % 2, act, act, 8 * (act % 2));
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);

@@ -1,0 +1,211 @@
+/* linear_tk.cu - linear with short input rows (in <= 64) and many outputs:
+ * y = act(x W^T + b) on tensor cores, bound by the bytes it moves.
+ *
+ * Why this exists: with in <= 64 a linear does almost no arithmetic per
+ * byte. At many rows it is a write of its output (the bench model's
+ * candidate tokens, [1120, 16] x [16, 190464], write 426 MB: floor ~103 us
+ * on the H200, cuBLASLt 156 us); at few rows a read of W (the user MLP,
+ * [16, 32] x [32, 300800], 19 MB: floor ~7 us, linear_small.cu 27 us).
+ * Here a warp owns a strip of 32 output columns and 16 x MI rows, keeps x's
+ * fragments in registers for all its strips, loads each strip's W rows
+ * straight into mma.sync B fragments (8-byte loads, a warp reading one
+ * contiguous span of W), and writes each row's 32 columns as four 16-byte
+ * stores after a transpose inside each lane quad: no shared memory, no
+ * barrier, every byte of y written once in whole sectors.
+ *
+ * The k order inside a 16-deep step is permuted (lane t takes k 4t .. 4t+3
+ * of both x and W, where mma.m16n8k16's layout says 2t, 2t+1, 2t+8, 2t+9):
+ * the same permutation on both operands leaves the product unchanged, and
+ * lets each lane read four consecutive k of a W row in one load.
+ *
+ * Used by cuda_linear (backend_cuda.cu) when cu_linear_tk_fits: bf16/fp16,
+ * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
+ * least TK_MIN_OUT outputs in whole 16-byte chunks, y 16-byte aligned with
+ * ldy a multiple of 8. x may have any stride and alignment (its fragments
+ * are loaded once per warp, element by element). Accumulation is fp32
+ * inside the tensor cores, in their order.
+ */
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/mma_util.cuh"
+
+#define TK_WARPS 4    /* warps per block, each its own strips           */
+#define TK_STRIPS 4   /* strips of 32 columns per warp (x loaded once)  */
+#define TK_MAX_LD 64  /* W's row length at most (4 mma k-steps)         */
+#define TK_MIN_OUT 256
+#define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
+
+int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
+{
+    return dt != CU_F32 && rows >= 1 && rows <= TK_MAX_ROWS && w->ld % 8 == 0 && w->ld <= TK_MAX_LD &&
+           w->rows >= TK_MIN_OUT && w->rows % 8 == 0 && ldy % 8 == 0 &&
+           ((uintptr_t)y & 15) == 0 && ((uintptr_t)w->data & 7) == 0;
+}
+
+/* Element (r, k) of x as the low or high half of a fragment register. */
+template <typename T>
+__device__ __forceinline__ uint32_t x_pair(const T *x, int ldx, int rows, int in, int r, int k)
+{
+    float a = 0.0f, b = 0.0f;
+    if (r < rows) {
+        const T *p = x + (size_t)r * ldx;
+        if (k < in)
+            a = cu_tof<T>(p[k]);
+        if (k + 1 < in)
+            b = cu_tof<T>(p[k + 1]);
+    }
+    return pack2<T>(a, b);
+}
+
+/* Transposes a lane quad's 4 x 4 matrix of 32-bit values: lane t's v[j]
+ * becomes lane j's v[t] (two butterfly stages). */
+__device__ __forceinline__ void quad_transpose(uint32_t v[4], int t)
+{
+#pragma unroll
+    for (int s = 1; s <= 2; s <<= 1) {
+        const bool hi = t & s;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (!(k & s)) {
+                uint32_t send = hi ? v[k] : v[k + s];
+                uint32_t got = __shfl_xor_sync(0xffffffffu, send, s);
+                if (hi)
+                    v[k] = got;
+                else
+                    v[k + s] = got;
+            }
+    }
+}
+
+/* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps. */
+template <typename T, int KS, int MI>
+__global__ void __launch_bounds__(TK_WARPS * 32, 4)
+    k_linear_tk(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
+                int in, int out, const T *__restrict__ bias, int act, T *__restrict__ y, int ldy)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.y * 16 * MI;
+    uint32_t a[MI][KS][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const int k = 16 * ks + 4 * t, r = r0 + 16 * i + g;
+            a[i][ks][0] = x_pair(x, ldx, rows, in, r, k);
+            a[i][ks][1] = x_pair(x, ldx, rows, in, r + 8, k);
+            a[i][ks][2] = x_pair(x, ldx, rows, in, r, k + 2);
+            a[i][ks][3] = x_pair(x, ldx, rows, in, r + 8, k + 2);
+        }
+    const int strips = (out + 31) / 32;
+    for (int sp = 0; sp < TK_STRIPS; sp++) {
+        const int strip = (blockIdx.x * TK_STRIPS + sp) * TK_WARPS + warp;
+        if (strip >= strips)
+            break;
+        const int n0 = strip * 32;
+        /* B fragments of the strip's four n8 blocks: lane (g, t) holds W
+         * row n0 + 8j + g, k 16ks + 4t .. +3. */
+        uint2 b[4][KS];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int n = n0 + 8 * j + g;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const int k = 16 * ks + 4 * t;
+                b[j][ks] = n < out && k < ldw ? __ldg((const uint2 *)(w + (size_t)n * ldw + k))
+                                              : make_uint2(0u, 0u);
+            }
+        }
+        float bv[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int n = n0 + 8 * j + 2 * t;
+            bv[j][0] = bias && n < out ? cu_tof<T>(bias[n]) : 0.0f;
+            bv[j][1] = bias && n + 1 < out ? cu_tof<T>(bias[n + 1]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < MI; i++) {
+            float c[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    c[j][q] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    const uint32_t bb[2] = {b[j][ks].x, b[j][ks].y};
+                    mma16816<T>(c[j], a[i][ks], bb);
+                }
+            }
+            /* Rows g and g + 8: pack (bias, activation), transpose so lane t
+             * holds columns n0 + 8t .. + 7, one 16-byte store per row. */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t v[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float p0 = c[j][2 * h] + bv[j][0], p1 = c[j][2 * h + 1] + bv[j][1];
+                    if (act != BK_ACT_NONE) {
+                        p0 = cu_act_f(p0, act);
+                        p1 = cu_act_f(p1, act);
+                    }
+                    v[j] = pack2<T>(p0, p1);
+                }
+                quad_transpose(v, t);
+                const int r = r0 + 16 * i + g + 8 * h, n = n0 + 8 * t;
+                if (r < rows && n < out)
+                    *(uint4 *)(y + (size_t)r * ldy + n) = make_uint4(v[0], v[1], v[2], v[3]);
+            }
+        }
+    }
+}
+
+template <typename T, int KS, int MI>
+static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                   const bk_weight *bias, enum bk_act act, void *y, int ldy)
+{
+    const int strips = (w->rows + 31) / 32, per_block = TK_WARPS * TK_STRIPS;
+    dim3 grid((unsigned)((strips + per_block - 1) / per_block),
+              (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
+    k_linear_tk<T, KS, MI><<<grid, TK_WARPS * 32, 0, s->st>>>(
+        (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows,
+        bias ? (const T *)bias->data : NULL, (int)act, (T *)y, ldy);
+}
+
+/* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles
+ * would only multiply zeros), else four (x's fragments reused over more
+ * outputs), two at 48 or 64 k (registers). */
+template <typename T, int KS>
+static void launch_ks(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                      const bk_weight *bias, enum bk_act act, void *y, int ldy)
+{
+    constexpr int MI = KS <= 2 ? 4 : 2;
+    if (rows <= 16)
+        launch<T, KS, 1>(s, x, ldx, rows, w, bias, act, y, ldy);
+    else
+        launch<T, KS, MI>(s, x, ldx, rows, w, bias, act, y, ldy);
+}
+
+int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                 const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+{
+    const int ks = (w->ld + 15) / 16;
+    switch (cu_dt(s)) {
+#define TK_CASE(DT, TY)                                                        \
+    case DT:                                                                   \
+        if (ks <= 1)                                                           \
+            launch_ks<TY, 1>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+        else if (ks == 2)                                                      \
+            launch_ks<TY, 2>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+        else if (ks == 3)                                                      \
+            launch_ks<TY, 3>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+        else                                                                   \
+            launch_ks<TY, 4>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+        break;
+        TK_CASE(CU_BF16, __nv_bfloat16)
+        TK_CASE(CU_F16, __half)
+#undef TK_CASE
+    case CU_F32:
+        bk_seterr(err, "linear (short rows): fp32 is not served here");
+        return -1;
+    }
+    return cu_check_launch(s, err, "linear (short rows, tensor cores)");
+}
