@@ -12,8 +12,9 @@
  * weight is timed beside it, the alternative the kernel choice was measured
  * against) and dot_interaction. Small shapes fit in the 60 MiB L2 and are
  * bound by launch latency, so their ratio can fall below 1 or sit far above.
- * Times: the median of 30 runs after 5 warm-ups, CUDA events on the op's
- * stream. A short table is printed last.
+ * Also linear with short input rows (linear_tk.cu) at the bench model's
+ * shapes beside cuBLAS's GemmEx. Times: the median of 30 runs after 5
+ * warm-ups, CUDA events on the op's stream. A short table is printed last.
  *
  *   bench_ops [--dtype bf16|fp16|fp32] [--quick]
  */
@@ -277,6 +278,53 @@ static void bench_users(int U, int quick)
     be->free(be, map, (size_t)C * 4, BK_TAG_INDEX);
 }
 
+/* linear with short input rows (linear_tk.cu) at the bench model's shapes
+ * (16 and 1 users x 70 candidates), beside cuBLAS's GemmEx on the same
+ * problem (no bias or activation: the baseline a user would call). */
+static void bench_linear()
+{
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        exit(2);
+    cublasSetStream(h, bs->st);
+    cublasSetWorkspace(h, bs->ws, bs->ws_size);
+    enum cu_dtype dt = cu_dt(bs);
+    cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    /* rows, in, out, ldy, relu: c_r1 (into E_cand's pitch), the candidate
+     * token linear, the user MLP's second layer. */
+    int shapes[][5] = {{1120, 16, 190464, 223232, 1}, {1120, 16, 15872, 15872, 1},
+                       {16, 32, 300800, 300800, 0},   {70, 16, 190464, 223232, 1},
+                       {70, 16, 15872, 15872, 1},     {1, 32, 300800, 300800, 0}};
+    for (auto &q : shapes) {
+        int rows = q[0], in = q[1], out = q[2], ldy = q[3];
+        bufs b;
+        void *x = b.act((size_t)rows * in), *y = b.act((size_t)rows * ldy);
+        bk_weight *w = weight(out, in, 11), *bias = weight(1, out, 12);
+        double bytes = ((double)rows * in + (double)out * in + out + (double)rows * out) * es;
+        double flops = 2.0 * rows * in * out;
+        char sh[96];
+        snprintf(sh, sizeof sh, "%d x %d > %d%s%s", rows, in, out, ldy != out ? " pitched" : "",
+                 q[4] ? " relu" : "");
+        double us = median_us([&] {
+            BK(be->linear(bs, x, in, rows, w, bias, q[4] ? BK_ACT_RELU : BK_ACT_NONE, y, ldy, &berr));
+        });
+        report("linear", sh, us, bytes, flops);
+        /* y^T (out x rows, col-major, ld ldy) = W (out x in; W's storage is
+         * W^T col-major with ld) x^T. */
+        float one = 1.0f, zero = 0.0f;
+        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+        us = median_us([&] {
+            st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w->data, ty, w->ld,
+                              x, ty, in, &zero, y, ty, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+        if (st == CUBLAS_STATUS_SUCCESS)
+            report("  cublas", sh, us, bytes - (double)out * es, flops);
+        be->weight_free(be, w);
+        be->weight_free(be, bias);
+    }
+    cublasDestroy(h);
+}
+
 int main(int argc, char **argv)
 {
     const char *dtype = "bf16";
@@ -302,6 +350,8 @@ int main(int argc, char **argv)
         return 2;
     ceilings(h);
     cublasDestroy(h);
+    table.push_back("-- linear with short input rows (bench model shapes)");
+    bench_linear();
     for (int U : {16, 1024}) {
         table.push_back("-- " + std::to_string(U) + " users x 70 candidates");
         bench_users(U, quick);

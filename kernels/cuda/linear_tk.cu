@@ -76,14 +76,42 @@ __device__ __forceinline__ void quad_transpose(uint32_t v[4], int t)
     }
 }
 
-/* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps. */
-template <typename T, int KS, int MI>
+/* One strip's operands: B fragments of its four n8 blocks (lane (g, t)
+ * holds W row n0 + 8j + g, k 16ks + 4t .. + 3) and lane t's bias pairs. */
+template <typename T, int KS> struct tk_strip {
+    uint2 b[4][KS];
+    float bias[4][2];
+};
+
+template <typename T, int KS>
+__device__ __forceinline__ void tk_load(tk_strip<T, KS> &o, const T *__restrict__ w, int ldw,
+                                        const T *__restrict__ bias, int out, int n0, int g, int t)
+{
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int n = n0 + 8 * j + g, nb = n0 + 8 * j + 2 * t;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const int k = 16 * ks + 4 * t;
+            o.b[j][ks] = n < out && k < ldw ? __ldg((const uint2 *)(w + (size_t)n * ldw + k))
+                                            : make_uint2(0u, 0u);
+        }
+        o.bias[j][0] = bias && nb < out ? cu_tof<T>(bias[nb]) : 0.0f;
+        o.bias[j][1] = bias && nb + 1 < out ? cu_tof<T>(bias[nb + 1]) : 0.0f;
+    }
+}
+
+/* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps;
+ * RELU fused (other activations run as a pass afterwards: inlining every
+ * activation at each of the unrolled epilogue's sites made the kernel large
+ * enough to thrash the instruction cache, ~13 us per strip measured). */
+template <typename T, int KS, int MI, bool RELU>
 __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     k_linear_tk(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
-                int in, int out, const T *__restrict__ bias, int act, T *__restrict__ y, int ldy)
+                int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.y * 16 * MI;
+    const int r0 = blockIdx.y * 16 * MI, strips = (out + 31) / 32;
     uint32_t a[MI][KS][4];
 #pragma unroll
     for (int i = 0; i < MI; i++)
@@ -95,32 +123,22 @@ __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             a[i][ks][2] = x_pair(x, ldx, rows, in, r, k + 2);
             a[i][ks][3] = x_pair(x, ldx, rows, in, r + 8, k + 2);
         }
-    const int strips = (out + 31) / 32;
+    /* The next strip's W and bias are loaded before this one's MMAs and
+     * stores (at 64 k the registers go to x's fragments instead). */
+    constexpr bool PF = KS <= 2;
+    tk_strip<T, KS> cur, nxt;
+    const int strip0 = blockIdx.x * TK_STRIPS * TK_WARPS + warp;
+    tk_load(cur, w, ldw, bias, out, strip0 * 32, g, t);
+#pragma unroll 1
     for (int sp = 0; sp < TK_STRIPS; sp++) {
-        const int strip = (blockIdx.x * TK_STRIPS + sp) * TK_WARPS + warp;
+        const int strip = strip0 + sp * TK_WARPS;
         if (strip >= strips)
             break;
+        if (!PF && sp > 0)
+            tk_load(cur, w, ldw, bias, out, strip * 32, g, t);
+        if (PF && sp + 1 < TK_STRIPS)
+            tk_load(nxt, w, ldw, bias, out, (strip + TK_WARPS) * 32, g, t);
         const int n0 = strip * 32;
-        /* B fragments of the strip's four n8 blocks: lane (g, t) holds W
-         * row n0 + 8j + g, k 16ks + 4t .. +3. */
-        uint2 b[4][KS];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = n0 + 8 * j + g;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                const int k = 16 * ks + 4 * t;
-                b[j][ks] = n < out && k < ldw ? __ldg((const uint2 *)(w + (size_t)n * ldw + k))
-                                              : make_uint2(0u, 0u);
-            }
-        }
-        float bv[4][2];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int n = n0 + 8 * j + 2 * t;
-            bv[j][0] = bias && n < out ? cu_tof<T>(bias[n]) : 0.0f;
-            bv[j][1] = bias && n + 1 < out ? cu_tof<T>(bias[n + 1]) : 0.0f;
-        }
 #pragma unroll
         for (int i = 0; i < MI; i++) {
             float c[4][4];
@@ -131,21 +149,21 @@ __global__ void __launch_bounds__(TK_WARPS * 32, 4)
                     c[j][q] = 0.0f;
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++) {
-                    const uint32_t bb[2] = {b[j][ks].x, b[j][ks].y};
+                    const uint32_t bb[2] = {cur.b[j][ks].x, cur.b[j][ks].y};
                     mma16816<T>(c[j], a[i][ks], bb);
                 }
             }
-            /* Rows g and g + 8: pack (bias, activation), transpose so lane t
+            /* Rows g and g + 8: bias, activation, pack; transpose so lane t
              * holds columns n0 + 8t .. + 7, one 16-byte store per row. */
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 uint32_t v[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    float p0 = c[j][2 * h] + bv[j][0], p1 = c[j][2 * h + 1] + bv[j][1];
-                    if (act != BK_ACT_NONE) {
-                        p0 = cu_act_f(p0, act);
-                        p1 = cu_act_f(p1, act);
+                    float p0 = c[j][2 * h] + cur.bias[j][0], p1 = c[j][2 * h + 1] + cur.bias[j][1];
+                    if (RELU) {
+                        p0 = fmaxf(p0, 0.0f);
+                        p1 = fmaxf(p1, 0.0f);
                     }
                     v[j] = pack2<T>(p0, p1);
                 }
@@ -155,50 +173,55 @@ __global__ void __launch_bounds__(TK_WARPS * 32, 4)
                     *(uint4 *)(y + (size_t)r * ldy + n) = make_uint4(v[0], v[1], v[2], v[3]);
             }
         }
+        if (PF)
+            cur = nxt;
     }
 }
 
 template <typename T, int KS, int MI>
 static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                   const bk_weight *bias, enum bk_act act, void *y, int ldy)
+                   const bk_weight *bias, bool relu, void *y, int ldy)
 {
     const int strips = (w->rows + 31) / 32, per_block = TK_WARPS * TK_STRIPS;
     dim3 grid((unsigned)((strips + per_block - 1) / per_block),
               (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
-    k_linear_tk<T, KS, MI><<<grid, TK_WARPS * 32, 0, s->st>>>(
-        (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows,
-        bias ? (const T *)bias->data : NULL, (int)act, (T *)y, ldy);
+    const T *b = bias ? (const T *)bias->data : NULL;
+    if (relu)
+        k_linear_tk<T, KS, MI, true><<<grid, TK_WARPS * 32, 0, s->st>>>(
+            (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows, b, (T *)y, ldy);
+    else
+        k_linear_tk<T, KS, MI, false><<<grid, TK_WARPS * 32, 0, s->st>>>(
+            (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows, b, (T *)y, ldy);
 }
 
 /* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles
  * would only multiply zeros), else four (x's fragments reused over more
- * outputs), two at 48 or 64 k (registers). */
+ * outputs) at 16 k, two at 32 to 64 k (registers). */
 template <typename T, int KS>
 static void launch_ks(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                      const bk_weight *bias, enum bk_act act, void *y, int ldy)
+                      const bk_weight *bias, bool relu, void *y, int ldy)
 {
-    constexpr int MI = KS <= 2 ? 4 : 2;
+    constexpr int MI = KS == 1 ? 4 : 2;
     if (rows <= 16)
-        launch<T, KS, 1>(s, x, ldx, rows, w, bias, act, y, ldy);
+        launch<T, KS, 1>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else
-        launch<T, KS, MI>(s, x, ldx, rows, w, bias, act, y, ldy);
+        launch<T, KS, MI>(s, x, ldx, rows, w, bias, relu, y, ldy);
 }
 
 int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                  const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
     const int ks = (w->ld + 15) / 16;
+    const bool relu = act == BK_ACT_RELU;
     switch (cu_dt(s)) {
 #define TK_CASE(DT, TY)                                                        \
     case DT:                                                                   \
         if (ks <= 1)                                                           \
-            launch_ks<TY, 1>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+            launch_ks<TY, 1>(s, x, ldx, rows, w, bias, relu, y, ldy);          \
         else if (ks == 2)                                                      \
-            launch_ks<TY, 2>(s, x, ldx, rows, w, bias, act, y, ldy);           \
-        else if (ks == 3)                                                      \
-            launch_ks<TY, 3>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+            launch_ks<TY, 2>(s, x, ldx, rows, w, bias, relu, y, ldy);          \
         else                                                                   \
-            launch_ks<TY, 4>(s, x, ldx, rows, w, bias, act, y, ldy);           \
+            launch_ks<TY, 4>(s, x, ldx, rows, w, bias, relu, y, ldy);          \
         break;
         TK_CASE(CU_BF16, __nv_bfloat16)
         TK_CASE(CU_F16, __half)
@@ -207,5 +230,7 @@ int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight
         bk_seterr(err, "linear (short rows): fp32 is not served here");
         return -1;
     }
-    return cu_check_launch(s, err, "linear (short rows, tensor cores)");
+    if (cu_check_launch(s, err, "linear (short rows, tensor cores)"))
+        return -1;
+    return act == BK_ACT_NONE || relu ? 0 : cu_act_rows(s, y, ldy, rows, w->rows, act, err);
 }
