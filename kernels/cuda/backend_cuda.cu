@@ -1286,26 +1286,28 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
 }
 
 /* Row copy in 16-byte units (rows, pitches and pointers 16-byte aligned):
- * a block per row (grid-stride), each thread moving 4 units with its loads
- * issued before its stores, so a warp keeps 2 KiB in flight and no thread
- * divides. cudaMemcpy2DAsync moved the bench model's stack copies (1120 rows
- * x 32 KiB) at 1.5 TB/s on the H200. */
+ * a block per (row, chunk of 4 x blockDim units), each thread moving 4 units
+ * with its loads issued before its stores, so a warp keeps 2 KiB in flight.
+ * cudaMemcpy2DAsync moved the bench model's stack copies (1120 rows x 32
+ * KiB) at 1.5 TB/s on the H200. Chunks rather than whole rows per block: with
+ * a block per row, 1120 rows on 1056 resident blocks left a second round of
+ * 64 rows on a nearly idle GPU. */
 __global__ void k_copy_rows16(const uint4 *__restrict__ src, size_t lds,
                               const int32_t *__restrict__ map, uint4 *__restrict__ dst,
-                              size_t ldd, int rows, int w)
+                              size_t ldd, int rows, int w, int chunks)
 {
-    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const long units = (long)rows * chunks;
+    for (long u = blockIdx.x; u < units; u += gridDim.x) {
+        const int r = (int)(u / chunks), j = (int)(u - (long)r * chunks) * 4 * blockDim.x + threadIdx.x;
         const uint4 *sr = src + (size_t)(map ? map[r] : r) * lds;
         uint4 *dr = dst + (size_t)r * ldd;
-        for (int j = threadIdx.x; j < w; j += 4 * blockDim.x) {
-            uint4 v[4];
+        uint4 v[4];
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (j + k * (int)blockDim.x < w) v[k] = __ldcs(sr + j + k * blockDim.x);
+        for (int k = 0; k < 4; k++)
+            if (j + k * (int)blockDim.x < w) v[k] = __ldcs(sr + j + k * blockDim.x);
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (j + k * (int)blockDim.x < w) dr[j + k * blockDim.x] = v[k];
-        }
+        for (int k = 0; k < 4; k++)
+            if (j + k * (int)blockDim.x < w) dr[j + k * blockDim.x] = v[k];
     }
 }
 
@@ -1337,8 +1339,11 @@ static int cuda_copy_rows(bk_stream *s, const void *src, int lds, const int32_t 
            db = (size_t)ldd * es;
     int cap = cu_impl(s->be)->sm_count * 8;
     if (((uintptr_t)src | (uintptr_t)dst | wb | sb | db) % 16 == 0) {
-        k_copy_rows16<<<n < cap ? n : cap, 256, 0, s->st>>>(
-            (const uint4 *)src, sb / 16, map, (uint4 *)dst, db / 16, n, (int)(wb / 16));
+        const int chunks = (int)((wb / 16 + 1023) / 1024); /* 4 units x 256 threads */
+        const long units = (long)n * chunks, g = units < 64L * cap ? units : 64L * cap;
+        k_copy_rows16<<<(unsigned)g, 256, 0, s->st>>>((const uint4 *)src, sb / 16, map,
+                                                     (uint4 *)dst, db / 16, n, (int)(wb / 16),
+                                                     chunks);
         return cu_check_launch(s, err, "copy_rows");
     }
     if (map) {
