@@ -23,7 +23,8 @@
 #            each op's GPU time and the final download, per batch shape
 #   ops      test_cuda_ops (every op, GPU vs CPU) at fp32, bf16 and fp16, the
 #            ranking ops under compute-sanitizer memcheck, and bench_ops (the
-#            ranking ops against their floors, bf16), from build/gpu
+#            ranking ops and the short-row linears against their floors and
+#            cuBLAS, bf16), from build/gpu
 #   zoo      the ranking reference models (carry build/gpu): test_cuda_model on
 #            models/{dlrm,dcn,mmoe}/1 and the random family models at fp32,
 #            bf16 and fp16, then the three under compute-sanitizer memcheck
