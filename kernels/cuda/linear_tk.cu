@@ -2,10 +2,11 @@
  * y = act(x W^T + b) on tensor cores, bound by the bytes it moves.
  *
  * Why this exists: with in <= 64 a linear does almost no arithmetic per
- * byte. At many rows it is a write of its output (the bench model's
- * candidate tokens, [1120, 16] x [16, 190464], write 426 MB: floor ~103 us
- * on the H200, cuBLASLt 156 us); at few rows a read of W (the user MLP,
- * [16, 32] x [32, 300800], 19 MB: floor ~7 us, linear_small.cu 27 us).
+ * byte: at few rows it is a read of W, at many a write of its output. On the
+ * H200 (bench/RESULTS.md) the bench model's user MLP, [16, 32] x [32,
+ * 300800] (19 MB of W, floor ~7 us), took 27 us in linear_small.cu and
+ * 19.6 us in cuBLAS; here 13-14 us. Its candidate token linear, [1120, 16]
+ * x [16, 15872], 21 us against cuBLAS's 24.
  * Here a warp owns a strip of 32 output columns and 16 x MI rows, keeps x's
  * fragments in registers for all its strips, loads each strip's W rows
  * straight into mma.sync B fragments (8-byte loads, a warp reading one
@@ -20,6 +21,8 @@
  *
  * Used by cuda_linear (backend_cuda.cu) when cu_linear_tk_fits: bf16/fp16,
  * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
+ * most 16 rows or TK_MAX_OUTPUTS outputs in all (the largest writes go to
+ * cuBLASLt, measured faster), at
  * least TK_MIN_OUT outputs in whole 16-byte chunks, y 16-byte aligned with
  * ldy a multiple of 8. x may have any stride and alignment (its fragments
  * are loaded once per warp, element by element). Accumulation is fp32
@@ -33,10 +36,17 @@
 #define TK_MAX_LD 64  /* W's row length at most (4 mma k-steps)         */
 #define TK_MIN_OUT 256
 #define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
+/* Beyond 16 rows, at most this many outputs: the H200 measured (bench_ops,
+ * bench/RESULTS.md) 1120 x [16 -> 15872] 21.1 us against cuBLAS's 24.1 and
+ * 70 x [16 -> 190464] 22.3 against 23.6, but 1120 x [16 -> 190464] 170 us
+ * against 157: there the output's 426 MB are written at 2.5 TB/s, cuBLAS's
+ * wider row segments at 2.8. */
+#define TK_MAX_OUTPUTS (1L << 25)
 
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
 {
-    return dt != CU_F32 && rows >= 1 && rows <= TK_MAX_ROWS && w->ld % 8 == 0 && w->ld <= TK_MAX_LD &&
+    return dt != CU_F32 && rows >= 1 && rows <= TK_MAX_ROWS &&
+           (rows <= 16 || (long)rows * w->rows <= TK_MAX_OUTPUTS) && w->ld % 8 == 0 && w->ld <= TK_MAX_LD &&
            w->rows >= TK_MIN_OUT && w->rows % 8 == 0 && ldy % 8 == 0 &&
            ((uintptr_t)y & 15) == 0 && ((uintptr_t)w->data & 7) == 0;
 }
@@ -102,9 +112,11 @@ __device__ __forceinline__ void tk_load(tk_strip<T, KS> &o, const T *__restrict_
 }
 
 /* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps;
- * RELU fused (other activations run as a pass afterwards: inlining every
- * activation at each of the unrolled epilogue's sites made the kernel large
- * enough to thrash the instruction cache, ~13 us per strip measured). */
+ * RELU fused, other activations run as a pass afterwards. (The first
+ * version inlined every activation at each site of a fully unrolled strip
+ * loop, ~12k PTX lines a kernel, and took ~13 us per strip: c_r1 467 us.
+ * With ReLU alone and the loop rolled, 159 us; the instruction cache was
+ * the suspect, not profiled.) */
 template <typename T, int KS, int MI, bool RELU>
 __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     k_linear_tk(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
