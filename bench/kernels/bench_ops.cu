@@ -154,6 +154,20 @@ static int32_t *user_map(int U, int C)
     return d;
 }
 
+/* A cuBLAS handle on the op's stream and workspace; *ty = the activation
+ * dtype's cuBLAS type. The caller destroys it. */
+static cublasHandle_t blas_on_stream(cudaDataType_t *ty)
+{
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        exit(2);
+    cublasSetStream(h, bs->st);
+    cublasSetWorkspace(h, bs->ws, bs->ws_size);
+    enum cu_dtype dt = cu_dt(bs);
+    *ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    return h;
+}
+
 static void bench_users(int U, int quick)
 {
     const int C = 70 * U;
@@ -213,13 +227,8 @@ static void bench_users(int U, int quick)
             report("mixture", sh, us, ((double)C * F * (E + 1) + (double)C * E) * es, 0);
         }
     /* token_linear: ours (lce's kernels) and cuBLAS strided-batched, weight stride 0. */
-    cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-        exit(2);
-    cublasSetStream(h, bs->st);
-    cublasSetWorkspace(h, bs->ws, bs->ws_size);
-    enum cu_dtype dt = cu_dt(bs);
-    cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cudaDataType_t ty;
+    cublasHandle_t h = blas_on_stream(&ty);
     int shapes[][3] = {{16, 16, 64}, {32, 32, 128}, {16, 8, 128}, {32, 64, 64}};
     for (auto &s3 : shapes) {
         int k = s3[0], m = s3[1], d = s3[2];
@@ -283,13 +292,8 @@ static void bench_users(int U, int quick)
  * problem (no bias or activation: the baseline a user would call). */
 static void bench_linear()
 {
-    cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-        exit(2);
-    cublasSetStream(h, bs->st);
-    cublasSetWorkspace(h, bs->ws, bs->ws_size);
-    enum cu_dtype dt = cu_dt(bs);
-    cudaDataType_t ty = dt == CU_F32 ? CUDA_R_32F : dt == CU_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    cudaDataType_t ty;
+    cublasHandle_t h = blas_on_stream(&ty);
     /* rows, in, out, ldy, relu: c_r1 (into E_cand's pitch), the candidate
      * token linear, the user MLP's second layer. */
     int shapes[][5] = {{1120, 16, 190464, 223232, 1}, {1120, 16, 15872, 15872, 1},
