@@ -22,9 +22,8 @@
  * Used by cuda_linear (backend_cuda.cu) when cu_linear_tk_fits: bf16/fp16,
  * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
  * most 16 rows or TK_MAX_OUTPUTS outputs in all (the largest writes go to
- * cuBLASLt, measured faster), at
- * least TK_MIN_OUT outputs in whole 16-byte chunks, y 16-byte aligned with
- * ldy a multiple of 8. x may have any stride and alignment (its fragments
+ * cuBLASLt, measured faster), at least TK_MIN_OUT outputs in whole 16-byte
+ * chunks, y 16-byte aligned with ldy a multiple of 8. x may have any stride and alignment (its fragments
  * are loaded once per warp, element by element). Accumulation is fp32
  * inside the tensor cores, in their order.
  */
@@ -46,8 +45,8 @@
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
 {
     return dt != CU_F32 && rows >= 1 && rows <= TK_MAX_ROWS &&
-           (rows <= 16 || (long)rows * w->rows <= TK_MAX_OUTPUTS) && w->ld % 8 == 0 && w->ld <= TK_MAX_LD &&
-           w->rows >= TK_MIN_OUT && w->rows % 8 == 0 && ldy % 8 == 0 &&
+           (rows <= 16 || (long)rows * w->rows <= TK_MAX_OUTPUTS) && w->ld % 8 == 0 &&
+           w->ld <= TK_MAX_LD && w->rows >= TK_MIN_OUT && w->rows % 8 == 0 && ldy % 8 == 0 &&
            ((uintptr_t)y & 15) == 0 && ((uintptr_t)w->data & 7) == 0;
 }
 
