@@ -21,8 +21,8 @@
  *
  * Used by cuda_linear (backend_cuda.cu) when cu_linear_tk_fits: bf16/fp16,
  * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
- * most 16 rows or TK_MAX_OUTPUTS outputs in all (the largest writes go to
- * cuBLASLt, measured faster), at least TK_MIN_OUT outputs in whole 16-byte
+ * most 16 rows or TK_MAX_OUTPUTS outputs in all (the largest writes stay
+ * on cuBLASLt: no faster here), at least TK_MIN_OUT outputs in whole 16-byte
  * chunks, y 16-byte aligned with ldy a multiple of 8. x may have any stride and alignment (its fragments
  * are loaded once per warp, element by element). Accumulation is fp32
  * inside the tensor cores, in their order.
@@ -36,10 +36,11 @@
 #define TK_MIN_OUT 256
 #define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
 /* Beyond 16 rows, at most this many outputs: the H200 measured (bench_ops,
- * bench/RESULTS.md) 1120 x [16 -> 15872] 21.1 us against cuBLAS's 24.1 and
- * 70 x [16 -> 190464] 22.3 against 23.6, but 1120 x [16 -> 190464] 170 us
- * against 157: there the output's 426 MB are written at 2.5 TB/s, cuBLAS's
- * wider row segments at 2.8. */
+ * bench/RESULTS.md) 1120 x [16 -> 15872] 18.6-21.1 us against cuBLAS's 24
+ * and 70 x [16 -> 190464] 22.3-22.9 against 23.6-28.5, but at 1120 x [16 ->
+ * 190464] (426 MB written at 2.5 TB/s) no gain: 170 us against cuBLASLt's
+ * 172 with the same bias and ReLU (cuBLAS without them: 156), 159 against
+ * 156-157 in the model. There the incumbent stays. */
 #define TK_MAX_OUTPUTS (1L << 25)
 
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
