@@ -1298,7 +1298,8 @@ __global__ void k_copy_rows16(const uint4 *__restrict__ src, size_t lds,
 {
     const long units = (long)rows * chunks;
     for (long u = blockIdx.x; u < units; u += gridDim.x) {
-        const int r = (int)(u / chunks), j = (int)(u - (long)r * chunks) * 4 * blockDim.x + threadIdx.x;
+        const int r = (int)(u / chunks);
+        const int j = (int)(u - (long)r * chunks) * 4 * (int)blockDim.x + (int)threadIdx.x;
         const uint4 *sr = src + (size_t)(map ? map[r] : r) * lds;
         uint4 *dr = dst + (size_t)r * ldd;
         uint4 v[4];

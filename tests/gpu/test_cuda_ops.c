@@ -797,6 +797,8 @@ static void suite_plain(void)
     test_copy_rows(37, 64, 72, 200, 0);       /* 16-byte path (bf16/fp16), pitched */
     test_copy_rows(1120, 2048, 2048, 6144, 0); /* a bench-model stack copy */
     test_copy_rows(9, 3000, 3000, 3000, 0);   /* rows wider than one pass of a block */
+    test_copy_rows(300, 16384, 16384, 49152, 0); /* E_cand's 32 KiB parts: chunks of 16 KiB */
+    test_copy_rows(200, 9000, 9000, 9008, 16);   /* mapped, a partial second chunk */
     test_copy_rows(70, 17, 20, 61, 3);        /* an auto-planned stack's user part, per element */
     test_copy_rows(1120, 64, 64, 640, 16);    /* the same, 16-byte path */
     int cnt[] = {3, 0, 1, 5}, lens[] = {4, 2, 0, 7};
