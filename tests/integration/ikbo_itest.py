@@ -29,6 +29,8 @@ import urllib.request
 import grpc
 from google.protobuf import json_format
 
+from itest_run import check, check_eq, run_tests, summary  # noqa: F401 (re-exported)
+
 ROOT = os.path.abspath(os.environ.get("IKBO_ROOT") or
                        os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.path.abspath(os.environ.get("IKBO_BUILD") or os.path.join(ROOT, "build"))
@@ -309,30 +311,11 @@ def metric(m, name, **labels):
 
 # ---------------------------------------------------------------- runner
 
-def check(cond, msg="check failed"):
-    if not cond:
-        raise AssertionError(msg)
-
-
-def check_eq(got, want, what=""):
-    if got != want:
-        raise AssertionError("%s: got %r, want %r" % (what, got, want))
-
-
 def run(tests, daemon=None, repo=None):
     """Runs test functions in order, one line each; then stops the daemon
     (its exit status must be 0) and removes the temp repository. Exits 1 on
     any failure."""
-    failed = 0
-    t_all = time.time()
-    for t in tests:
-        t0 = time.time()
-        try:
-            t()
-            print("PASS %-40s %.2fs" % (t.__name__, time.time() - t0), flush=True)
-        except Exception:
-            failed += 1
-            print("FAIL %s\n%s" % (t.__name__, traceback.format_exc()), flush=True)
+    failed, t_all = run_tests(tests)
     if daemon is not None:
         try:
             rc = daemon.stop()
@@ -347,5 +330,4 @@ def run(tests, daemon=None, repo=None):
         daemon.close()
     if repo:
         shutil.rmtree(repo, ignore_errors=True)
-    print("%d/%d passed in %.1fs" % (len(tests) - failed, len(tests), time.time() - t_all))
-    sys.exit(1 if failed else 0)
+    sys.exit(summary(len(tests), failed, t_all))
