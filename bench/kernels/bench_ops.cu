@@ -106,6 +106,12 @@ static void ceilings(cublasHandle_t h)
     CK(cudaMemsetAsync(a, 1, bytes, bs->st));
     double us = median_us([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, bs->st)); });
     g_bw = 2.0 * bytes / (us * 1e-6);
+    /* Writes alone (a 1 GiB memset): reported beside the floors' copy rate,
+     * which counts a copy's read and write (bench/kernels/NOTES.md: no
+     * write-bound op here has written faster than 2.8 TB/s). Not used in
+     * the floors. */
+    us = median_us([&] { CK(cudaMemsetAsync(b, 0, bytes, bs->st)); });
+    double write_bw = bytes / (us * 1e-6);
     CK(cudaFree(a));
     CK(cudaFree(b));
     const int N = 8192;
@@ -123,8 +129,11 @@ static void ceilings(cublasHandle_t h)
     for (void *p : {A, B, C})
         be->free(be, p, (size_t)N * N * es + 16, BK_TAG_CAND);
     char line[200];
-    snprintf(line, sizeof line, "ceilings (%s): copy %.2f TB/s (read + write), GEMM 8192^3 %.1f TFLOP/s",
-             dt == CU_F32 ? "fp32" : dt == CU_BF16 ? "bf16" : "fp16", g_bw / 1e12, g_rate / 1e12);
+    snprintf(line, sizeof line,
+             "ceilings (%s): copy %.2f TB/s (read + write), GEMM 8192^3 %.1f TFLOP/s; "
+             "memset (writes alone) %.2f TB/s, not used in the floors",
+             dt == CU_F32 ? "fp32" : dt == CU_BF16 ? "bf16" : "fp16", g_bw / 1e12, g_rate / 1e12,
+             write_bw / 1e12);
     printf("%s\n", line);
     table.push_back(line);
 }
