@@ -141,8 +141,9 @@ typedef struct rq_plan {
 } rq_plan;
 
 typedef struct rq_plan_opts {
-    /* Test hook: when nonzero, every content hash is the same value, so the
-     * full-compare path for hash collisions is exercised. */
+    /* Test hook, rs_table_new's collide_hashes: 1 makes every content hash
+     * the same value (the full-compare path for collisions), 2 only the
+     * short hash (the full-hash chains). */
     int collide_hashes;
 } rq_plan_opts;
 

@@ -67,8 +67,9 @@ static inline void rs_dims_of(rs_dims *d, const ikbo_model_info *mi)
  * bags in order, history ids, actions with absent == zeros) get one id. */
 typedef struct rs_table rs_table;
 
-/* A table for at most max_rows distinct rows. collide_hashes != 0 gives every
- * row the same hash (a test hook for the full-compare path). NULL on OOM. */
+/* A table for at most max_rows distinct rows. collide_hashes, a test hook:
+ * 1 gives every row the same short and full hash (the full-compare path), 2
+ * the same short hash only (the full-hash chains, rowset.c). NULL on OOM. */
 rs_table *rs_table_new(size_t max_rows, const rs_dims *d, int collide_hashes);
 /* The id (0, 1, ... in order of first add) of the row equal to *r, adding a
  * copy of *r (pointers only) when none is. -1 past max_rows. */

@@ -507,6 +507,11 @@ static void dedup_cases(int collide)
                              "{\"key\":\"a\"," UD("1,2,3") ",\"sparse\":[{\"name\":\"country\",\"ids\":[1]}]}]", 2, collide), 2);
     assert_int_equal(rows_of("[{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,2]},"
                              "{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,3]}]", 2, collide), 2);
+    /* only a middle history id differs (the short hash cannot tell) */
+    assert_int_equal(rows_of("[{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,5,2]},"
+                             "{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,6,2]},"
+                             "{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,6,2]},"
+                             "{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,5,2]}]", 4, collide), 2);
     assert_int_equal(rows_of("[{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,2]},"
                              "{\"key\":\"a\"," UD("1,2,3") ",\"historyIds\":[1,2],\"historyActions\":[0,1]}]", 2, collide), 2);
     /* absent actions == all-zero actions */
@@ -541,6 +546,7 @@ static void test_dedup_hash_collisions(void **s)
 {
     (void)s;
     dedup_cases(1);
+    dedup_cases(2);
 }
 
 static void test_grouping(void **s)

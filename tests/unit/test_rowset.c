@@ -63,8 +63,8 @@ static void random_user(user *u)
         u->nbag[f] = rnd() % 4 == 0;
         u->bag[f][0] = rnd() % 2;
     }
-    u->nhist = 2;
-    u->hist[1] = rnd() % 4 == 0;
+    u->nhist = 2 + rnd() % 3;
+    u->hist[1] = rnd() % 4 == 0; /* the middle one when nhist == 3 or 4 */
     u->act[rnd() % 2] = rnd() % 2;
     u->nact = rnd() % 2 ? u->nhist : 0;
 }
@@ -99,7 +99,7 @@ static void test_table_against_loops(void **s)
     static pool p;
     const rs_dims d = {UD, CD, NUS, NCS};
     for (int it = 0; it < 300; it++) {
-        int n = 1 + (int)(rnd() % MAXN), collide = it % 2;
+        int n = 1 + (int)(rnd() % MAXN), collide = it % 3;
         user u[MAXN];
         rs_row rows[MAXN];
         rs_span bags[MAXN][NUS];
@@ -138,6 +138,33 @@ static void test_table_against_loops(void **s)
     assert_int_equal(rs_table_add(t, &rb), -1);
     assert_int_equal(rs_table_add(t, &ra), 0);
     rs_table_free(t);
+}
+
+/* Many users alike in everything the short hash reads (key, dense, bags,
+ * history length and ends), apart only in a middle history id: each
+ * distinct one gets its own id, every repeat finds it, in either
+ * collide mode that leaves full hashes real. */
+static void test_table_short_hash_alike(void **s)
+{
+    (void)s;
+    enum { N = 3000, DISTINCT = 700, H = 64 };
+    const rs_dims d = {UD, CD, NUS, NCS};
+    static int64_t hist[N][H];
+    static rs_row rows[N];
+    static const rs_span bags[NUS];
+    static const float dense[UD] = {1, 2, 3};
+    for (int collide = 0; collide <= 2; collide += 2) {
+        rs_table *t = rs_table_new(N, &d, collide);
+        assert_non_null(t);
+        for (int i = 0; i < N; i++) {
+            for (int k = 0; k < H; k++) hist[i][k] = k;
+            hist[i][H / 2] = 1000 + 3 * (i % DISTINCT);
+            rows[i] = (rs_row){.key = "u", .dense = dense, .bags = bags, .hist = {hist[i], H}};
+            assert_int_equal(rs_table_add(t, &rows[i]), i % DISTINCT);
+        }
+        assert_int_equal(rs_table_count(t), DISTINCT);
+        rs_table_free(t);
+    }
 }
 
 static void test_group_stable(void **s)
@@ -241,6 +268,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_against_loops),
+        cmocka_unit_test(test_table_short_hash_alike),
         cmocka_unit_test(test_group_stable),
         cmocka_unit_test(test_assemble_and_read_back),
     };
