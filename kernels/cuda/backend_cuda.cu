@@ -1126,32 +1126,38 @@ static int cuda_embedding_bag(bk_stream *s, const bk_weight *table, const int64_
     return n <= 0 ? 0 : cuda_embedding_bags(s, &b, 1, err);
 }
 
+/* One history_embedding launch's arguments, shared by its two kernels:
+ * out[ev] = table[ids[ev]] + action[actions[ev]] + position[p] for event
+ * ev, the p-th of its user (offsets off). */
+template <typename T> struct hist_args {
+    const T *table, *action, *position;
+    int rows, tld, ald, pld, dim;
+    const int64_t *ids, *off;
+    const int32_t *actions;
+    T *out;
+};
+
 /* Scalar path (history_vec_ok false: a width not whole 16-byte chunks, or
  * an unaligned table or output).
  * Blocks (user, slice): the gridDim.y slices of one user split its (event,
  * column) pairs, so a few users with long histories still fill the GPU (one
  * block per user left a single user's 1024 x 256 lookups on one SM). */
-template <typename T>
-__global__ void k_history_embedding(const T *__restrict__ table, int rows, int tld,
-                                    const T *__restrict__ action, int ald,
-                                    const T *__restrict__ position, int pld,
-                                    const int64_t *__restrict__ ids,
-                                    const int32_t *__restrict__ actions,
-                                    const int64_t *__restrict__ off, int dim, T *__restrict__ out)
+template <typename T> __global__ void k_history_embedding(const __grid_constant__ hist_args<T> h)
 {
     int u = blockIdx.x;
-    int64_t s = off[u], e = off[u + 1];
+    const int dim = h.dim;
+    int64_t s = h.off[u], e = h.off[u + 1];
     int64_t total = (e - s) * dim;
     for (int64_t t = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; t < total;
          t += (int64_t)gridDim.y * blockDim.x) {
         int64_t p = t / dim;
         int j = (int)(t - p * dim);
         int64_t ev = s + p;
-        int a = actions ? actions[ev] : 0;
-        float v = cu_tof<T>(table[wrap_row(ids[ev], rows) * tld + j]);
-        v += cu_tof<T>(action[(int64_t)a * ald + j]);
-        v += cu_tof<T>(position[p * pld + j]);
-        out[ev * dim + j] = cu_fromf<T>(v);
+        int a = h.actions ? h.actions[ev] : 0;
+        float v = cu_tof<T>(h.table[wrap_row(h.ids[ev], h.rows) * h.tld + j]);
+        v += cu_tof<T>(h.action[(int64_t)a * h.ald + j]);
+        v += cu_tof<T>(h.position[p * h.pld + j]);
+        h.out[ev * dim + j] = cu_fromf<T>(v);
     }
 }
 
@@ -1170,35 +1176,29 @@ static unsigned slices_for(bk_stream *s, int n)
  * the event's id and action once, then the table, action and position
  * chunks as three independent 16-byte loads, and writes
  * (table + action) + position in fp32, rounded once. */
-template <typename T>
-__global__ void k_history_embedding_vec(const T *__restrict__ table, int rows, int tld,
-                                        const T *__restrict__ action, int ald,
-                                        const T *__restrict__ position, int pld,
-                                        const int64_t *__restrict__ ids,
-                                        const int32_t *__restrict__ actions,
-                                        const int64_t *__restrict__ off, int dim,
-                                        T *__restrict__ out)
+template <typename T> __global__ void k_history_embedding_vec(const __grid_constant__ hist_args<T> h)
 {
     constexpr int V = cu_vec<T>::V;
+    const int dim = h.dim;
     const vec_lane l = vec_lane_of(dim / V);
     if (l.row >= l.per)
         return;
-    const int64_t s = off[blockIdx.x], len = off[blockIdx.x + 1] - s;
+    const int64_t s = h.off[blockIdx.x], len = h.off[blockIdx.x + 1] - s;
     for (int64_t p = (int64_t)blockIdx.y * l.per + l.row; p < len;
          p += (int64_t)gridDim.y * l.per) {
-        const int64_t ev = s + p, r = wrap_row(ids[ev], rows);
-        const int64_t a = actions ? actions[ev] : 0;
+        const int64_t ev = s + p, r = wrap_row(h.ids[ev], h.rows);
+        const int64_t a = h.actions ? h.actions[ev] : 0;
         for (int j = l.chunk * V; j < dim; j += (int)blockDim.x * V) {
             float v[V], av[V], pv[V];
-            cu_vec<T>::load(table + r * tld + j, v);
-            cu_vec<T>::load(action + a * ald + j, av);
-            cu_vec<T>::load(position + p * pld + j, pv);
+            cu_vec<T>::load(h.table + r * h.tld + j, v);
+            cu_vec<T>::load(h.action + a * h.ald + j, av);
+            cu_vec<T>::load(h.position + p * h.pld + j, pv);
 #pragma unroll
             for (int q = 0; q < V; q++) {
                 v[q] += av[q];
                 v[q] += pv[q];
             }
-            vec_store(out + ev * dim + j, v);
+            vec_store(h.out + ev * dim + j, v);
         }
     }
 }
@@ -1243,11 +1243,11 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
     dim3 grid((unsigned)n, slices_for(s, n));
     bool vec = history_vec_ok(table, action, position, out, s->be->act_size);
     CU_DISPATCH(cu_dt(s), {
+        hist_args<T> h = {(const T *)table->data, (const T *)action->data,
+                          (const T *)position->data, table->rows, table->ld, action->ld,
+                          position->ld, table->cols, ids, offsets, actions, (T *)out};
         auto k = vec ? k_history_embedding_vec<T> : k_history_embedding<T>;
-        k<<<grid, 256, 0, s->st>>>((const T *)table->data, table->rows, table->ld,
-                                   (const T *)action->data, action->ld,
-                                   (const T *)position->data, position->ld, ids, actions, offsets,
-                                   table->cols, (T *)out);
+        k<<<grid, 256, 0, s->st>>>(h);
     });
     return cu_check_launch(s, err, "history_embedding");
 }
