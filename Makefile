@@ -32,7 +32,7 @@ CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # GPU checks and the kernel benchmark: built (not run) wherever nvcc is, run
 # on a GPU machine by bench/kernels/run.sh.
 GPU_BINS  := $(BUILD)/gpu/test_cuda_ops $(BUILD)/gpu/test_cuda_model $(BUILD)/gpu/bench_kernels \
-             $(BUILD)/gpu/bench_ops
+             $(BUILD)/gpu/bench_ops $(BUILD)/gpu/write_patterns
 endif
 
 # Debian packages: what building needs, and what the tests need on top.
@@ -238,6 +238,12 @@ $(BUILD)/gpu/bench_kernels: bench/kernels/bench_kernels.cu $(BENCH_VARIANTS) $(L
 	    -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublasLt -lcublas
 
 $(BUILD)/gpu/bench_ops: bench/kernels/bench_ops.cu $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
+	    -lcublasLt -lcublas
+
+# Store patterns of a large pitched write, without arithmetic (linear_tk's question).
+$(BUILD)/gpu/write_patterns: bench/kernels/write_patterns.cu kernels/cuda/linear_tk.cu $(LIBIKBO)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
 	    -lcublasLt -lcublas

@@ -116,9 +116,10 @@ __device__ __forceinline__ void tk_load(tk_strip<T, KS> &o, const T *__restrict_
  * version inlined every activation at each site of a fully unrolled strip
  * loop, ~12k PTX lines a kernel, and took ~13 us per strip: c_r1 467 us.
  * With ReLU alone and the loop rolled, 159 us; the instruction cache was
- * the suspect, not profiled.) */
-template <typename T, int KS, int MI, bool RELU>
-__global__ void __launch_bounds__(TK_WARPS * 32, 4)
+ * the suspect, not profiled.) MINB (blocks an SM, so registers) and STRIPS
+ * default to production's; bench/kernels/write_patterns.cu times others. */
+template <typename T, int KS, int MI, bool RELU, int MINB = 4, int STRIPS = TK_STRIPS>
+__global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     k_linear_tk(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
                 int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy)
 {
@@ -139,16 +140,16 @@ __global__ void __launch_bounds__(TK_WARPS * 32, 4)
      * stores (at 64 k the registers go to x's fragments instead). */
     constexpr bool PF = KS <= 2;
     tk_strip<T, KS> cur, nxt;
-    const int strip0 = blockIdx.x * TK_STRIPS * TK_WARPS + warp;
+    const int strip0 = blockIdx.x * STRIPS * TK_WARPS + warp;
     tk_load(cur, w, ldw, bias, out, strip0 * 32, g, t);
 #pragma unroll 1
-    for (int sp = 0; sp < TK_STRIPS; sp++) {
+    for (int sp = 0; sp < STRIPS; sp++) {
         const int strip = strip0 + sp * TK_WARPS;
         if (strip >= strips)
             break;
         if (!PF && sp > 0)
             tk_load(cur, w, ldw, bias, out, strip * 32, g, t);
-        if (PF && sp + 1 < TK_STRIPS)
+        if (PF && sp + 1 < STRIPS)
             tk_load(nxt, w, ldw, bias, out, (strip + TK_WARPS) * 32, g, t);
         const int n0 = strip * 32;
 #pragma unroll
