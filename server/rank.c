@@ -22,7 +22,7 @@ typedef struct rank_job {
     int batches;
 } rank_job;
 
-/* Metrics, log line, callback, cleanup. */
+/* Metrics, log line, callback, cleanup (the line written after the callback). */
 static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
 {
     metrics_server *mx = j->env->metrics;
@@ -60,10 +60,13 @@ static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
         if (j->batches > 1) log_int(&ln, "batches", j->batches);
     }
     if (st->code != RQ_OK) log_str(&ln, "error", st->msg);
-    log_end(&ln);
 
-    /* The request may be freed by the callback: nothing reads it after. */
+    /* The request may be freed by the callback: nothing reads it after (the
+     * line holds copies). The line is written after the answer has gone to
+     * the transport, so its write (a syscall under the log's lock) is not
+     * in the client's latency. */
     j->done(j->arg, resp, st);
+    log_end(&ln);
     rq_plan_free(j->plan);
     registry_release(j->m);
     free(j);
