@@ -117,20 +117,36 @@ static const char *nonfinite_name(float f)
     return isnan(f) ? "NaN" : f > 0 ? "Infinity" : "-Infinity";
 }
 
-/* A float is NaN or infinite iff its exponent bits are all ones: a
- * branch-free scan (about two cycles a value; GCC 12 at -O2 does not
- * vectorize it), then the first one named. */
+/* Whether any of n floats at b (any alignment) is NaN or infinite: its
+ * exponent bits all ones, i.e. (bits & 0x7f800000) + 0x00800000 reaches
+ * bit 31. Two floats a 64-bit word (the low half's sum never carries into
+ * the high half), four words a step, where the one-float loop took ~2
+ * cycles a value (GCC 12 at -O2 vectorizes neither; build/host_path: 14 of
+ * a 16 x 70 bench request's 57 us of plan). */
+static int any_nonfinite(const unsigned char *b, size_t n)
+{
+    const uint64_t m = 0x7f8000007f800000ull, c = 0x0080000000800000ull;
+    uint64_t acc = 0;
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t w[4];
+        memcpy(w, b + 4 * k, sizeof w);
+        acc |= ((w[0] & m) + c) | ((w[1] & m) + c) | ((w[2] & m) + c) | ((w[3] & m) + c);
+    }
+    for (; k < n; k++) {
+        uint32_t w;
+        memcpy(&w, b + 4 * k, 4);
+        acc |= (uint64_t)((w & 0x7f800000u) + 0x00800000u);
+    }
+    return (acc & 0x8000000080000000ull) != 0;
+}
+
+/* The scan, then the first bad value named. */
 static int check_dense_values(vctx *x, int ent, size_t idx, const void *dense, int n)
 {
-    if (!x->lim) return 0;
+    if (!x->lim || n <= 0 || !any_nonfinite(dense, (size_t)n)) return 0;
     const unsigned char *b = dense;
-    uint32_t any = 0;
     for (int k = 0; k < n; k++) {
-        uint32_t w;
-        memcpy(&w, b + 4 * (size_t)k, 4);
-        any |= (uint32_t)((w & 0x7f800000u) == 0x7f800000u);
-    }
-    for (int k = 0; any && k < n; k++) {
         float f;
         memcpy(&f, b + 4 * (size_t)k, 4);
         if (!isfinite(f))

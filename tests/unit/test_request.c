@@ -374,6 +374,53 @@ static void test_validate_counts(void **s)
                     RQ_RESOURCE_EXHAUSTED, "candidates: request has 9 candidates, limit max_candidates = 8");
 }
 
+/* Dense rows wider than the scan's 8-float step (validate.c any_nonfinite):
+ * a NaN or an infinity at every index of a 21-wide user row and a 19-wide
+ * candidate row is found and named; the largest, smallest and negative-zero
+ * finite values at every index are not refused. */
+static void test_validate_dense_wide(void **s)
+{
+    (void)s;
+    ikbo_model_info mi = model();
+    mi.user_dense = 21;
+    mi.cand_dense = 19;
+    const char *const bad[] = {"\"NaN\"", "\"Infinity\"", "\"-Infinity\""};
+    const char *const name[] = {"NaN", "Infinity", "-Infinity"};
+    const char *const fine[] = {"3.4028234e38", "-3.4028234e38", "1e-45", "-0.0"};
+    rq_limits lim;
+    rq_limits_default(&lim);
+    for (int side = 0; side < 2; side++) {
+        const int n = side ? 19 : 21;
+        for (int k = 0; k < n; k++)
+            for (int v = 0; v < 7; v++) {
+                char row[512] = "", json[1400];
+                for (int q = 0; q < n; q++) {
+                    const char *x = q != k ? "0.5" : v < 3 ? bad[v] : fine[v - 3];
+                    strcat(row, q ? "," : "");
+                    strcat(row, x);
+                }
+                char u[600], c[600];
+                snprintf(u, sizeof u, "{\"dense\":[%s]}", side ? "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1" : row);
+                snprintf(c, sizeof c, "{\"id\":1,\"user\":0,\"dense\":[%s]}",
+                         side ? row : "1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1");
+                snprintf(json, sizeof json, "{\"users\":[%s],\"candidates\":[%s]}", u, c);
+                Ikbo__V1__RankRequest *r = parse_ok(json);
+                rq_status st;
+                int rc = rq_validate(r, &mi, &lim, &st);
+                if (v < 3) {
+                    char want[64];
+                    snprintf(want, sizeof want, "%s[0].dense[%d] is %s", side ? "candidates" : "users",
+                             k, name[v]);
+                    if (rc != -1 || st.code != RQ_INVALID_ARGUMENT || strcmp(st.msg, want))
+                        fail_msg("%s: got %d '%s', want '%s'", json, rc, st.msg, want);
+                } else if (rc) {
+                    fail_msg("%s: refused: %s", json, st.msg);
+                }
+                rq_request_free(r);
+            }
+    }
+}
+
 static void test_validate_user_index(void **s)
 {
     (void)s;
@@ -917,6 +964,7 @@ int main(void)
         cmocka_unit_test(test_validate_counts),
         cmocka_unit_test(test_validate_user_index),
         cmocka_unit_test(test_validate_dense),
+        cmocka_unit_test(test_validate_dense_wide),
         cmocka_unit_test(test_validate_sparse),
         cmocka_unit_test(test_validate_history),
         cmocka_unit_test(test_dedup),
