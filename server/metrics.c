@@ -523,7 +523,14 @@ int metrics_server_init(metrics_server *m, const char *version)
     static const double ratio_buckets[] = {1,  2,   4,   8,   16,   32,  64,
                                            128, 256, 512, 1024, 2048, 4096};
     static const char *const model_reason[] = {"model", "reason"};
+    static const double prep_secs[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
+                                       0.00025,  0.0005,  0.001,    0.0025,  0.01};
 #define NB(a) (int)(sizeof a / sizeof *a)
+    m->request_prepare_seconds = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_request_prepare_seconds",
+        "Per admitted Rank request: validation, user dedup and batch assembly (the plan) on the "
+        "thread that received it, before it is queued.",
+        1, model, NB(prep_secs), prep_secs);
     m->queue_seconds = metrics_family_new(
         r, METRICS_HISTOGRAM, "ikbo_queue_seconds",
         "Time a Rank request waited in the batcher queue: submit to compute start of its batch.",
@@ -589,6 +596,7 @@ int metrics_server_init(metrics_server *m, const char *version)
                              m->inflight_requests,   m->model_loaded,
                              m->build_info,          m->broadcast_bytes_avoided_total,
                              m->grpc_requests_total, m->http_requests_total,
+                             m->request_prepare_seconds,
                              m->queue_seconds,       m->request_compute_seconds,
                              m->batch_compute_seconds, m->batch_requests,
                              m->batch_users,         m->batch_candidates,

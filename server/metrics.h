@@ -110,6 +110,8 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   broadcast_bytes_avoided_total{model} user-tensor bytes broadcast mode would
  *                                   have copied to candidate rows, per scored batch
  *                                   (ikbo_ctx_last_avoided_bytes)
+ *   request_prepare_seconds{model}  histogram per admitted request: validation and
+ *                                   plan (rq_prepare) on the receiving thread
  *   Dynamic batcher (server/batcher.h), all labelled {model}:
  *   queue_seconds                   histogram per request: submit -> compute start
  *                                   of the (last) batch that carried it
@@ -142,6 +144,7 @@ typedef struct metrics_server {
     metrics_family *broadcast_bytes_avoided_total;
     metrics_family *grpc_requests_total;
     metrics_family *http_requests_total;
+    metrics_family *request_prepare_seconds;
     metrics_family *queue_seconds;
     metrics_family *request_compute_seconds;
     metrics_family *batch_compute_seconds;

@@ -123,7 +123,13 @@ void rank_submit(const rank_env *env, const Ikbo__V1__RankRequest *req, int64_t 
     batcher *b = batcher_set_reserve(env->batchers, j->m, n_cands, &st);
     if (!b) goto fail;
     const ikbo_model_info *mi = registry_model_info(j->m);
+    const int64_t p0 = clock_mono_ns();
     j->plan = rq_prepare(req, mi, env->limits, &st);
+    if (j->plan) {
+        const char *const ml[] = {registry_model_name(j->m)};
+        metrics_observe_l(env->metrics->request_prepare_seconds, ml,
+                          (double)(clock_mono_ns() - p0) * 1e-9);
+    }
     if (j->plan && deadline_ns && clock_mono_ns() >= deadline_ns)
         rq_status_set(&st, RQ_DEADLINE_EXCEEDED,
                       "deadline exceeded before scoring (%d candidates, %d unique users)",

@@ -27,9 +27,10 @@ Right after it, the breakdown of each point's mean open-loop client latency
 request count, like the forward time, so the four add up to the client
 mean): queue = ikbo_queue_seconds (submit to the compute start of its
 batch), forward, rest of server = ikbo_request_duration_seconds - queue -
-forward (decode, validation, plan, response), outside server = client -
-server duration (gRPC transport, its threads, the client and its send
-lag); "n/a" where a histogram is missing. The batcher observes queue and
+forward (validation, plan, hand-offs, response), of it the prepare =
+ikbo_request_prepare_seconds (validation and plan alone), outside server =
+client - server duration (gRPC transport, its threads, decode, pack, the
+client and its send lag); "n/a" where a histogram is missing. The batcher observes queue and
 forward for scored requests only, the duration for all: with failed calls
 the rest holds theirs. A request split over batches waits until its last
 batch starts, so its queue holds the earlier batches' forward: the rest
@@ -166,15 +167,15 @@ def floor_table(rows):
 def breakdown_table(rows):
     """The client-latency breakdown's lines (means, ms, share of the client's)."""
     out = ["| mode | users/req | cands/user | open-loop req/s | client mean ms | queue ms | forward ms "
-           "| rest of server ms | outside server ms |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| rest of server ms | of which prepare ms | outside server ms |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     part = lambda r, x: "n/a" if x is None else (
         "%.3f (%.0f%%)" % (x, 100 * x / r["client_ms"]) if r["client_ms"] else "%.3f" % x)
     for r in rows:
-        out.append("| %s | %d | %d | %.2f | %s | %s | %s | %s | %s |" % (
+        out.append("| %s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s |" % (
             r["mode"], r["users"], r["cands"], r["open_rate"], fmt(r["client_ms"], "%.3f"),
             part(r, r["queue_ms"]), part(r, r["compute_ms"]), part(r, r["server_rest_ms"]),
-            part(r, r["outside_server_ms"])))
+            part(r, r["prepare_ms"]), part(r, r["outside_server_ms"])))
     out.append("")
     return out
 
@@ -207,6 +208,8 @@ def main():
             compute_ms = 1e3 * csum / scount if scount and ccount else None
         qsum, qcount = hist_delta(before, after, "ikbo_queue_seconds", model)
         queue_ms = 1e3 * qsum / scount if scount and qcount else None
+        psum, pcount = hist_delta(before, after, "ikbo_request_prepare_seconds", model)
+        prepare_ms = 1e3 * psum / scount if scount and pcount else None
         om = oj["measured"]
         client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
         overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
@@ -235,7 +238,8 @@ def main():
                          p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
                          server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
                          overhead=overhead, outside_server=outside_server, queue_ms=queue_ms,
-                         server_rest_ms=server_rest_ms, outside_server_ms=outside_server_ms, errors=errors,
+                         server_rest_ms=server_rest_ms, prepare_ms=prepare_ms,
+                         outside_server_ms=outside_server_ms, errors=errors,
                          unsent=oj.get("unsent", 0), busiest=busiest, floor=floor))
     order = {"ikbo": 0, "broadcast": 1}
     rows.sort(key=lambda r: (order.get(r["mode"], 9), r["users"], r["cands"]))
@@ -307,9 +311,10 @@ def main():
                          % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad_echo))
     notes.append("client latency breakdown (means per request, share of the client's): queue = "
                  "ikbo_queue_seconds, forward = %s, rest of server = ikbo_request_duration_seconds - "
-                 "queue - forward (decode, validation, plan, response), outside server = client - "
-                 "server (transport, gRPC, client, send lag); the server's means include the "
-                 "warm-up calls, the client's do not." % (compute_name or "n/a"))
+                 "queue - forward (validation, plan, hand-offs, response), of which prepare = "
+                 "ikbo_request_prepare_seconds (validation and plan), outside server = client - "
+                 "server (transport, gRPC, decode, pack, client, send lag); the server's means "
+                 "include the warm-up calls, the client's do not." % (compute_name or "n/a"))
     bad = [r for r in rows if r["errors"] or r["unsent"]]
     if bad:
         notes.append("failed or unsent calls at: %s (see the per-run JSON)."

@@ -18,11 +18,13 @@ be checked by hand:
         buckets: 750 in (0.25, 0.5] ms, 141 in (0.5, 1] ms, 9 in (1, 2.5] ms
         -> p50 0.25 + 0.25 * 450 / 750 = 0.40 ms (interpolated), p99 1.00 ms
     ikbo_queue_seconds             sum 0.02 s  count 900   -> queue 0.020 ms
+    ikbo_request_prepare_seconds   sum 0.012 s count 900   -> prepare 0.012 ms
   loadgen open loop: 800 calls measured, client mean 0.6, p50 0.6, p99 2.5 ms
   echo open loop:    mean 0.2, p50 0.1, p99 0.6 ms
 
 Expected: the breakdown row queue 0.020 (3%), forward 0.300 (50%), rest of
-server 0.400 - 0.020 - 0.300 = 0.080 (13%), outside server 0.600 - 0.400 =
+server 0.400 - 0.020 - 0.300 = 0.080 (13%) of which prepare 0.012 (2%),
+outside server 0.600 - 0.400 =
 0.200 (33%); the floor row (client - forward) / echo = (0.6 - 0.4) / 0.1 =
 2.00x at p50, (2.5 - 1.0) / 0.6 = 2.50x at p99, (0.6 - 0.3) / 0.2 = 1.50x
 for the mean; the saturation row (server 0.40, client 0.60, outside server
@@ -39,8 +41,9 @@ Traps in the same files, each of which would move those numbers:
   - the closed loop's /metrics snapshots (TAG.closed.before/after.prom, a
     window with 2 ms per request), and a TAG.closed-c4.json: only the
     open-loop snapshots count, and only TAG.closed.json is a point.
-A second directory without ikbo_queue_seconds: queue and rest of server
-print "n/a" and are null in results.json, forward and outside are unchanged.
+A second directory without ikbo_queue_seconds and ikbo_request_prepare_seconds
+(an older daemon): queue, rest of server and prepare print "n/a" and are
+null in results.json, forward and outside are unchanged.
 
 Self-contained on purpose: ikbo_itest imports grpcio and the generated
 protobuf modules under $IKBO_BUILD, which this test does not need.
@@ -88,6 +91,8 @@ LES = ("0.00025", "0.0005", "0.001", "0.0025")
 SNAP = {
     ("ikbo_request_duration_seconds", "demo"): [(0.2, 100), (1.0, 500), (1.4, 1500)],
     ("ikbo_queue_seconds", "demo"): [(0.002, 90), (0.01, 450), (0.03, 1350)],
+    ("ikbo_request_prepare_seconds", "demo"): [(0.001, 90), (0.005, 450), (0.017, 1350)],
+    ("ikbo_request_prepare_seconds", "other"): [(0.1, 40), (0.2, 50), (0.5, 60)],
     ("ikbo_request_compute_seconds", "demo"): [(0.1, 90, (20, 60, 88, 90)), (0.5, 450, (100, 300, 440, 450)),
                                                (0.8, 1350, (100, 1050, 1331, 1350))],
     ("ikbo_batch_compute_seconds", "demo"): [(1.0, 100), (4.0, 300), (13.0, 500)],
@@ -124,6 +129,7 @@ def prom(snap, queue=True):
             "# TYPE ikbo_build_info gauge", 'ikbo_build_info{version="0.1.0"} 1']
     if queue:
         out += series("ikbo_queue_seconds")
+        out += series("ikbo_request_prepare_seconds")
     out += series("ikbo_batch_compute_seconds")  # per batch, typed first: not the forward time per request
     out += series("ikbo_request_compute_seconds")
     out += ["# TYPE ikbo_rejected_total counter",
@@ -261,11 +267,12 @@ def test_breakdown():
     row = one(out, "queue ms", "breakdown table")
     check_cells(row, {"mode": "ikbo", "users/req": "2", "cands/user": "5", "open-loop req/s": "800.00",
                       "client mean ms": "0.600", "queue ms": "0.020 (3%)", "forward ms": "0.300 (50%)",
-                      "rest of server ms": "0.080 (13%)", "outside server ms": "0.200 (33%)"},
+                      "rest of server ms": "0.080 (13%)", "of which prepare ms": "0.012 (2%)",
+                      "outside server ms": "0.200 (33%)"},
                 "breakdown row")
     r = the_row(res, "full")
     want = {"client_ms": 0.6, "server_ms": 0.4, "queue_ms": 0.02, "compute_ms": 0.3, "server_rest_ms": 0.08,
-            "outside_server_ms": 0.2}
+            "prepare_ms": 0.012, "outside_server_ms": 0.2}
     for k, v in want.items():
         check_near(r[k], v, "results.json " + k)
     check_near(r["queue_ms"] + r["compute_ms"] + r["server_rest_ms"] + r["outside_server_ms"], r["client_ms"],
@@ -322,7 +329,7 @@ def test_other_model():
     out, res = report("other", model="other")
     r = the_row(res, "model other")
     want = {"server_ms": 1000.0, "compute_ms": 500.0, "queue_ms": 300.0, "server_rest_ms": 200.0,
-            "outside_server_ms": 0.6 - 1000.0}
+            "prepare_ms": 30.0, "outside_server_ms": 0.6 - 1000.0}
     for k, v in want.items():
         check_near(r[k], v, "model other: results.json " + k)
     # All of its forward observations are over 2.5 ms: the quantiles fall in
@@ -343,12 +350,13 @@ def test_no_queue_histogram():
     out, res = report("noqueue", queue=False)
     row = one(out, "queue ms", "breakdown table without queue")
     check_cells(row, {"client mean ms": "0.600", "queue ms": "n/a", "forward ms": "0.300 (50%)",
-                      "rest of server ms": "n/a", "outside server ms": "0.200 (33%)"},
+                      "rest of server ms": "n/a", "of which prepare ms": "n/a",
+                      "outside server ms": "0.200 (33%)"},
                 "breakdown row without ikbo_queue_seconds")
     r = the_row(res, "noqueue")
-    check(r["queue_ms"] is None and r["server_rest_ms"] is None,
-          "results.json without queue: queue_ms %r, server_rest_ms %r, want null" % (
-              r["queue_ms"], r["server_rest_ms"]))
+    check(r["queue_ms"] is None and r["server_rest_ms"] is None and r["prepare_ms"] is None,
+          "results.json without queue: queue_ms %r, server_rest_ms %r, prepare_ms %r, want null" % (
+              r["queue_ms"], r["server_rest_ms"], r["prepare_ms"]))
     check_near(r["compute_ms"], 0.3, "results.json without queue: compute_ms")
     check_near(r["outside_server_ms"], 0.2, "results.json without queue: outside_server_ms")
     with open(os.path.join(WORK, "noqueue", "results.json")) as f:
