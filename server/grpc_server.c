@@ -46,8 +46,12 @@
  * 2 workers): gRPC's default-executor thread used 0.0% of a core at 500
  * req/s and 0.7-1.0% at 1500 (near saturation), against 5-10% for the
  * completion thread that built and sent the answers: there, sends run on
- * the thread that starts them almost always. A busier host (more workers,
- * instances and connections) may contend more: thread_cpu.py shows it.
+ * the thread that starts them almost always. A busier host contends more
+ * (the H200 host's default-executor thread ran at 50-57% of a core at 17k
+ * requests/s), but the hop costs no latency there: the echo server with
+ * each answer handed to another thread was as fast at 1 x 70 (8600/s) and
+ * 0.05 ms faster at 16 x 70 than sending from its worker (bench/RESULTS.md,
+ * 2026-12-04). So answers are sent by whichever thread finishes them.
  */
 #include "clock.h"
 #include "grpc_server.h"
