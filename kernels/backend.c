@@ -1,5 +1,5 @@
-/* backend.c - device-independent part of the op table: error text and the
- * device-string dispatch.
+/* backend.c - device-independent part of the op table: error text, the
+ * byte accounting every backend keeps, and the device-string dispatch.
  *
  * Why this exists: the engine names its device in config ("cpu", "cuda:N")
  * and should not know which backends this build contains. A device this
@@ -21,6 +21,21 @@ void bk_seterr(bk_err *err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
+}
+
+void bk_stats_account(bk_stats *s, enum bk_tag tag, size_t add, size_t sub)
+{
+    size_t *live = &s->bytes_live[tag];
+    *live += add;
+    *live -= sub < *live ? sub : *live;
+    if (*live > s->bytes_peak[tag])
+        s->bytes_peak[tag] = *live;
+}
+
+void bk_stats_weights(bk_stats *s, size_t add, size_t sub)
+{
+    s->weight_bytes += add;
+    s->weight_bytes -= sub < s->weight_bytes ? sub : s->weight_bytes;
 }
 
 static bk_backend *backend_create(const char *device, bk_err *err)

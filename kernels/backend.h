@@ -125,6 +125,12 @@ typedef struct bk_stats {
     size_t weight_bytes;             /* device bytes held by weights */
 } bk_stats;
 
+/* Every backend's accounting (backend.c), the caller holding the lock that
+ * guards s: add bytes and take away sub (never below zero) from tag's live
+ * count, raising its peak; the same for the weights' count. */
+void bk_stats_account(bk_stats *s, enum bk_tag tag, size_t add, size_t sub);
+void bk_stats_weights(bk_stats *s, size_t add, size_t sub);
+
 struct bk_backend {
     const char *name;       /* "cpu", "cuda"                         */
     size_t act_size;        /* bytes per activation element           */

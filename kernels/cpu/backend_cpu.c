@@ -37,11 +37,7 @@ static void account(bk_backend *be, enum bk_tag tag, size_t add, size_t sub)
 {
     cpu_backend *cb = impl_of(be);
     pthread_mutex_lock(&cb->lock);
-    size_t *live = &cb->stats.bytes_live[tag];
-    *live += add;
-    *live -= sub < *live ? sub : *live;
-    if (*live > cb->stats.bytes_peak[tag])
-        cb->stats.bytes_peak[tag] = *live;
+    bk_stats_account(&cb->stats, tag, add, sub);
     pthread_mutex_unlock(&cb->lock);
 }
 
@@ -49,8 +45,7 @@ static void account_weights(bk_backend *be, size_t add, size_t sub)
 {
     cpu_backend *cb = impl_of(be);
     pthread_mutex_lock(&cb->lock);
-    cb->stats.weight_bytes += add;
-    cb->stats.weight_bytes -= sub < cb->stats.weight_bytes ? sub : cb->stats.weight_bytes;
+    bk_stats_weights(&cb->stats, add, sub);
     pthread_mutex_unlock(&cb->lock);
 }
 

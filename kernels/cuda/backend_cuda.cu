@@ -411,11 +411,7 @@ static void account(bk_backend *be, enum bk_tag tag, size_t add, size_t sub)
 {
     cuda_backend *cb = cu_impl(be);
     pthread_mutex_lock(&cb->lock);
-    size_t *live = &cb->stats.bytes_live[tag];
-    *live += add;
-    *live -= sub < *live ? sub : *live;
-    if (*live > cb->stats.bytes_peak[tag])
-        cb->stats.bytes_peak[tag] = *live;
+    bk_stats_account(&cb->stats, tag, add, sub);
     pthread_mutex_unlock(&cb->lock);
 }
 
@@ -423,8 +419,7 @@ static void account_weights(bk_backend *be, size_t add, size_t sub)
 {
     cuda_backend *cb = cu_impl(be);
     pthread_mutex_lock(&cb->lock);
-    cb->stats.weight_bytes += add;
-    cb->stats.weight_bytes -= sub < cb->stats.weight_bytes ? sub : cb->stats.weight_bytes;
+    bk_stats_weights(&cb->stats, add, sub);
     pthread_mutex_unlock(&cb->lock);
 }
 
