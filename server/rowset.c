@@ -190,6 +190,9 @@ static void *take(layout *l, size_t bytes)
     return p;
 }
 
+/* Where the next take will start (the fill pass, before its size is known). */
+static void *next_take(const layout *l) { return l->base + l->off; }
+
 /* Copies that continue the pending one in both source and destination are
  * merged into it, so columns whose rows already lie back to back (a
  * packed request's columns, candidates in request order) cost one memcpy
@@ -206,7 +209,7 @@ static void run_flush(run *r)
     r->n = 0;
 }
 
-static void run_put(run *r, void *dst, const void *src, size_t n)
+static inline void run_put(run *r, void *dst, const void *src, size_t n)
 {
     if (!n) return;
     if (r->n && r->dst + r->n == (unsigned char *)dst && r->src + r->n == (const unsigned char *)src) {
@@ -222,10 +225,14 @@ static void jagged(layout *l, const rs_row *rows, const int32_t *order, size_t n
                    ikbo_jagged *out)
 {
     int64_t *off = take(l, (n + 1) * sizeof *off);
-    size_t total = 0;
-    for (size_t k = 0; k < n; k++) total += rows[order ? (size_t)order[k] : k].bags[f].n;
-    int64_t *ids = take(l, total * sizeof *ids);
-    if (!l->base) return;
+    if (!l->base) {
+        size_t total = 0;
+        for (size_t k = 0; k < n; k++) total += rows[order ? (size_t)order[k] : k].bags[f].n;
+        take(l, total * sizeof(int64_t));
+        return;
+    }
+    /* The fill pass sizes the ids by filling them (one loop, not two). */
+    int64_t *ids = next_take(l);
     run cp = {0};
     off[0] = 0;
     for (size_t k = 0; k < n; k++) {
@@ -234,6 +241,7 @@ static void jagged(layout *l, const rs_row *rows, const int32_t *order, size_t n
         off[k + 1] = off[k] + (int64_t)s->n;
     }
     run_flush(&cp);
+    take(l, (size_t)off[n] * sizeof *ids);
     out->ids = ids;
     out->offsets = off;
 }

@@ -168,13 +168,21 @@ static int check_history_values(vctx *x, size_t j, const rs_row *r)
                     r->hist.n, x->lim->max_history);
     const unsigned char *a = r->act.p;
     const uint32_t lim = mi->hist_actions > 0 ? (uint32_t)mi->hist_actions : 0;
-    uint32_t any = 0; /* as check_dense_values: scan, then name the first */
-    for (size_t k = 0; k < r->act.n; k++) {
+    /* as check_dense_values: scan, then name the first; eight actions a step
+     * (GCC vectorizes the fixed-width block, not the loop) */
+    uint32_t any = 0;
+    size_t k = 0;
+    for (; k + 8 <= r->act.n; k += 8) {
+        uint32_t w[8];
+        memcpy(w, a + 4 * k, sizeof w);
+        for (int q = 0; q < 8; q++) any |= (uint32_t)(w[q] >= lim); /* negatives wrap above lim */
+    }
+    for (; k < r->act.n; k++) {
         uint32_t w;
         memcpy(&w, a + 4 * k, 4);
-        any |= (uint32_t)(w >= lim); /* negative actions wrap above lim */
+        any |= (uint32_t)(w >= lim);
     }
-    for (size_t k = 0; any && k < r->act.n; k++) {
+    for (k = 0; any && k < r->act.n; k++) {
         int32_t v;
         memcpy(&v, a + 4 * k, 4);
         if (v < 0 || v >= mi->hist_actions)

@@ -421,6 +421,41 @@ static void test_validate_dense_wide(void **s)
     }
 }
 
+/* Actions out of range at every index of a 21-event history (past the
+ * scan's 8-action step, validate.c) are found and named. */
+static void test_validate_actions_wide(void **s)
+{
+    (void)s;
+    ikbo_model_info mi = model();
+    mi.hist_max_len = 32;
+    rq_limits lim;
+    rq_limits_default(&lim);
+    const int bad[] = {4, -1, 1000000};
+    for (int k = 0; k < 21; k++)
+        for (int v = 0; v < 3; v++) {
+            char ids[256] = "", acts[256] = "", json[800];
+            for (int q = 0; q < 21; q++) {
+                char one[32];
+                snprintf(one, sizeof one, "%s%d", q ? "," : "", q + 1);
+                strcat(ids, one);
+                snprintf(one, sizeof one, "%s%d", q ? "," : "", q == k ? bad[v] : q % 4);
+                strcat(acts, one);
+            }
+            snprintf(json, sizeof json,
+                     "{\"model\":\"demo\",\"users\":[{\"dense\":[1,2,3],\"historyIds\":[%s],"
+                     "\"historyActions\":[%s]}],\"candidates\":[" C0(0) "]}", ids, acts);
+            Ikbo__V1__RankRequest *r = parse_ok(json);
+            rq_status st;
+            char want[128];
+            snprintf(want, sizeof want,
+                     "users[0].history_actions[%d] = %d is outside [0, 4) for model 'demo'", k, bad[v]);
+            if (rq_validate(r, &mi, &lim, &st) != -1 || st.code != RQ_INVALID_ARGUMENT ||
+                strcmp(st.msg, want))
+                fail_msg("%s: got '%s', want '%s'", json, st.msg, want);
+            rq_request_free(r);
+        }
+}
+
 static void test_validate_user_index(void **s)
 {
     (void)s;
@@ -965,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_validate_user_index),
         cmocka_unit_test(test_validate_dense),
         cmocka_unit_test(test_validate_dense_wide),
+        cmocka_unit_test(test_validate_actions_wide),
         cmocka_unit_test(test_validate_sparse),
         cmocka_unit_test(test_validate_history),
         cmocka_unit_test(test_dedup),
