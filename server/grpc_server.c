@@ -147,6 +147,9 @@ typedef struct call {
     grpc_byte_buffer *response;
     grpc_slice status_details;
     int have_status_details;
+    /* Rank calls: when a worker took the call off its queue, and when its
+     * answer was handed to finish (ikbo_grpc_receive/send_seconds). */
+    int64_t arrived_ns, answered_ns;
 } call;
 
 struct worker {
@@ -261,6 +264,7 @@ static void not_busy(grpcsrv *s)
 static void finish(call *c, int code, const char *msg, const ProtobufCMessage *resp)
 {
     grpcsrv *s = c->w->srv;
+    c->answered_ns = clock_mono_ns();
     if (code == RQ_OK && resp) {
         const Ikbo__V1__RankResponse *rr =
             resp->descriptor == &ikbo__v1__rank_response__descriptor
@@ -378,6 +382,8 @@ static void handle_rank(call *c)
         return;
     }
     c->rank_arena = arena;
+    metrics_observe(metrics_series_get(s->metrics->grpc_receive_seconds, NULL),
+                    (double)(clock_mono_ns() - c->arrived_ns) * 1e-9);
     rank_submit(s->rank, req, deadline_ns(c), &c->gone, "grpc", rank_done, c);
 }
 
@@ -521,6 +527,9 @@ static void *worker_main(void *arg)
         call_tag *t = ev.tag;
         call *c = t->c;
         if (t->kind == T_SEND) {
+            if (c->method == M_RANK && ev.success)
+                metrics_observe(metrics_series_get(w->srv->metrics->grpc_send_seconds, NULL),
+                                (double)(clock_mono_ns() - c->answered_ns) * 1e-9);
             call_unref(c);
             continue;
         }
@@ -544,7 +553,8 @@ static void *worker_main(void *arg)
             call_free(c);
             continue;
         }
-        if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, clock_mono_ns() / 1000000);
+        c->arrived_ns = clock_mono_ns();
+        if (c->method != M_HEALTH_CHECK) atomic_store(&s->last_call_ms, c->arrived_ns / 1000000);
         /* Keep accepting: the next call of this method may arrive while this
          * one waits in the batcher. */
         if (request_call(w, c->method)) w->owed[c->method]++;

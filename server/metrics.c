@@ -526,6 +526,17 @@ int metrics_server_init(metrics_server *m, const char *version)
     static const double prep_secs[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
                                        0.00025,  0.0005,  0.001,    0.0025,  0.01};
 #define NB(a) (int)(sizeof a / sizeof *a)
+    m->grpc_receive_seconds = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_grpc_receive_seconds",
+        "Per Rank call over gRPC: from a worker taking the call off its completion queue to the "
+        "request submitted (re-requesting the method, starting the close op, reading and "
+        "decoding the message).",
+        0, NULL, NB(prep_secs), prep_secs);
+    m->grpc_send_seconds = metrics_family_new(
+        r, METRICS_HISTOGRAM, "ikbo_grpc_send_seconds",
+        "Per Rank call over gRPC: from the answer handed to the send path (packing it, starting "
+        "the send batch) to gRPC core reporting that batch done on a worker's queue.",
+        0, NULL, NB(prep_secs), prep_secs);
     m->request_prepare_seconds = metrics_family_new(
         r, METRICS_HISTOGRAM, "ikbo_request_prepare_seconds",
         "Per admitted Rank request: validation, user dedup and batch assembly (the plan) on the "
@@ -596,7 +607,8 @@ int metrics_server_init(metrics_server *m, const char *version)
                              m->inflight_requests,   m->model_loaded,
                              m->build_info,          m->broadcast_bytes_avoided_total,
                              m->grpc_requests_total, m->http_requests_total,
-                             m->request_prepare_seconds,
+                             m->request_prepare_seconds, m->grpc_receive_seconds,
+                             m->grpc_send_seconds,
                              m->queue_seconds,       m->request_compute_seconds,
                              m->batch_compute_seconds, m->batch_requests,
                              m->batch_users,         m->batch_candidates,

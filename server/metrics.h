@@ -130,6 +130,11 @@ void metrics_format_double(double v, char *buf, size_t size);
  *                                   replayed, recorded, fell_back
  *   grpc_requests_total{method,code} every gRPC call by full method name
  *                                   (unknown methods as "unknown")
+ *   grpc_receive_seconds            histogram per Rank call: a worker taking the
+ *                                   call off its queue to the request submitted
+ *                                   (re-request, close op, read, decode)
+ *   grpc_send_seconds               histogram per Rank call: the answer handed to
+ *                                   the send path to its send batch reported done
  *   http_requests_total{path,code}  every HTTP request by route and status
  */
 typedef struct metrics_server {
@@ -143,6 +148,8 @@ typedef struct metrics_server {
     metrics_family *build_info;
     metrics_family *broadcast_bytes_avoided_total;
     metrics_family *grpc_requests_total;
+    metrics_family *grpc_receive_seconds;
+    metrics_family *grpc_send_seconds;
     metrics_family *http_requests_total;
     metrics_family *request_prepare_seconds;
     metrics_family *queue_seconds;

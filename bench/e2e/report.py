@@ -30,7 +30,12 @@ batch), forward, rest of server = ikbo_request_duration_seconds - queue -
 forward (validation, plan, hand-offs, response), of it the prepare =
 ikbo_request_prepare_seconds (validation and plan alone), outside server =
 client - server duration (gRPC transport, its threads, decode, pack, the
-client and its send lag); "n/a" where a histogram is missing. The batcher observes queue and
+client and its send lag); "n/a" where a histogram is missing. Beside them,
+two spans the server measures around its duration, each its own
+histogram's mean: gRPC receive = ikbo_grpc_receive_seconds (a worker taking
+the call off its queue to the request submitted) and gRPC send =
+ikbo_grpc_send_seconds (the answer handed to the send path to gRPC core
+reporting the send done; it can end after the client has the answer). The batcher observes queue and
 forward for scored requests only, the duration for all: with failed calls
 the rest holds theirs. A request split over batches waits until its last
 batch starts, so its queue holds the earlier batches' forward: the rest
@@ -167,15 +172,16 @@ def floor_table(rows):
 def breakdown_table(rows):
     """The client-latency breakdown's lines (means, ms, share of the client's)."""
     out = ["| mode | users/req | cands/user | open-loop req/s | client mean ms | queue ms | forward ms "
-           "| rest of server ms | of which prepare ms | outside server ms |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| rest of server ms | of which prepare ms | outside server ms | gRPC receive / send ms |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     part = lambda r, x: "n/a" if x is None else (
         "%.3f (%.0f%%)" % (x, 100 * x / r["client_ms"]) if r["client_ms"] else "%.3f" % x)
     for r in rows:
-        out.append("| %s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s |" % (
+        out.append("| %s | %d | %d | %.2f | %s | %s | %s | %s | %s | %s | %s / %s |" % (
             r["mode"], r["users"], r["cands"], r["open_rate"], fmt(r["client_ms"], "%.3f"),
             part(r, r["queue_ms"]), part(r, r["compute_ms"]), part(r, r["server_rest_ms"]),
-            part(r, r["prepare_ms"]), part(r, r["outside_server_ms"])))
+            part(r, r["prepare_ms"]), part(r, r["outside_server_ms"]),
+            fmt(r["grpc_receive_ms"], "%.3f"), fmt(r["grpc_send_ms"], "%.3f")))
     out.append("")
     return out
 
@@ -210,6 +216,11 @@ def main():
         queue_ms = 1e3 * qsum / scount if scount and qcount else None
         psum, pcount = hist_delta(before, after, "ikbo_request_prepare_seconds", model)
         prepare_ms = 1e3 * psum / scount if scount and pcount else None
+        # server-wide, unlabelled: the run's model is the only one called
+        grpc_ms = {}
+        for k in ("receive", "send"):
+            gsum, gcount = hist_delta(before, after, "ikbo_grpc_%s_seconds" % k, None)
+            grpc_ms[k] = 1e3 * gsum / gcount if gcount else None
         om = oj["measured"]
         client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
         overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
@@ -239,6 +250,7 @@ def main():
                          server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
                          overhead=overhead, outside_server=outside_server, queue_ms=queue_ms,
                          server_rest_ms=server_rest_ms, prepare_ms=prepare_ms,
+                         grpc_receive_ms=grpc_ms["receive"], grpc_send_ms=grpc_ms["send"],
                          outside_server_ms=outside_server_ms, errors=errors,
                          unsent=oj.get("unsent", 0), busiest=busiest, floor=floor))
     order = {"ikbo": 0, "broadcast": 1}

@@ -19,6 +19,9 @@ be checked by hand:
         -> p50 0.25 + 0.25 * 450 / 750 = 0.40 ms (interpolated), p99 1.00 ms
     ikbo_queue_seconds             sum 0.02 s  count 900   -> queue 0.020 ms
     ikbo_request_prepare_seconds   sum 0.012 s count 900   -> prepare 0.012 ms
+    ikbo_grpc_receive_seconds, ikbo_grpc_send_seconds (no model label)
+                                   sum 0.01 s / 0.03 s, count 1000 each
+                                   -> gRPC receive 0.010, send 0.030 ms
   loadgen open loop: 800 calls measured, client mean 0.6, p50 0.6, p99 2.5 ms
   echo open loop:    mean 0.2, p50 0.1, p99 0.6 ms
 
@@ -41,9 +44,9 @@ Traps in the same files, each of which would move those numbers:
   - the closed loop's /metrics snapshots (TAG.closed.before/after.prom, a
     window with 2 ms per request), and a TAG.closed-c4.json: only the
     open-loop snapshots count, and only TAG.closed.json is a point.
-A second directory without ikbo_queue_seconds and ikbo_request_prepare_seconds
-(an older daemon): queue, rest of server and prepare print "n/a" and are
-null in results.json, forward and outside are unchanged.
+A second directory without ikbo_queue_seconds, ikbo_request_prepare_seconds
+and the gRPC spans (an older daemon): those print "n/a" and are null in
+results.json, forward and outside are unchanged.
 
 Self-contained on purpose: ikbo_itest imports grpcio and the generated
 protobuf modules under $IKBO_BUILD, which this test does not need.
@@ -70,12 +73,13 @@ _reports = {}
 
 def hist(name, model, total, count, buckets=()):
     """Prometheus text lines of one histogram series: buckets is a list of
-    (le, cumulative count) below +Inf."""
-    lab = 'model="%s",' % model
+    (le, cumulative count) below +Inf; model None = an unlabelled series."""
+    lab = 'model="%s",' % model if model else ""
+    tail = '{model="%s"}' % model if model else ""
     out = ['%s_bucket{%sle="%s"} %r' % (name, lab, le, n) for le, n in buckets]
     out.append('%s_bucket{%sle="+Inf"} %r' % (name, lab, count))
-    out.append('%s_sum{model="%s"} %r' % (name, model, total))
-    out.append('%s_count{model="%s"} %r' % (name, model, count))
+    out.append('%s_sum%s %r' % (name, tail, total))
+    out.append('%s_count%s %r' % (name, tail, count))
     return out
 
 
@@ -130,6 +134,10 @@ def prom(snap, queue=True):
     if queue:
         out += series("ikbo_queue_seconds")
         out += series("ikbo_request_prepare_seconds")
+        # the gRPC spans, server-wide: 1000 calls, 10 ms and 30 ms in all
+        for name, sums in (("ikbo_grpc_receive_seconds", (0.001, 0.004, 0.014)),
+                           ("ikbo_grpc_send_seconds", (0.003, 0.012, 0.042))):
+            out += ["# TYPE %s histogram" % name] + hist(name, None, sums[snap], n)
     out += series("ikbo_batch_compute_seconds")  # per batch, typed first: not the forward time per request
     out += series("ikbo_request_compute_seconds")
     out += ["# TYPE ikbo_rejected_total counter",
@@ -268,11 +276,11 @@ def test_breakdown():
     check_cells(row, {"mode": "ikbo", "users/req": "2", "cands/user": "5", "open-loop req/s": "800.00",
                       "client mean ms": "0.600", "queue ms": "0.020 (3%)", "forward ms": "0.300 (50%)",
                       "rest of server ms": "0.080 (13%)", "of which prepare ms": "0.012 (2%)",
-                      "outside server ms": "0.200 (33%)"},
+                      "outside server ms": "0.200 (33%)", "gRPC receive / send ms": "0.010 / 0.030"},
                 "breakdown row")
     r = the_row(res, "full")
     want = {"client_ms": 0.6, "server_ms": 0.4, "queue_ms": 0.02, "compute_ms": 0.3, "server_rest_ms": 0.08,
-            "prepare_ms": 0.012, "outside_server_ms": 0.2}
+            "prepare_ms": 0.012, "outside_server_ms": 0.2, "grpc_receive_ms": 0.01, "grpc_send_ms": 0.03}
     for k, v in want.items():
         check_near(r[k], v, "results.json " + k)
     check_near(r["queue_ms"] + r["compute_ms"] + r["server_rest_ms"] + r["outside_server_ms"], r["client_ms"],
@@ -351,7 +359,7 @@ def test_no_queue_histogram():
     row = one(out, "queue ms", "breakdown table without queue")
     check_cells(row, {"client mean ms": "0.600", "queue ms": "n/a", "forward ms": "0.300 (50%)",
                       "rest of server ms": "n/a", "of which prepare ms": "n/a",
-                      "outside server ms": "0.200 (33%)"},
+                      "outside server ms": "0.200 (33%)", "gRPC receive / send ms": "n/a / n/a"},
                 "breakdown row without ikbo_queue_seconds")
     r = the_row(res, "noqueue")
     check(r["queue_ms"] is None and r["server_rest_ms"] is None and r["prepare_ms"] is None,
