@@ -523,7 +523,7 @@ int metrics_server_init(metrics_server *m, const char *version)
     static const double ratio_buckets[] = {1,  2,   4,   8,   16,   32,  64,
                                            128, 256, 512, 1024, 2048, 4096};
     static const char *const model_reason[] = {"model", "reason"};
-    static const double prep_secs[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
+    static const double fine_secs[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
                                        0.00025,  0.0005,  0.001,    0.0025,  0.01};
 #define NB(a) (int)(sizeof a / sizeof *a)
     m->grpc_receive_seconds = metrics_family_new(
@@ -531,17 +531,17 @@ int metrics_server_init(metrics_server *m, const char *version)
         "Per Rank call over gRPC: from a worker taking the call off its completion queue to the "
         "request submitted (re-requesting the method, starting the close op, reading and "
         "decoding the message).",
-        0, NULL, NB(prep_secs), prep_secs);
+        0, NULL, NB(fine_secs), fine_secs);
     m->grpc_send_seconds = metrics_family_new(
         r, METRICS_HISTOGRAM, "ikbo_grpc_send_seconds",
         "Per Rank call over gRPC: from the answer handed to the send path (packing it, starting "
         "the send batch) to gRPC core reporting that batch done on a worker's queue.",
-        0, NULL, NB(prep_secs), prep_secs);
+        0, NULL, NB(fine_secs), fine_secs);
     m->request_prepare_seconds = metrics_family_new(
         r, METRICS_HISTOGRAM, "ikbo_request_prepare_seconds",
         "Per admitted Rank request: validation, user dedup and batch assembly (the plan) on the "
         "thread that received it, before it is queued.",
-        1, model, NB(prep_secs), prep_secs);
+        1, model, NB(fine_secs), fine_secs);
     m->queue_seconds = metrics_family_new(
         r, METRICS_HISTOGRAM, "ikbo_queue_seconds",
         "Time a Rank request waited in the batcher queue: submit to compute start of its batch.",
