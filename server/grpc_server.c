@@ -382,8 +382,7 @@ static void handle_rank(call *c)
         return;
     }
     c->rank_arena = arena;
-    metrics_observe(metrics_series_get(s->metrics->grpc_receive_seconds, NULL),
-                    (double)(clock_mono_ns() - c->arrived_ns) * 1e-9);
+    metrics_observe(s->metrics->grpc_receive, (double)(clock_mono_ns() - c->arrived_ns) * 1e-9);
     rank_submit(s->rank, req, deadline_ns(c), &c->gone, "grpc", rank_done, c);
 }
 
@@ -528,7 +527,7 @@ static void *worker_main(void *arg)
         call *c = t->c;
         if (t->kind == T_SEND) {
             if (c->method == M_RANK && ev.success)
-                metrics_observe(metrics_series_get(w->srv->metrics->grpc_send_seconds, NULL),
+                metrics_observe(w->srv->metrics->grpc_send,
                                 (double)(clock_mono_ns() - c->answered_ns) * 1e-9);
             call_unref(c);
             continue;

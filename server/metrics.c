@@ -619,8 +619,10 @@ int metrics_server_init(metrics_server *m, const char *version)
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (!all[i]) goto fail;
     m->inflight = metrics_series_get(m->inflight_requests, NULL);
+    m->grpc_receive = metrics_series_get(m->grpc_receive_seconds, NULL);
+    m->grpc_send = metrics_series_get(m->grpc_send_seconds, NULL);
     metrics_series *bi = metrics_series_get(m->build_info, vv);
-    if (!m->inflight || !bi) goto fail;
+    if (!m->inflight || !m->grpc_receive || !m->grpc_send || !bi) goto fail;
     metrics_set(bi, 1);
     /* Series with no labels exist from the start, so a scrape shows them at 0. */
     if (!metrics_series_get(m->request_candidates, NULL) ||

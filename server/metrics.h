@@ -166,6 +166,7 @@ typedef struct metrics_server {
     metrics_family *model_load_failures_total;
     metrics_family *model_memory_bytes;
     metrics_series *inflight; /* the one inflight series */
+    metrics_series *grpc_receive, *grpc_send; /* the gRPC spans' one series each */
 } metrics_server;
 
 /* Creates the registry and families; build_info{version=version} = 1.
