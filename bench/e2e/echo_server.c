@@ -19,7 +19,10 @@
  * batch (initial metadata, message, status); the same channel arguments
  * (max receive message size, unlimited send, the same metadata ceiling).
  * What it leaves out is the server's own work: no decode, no validation, no
- * batcher hand-off (the worker that took the call answers it). Only Rank
+ * batcher hand-off (the worker that took the call answers it; with
+ * --send-from thread, one sender thread answers every call instead, as
+ * ikbo-serve's batcher threads do, to measure what sending from a thread
+ * that does not poll costs). Only Rank
  * and ModelInfo are registered (no health, no generic call for other
  * methods: a call to one waits for its deadline).
  *
@@ -72,6 +75,7 @@ typedef struct echo_opts {
     int threads;
     long cands, tasks, users, distinct;
     long max_message_bytes;
+    int send_thread; /* --send-from thread */
 } echo_opts;
 
 typedef struct echo_server echo_server;
@@ -101,6 +105,17 @@ struct echo_server {
      * down (gRPC core aborts on that). */
     pthread_mutex_t req_lock;
     int stopping;
+    /* --send-from thread: calls taken by the workers wait in a stack for the
+     * sender, which polls it (a spinning thread: a hand-off of about a
+     * microsecond, so the measurement is the send, not a wake-up). Pushes
+     * and the sender's last drain hold send_lock, so a call pushed after
+     * that drain (send_closed) is answered by its worker instead. */
+    _Atomic(struct call *) send_head;
+    pthread_mutex_t send_lock;
+    int send_closed;
+    atomic_int send_stop;
+    pthread_t sender;
+    int sender_started;
 };
 
 enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
@@ -115,7 +130,8 @@ typedef struct call {
     worker *w;
     enum method method;
     call_tag t_request, t_close, t_send;
-    int refs; /* the close op and the send batch; one worker thread only */
+    atomic_int refs; /* the close op and the send batch */
+    struct call *send_next; /* in echo_server.send_head's stack */
     int close_cancelled;
     grpc_call *call;
     gpr_timespec deadline;
@@ -351,7 +367,7 @@ static void call_free(call *c)
 
 static void call_unref(call *c)
 {
-    if (--c->refs == 0) call_free(c);
+    if (atomic_fetch_sub(&c->refs, 1) == 1) call_free(c);
 }
 
 /* Reads the request whole, as ikbo-serve does before it decodes, and drops
@@ -389,6 +405,52 @@ static void answer(call *c)
     if (grpc_call_start_batch(c->call, ops, 3, &c->t_send, NULL) != GRPC_CALL_OK) call_unref(c);
 }
 
+/* --send-from thread: hands the call to the sender, or answers it here once
+ * the sender has stopped. */
+static void send_push(echo_server *s, call *c)
+{
+    pthread_mutex_lock(&s->send_lock);
+    int closed = s->send_closed;
+    if (!closed) {
+        c->send_next = atomic_load(&s->send_head);
+        while (!atomic_compare_exchange_weak(&s->send_head, &c->send_next, c)) {
+        }
+    }
+    pthread_mutex_unlock(&s->send_lock);
+    if (closed) answer(c);
+}
+
+/* Answers a taken stack of calls in arrival order. */
+static void answer_all(call *l)
+{
+    call *fifo = NULL;
+    while (l) {
+        call *n = l->send_next;
+        l->send_next = fifo;
+        fifo = l;
+        l = n;
+    }
+    for (call *n; fifo; fifo = n) {
+        n = fifo->send_next;
+        answer(fifo);
+    }
+}
+
+static void *sender_main(void *arg)
+{
+    echo_server *s = arg;
+    while (!atomic_load_explicit(&s->send_stop, memory_order_relaxed)) {
+        call *l = atomic_exchange(&s->send_head, NULL);
+        if (l) answer_all(l);
+        else __builtin_ia32_pause();
+    }
+    pthread_mutex_lock(&s->send_lock);
+    s->send_closed = 1;
+    pthread_mutex_unlock(&s->send_lock);
+    answer_all(atomic_exchange(&s->send_head, NULL));
+    return NULL;
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -412,14 +474,15 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&w->srv->req_lock);
         if (!w->srv->stopping) request_call(w, c->method);
         pthread_mutex_unlock(&w->srv->req_lock);
-        c->refs = 2;
+        atomic_init(&c->refs, 2);
         grpc_op close_op;
         memset(&close_op, 0, sizeof close_op);
         close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
         close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
         if (grpc_call_start_batch(c->call, &close_op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
-            c->refs = 1;
-        answer(c);
+            atomic_store(&c->refs, 1);
+        if (w->srv->sender_started) send_push(w->srv, c);
+        else answer(c);
     }
     return NULL;
 }
@@ -447,6 +510,10 @@ static void echo_free(echo_server *s)
         }
         grpc_completion_queue_destroy(scq);
     }
+    if (s->sender_started) { /* its last sends complete on the workers' live queues */
+        atomic_store(&s->send_stop, 1);
+        pthread_join(s->sender, NULL);
+    }
     for (int i = 0; s->workers && i < s->n_workers; i++) {
         worker *w = &s->workers[i];
         if (!w->cq) continue;
@@ -464,6 +531,7 @@ static void echo_free(echo_server *s)
     }
     if (s->server) grpc_server_destroy(s->server);
     pthread_mutex_destroy(&s->req_lock);
+    pthread_mutex_destroy(&s->send_lock);
     for (long r = 0; r < s->n_rank_resp; r++) grpc_slice_unref(s->rank_resp[r]);
     free(s->rank_resp);
     grpc_slice_unref(s->info_resp);
@@ -507,6 +575,11 @@ static int echo_start(echo_server *s, const echo_opts *o, int *port, echo_err *e
     *port = grpc_server_add_http2_port(s->server, o->listen, creds);
     grpc_server_credentials_release(creds);
     if (*port <= 0) return fail(e, "cannot listen on %s (address in use or invalid)", o->listen);
+    if (o->send_thread) {
+        if (pthread_create(&s->sender, NULL, sender_main, s))
+            return fail(e, "cannot start the sender thread");
+        s->sender_started = 1;
+    }
     grpc_server_start(s->server);
     s->started = 1;
     for (int i = 0; i < s->n_workers; i++)
@@ -547,6 +620,9 @@ static void usage(FILE *f)
 "                       r * 10^7 + i as ikbo-loadgen's request r (default 64)\n"
 "  --max-message-bytes N  largest request accepted (default %u, as ikbo-serve's\n"
 "                       limits.max_message_bytes)\n"
+"  --send-from W        who sends each answer: worker (the gRPC worker that took the\n"
+"                       call, default) or thread (one spinning sender thread, as\n"
+"                       ikbo-serve's batcher threads send theirs)\n"
 "  --help               this text\n"
 "\n"
 "Prints one line 'echo_server: listening grpc=HOST:PORT ...' on stderr once it\n"
@@ -588,7 +664,11 @@ static int parse_args(echo_opts *o, int argc, char **argv, echo_err *e)
         else if (!strcmp(f, "--tasks")) rc = parse_long(f, v, 0, 1024, &o->tasks, e);
         else if (!strcmp(f, "--users")) rc = parse_long(f, v, 0, UINT32_MAX, &o->users, e);
         else if (!strcmp(f, "--distinct")) rc = parse_long(f, v, 1, 100000, &o->distinct, e);
-        else if (!strcmp(f, "--max-message-bytes"))
+        else if (!strcmp(f, "--send-from")) {
+            if (strcmp(v, "worker") && strcmp(v, "thread"))
+                return fail(e, "--send-from: expected worker or thread, got '%s'", v);
+            o->send_thread = !strcmp(v, "thread");
+        } else if (!strcmp(f, "--max-message-bytes"))
             rc = parse_long(f, v, 1, INT32_MAX, &o->max_message_bytes, e);
         else return fail(e, "unknown flag '%s' (see --help)", f);
         if (rc) return -1;
@@ -631,6 +711,7 @@ int main(int argc, char **argv)
     echo_server s;
     memset(&s, 0, sizeof s);
     pthread_mutex_init(&s.req_lock, NULL);
+    pthread_mutex_init(&s.send_lock, NULL);
     int port = 0, rc = build_answers(&s, &o, &e);
     if (rc == 0) rc = echo_start(&s, &o, &port, &e);
     if (rc == 0) {

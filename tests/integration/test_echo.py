@@ -19,7 +19,9 @@ CPU (the demo model; no GPU), with every wait bounded:
      classic encoding, has only OK calls that pass its verification (one finite score per candidate); a run whose
      shape does not match --cands fails verification (exit 1), so the check
      is real;
-  5. SIGTERM with calls in flight: exit 0 within a bounded time.
+  5. SIGTERM with calls in flight: exit 0 within a bounded time;
+  6. --send-from thread (answers sent by one sender thread): the same
+     answers, and the same clean exit under load.
 """
 import json
 import os
@@ -114,7 +116,7 @@ def test_flags():
     out = subprocess.run([ECHO, "--help"], capture_output=True, text=True, timeout=10)
     it.check_eq(out.returncode, 0, "--help exit status")
     for flag in ("--listen", "--threads", "--model-info", "--model-info-from", "--model", "--cands",
-                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--help"):
+                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--send-from", "--help"):
         it.check(flag in out.stdout, "--help does not list %s" % flag)
     garbage = os.path.join(WORK, "garbage.pb")
     with open(garbage, "wb") as f:
@@ -125,6 +127,7 @@ def test_flags():
            (echo_args(**{"--cands": "-1"}), "--cands: expected an integer"),
            (echo_args(**{"--threads": "0"}), "--threads: expected an integer"),
            (echo_args(**{"--bogus": "1"}), "unknown flag '--bogus'"),
+           (echo_args(**{"--send-from": "nobody"}), "--send-from: expected worker or thread, got 'nobody'"),
            (echo_args(**{"--model-info": os.path.join(WORK, "absent.pb")}), "absent.pb: No such file"),
            (echo_args(**{"--model-info": garbage}), "not a serialized ikbo.v1.ModelInfoResponse"),
            (echo_args(**{"--model": "nosuch"}), "no model 'nosuch'"),
@@ -139,7 +142,7 @@ def test_flags():
                  % (" ".join(args), want, out.returncode, out.stderr))
     readme = open(os.path.join(it.ROOT, "README.md")).read()
     for flag in ("--listen", "--threads", "--model-info", "--model-info-from", "--model", "--cands",
-                 "--tasks", "--users", "--distinct", "--max-message-bytes"):
+                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--send-from"):
         it.check("`%s" % flag in readme, "README.md does not document echo_server %s" % flag)
 
 
@@ -211,14 +214,20 @@ def connected(port, pid):
 
 
 def test_loadgen_accepts():
-    echo = Echo(*echo_args())
+    for send_from in ("worker", "thread"):
+        codes, ok_per_s = loadgen_run(send_from)
+        print("     --send-from %s: %d OK calls, %.0f calls/s" % (send_from, codes["OK"], ok_per_s))
+
+
+def loadgen_run(send_from):
+    echo = Echo(*echo_args(**{"--send-from": send_from}))
     try:
         for encoding in ("packed", "classic"):
             rc, j = loadgen(echo.target, CANDS_PER_USER, encoding=encoding)
             codes, ok_per_s = j["codes"], j["measured"]["ok_per_s"]
             it.check(rc == 0 and set(codes) == {"OK"} and codes["OK"] > 0,
-                     "ikbo-loadgen --encoding %s against the echo: exit %d, codes %r, first error %r"
-                     % (encoding, rc, codes, j.get("first_error")))
+                     "ikbo-loadgen --encoding %s against the echo (--send-from %s): exit %d, codes %r, "
+                     "first error %r" % (encoding, send_from, rc, codes, j.get("first_error")))
         # One candidate per user more than --cands allows for: verification fails.
         rc, j = loadgen(echo.target, CANDS_PER_USER + 1, duration="0.2")
         it.check(rc == 1 and "verification" in (j.get("first_error") or ""),
@@ -242,7 +251,7 @@ def test_loadgen_accepts():
     finally:
         if echo.proc.poll() is None:
             echo.stop()
-    print("     %d OK calls, %.0f calls/s" % (codes["OK"], ok_per_s))
+    return codes, ok_per_s
 
 
 if __name__ == "__main__":
