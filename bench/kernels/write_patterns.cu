@@ -130,7 +130,12 @@ int main(int argc, char **argv)
         {"mma MI4 B4", [&] { tk_math<4, 4>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI2 B4", [&] { tk_math<2, 4>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI1 B8", [&] { tk_math<1, 8>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"mma MI4 B8", [&] { tk_math<4, 8>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"mma MI2 B8", [&] { tk_math<2, 8>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"mma MI2 B12", [&] { tk_math<2, 12>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"mma MI1 B16", [&] { tk_math<1, 16>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI2 B4 S16", [&] { tk_math<2, 4, 16>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"mma MI2 B4 S64", [&] { tk_math<2, 4, 64>(st, x, w, bias, y, rows, cols, pitch); }},
     };
     printf("write_patterns: %d rows x %d bf16 columns, pitch %ld (%.0f MB written)\n", rows, cols,
            pitch, bytes / 1e6);
