@@ -405,6 +405,12 @@ void ikbo_ctx_free(ikbo_ctx *c)
     if (c) ctx_release(c);
 }
 
+int ikbo_ctx_set_gpu_spin(ikbo_ctx *c, long long spin_us, ikbo_err *err)
+{
+    const bk_backend *be = c->m->be;
+    return be->stream_set_spin ? be->stream_set_spin(c->s, spin_us, err) : 0;
+}
+
 void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
 {
     memcpy(bytes, c->last, sizeof(c->last));

@@ -117,6 +117,7 @@ typedef struct ikbo_serving {
     long long max_queue_requests;
     long long graphs; /* batch graphs per instance (ikbo_load_opts.graphs) */
     long long idle_spin_us; /* how long an idle instance or completer polls before sleeping */
+    long long gpu_spin_us;  /* how long an instance polls for its batch's end (ikbo_ctx_set_gpu_spin) */
     char mode[16];   /* "", "ikbo", "broadcast" */
     char device[32]; /* "", "cpu", "cuda:N" */
 } ikbo_serving;
@@ -146,6 +147,12 @@ void ikbo_model_plan_summary(const ikbo_model *m, double ratio, ikbo_plan_summar
 
 ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err);
 void ikbo_ctx_free(ikbo_ctx *ctx);
+/* How the thread in ikbo_score waits for the device's end of a batch
+ * (backend.h stream_set_spin): spin_us < 0, the runtime's own wait (polls
+ * until done; a new context's setting); >= 0, polls at most spin_us, then
+ * sleeps until the device signals. No effect on the CPU backend. Not while
+ * another thread scores on ctx. */
+int ikbo_ctx_set_gpu_spin(ikbo_ctx *ctx, long long spin_us, ikbo_err *err);
 
 /* Scores a batch. task_scores [C, n_tasks] = sigmoid(logits); scores [C] =
  * sum_t score_weights[t] * task_scores[c, t]. Either output may be NULL.

@@ -61,6 +61,9 @@ const serving_key serving_keys[] = {
     INT_KEY(idle_spin_us, 0, 10000, SERVING_DEF_IDLE_SPIN_US, BOTH,
             "how long an idle instance (and one completer) polls for work before it sleeps; "
             "0 = sleep at once"),
+    INT_KEY(gpu_spin_us, 0, 10000000, SERVING_DEF_GPU_SPIN_US, BOTH,
+            "how long an instance polls the GPU for its batch's end before it sleeps until the "
+            "GPU signals; 0 = sleep at once (cuda only)"),
     STR_KEY(mode, SERVING_MODE, SERVING_MODEL | SERVING_TOP, "\"ikbo\" or \"broadcast\""),
     STR_KEY(device, SERVING_DEVICE, SERVING_MODEL | SERVING_TOP, "\"cpu\" or \"cuda:N\""),
 };

@@ -159,6 +159,14 @@ struct bk_backend {
     bk_stream *(*stream_new)(bk_backend *be, bk_err *err);
     void (*stream_free)(bk_stream *s);
     int (*sync)(bk_stream *s, bk_err *err);
+    /* How the thread in this stream's waits (download_f32, sync) waits for
+     * the device: spin_us < 0, the runtime's own wait (it polls until the
+     * stream is done; a new stream's setting); spin_us >= 0, it polls for
+     * at most spin_us, then sleeps until the device signals the end (0:
+     * sleeps at once). Polling answers a few microseconds sooner; sleeping
+     * leaves the core to other threads (bench/RESULTS.md has the A/B).
+     * Optional: NULL where the work runs on the calling thread (the CPU). */
+    int (*stream_set_spin)(bk_stream *s, long long spin_us, bk_err *err);
 
     /* ---- batch graphs (optional: NULL when the backend has none, as on
      * the CPU; the engine's use is in engine/batch_graph.h) ----

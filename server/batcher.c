@@ -1125,6 +1125,7 @@ static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
     log_int(&ln, "max_queue_delay_us", lim.max_queue_delay_us);
     log_int(&ln, "instances", lim.instances);
     log_int(&ln, "idle_spin_us", lim.idle_spin_us);
+    log_int(&ln, "gpu_spin_us", lim.gpu_spin_us);
     log_int(&ln, "max_queue_candidates", lim.max_queue_candidates);
     log_int(&ln, "max_queue_requests", lim.max_queue_requests);
     log_end(&ln);

@@ -31,12 +31,12 @@
  *                     {max_batch_candidates 1024, max_batch_users 64,
  *                      max_queue_delay_us 0, instances 0 (auto: cpu 1, cuda 4),
  *                      max_queue_candidates 32768, max_queue_requests 1024,
- *                      graphs 16, idle_spin_us 0}
+ *                      graphs 16, idle_spin_us 0, gpu_spin_us 10000000}
  *                     (ranges and meanings: engine/serving.h's key table,
  *                     the same for model.json's "serving"). A model's
  *                     model.json "serving" block (then its config.json)
  *                     overrides max_batch_*, max_queue_delay_us,
- *                     instances, graphs and idle_spin_us for that model,
+ *                     instances, graphs, idle_spin_us and gpu_spin_us for that model,
  *                     where set.
  *   repository_poll_ms   how often the model repository is rescanned for new,
  *                     changed and removed versions; 0..86400000, default

@@ -65,14 +65,43 @@ int cu_check_launch(bk_stream *s, bk_err *err, const char *what)
     return cu_check(cudaGetLastError(), err, what);
 }
 
-/* cudaStreamSynchronize, or the failure IKBO_FAULT injects at this wait. */
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The stream's end, waited for as stream_set_spin says (backend.h), or the
+ * failure IKBO_FAULT injects at this wait. An event's wait reports an
+ * earlier asynchronous failure as cudaStreamSynchronize does. */
 static int stream_wait(bk_stream *s, bk_err *err, const char *what)
 {
     if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
         bk_seterr(err, "cuda: %s: stream failed" BK_FAULT_INJECTED, what);
         return -1;
     }
-    return cu_check(cudaStreamSynchronize(s->st), err, what);
+    if (s->spin_us < 0)
+        return cu_check(cudaStreamSynchronize(s->st), err, what);
+    if (cu_check(cudaEventRecord(s->done, s->st), err, what))
+        return -1;
+    cudaError_t e = cudaErrorNotReady;
+    if (s->spin_us > 0) {
+        const int64_t end = mono_ns() + s->spin_us * 1000;
+        while ((e = cudaEventQuery(s->done)) == cudaErrorNotReady && mono_ns() < end) {
+        }
+    }
+    return cu_check(e == cudaErrorNotReady ? cudaEventSynchronize(s->done) : e, err, what);
+}
+
+static int cuda_stream_set_spin(bk_stream *s, long long spin_us, bk_err *err)
+{
+    if (spin_us >= 0 && !s->done &&
+        cu_check(cudaEventCreateWithFlags(&s->done, cudaEventBlockingSync | cudaEventDisableTiming),
+                 err, "wait event create"))
+        return -1;
+    s->spin_us = spin_us;
+    return 0;
 }
 
 static const char *blas_status_name(cublasStatus_t st)
@@ -775,6 +804,8 @@ static void cuda_stream_free(bk_stream *s)
         cudaFree(s->ws);
     if (s->lt)
         cublasLtDestroy(s->lt);
+    if (s->done)
+        cudaEventDestroy(s->done);
     if (s->st)
         cudaStreamDestroy(s->st);
     (void)cudaGetLastError();
@@ -791,6 +822,7 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
         return NULL;
     }
     s->be = be;
+    s->spin_us = -1;
     s->lce_y.tag = BK_TAG_USER;
     s->att_tile.tag = BK_TAG_INDEX;
     cublasStatus_t bs;
@@ -1893,6 +1925,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->stream_new = cuda_stream_new;
     be->stream_free = cuda_stream_free;
     be->sync = cuda_sync;
+    be->stream_set_spin = cuda_stream_set_spin;
     be->weight_new = cuda_weight_new;
     be->weight_free = cuda_weight_free;
     be->embedding_bag = cuda_embedding_bag;

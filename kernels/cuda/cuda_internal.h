@@ -178,6 +178,10 @@ struct bk_stream {
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;
     cu_prof *prof; /* NULL unless IKBO_CUDA_PROFILE */
+    /* stream_set_spin: < 0 = cudaStreamSynchronize; else poll `done` for
+     * spin_us, then cudaEventSynchronize on it (a blocking-sync event). */
+    long long spin_us;
+    cudaEvent_t done;
     /* Batch graphs (graph.cu). gen counts moves of the stream's private
      * buffers (staging, scratch): a graph recorded at another gen points at
      * freed memory and is refused. */

@@ -362,6 +362,11 @@ int main(int argc, char **argv)
             o.graphs = 4;
             ikbo_model *mgr = ikbo_model_load(argv[a], &o, &e);
             ikbo_ctx *cgr = mgr ? ikbo_ctx_new(mgr, &e) : NULL;
+            /* The server's waits: sleep at once (ikbo), poll then sleep (broadcast). */
+            if (cgr && ikbo_ctx_set_gpu_spin(cgr, md ? 50 : 0, &e)) {
+                ikbo_ctx_free(cgr);
+                cgr = NULL;
+            }
             if (!cgr) {
                 printf("FAIL %s: graphs: %s\n", argv[a], e.msg);
                 failures++;

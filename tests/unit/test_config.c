@@ -280,7 +280,7 @@ static void test_batching(void **s)
     assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
                               "\"max_queue_delay_us\":250,\"instances\":3,"
                               "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
-                              "\"graphs\":16,\"idle_spin_us\":0}"));
+                              "\"graphs\":16,\"idle_spin_us\":0,\"gpu_spin_us\":10000000}"));
     free(j);
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
@@ -341,12 +341,16 @@ static void test_serving_table(void **s)
     serving_err("{\"graphs\":1025}", SERVING_MODEL, "serving",
                 "serving.graphs: expected integer 0..1024, got 1025");
     serving_err("[]", SERVING_MODEL, "serving", "serving: expected object, got array");
+    serving_err("{\"gpu_spin_us\":-1}", SERVING_MODEL, "serving",
+                "serving.gpu_spin_us: expected integer 0..10000000, got -1");
+    apply_err("{\"batching\":{\"gpu_spin_us\":\"50\"}}",
+              "batching.gpu_spin_us: expected integer 0..10000000, got \"50\"");
     serving_err("{\"max_queue_requests\":1}", SERVING_MODEL, "serving",
                 "serving.max_queue_requests: unknown key (known: max_batch_candidates, "
-                "max_batch_users, max_queue_delay_us, instances, graphs, idle_spin_us, mode, device)");
+                "max_batch_users, max_queue_delay_us, instances, graphs, idle_spin_us, gpu_spin_us, mode, device)");
     apply_err("{\"batching\":{\"mode\":\"ikbo\"}}",
               "batching.mode: unknown key (known: max_batch_candidates, max_batch_users, "
-              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, idle_spin_us)");
+              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, idle_spin_us, gpu_spin_us)");
     apply_err("{\"batching\":{\"max_queue_candidates\":0}}",
               "batching.max_queue_candidates: expected integer 1..1000000000, got 0");
 
@@ -383,7 +387,7 @@ static void test_serving_table(void **s)
     json_t *o = serving_to_json(&src, SERVING_MODEL);
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     assert_string_equal(txt, "{\"max_batch_candidates\":-1,\"max_batch_users\":0,"
-                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"idle_spin_us\":-1,"
+                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"idle_spin_us\":-1,\"gpu_spin_us\":-1,"
                              "\"mode\":\"\","
                              "\"device\":\"cuda:3\"}");
     free(txt);
