@@ -598,9 +598,11 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
     memset(&err, 0, sizeof err);
     rq_status st;
     rq_status_ok(&st);
-    if (!in->ctx) {
-        in->ctx = b->model.ctx(b->model.ctx_arg, in->index, &err);
-        if (!in->ctx)
+    if (!in->ctx) { /* the registry's; how it waits for the GPU is this batcher's setting */
+        ikbo_ctx *c = b->model.ctx(b->model.ctx_arg, in->index, &err);
+        if (c && ikbo_ctx_set_gpu_spin(c, b->lim.gpu_spin_us, &err) == 0)
+            in->ctx = c;
+        else
             rq_status_set(&st, RQ_INTERNAL, "model '%s': no execution context: %s", b->label,
                           err.msg);
     }

@@ -140,13 +140,8 @@ ikbo_ctx *registry_model_ctx(registry_model *m, int slot, ikbo_err *err)
         bk_seterr(err, "registry: model '%s' is not loaded", m->name);
         return NULL;
     }
-    if (m->ctx[slot]) return m->ctx[slot];
-    ikbo_ctx *c = ikbo_ctx_new(m->model, err);
-    if (c && m->serving.gpu_spin_us >= 0 && ikbo_ctx_set_gpu_spin(c, m->serving.gpu_spin_us, err)) {
-        ikbo_ctx_free(c);
-        return NULL;
-    }
-    return m->ctx[slot] = c;
+    if (!m->ctx[slot]) m->ctx[slot] = ikbo_ctx_new(m->model, err);
+    return m->ctx[slot];
 }
 
 /* ---- table helpers (callers hold the lock) --------------------------------- */

@@ -112,11 +112,13 @@ static registry_model *load_instance(registry *r, const reg_job *j, ikbo_err *er
         reg_instance_destroy(m);
         return NULL;
     }
-    ikbo_ctx *ctx = registry_model_ctx(m, 0, err); /* owned by m */
+    ikbo_ctx *ctx = ikbo_ctx_new(m->model, err);
     if (!ctx || warm_up(m->model, ctx, err) != 0) {
+        if (ctx) ikbo_ctx_free(ctx);
         reg_instance_destroy(m);
         return NULL;
     }
+    m->ctx[0] = ctx;
     return m;
 }
 
