@@ -78,6 +78,39 @@ __device__ __forceinline__ void col_pair(const float *acc, int j, int h, int g, 
  * Persistent CTAs walk tiles blockIdx.x, + gridDim.x, ...; tile order
  * (m tile fastest, then d block, then batch item) keeps W and the current
  * candidates' E in L2. */
+/* The user term's storage, four values per thread per 16-byte chunk q of
+ * the fragment order: fp32 (YT = float, production: one rounding in all)
+ * or the activation dtype (YT = T: half the bytes through L2, the user
+ * term rounded once more before the sum; bench lce_v14). */
+template <typename YT> struct yterm {
+    typedef uint2 raw;
+    static __device__ __forceinline__ raw load(const YT *y, size_t i)
+    {
+        return __ldg((const uint2 *)y + i);
+    }
+    static __device__ __forceinline__ float4 val(raw r)
+    {
+        float2 a = unpack2<YT>(r.x), b = unpack2<YT>(r.y);
+        return make_float4(a.x, a.y, b.x, b.y);
+    }
+    static __device__ __forceinline__ void store(YT *y, size_t i, const float *a)
+    {
+        ((uint2 *)y)[i] = make_uint2(pack2<YT>(a[0], a[1]), pack2<YT>(a[2], a[3]));
+    }
+};
+template <> struct yterm<float> {
+    typedef float4 raw;
+    static __device__ __forceinline__ raw load(const float *y, size_t i)
+    {
+        return __ldg((const float4 *)y + i);
+    }
+    static __device__ __forceinline__ float4 val(raw r) { return r; }
+    static __device__ __forceinline__ void store(float *y, size_t i, const float *a)
+    {
+        ((float4 *)y)[i] = make_float4(a[0], a[1], a[2], a[3]);
+    }
+};
+
 template <int BNM> struct lcews_cfg {
     static constexpr int BK = 64, STAGES = 4, THREADS = 384;
     static constexpr int W_BYTES = BNM * 128;     /* BNM rows of 64 k       */
@@ -95,12 +128,13 @@ template <int BNM> struct lcews_cfg {
 /* EPI = false (bench/kernels/lce_v10.cu only): no epilogue, a timing
  * diagnostic with wrong results. CL: CTAs per cluster (1, 2; 4 only from
  * bench/kernels/lce_v13.cu). */
-template <typename T, int MODE, int BNM, bool EPI, int CL>
+template <typename T, int MODE, int BNM, bool EPI, int CL, typename YT>
 __global__ void __launch_bounds__(384, 1)
 k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te,
-         const __grid_constant__ CUtensorMap tz, int K, int M, int D, float *__restrict__ yf,
+         const __grid_constant__ CUtensorMap tz, int K, int M, int D, YT *__restrict__ yf,
          const int32_t *__restrict__ map, int ntiles)
 {
+    typedef yterm<YT> YV;
     typedef lcews_cfg<BNM> CFG;
     constexpr int STAGES = CFG::STAGES, NQ = BNM / 8, HALF = CFG::HALF;
     extern __shared__ unsigned char smem_raw[];
@@ -217,9 +251,9 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         /* The user term's tile (fragment order) is added after the MMAs, its
          * loads issued under the last slice's wgmmas and the first half's
          * stores, so no tile starts waiting on them. */
-        const float4 *ysrc =
-            MODE == MODE_ADD ? (const float4 *)yf + (size_t)((map[b] * DT + dt) * MT + mt) * NQ * 256 + ct
-                             : nullptr;
+        const size_t ysrc = MODE == MODE_ADD
+                                ? (size_t)((map[b] * DT + dt) * MT + mt) * NQ * 256 + ct
+                                : 0;
 #pragma unroll
         for (int q = 0; q < BNM / 2; q++)
             acc[q] = 0.0f;
@@ -245,13 +279,13 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
                 phase ^= 1;
             }
         }
-        float4 u[NQ / 2];
+        typename YV::raw u[NQ / 2];
         if (MODE == MODE_ADD && EPI) {
             if (i == 0)
                 pdl_wait(); /* the user GEMM's tiles are written */
 #pragma unroll
             for (int q = 0; q < NQ / 2; q++)
-                u[q] = __ldg(ysrc + (size_t)q * 256);
+                u[q] = YV::load(yf, ysrc + (size_t)q * 256);
         }
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
@@ -269,11 +303,10 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
             continue;
         }
         if (MODE == MODE_USER) {
-            float4 *dst = (float4 *)yf + (size_t)tile * NQ * 256 + ct;
+            const size_t dst = (size_t)tile * NQ * 256 + ct;
 #pragma unroll
             for (int q = 0; q < NQ; q++)
-                dst[(size_t)q * 256] =
-                    make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+                YV::store(yf, dst + (size_t)q * 256, acc + 4 * q);
             continue;
         }
         const int dc = dt * 128 + cw * 64, m0 = mt * BNM;
@@ -285,15 +318,16 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
 #pragma unroll
                 for (int q = 0; q < NQ / 2; q++) {
                     const int c = 4 * (r * (NQ / 2) + q);
-                    acc[c] += u[q].x;
-                    acc[c + 1] += u[q].y;
-                    acc[c + 2] += u[q].z;
-                    acc[c + 3] += u[q].w;
+                    const float4 uv = YV::val(u[q]);
+                    acc[c] += uv.x;
+                    acc[c + 1] += uv.y;
+                    acc[c + 2] += uv.z;
+                    acc[c + 3] += uv.w;
                 }
                 if (r == 0) {
 #pragma unroll
                     for (int q = 0; q < NQ / 2; q++)
-                        u[q] = __ldg(ysrc + (size_t)(NQ / 2 + q) * 256);
+                        u[q] = YV::load(yf, ysrc + (size_t)(NQ / 2 + q) * 256);
                 }
             }
             /* The staging buffer is free once the last store read it. */
@@ -402,16 +436,16 @@ static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
 }
 
 /* The instantiation of k_lce_ws for cl CTAs per cluster (cl <= CLMAX). */
-template <typename T, int MODE, int BNM, bool EPI, int CLMAX>
+template <typename T, int MODE, int BNM, bool EPI, int CLMAX, typename YT>
 static void *ws_kernel(int cl)
 {
     if constexpr (CLMAX >= 4)
         if (cl == 4)
-            return (void *)k_lce_ws<T, MODE, BNM, EPI, 4>;
+            return (void *)k_lce_ws<T, MODE, BNM, EPI, 4, YT>;
     if constexpr (CLMAX >= 2)
         if (cl == 2)
-            return (void *)k_lce_ws<T, MODE, BNM, EPI, 2>;
-    return (void *)k_lce_ws<T, MODE, BNM, EPI, 1>;
+            return (void *)k_lce_ws<T, MODE, BNM, EPI, 2, YT>;
+    return (void *)k_lce_ws<T, MODE, BNM, EPI, 1, YT>;
 }
 
 /* One k_lce_ws launch (K > 0: a K of 0 has no tensor to map). Clusters
@@ -421,15 +455,15 @@ static void *ws_kernel(int cl)
  * cluster. CLMAX = 4 (bench lce_v13) also pairs m tiles where M has an even
  * number of them (W and E shared); CLMAX = 1 (bench lce_v9) never clusters.
  * EPI = false: bench lce_v10's diagnostic without epilogue. */
-template <typename T, int MODE, int BNM, bool EPI = true, int CLMAX = 2>
+template <typename T, int MODE, int BNM, bool EPI = true, int CLMAX = 2, typename YT = float>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
-                     float *yf, const int32_t *map, T *z, bk_err *err)
+                     YT *yf, const int32_t *map, T *z, bk_err *err)
 {
     const int DT = (D + 127) / 128, MT = (M + BNM - 1) / BNM;
     const int cl = CLMAX == 1 || DT % 2 != 0 ? 1 : CLMAX == 4 && MT % 2 == 0 ? 4 : 2;
-    typedef void (*kern_t)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, float *,
+    typedef void (*kern_t)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, YT *,
                            const int32_t *, int);
-    kern_t kern = (kern_t)ws_kernel<T, MODE, BNM, EPI, CLMAX>(cl);
+    kern_t kern = (kern_t)ws_kernel<T, MODE, BNM, EPI, CLMAX, YT>(cl);
     const size_t smem = lcews_cfg<BNM>::SMEM;
     long ntiles = (long)MT * DT * nb;
     if (ntiles >= (1L << 30)) {
@@ -475,7 +509,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
  * (MODE_ADD); without user tokens the candidate GEMM alone (MODE_PLAIN).
  * launch(mode, w, ldw, e, nb, K, yf, map, z) issues one GEMM (mode an
  * std::integral_constant): production's launch_ws, or a bench variant. */
-template <typename T, int BNM, class Launch>
+template <typename T, int BNM, typename YT = float, class Launch>
 static int lce_frag(bk_stream *s, const T *eu, int nu, const T *ec, int nc, const int32_t *map,
                     const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
                     T *z, Launch launch, bk_err *err)
@@ -486,14 +520,14 @@ static int lce_frag(bk_stream *s, const T *eu, int nu, const T *ec, int nc, cons
     const T *wu = (const T *)w_user->data, *wc = (const T *)w_cand->data;
     if (ku > 0) {
         size_t tiles = (size_t)((m + BNM - 1) / BNM) * ((d + 127) / 128) * nu;
-        if (cu_scratch_get(s, &s->lce_y, tiles * 256 * (BNM / 2) * sizeof(float), err))
+        if (cu_scratch_get(s, &s->lce_y, tiles * 256 * (BNM / 2) * sizeof(YT), err))
             return -1;
-        float *yf = (float *)s->lce_y.p;
+        YT *yf = (YT *)s->lce_y.p;
         if (launch(user_t(), wu, w_user->ld, eu, nu, ku, yf, nullptr, nullptr))
             return -1;
         return launch(add_t(), wc, w_cand->ld, ec, nc, kc, yf, map, z);
     }
-    return launch(plain_t(), wc, w_cand->ld, ec, nc, kc, nullptr, nullptr, z);
+    return launch(plain_t(), wc, w_cand->ld, ec, nc, kc, (YT *)nullptr, nullptr, z);
 }
 
 /* Calls f(std::integral_constant<int, BNM>()) with the wgmma N tile (M
@@ -511,20 +545,20 @@ template <class F> static int lce_bnm(int m, F f)
 /* A whole LCE call on k_lce_ws (bf16/fp16; the caller checked that it
  * applies: lce.cu's lce_use_ws). Production: EPI, CLMAX = 2; the bench
  * variants lce_v9, v10, v13 change one parameter each. */
-template <typename T, bool EPI = true, int CLMAX = 2>
+template <typename T, bool EPI = true, int CLMAX = 2, typename YT = float>
 static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int nc,
                       const int32_t *map, const bk_weight *w_user, const bk_weight *w_cand, int ku,
                       int kc, int m, int d, void *z, bk_err *err)
 {
     return lce_bnm(m, [&](auto bnm) {
         constexpr int BNM = decltype(bnm)::value;
-        auto launch = [&](auto mode, const T *w, int ldw, const T *e, int nb, int K, float *yf,
+        auto launch = [&](auto mode, const T *w, int ldw, const T *e, int nb, int K, YT *yf,
                           const int32_t *mp, T *zz) {
-            return launch_ws<T, decltype(mode)::value, BNM, EPI, CLMAX>(s, w, ldw, e, nb, K, m, d,
-                                                                        yf, mp, zz, err);
+            return launch_ws<T, decltype(mode)::value, BNM, EPI, CLMAX, YT>(s, w, ldw, e, nb, K,
+                                                                            m, d, yf, mp, zz, err);
         };
-        return lce_frag<T, BNM>(s, (const T *)eu, nu, (const T *)ec, nc, map, w_user, w_cand, ku,
-                                kc, m, d, (T *)z, launch, err);
+        return lce_frag<T, BNM, YT>(s, (const T *)eu, nu, (const T *)ec, nc, map, w_user, w_cand,
+                                    ku, kc, m, d, (T *)z, launch, err);
     });
 }
 

@@ -91,6 +91,19 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
     return *(uint32_t *)&v;
 }
 
+/* pack2's inverse: the pair (low half first) as two fp32 values. */
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
+
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v)
+{
+    return __bfloat1622float2(*(__nv_bfloat162 *)&v);
+}
+
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v)
+{
+    return __half22float2(*(__half2 *)&v);
+}
+
 /* ---- Hopper wgmma (sm_90a): warpgroup-wide async matrix multiply ---- */
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
