@@ -173,7 +173,7 @@ struct bk_stream {
     void *ws; /* cuBLASLt workspace */
     size_t ws_size;
     cu_pinned host;      /* pinned staging for every host copy            */
-    cu_scratch lce_y;    /* LCE user term at nu user rows, fp32 (lce.cu)  */
+    cu_scratch lce_y;    /* LCE user term at nu user rows (lce.cu)        */
     cu_scratch att_tile; /* attention tile table                         */
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;

@@ -6,7 +6,7 @@
  * Why this exists: the broadcast formulation copies every user's [Ku, D]
  * block to each of its candidates and runs one GEMM over K = Ku + Kc. The
  * user term only depends on the user, so it is computed once per user
- * (stream scratch at U rows, fp32), and the candidate GEMM adds it to its
+ * (stream scratch at U rows), and the candidate GEMM adds it to its
  * accumulators through map[c]: no [C, Ku, D] copy and no [C, M, D] user-term
  * buffer ever exist. Both GEMMs are the same batched kernel (one W for the
  * whole batch, one E block per batch item).
@@ -16,7 +16,7 @@
  * - warp-specialized wgmma (Hopper), k_lce_ws in lce_kern.cuh: a TMA
  *   producer thread and two consumer warpgroups, W shared by 2-CTA clusters
  *   where D has an even number of 128-wide blocks; the user term is kept in
- *   the accumulator fragment order and added before the one rounding.
+ *   the accumulator fragment order, stored in the activation dtype.
  * - mma.sync m16n8k16 (k_lce_tc): 4-stage cp.async pipeline, padded shared
  *   rows for conflict-free ldmatrix; user term dense [U, M, D] fp32, added
  *   in the epilogue.
@@ -26,7 +26,11 @@
  * bench/kernels/lce_v*.cu, timed by bench_kernels beside these.
  *
  * Numerics: user and candidate partial sums are each accumulated in fp32 and
- * added in fp32 before the one rounding to the activation dtype.
+ * added in fp32 before the rounding of Z to the activation dtype. k_lce_ws
+ * stores the user term in the activation dtype (one more rounding, of the
+ * user part alone: bf16 Z moved by 2.3e-3 relative, fp16 by 2.8e-4, for
+ * 8% less time, bench/RESULTS.md 2026-12-04); the other kernels keep it
+ * in fp32.
  */
 #include "kernels/cuda/lce_kern.cuh"
 

@@ -13,10 +13,10 @@
  *
  * The user term never takes the [M, D] layout: the user GEMM (MODE_USER)
  * writes each tile's fp32 accumulators as they sit in registers ("fragment
- * order": 16-byte chunk q of thread x at [(tile * BNM/8 + q) * 256 + x]),
- * and the candidate GEMM (MODE_ADD) adds the same tile of its user,
- * Yf[map[b]] - coalesced 16-byte loads, no index math, one fp32 sum per
- * output. Both launches must use the same BNM. MODE_PLAIN: no user term.
+ * order": the four values of chunk q of thread x at [(tile * BNM/8 + q) *
+ * 256 + x], stored as yterm<YT> says), and the candidate GEMM (MODE_ADD)
+ * adds the same tile of its user, Yf[map[b]] - coalesced loads, no index
+ * math, one fp32 sum per output. Both launches must use the same BNM. MODE_PLAIN: no user term.
  */
 #ifndef IKBO_LCE_KERN_CUH
 #define IKBO_LCE_KERN_CUH
@@ -79,9 +79,10 @@ __device__ __forceinline__ void col_pair(const float *acc, int j, int h, int g, 
  * (m tile fastest, then d block, then batch item) keeps W and the current
  * candidates' E in L2. */
 /* The user term's storage, four values per thread per 16-byte chunk q of
- * the fragment order: fp32 (YT = float, production: one rounding in all)
- * or the activation dtype (YT = T: half the bytes through L2, the user
- * term rounded once more before the sum; bench lce_v14). */
+ * the fragment order: the activation dtype (YT = T, production: half the
+ * bytes of fp32 through L2, for one more rounding, of the user term before
+ * the fp32 sum) or fp32 (YT = float: bench lce_v14, production until
+ * 2026-12-04, 8% slower). */
 template <typename YT> struct yterm {
     typedef uint2 raw;
     static __device__ __forceinline__ raw load(const YT *y, size_t i)
@@ -455,7 +456,7 @@ static void *ws_kernel(int cl)
  * cluster. CLMAX = 4 (bench lce_v13) also pairs m tiles where M has an even
  * number of them (W and E shared); CLMAX = 1 (bench lce_v9) never clusters.
  * EPI = false: bench lce_v10's diagnostic without epilogue. */
-template <typename T, int MODE, int BNM, bool EPI = true, int CLMAX = 2, typename YT = float>
+template <typename T, int MODE, int BNM, bool EPI = true, int CLMAX = 2, typename YT = T>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      YT *yf, const int32_t *map, T *z, bk_err *err)
 {
@@ -505,7 +506,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
 }
 
 /* Both GEMMs of one LCE on a fragment-order kernel: the user term at U rows
- * (MODE_USER, fp32 stream scratch), then the candidate GEMM adding it
+ * (MODE_USER, stream scratch in YT), then the candidate GEMM adding it
  * (MODE_ADD); without user tokens the candidate GEMM alone (MODE_PLAIN).
  * launch(mode, w, ldw, e, nb, K, yf, map, z) issues one GEMM (mode an
  * std::integral_constant): production's launch_ws, or a bench variant. */
@@ -545,7 +546,7 @@ template <class F> static int lce_bnm(int m, F f)
 /* A whole LCE call on k_lce_ws (bf16/fp16; the caller checked that it
  * applies: lce.cu's lce_use_ws). Production: EPI, CLMAX = 2; the bench
  * variants lce_v9, v10, v13 change one parameter each. */
-template <typename T, bool EPI = true, int CLMAX = 2, typename YT = float>
+template <typename T, bool EPI = true, int CLMAX = 2, typename YT = T>
 static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int nc,
                       const int32_t *map, const bk_weight *w_user, const bk_weight *w_cand, int ku,
                       int kc, int m, int d, void *z, bk_err *err)
