@@ -376,7 +376,7 @@ int cuda_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const
     }
     if (prof_.on()) {
         /* The user GEMM U x Ku and the candidate GEMM C x Kc into [C, M, D];
-         * E_user, E_cand, both W, Z and the map once (the fp32 user term's
+         * E_user, E_cand, both W, Z and the map once (the user term's
          * round trip is this implementation's, not compulsory). */
         const double es = (double)s->be->act_size, uk = ku > 0 ? (double)nu * ku : 0;
         prof_.work(2.0 * m * d * (uk + (double)nc * kc),
