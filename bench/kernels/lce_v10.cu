@@ -20,7 +20,7 @@ int lce_v10(LCE_VARIANT_ARGS)
 {
     if (!lce_ws_takes(s, kc, m, d, "lce_v10", err))
         return -1;
-    auto f = cu_dt(s) == CU_BF16 ? lce_ws_run<__nv_bfloat16, false, 2>
-                                 : lce_ws_run<__half, false, 2>;
+    auto f = cu_dt(s) == CU_BF16 ? lce_ws_run<__nv_bfloat16, EPI_NONE, 2>
+                                 : lce_ws_run<__half, EPI_NONE, 2>;
     return f(s, eu, nu, ec, nc, map, w_user, w_cand, ku, kc, m, d, z, err);
 }

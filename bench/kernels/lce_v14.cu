@@ -20,7 +20,7 @@ int lce_v14(LCE_VARIANT_ARGS)
 {
     if (!lce_ws_takes(s, kc, m, d, "lce_v14", err))
         return -1;
-    auto f = cu_dt(s) == CU_BF16 ? lce_ws_run<__nv_bfloat16, true, 2, float>
-                                 : lce_ws_run<__half, true, 2, float>;
+    auto f = cu_dt(s) == CU_BF16 ? lce_ws_run<__nv_bfloat16, EPI_STM, 2, float>
+                                 : lce_ws_run<__half, EPI_STM, 2, float>;
     return f(s, eu, nu, ec, nc, map, w_user, w_cand, ku, kc, m, d, z, err);
 }

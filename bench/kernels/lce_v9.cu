@@ -21,6 +21,7 @@ int lce_v9(LCE_VARIANT_ARGS)
 {
     if (!lce_ws_takes(s, kc, m, d, "lce_v9", err))
         return -1;
-    auto f = cu_dt(s) == CU_BF16 ? lce_ws_run<__nv_bfloat16, true, 1> : lce_ws_run<__half, true, 1>;
+    auto f = cu_dt(s) == CU_BF16 ? lce_ws_run<__nv_bfloat16, EPI_STM, 1>
+                                 : lce_ws_run<__half, EPI_STM, 1>;
     return f(s, eu, nu, ec, nc, map, w_user, w_cand, ku, kc, m, d, z, err);
 }

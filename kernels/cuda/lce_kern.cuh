@@ -39,6 +39,10 @@ static inline bool lce_ws_shape(enum cu_dtype dt, int kc, int m, int d)
 }
 
 enum { MODE_USER = 0, MODE_ADD = 1, MODE_PLAIN = 2 };
+/* k_lce_ws's epilogue: none (bench lce_v10's timing diagnostic, wrong
+ * results), the accumulators staged by lane shuffles and 4-byte shared
+ * stores (bench lce_v15), or by stmatrix.trans (production). */
+enum { EPI_NONE = 0, EPI_SHFL = 1, EPI_STM = 2 };
 
 /* Epilogue helper of the wgmma kernels. In an m64nN fp32 accumulator
  * fragment, lanes g and g^1 (g = lane / 4) hold rows d, d+1 of columns m,
@@ -126,10 +130,9 @@ template <int BNM> struct lcews_cfg {
     static_assert(HALF % 8 == 0 && HALF <= 256, "a half tile is one TMA box");
 };
 
-/* EPI = false (bench/kernels/lce_v10.cu only): no epilogue, a timing
- * diagnostic with wrong results. CL: CTAs per cluster (1, 2; 4 only from
- * bench/kernels/lce_v13.cu). */
-template <typename T, int MODE, int BNM, bool EPI, int CL, typename YT>
+/* EPI: the epilogue (EPI_NONE, EPI_SHFL, EPI_STM above). CL: CTAs per
+ * cluster (1, 2; 4 only from bench/kernels/lce_v13.cu). */
+template <typename T, int MODE, int BNM, int EPI, int CL, typename YT>
 __global__ void __launch_bounds__(384, 1)
 k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te,
          const __grid_constant__ CUtensorMap tz, int K, int M, int D, YT *__restrict__ yf,
@@ -281,7 +284,7 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
             }
         }
         typename YV::raw u[NQ / 2];
-        if (MODE == MODE_ADD && EPI) {
+        if (MODE == MODE_ADD && EPI != EPI_NONE) {
             if (i == 0)
                 pdl_wait(); /* the user GEMM's tiles are written */
 #pragma unroll
@@ -293,7 +296,7 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         if (lane == 0)
             release(prev);
 
-        if (!EPI) {
+        if (EPI == EPI_NONE) {
             /* Keeps the accumulators live (K < 0 never happens). */
             float sum = 0.0f;
 #pragma unroll
@@ -335,17 +338,33 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
             if (lead)
                 bulk_wait_read<0>();
             named_bar_sync(1 + cw, 128);
+            if constexpr (EPI == EPI_STM) {
+                /* Matrix (j, h): d rows 16 wq + 8h .. + 7 of m columns 8j ..
+                 * 8j + 7; transposed, each m row gets 16 bytes of d. */
 #pragma unroll
-            for (int j = r * (NQ / 2); j < (r + 1) * (NQ / 2); j++)
+                for (int j = r * (NQ / 2); j < (r + 1) * (NQ / 2); j += 2) {
+                    uint32_t p[4];
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float p0, p1;
-                    col_pair(acc, j, h, g, p0, p1);
-                    int ml = 8 * j + 2 * t + (g & 1) - r * HALF;
-                    int dl = wq * 16 + (g & ~1) + 8 * h;
-                    *(uint32_t *)(stg + ml * 128 + (((dl >> 3) ^ (ml & 7)) << 4) + (dl & 7) * 2) =
-                        pack2<T>(p0, p1);
+                    for (int k = 0; k < 4; k++) {
+                        const int jj = j + (k >> 1), h = k & 1;
+                        p[k] = pack2<T>(acc[4 * jj + 2 * h], acc[4 * jj + 2 * h + 1]);
+                    }
+                    const int k = lane >> 3, ml = 8 * (j + (k >> 1)) + (lane & 7) - r * HALF;
+                    stmatrix_x4_trans(stg + ml * 128 + (((2 * wq + (k & 1)) ^ (ml & 7)) << 4), p);
                 }
+            } else {
+#pragma unroll
+                for (int j = r * (NQ / 2); j < (r + 1) * (NQ / 2); j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float p0, p1;
+                        col_pair(acc, j, h, g, p0, p1);
+                        int ml = 8 * j + 2 * t + (g & 1) - r * HALF;
+                        int dl = wq * 16 + (g & ~1) + 8 * h;
+                        *(uint32_t *)(stg + ml * 128 + (((dl >> 3) ^ (ml & 7)) << 4) +
+                                      (dl & 7) * 2) = pack2<T>(p0, p1);
+                    }
+            }
             fence_proxy_async();
             named_bar_sync(1 + cw, 128);
             if (lead) {
@@ -437,7 +456,7 @@ static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
 }
 
 /* The instantiation of k_lce_ws for cl CTAs per cluster (cl <= CLMAX). */
-template <typename T, int MODE, int BNM, bool EPI, int CLMAX, typename YT>
+template <typename T, int MODE, int BNM, int EPI, int CLMAX, typename YT>
 static void *ws_kernel(int cl)
 {
     if constexpr (CLMAX >= 4)
@@ -455,8 +474,8 @@ static void *ws_kernel(int cl)
  * -> 0.38 ms at the seed shape on the H200 (bench/RESULTS.md), else no
  * cluster. CLMAX = 4 (bench lce_v13) also pairs m tiles where M has an even
  * number of them (W and E shared); CLMAX = 1 (bench lce_v9) never clusters.
- * EPI = false: bench lce_v10's diagnostic without epilogue. */
-template <typename T, int MODE, int BNM, bool EPI = true, int CLMAX = 2, typename YT = T>
+ * EPI: the epilogue (EPI_NONE: bench lce_v10's diagnostic). */
+template <typename T, int MODE, int BNM, int EPI = EPI_STM, int CLMAX = 2, typename YT = T>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      YT *yf, const int32_t *map, T *z, bk_err *err)
 {
@@ -544,9 +563,9 @@ template <class F> static int lce_bnm(int m, F f)
 }
 
 /* A whole LCE call on k_lce_ws (bf16/fp16; the caller checked that it
- * applies: lce.cu's lce_use_ws). Production: EPI, CLMAX = 2; the bench
- * variants lce_v9, v10, v13 change one parameter each. */
-template <typename T, bool EPI = true, int CLMAX = 2, typename YT = T>
+ * applies: lce.cu's lce_use_ws). Production: EPI_STM, CLMAX = 2, YT = T; the bench
+ * variants lce_v9, v10, v13, v14, v15 change one parameter each. */
+template <typename T, int EPI = EPI_STM, int CLMAX = 2, typename YT = T>
 static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int nc,
                       const int32_t *map, const bk_weight *w_user, const bk_weight *w_cand, int ku,
                       int kc, int m, int d, void *z, bk_err *err)

@@ -91,6 +91,19 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
     return *(uint32_t *)&v;
 }
 
+/* Four 8x8 b16 matrices from registers to shared memory, each transposed:
+ * r[k] is this lane's pair of matrix k (row lane / 4, columns 2 (lane % 4)
+ * and + 1, as mma fragments hold them), which lands in shared rows 2
+ * (lane % 4) and + 1 at element lane / 4; lane 8k + i gives the 16-byte
+ * aligned address of shared row i of matrix k. */
+__device__ __forceinline__ void stmatrix_x4_trans(void *smem, const uint32_t r[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     smem_u32(smem)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 /* pack2's inverse: the pair (low half first) as two fp32 values. */
 template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
 
