@@ -2,7 +2,7 @@
  * wrong results by design. Benchmark only.
  *
  * What it tries: production's kernel and launch (2-CTA clusters) with
- * EPI = false, so the consumers neither add the user term nor store Z (they
+ * EPI_NONE, so the consumers neither add the user term nor store Z (they
  * only keep their accumulators live); the time is the mainloop's, the
  * difference to production the epilogue's.
  * What it measured (H200, bf16, C 1024, M 433, D 256, ratio 70; floor
@@ -11,7 +11,7 @@
  * after the MMAs, against 0.376 ms with the epilogue: the epilogue (the
  * fp32 user term, 0.45 GB, and Z, 0.23 GB, through L2) is the largest cost
  * left. (bench/kernels/NOTES.md, bench/RESULTS.md 2026-12-01.)
- * The template is production's (kernels/cuda/lce_kern.cuh, EPI = false).
+ * The template is production's (kernels/cuda/lce_kern.cuh, EPI_NONE).
  */
 #include "bench/kernels/variants.cuh"
 #include "kernels/cuda/lce_kern.cuh"
