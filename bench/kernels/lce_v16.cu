@@ -1,6 +1,6 @@
 /* lce_v16.cu - LCE on k_lce_ws with each cluster walking one contiguous
  * run of candidates for a fixed (m tile, d block), the user term kept in
- * registers while the run stays on one user. Benchmark only until it wins.
+ * registers while the run stays on one user. Benchmark only: it lost.
  *
  * What it tries: production's persistent CTAs take tiles strided over the
  * grid (tile k, k + grid, ...), so each tile loads its user's term (in T,
@@ -9,7 +9,12 @@
  * load is skipped otherwise; the clusters of the other m tile walk the
  * same candidates at the same pace, so E still crosses HBM once.
  * Prediction (H200, bf16, ratio 70): 0.333 -> 0.318-0.325 ms; at ratio 2
- * (a new user every other tile) no gain.
+ * (a new user every other tile) no gain. Measured (8ad5792, beside
+ * production in one run): ratio 70 0.339 vs 0.338, 2 0.551 vs 0.540, 10
+ * 0.384 vs 0.374, 1000 0.336 vs 0.336, fp16 0.356 vs 0.357: no gain, a
+ * loss at small ratios. With the user term in T its loads were already
+ * hidden under the last wgmmas; what is left of the epilogue is Z's
+ * staging and store (bench/kernels/NOTES.md, 2026-12-04).
  * The template is production's (kernels/cuda/lce_kern.cuh, UC = true).
  */
 #include "bench/kernels/variants.cuh"

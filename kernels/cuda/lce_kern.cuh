@@ -590,7 +590,7 @@ template <class F> static int lce_bnm(int m, F f)
 
 /* A whole LCE call on k_lce_ws (bf16/fp16; the caller checked that it
  * applies: lce.cu's lce_use_ws). Production: EPI_STM, CLMAX = 2, YT = T; the bench
- * variants lce_v9, v10, v13, v14, v15 change one parameter each. */
+ * variants lce_v9, v10, v13, v14, v15, v16 change one parameter each. */
 template <typename T, int EPI = EPI_STM, int CLMAX = 2, typename YT = T, bool UC = false>
 static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int nc,
                       const int32_t *map, const bk_weight *w_user, const bk_weight *w_cand, int ku,
