@@ -30,6 +30,7 @@
  * the stream (download_f32, sync); after such a fault the CUDA context is
  * unusable and every later call on it fails with that message.
  */
+#include <chrono>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,13 +66,6 @@ int cu_check_launch(bk_stream *s, bk_err *err, const char *what)
     return cu_check(cudaGetLastError(), err, what);
 }
 
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* The stream's end, waited for as stream_set_spin says (backend.h), or the
  * failure IKBO_FAULT injects at this wait. An event's wait reports an
  * earlier asynchronous failure as cudaStreamSynchronize does. */
@@ -87,8 +81,9 @@ static int stream_wait(bk_stream *s, bk_err *err, const char *what)
         return -1;
     cudaError_t e = cudaErrorNotReady;
     if (s->spin_us > 0) {
-        const int64_t end = mono_ns() + s->spin_us * 1000;
-        while ((e = cudaEventQuery(s->done)) == cudaErrorNotReady && mono_ns() < end) {
+        typedef std::chrono::steady_clock clk;
+        const clk::time_point end = clk::now() + std::chrono::microseconds(s->spin_us);
+        while ((e = cudaEventQuery(s->done)) == cudaErrorNotReady && clk::now() < end) {
         }
     }
     return cu_check(e == cudaErrorNotReady ? cudaEventSynchronize(s->done) : e, err, what);
