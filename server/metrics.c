@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -460,174 +461,163 @@ char *metrics_render(metrics_registry *r, size_t *len)
 
 /* ---- the daemon's families -------------------------------------------- */
 
+static const double dur_buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                     0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+static const double cand_buckets[] = {1,   8,    16,   32,   64,   128,  256,
+                                      512, 1024, 2048, 4096, 8192, 16384};
+static const double user_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+static const double batch_secs[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                    0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                    1,      2.5,     5,      10};
+static const double req_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+static const double ratio_buckets[] = {1,   2,   4,   8,    16,   32,  64,
+                                       128, 256, 512, 1024, 2048, 4096};
+static const double fine_secs[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
+                                   0.00025,  0.0005,  0.001,    0.0025,  0.01};
+static const char *const l_model_code[] = {"model", "code"};
+static const char *const l_model[] = {"model"};
+static const char *const l_mvs[] = {"model", "version", "state"};
+static const char *const l_ver[] = {"version"};
+static const char *const l_method_code[] = {"method", "code"};
+static const char *const l_path_code[] = {"path", "code"};
+static const char *const l_model_reason[] = {"model", "reason"};
+static const char *const l_model_use[] = {"model", "use"};
+static const char *const l_mvdk[] = {"model", "version", "device", "kind"};
+
+/* One family of metrics_server: where it is kept, and its definition. The
+ * table's order is the registration order, so the order of /metrics. */
+typedef struct family_def {
+    size_t off; /* offsetof(metrics_server, field) */
+    enum metrics_type type;
+    const char *name, *help;
+    int n_labels;
+    const char *const *labels;
+    int n_buckets;
+    const double *buckets;
+} family_def;
+
+#define ARR(a) (int)(sizeof a / sizeof *a), a
+#define NONE 0, NULL
+#define AT(field) offsetof(metrics_server, field)
+static const family_def server_families[] = {
+    {AT(requests_total), METRICS_COUNTER, "ikbo_requests_total",
+     "Rank requests (gRPC and HTTP) by model and final status code.", ARR(l_model_code), NONE},
+    {AT(request_duration_seconds), METRICS_HISTOGRAM, "ikbo_request_duration_seconds",
+     "Rank request latency in the server, from receipt to response built.", ARR(l_model),
+     ARR(dur_buckets)},
+    {AT(request_candidates), METRICS_HISTOGRAM, "ikbo_request_candidates",
+     "Candidates per scored Rank request.", NONE, ARR(cand_buckets)},
+    {AT(request_unique_users), METRICS_HISTOGRAM, "ikbo_request_unique_users",
+     "Unique users (rows after dedup) per scored Rank request.", NONE, ARR(user_buckets)},
+    {AT(inflight_requests), METRICS_GAUGE, "ikbo_inflight_requests",
+     "Rank requests being processed now.", NONE, NONE},
+    {AT(model_loaded), METRICS_GAUGE, "ikbo_model_loaded",
+     "1 for each known model version, labelled with its state (LOADING, READY, FAILED, "
+     "UNLOADED).",
+     ARR(l_mvs), NONE},
+    {AT(build_info), METRICS_GAUGE, "ikbo_build_info",
+     "Build of the running ikbo-serve; value is always 1.", ARR(l_ver), NONE},
+    {AT(broadcast_bytes_avoided_total), METRICS_COUNTER, "ikbo_broadcast_bytes_avoided_total",
+     "User-tensor bytes broadcast mode would have copied out to candidate rows and IKBO did "
+     "not, summed over scored batches.",
+     ARR(l_model), NONE},
+    {AT(grpc_requests_total), METRICS_COUNTER, "ikbo_grpc_requests_total",
+     "gRPC calls by full method name (\"unknown\" for unregistered methods) and status code.",
+     ARR(l_method_code), NONE},
+    {AT(http_requests_total), METRICS_COUNTER, "ikbo_http_requests_total",
+     "HTTP requests by route and HTTP status code.", ARR(l_path_code), NONE},
+    {AT(grpc_receive_seconds), METRICS_HISTOGRAM, "ikbo_grpc_receive_seconds",
+     "Per Rank call over gRPC: from a worker taking the call off its completion queue to the "
+     "request submitted (re-requesting the method, starting the close op, reading and "
+     "decoding the message).",
+     NONE, ARR(fine_secs)},
+    {AT(grpc_send_seconds), METRICS_HISTOGRAM, "ikbo_grpc_send_seconds",
+     "Per Rank call over gRPC: from the answer handed to the send path (packing it, starting "
+     "the send batch) to gRPC core reporting that batch done on a worker's queue.",
+     NONE, ARR(fine_secs)},
+    {AT(request_prepare_seconds), METRICS_HISTOGRAM, "ikbo_request_prepare_seconds",
+     "Per admitted Rank request: validation, user dedup and batch assembly (the plan) on the "
+     "thread that received it, before it is queued.",
+     ARR(l_model), ARR(fine_secs)},
+    {AT(queue_seconds), METRICS_HISTOGRAM, "ikbo_queue_seconds",
+     "Time a Rank request waited in the batcher queue: submit to compute start of its batch.",
+     ARR(l_model), ARR(batch_secs)},
+    {AT(request_compute_seconds), METRICS_HISTOGRAM, "ikbo_request_compute_seconds",
+     "Per Rank request: forward-pass (ikbo_score) time of the batch(es) that scored it, the "
+     "share of its latency spent computing.",
+     ARR(l_model), ARR(batch_secs)},
+    {AT(batch_compute_seconds), METRICS_HISTOGRAM, "ikbo_batch_compute_seconds",
+     "Forward-pass (ikbo_score) time per batch.", ARR(l_model), ARR(batch_secs)},
+    {AT(batch_requests), METRICS_HISTOGRAM, "ikbo_batch_requests",
+     "Rank requests (or chunks) merged into one batch.", ARR(l_model), ARR(req_buckets)},
+    {AT(batch_users), METRICS_HISTOGRAM, "ikbo_batch_users",
+     "Unique user rows per batch, after dedup across the merged requests.", ARR(l_model),
+     ARR(user_buckets)},
+    {AT(batch_candidates), METRICS_HISTOGRAM, "ikbo_batch_candidates", "Candidates per batch.",
+     ARR(l_model), ARR(cand_buckets)},
+    {AT(batch_candidates_per_user), METRICS_HISTOGRAM, "ikbo_batch_candidates_per_user",
+     "Candidates per unique user row in a batch (C / U), the IKBO broadcast ratio.", ARR(l_model),
+     ARR(ratio_buckets)},
+    {AT(queue_requests), METRICS_GAUGE, "ikbo_queue_requests",
+     "Rank requests admitted to the batcher queue and not yet in a batch.", ARR(l_model), NONE},
+    {AT(queue_candidates), METRICS_GAUGE, "ikbo_queue_candidates",
+     "Candidates admitted to the batcher queue and not yet in a batch.", ARR(l_model), NONE},
+    {AT(batch_graphs_total), METRICS_COUNTER, "ikbo_batch_graphs_total",
+     "Scored batches by what they did with batch graphs: none (off, or a shape's first "
+     "batch), replayed, recorded, fell_back (a recording or replay failed).",
+     ARR(l_model_use), NONE},
+    {AT(rejected_total), METRICS_COUNTER, "ikbo_rejected_total",
+     "Rank requests the batcher did not compute, by reason (queue_full, deadline, cancelled, "
+     "error: their batch could not be built or scored).",
+     ARR(l_model_reason), NONE},
+    {AT(model_load_failures_total), METRICS_COUNTER, "ikbo_model_load_failures_total",
+     "Model version loads that failed (bad files, validation, warm-up, memory check); the "
+     "previous version keeps serving.",
+     ARR(l_model), NONE},
+    {AT(model_memory_bytes), METRICS_GAUGE, "ikbo_model_memory_bytes",
+     "Memory the engine holds per READY model version, from its backend's byte accounting: "
+     "kind=weights is the weights; user, candidate, broadcast and index are the execution "
+     "contexts' workspace by tensor kind (grown to the largest batch seen, kept between "
+     "batches; broadcast is 0 in IKBO mode). GPU memory when device is cuda:N, host memory "
+     "when device is cpu. Not counted: the CUDA context, per-stream cuBLASLt workspaces and "
+     "pinned host staging.",
+     ARR(l_mvdk), NONE},
+};
+#undef ARR
+#undef NONE
+/* Every family field of metrics_server (requests_total .. model_memory_bytes,
+ * the pointers before the cached series) has its row. */
+_Static_assert(sizeof server_families / sizeof *server_families ==
+                   (offsetof(metrics_server, inflight) - AT(requests_total)) /
+                       sizeof(metrics_family *),
+               "server_families and metrics_server's family fields are out of step");
+#undef AT
+
 int metrics_server_init(metrics_server *m, const char *version)
 {
-    static const double dur_buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                         0.1,    0.25,  0.5,    1,     2.5,  5,     10};
-    static const double cand_buckets[] = {1,   8,    16,   32,   64,   128,  256,
-                                          512, 1024, 2048, 4096, 8192, 16384};
-    static const double user_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
-    static const char *const model_code[] = {"model", "code"};
-    static const char *const model[] = {"model"};
-    static const char *const mvs[] = {"model", "version", "state"};
-    static const char *const ver[] = {"version"};
-    static const char *const method_code[] = {"method", "code"};
-    static const char *const path_code[] = {"path", "code"};
-
     memset(m, 0, sizeof *m);
     m->reg = metrics_registry_new();
     if (!m->reg) return -1;
-    metrics_registry *r = m->reg;
-    m->requests_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_requests_total",
-        "Rank requests (gRPC and HTTP) by model and final status code.", 2, model_code, 0, NULL);
-    m->request_duration_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_request_duration_seconds",
-        "Rank request latency in the server, from receipt to response built.", 1, model,
-        (int)(sizeof dur_buckets / sizeof *dur_buckets), dur_buckets);
-    m->request_candidates = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_request_candidates", "Candidates per scored Rank request.",
-        0, NULL, (int)(sizeof cand_buckets / sizeof *cand_buckets), cand_buckets);
-    m->request_unique_users = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_request_unique_users",
-        "Unique users (rows after dedup) per scored Rank request.", 0, NULL,
-        (int)(sizeof user_buckets / sizeof *user_buckets), user_buckets);
-    m->inflight_requests = metrics_family_new(r, METRICS_GAUGE, "ikbo_inflight_requests",
-                                              "Rank requests being processed now.", 0, NULL,
-                                              0, NULL);
-    m->model_loaded = metrics_family_new(
-        r, METRICS_GAUGE, "ikbo_model_loaded",
-        "1 for each known model version, labelled with its state (LOADING, READY, FAILED, "
-        "UNLOADED).",
-        3,
-        mvs, 0, NULL);
-    m->build_info = metrics_family_new(r, METRICS_GAUGE, "ikbo_build_info",
-                                       "Build of the running ikbo-serve; value is always 1.", 1,
-                                       ver, 0, NULL);
-    m->broadcast_bytes_avoided_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_broadcast_bytes_avoided_total",
-        "User-tensor bytes broadcast mode would have copied out to candidate rows and IKBO did "
-        "not, summed over scored batches.",
-        1, model, 0, NULL);
-    m->grpc_requests_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_grpc_requests_total",
-        "gRPC calls by full method name (\"unknown\" for unregistered methods) and status code.",
-        2, method_code, 0, NULL);
-    m->http_requests_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_http_requests_total",
-        "HTTP requests by route and HTTP status code.", 2, path_code, 0, NULL);
-    static const double batch_secs[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                        0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                        1,      2.5,     5,      10};
-    static const double req_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-    static const double ratio_buckets[] = {1,  2,   4,   8,   16,   32,  64,
-                                           128, 256, 512, 1024, 2048, 4096};
-    static const char *const model_reason[] = {"model", "reason"};
-    static const double fine_secs[] = {0.000005, 0.00001, 0.000025, 0.00005, 0.0001,
-                                       0.00025,  0.0005,  0.001,    0.0025,  0.01};
-#define NB(a) (int)(sizeof a / sizeof *a)
-    m->grpc_receive_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_grpc_receive_seconds",
-        "Per Rank call over gRPC: from a worker taking the call off its completion queue to the "
-        "request submitted (re-requesting the method, starting the close op, reading and "
-        "decoding the message).",
-        0, NULL, NB(fine_secs), fine_secs);
-    m->grpc_send_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_grpc_send_seconds",
-        "Per Rank call over gRPC: from the answer handed to the send path (packing it, starting "
-        "the send batch) to gRPC core reporting that batch done on a worker's queue.",
-        0, NULL, NB(fine_secs), fine_secs);
-    m->request_prepare_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_request_prepare_seconds",
-        "Per admitted Rank request: validation, user dedup and batch assembly (the plan) on the "
-        "thread that received it, before it is queued.",
-        1, model, NB(fine_secs), fine_secs);
-    m->queue_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_queue_seconds",
-        "Time a Rank request waited in the batcher queue: submit to compute start of its batch.",
-        1, model, NB(batch_secs), batch_secs);
-    m->request_compute_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_request_compute_seconds",
-        "Per Rank request: forward-pass (ikbo_score) time of the batch(es) that scored it, the "
-        "share of its latency spent computing.",
-        1, model, NB(batch_secs), batch_secs);
-    m->batch_compute_seconds = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_batch_compute_seconds",
-        "Forward-pass (ikbo_score) time per batch.", 1, model, NB(batch_secs), batch_secs);
-    m->batch_requests = metrics_family_new(r, METRICS_HISTOGRAM, "ikbo_batch_requests",
-                                           "Rank requests (or chunks) merged into one batch.",
-                                           1, model, NB(req_buckets), req_buckets);
-    m->batch_users = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_batch_users",
-        "Unique user rows per batch, after dedup across the merged requests.", 1, model,
-        NB(user_buckets), user_buckets);
-    m->batch_candidates = metrics_family_new(r, METRICS_HISTOGRAM, "ikbo_batch_candidates",
-                                             "Candidates per batch.", 1, model,
-                                             NB(cand_buckets), cand_buckets);
-    m->batch_candidates_per_user = metrics_family_new(
-        r, METRICS_HISTOGRAM, "ikbo_batch_candidates_per_user",
-        "Candidates per unique user row in a batch (C / U), the IKBO broadcast ratio.", 1, model,
-        NB(ratio_buckets), ratio_buckets);
-    m->queue_requests = metrics_family_new(
-        r, METRICS_GAUGE, "ikbo_queue_requests",
-        "Rank requests admitted to the batcher queue and not yet in a batch.", 1, model, 0, NULL);
-    m->queue_candidates = metrics_family_new(
-        r, METRICS_GAUGE, "ikbo_queue_candidates",
-        "Candidates admitted to the batcher queue and not yet in a batch.", 1, model, 0, NULL);
-    static const char *const model_use[] = {"model", "use"};
-    m->batch_graphs_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_batch_graphs_total",
-        "Scored batches by what they did with batch graphs: none (off, or a shape's first "
-        "batch), replayed, recorded, fell_back (a recording or replay failed).",
-        2, model_use, 0, NULL);
-    m->rejected_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_rejected_total",
-        "Rank requests the batcher did not compute, by reason (queue_full, deadline, cancelled, "
-        "error: their batch could not be built or scored).",
-        2, model_reason, 0, NULL);
-    m->model_load_failures_total = metrics_family_new(
-        r, METRICS_COUNTER, "ikbo_model_load_failures_total",
-        "Model version loads that failed (bad files, validation, warm-up, memory check); the "
-        "previous version keeps serving.",
-        1, model, 0, NULL);
-    static const char *const mvdk[] = {"model", "version", "device", "kind"};
-    m->model_memory_bytes = metrics_family_new(
-        r, METRICS_GAUGE, "ikbo_model_memory_bytes",
-        "Memory the engine holds per READY model version, from its backend's byte accounting: "
-        "kind=weights is the weights; user, candidate, broadcast and index are the execution "
-        "contexts' workspace by tensor kind (grown to the largest batch seen, kept between "
-        "batches; broadcast is 0 in IKBO mode). GPU memory when device is cuda:N, host memory "
-        "when device is cpu. Not counted: the CUDA context, per-stream cuBLASLt workspaces and "
-        "pinned host staging.",
-        4, mvdk, 0, NULL);
-#undef NB
+    for (size_t i = 0; i < sizeof server_families / sizeof *server_families; i++) {
+        const family_def *d = &server_families[i];
+        metrics_family *f = metrics_family_new(m->reg, d->type, d->name, d->help, d->n_labels,
+                                               d->labels, d->n_buckets, d->buckets);
+        if (!f) goto fail;
+        *(metrics_family **)(void *)((char *)m + d->off) = f;
+    }
+    /* The series with no labels (and build_info's one) exist from the
+     * start, so a scrape shows them at 0, and hot paths use them directly. */
     const char *const vv[] = {version ? version : ""};
-    metrics_family *all[] = {m->requests_total,      m->request_duration_seconds,
-                             m->request_candidates,  m->request_unique_users,
-                             m->inflight_requests,   m->model_loaded,
-                             m->build_info,          m->broadcast_bytes_avoided_total,
-                             m->grpc_requests_total, m->http_requests_total,
-                             m->request_prepare_seconds, m->grpc_receive_seconds,
-                             m->grpc_send_seconds,
-                             m->queue_seconds,       m->request_compute_seconds,
-                             m->batch_compute_seconds, m->batch_requests,
-                             m->batch_users,         m->batch_candidates,
-                             m->batch_candidates_per_user, m->queue_requests,
-                             m->queue_candidates,    m->rejected_total,
-                             m->batch_graphs_total,
-                             m->model_load_failures_total, m->model_memory_bytes};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (!all[i]) goto fail;
+    metrics_series *bi = metrics_series_get(m->build_info, vv);
     m->inflight = metrics_series_get(m->inflight_requests, NULL);
     m->grpc_receive = metrics_series_get(m->grpc_receive_seconds, NULL);
     m->grpc_send = metrics_series_get(m->grpc_send_seconds, NULL);
-    metrics_series *bi = metrics_series_get(m->build_info, vv);
-    if (!m->inflight || !m->grpc_receive || !m->grpc_send || !bi) goto fail;
-    metrics_set(bi, 1);
-    /* Series with no labels exist from the start, so a scrape shows them at 0. */
-    if (!metrics_series_get(m->request_candidates, NULL) ||
-        !metrics_series_get(m->request_unique_users, NULL))
+    m->request_cands = metrics_series_get(m->request_candidates, NULL);
+    m->request_users = metrics_series_get(m->request_unique_users, NULL);
+    if (!bi || !m->inflight || !m->grpc_receive || !m->grpc_send || !m->request_cands ||
+        !m->request_users)
         goto fail;
+    metrics_set(bi, 1);
     return 0;
 fail:
     metrics_server_free(m);

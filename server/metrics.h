@@ -165,8 +165,11 @@ typedef struct metrics_server {
     metrics_family *batch_graphs_total;
     metrics_family *model_load_failures_total;
     metrics_family *model_memory_bytes;
+    /* The families' unlabelled series, looked up once (the family fields
+     * above come first and end at `inflight`: metrics.c's table relies on it). */
     metrics_series *inflight; /* the one inflight series */
     metrics_series *grpc_receive, *grpc_send; /* the gRPC spans' one series each */
+    metrics_series *request_cands, *request_users; /* request_candidates, request_unique_users */
 } metrics_server;
 
 /* Creates the registry and families; build_info{version=version} = 1.

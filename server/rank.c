@@ -32,9 +32,8 @@ static void job_finish(rank_job *j, Ikbo__V1__RankResponse *resp, rq_status *st)
     int n_users = j->plan ? j->plan->batch.n_users : -1;
     if (resp) {
         rq_status_ok(st);
-        metrics_observe(metrics_series_get(mx->request_candidates, NULL),
-                        (double)j->plan->batch.n_cands);
-        metrics_observe(metrics_series_get(mx->request_unique_users, NULL), (double)n_users);
+        metrics_observe(mx->request_cands, (double)j->plan->batch.n_cands);
+        metrics_observe(mx->request_users, (double)n_users);
     }
     double secs = (double)(clock_mono_ns() - j->t0) * 1e-9;
     const char *code = rq_code_name(st->code);
