@@ -159,7 +159,7 @@ struct bk_backend {
     bk_stream *(*stream_new)(bk_backend *be, bk_err *err);
     void (*stream_free)(bk_stream *s);
     int (*sync)(bk_stream *s, bk_err *err);
-    /* How the thread in this stream's waits (download_f32, sync) waits for
+    /* How a thread waiting on this stream (download_f32, sync) waits for
      * the device: spin_us < 0, the runtime's own wait (it polls until the
      * stream is done; a new stream's setting); spin_us >= 0, it polls for
      * at most spin_us, then sleeps until the device signals the end (0:

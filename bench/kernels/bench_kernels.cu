@@ -261,7 +261,6 @@ static void bench_lce(const char *dtname, double rate, int ratio, cublasHandle_t
         {"production (warp-specialized wgmma k_lce_ws, 2-CTA clusters)", NULL, CU_PATH_AUTO},
         {"v6: older wgmma k_lce_wg", lce_v6, CU_PATH_AUTO},
         {"v9: k_lce_ws, no clusters", lce_v9, CU_PATH_AUTO},
-        {"v16: k_lce_ws, contiguous runs, user term in registers", lce_v16, CU_PATH_AUTO},
         {"v15: k_lce_ws, epilogue staged by shuffles", lce_v15, CU_PATH_AUTO},
         {"v14: k_lce_ws, fp32 user term (production until 2026-12-04)", lce_v14, CU_PATH_AUTO},
         {"v13: k_lce_ws, 4-CTA clusters (W and E shared)", lce_v13, CU_PATH_AUTO},

@@ -131,12 +131,8 @@ template <int BNM> struct lcews_cfg {
 };
 
 /* EPI: the epilogue (EPI_NONE, EPI_SHFL, EPI_STM above). CL: CTAs per
- * cluster (1, 2; 4 only from bench/kernels/lce_v13.cu). UC (CL <= 2; bench
- * lce_v16): each cluster walks one contiguous run of batch items for a
- * fixed (m tile, d block), and keeps its user's term in registers while the
- * user stays the same, instead of tiles strided over the grid, each loading
- * its user term. */
-template <typename T, int MODE, int BNM, int EPI, int CL, typename YT, bool UC>
+ * cluster (1, 2; 4 only from bench/kernels/lce_v13.cu). */
+template <typename T, int MODE, int BNM, int EPI, int CL, typename YT>
 __global__ void __launch_bounds__(384, 1)
 k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te,
          const __grid_constant__ CUtensorMap tz, int K, int M, int D, YT *__restrict__ yf,
@@ -162,19 +158,8 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     const int rank = CL > 1 ? (int)cluster_rank() : 0;
     const int dr = rank & 1, mr = rank >> 1;
     const int unit0 = (int)blockIdx.x / CL, nunits = (int)gridDim.x / CL;
-    static_assert(!UC || CL <= 2, "UC walks units of one or two d blocks");
-    const int DTN = CL > 1 ? DT / 2 : DT; /* d blocks (or pairs) per unit row */
-    const int lo = UC ? (int)((long long)unit0 * ntiles / nunits) : 0;
-    const int mine = UC ? (int)((long long)(unit0 + 1) * ntiles / nunits) - lo
-                        : unit0 < ntiles ? (ntiles - 1 - unit0) / nunits + 1 : 0;
+    const int mine = unit0 < ntiles ? (ntiles - 1 - unit0) / nunits + 1 : 0;
     auto decode = [&](int i, int &mt, int &dt, int &b) {
-        if (UC) { /* unit lo + i: batch item fastest, then d block, then m tile */
-            const int nb = ntiles / (MT * DTN), u = lo + i, r = u / nb;
-            b = u - r * nb;
-            mt = r / DTN;
-            dt = CL > 1 ? 2 * (r - mt * DTN) + dr : r - mt * DTN;
-            return;
-        }
         int tt = unit0 + i * nunits;
         if (CL == 4) {
             mt = 2 * (tt % (MT / 2)) + mr;
@@ -252,8 +237,6 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     if (MODE != MODE_USER && lead)
         tma_prefetch_desc(&tz);
     float acc[BNM / 2];
-    typename YV::raw uc[UC ? NQ : 1]; /* UC: the user term of tile ukey */
-    int ukey = -1;
     int slot = 0;
     uint32_t phase = 0;
     /* A slot is free once every consumer warp that reads it (both CTAs'
@@ -272,8 +255,8 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         /* The user term's tile (fragment order) is added after the MMAs, its
          * loads issued under the last slice's wgmmas and the first half's
          * stores, so no tile starts waiting on them. */
-        const int ytile = MODE == MODE_ADD ? (map[b] * DT + dt) * MT + mt : 0;
-        const size_t ysrc = (size_t)ytile * NQ * 256 + ct;
+        const size_t ysrc =
+            MODE == MODE_ADD ? (size_t)((map[b] * DT + dt) * MT + mt) * NQ * 256 + ct : 0;
 #pragma unroll
         for (int q = 0; q < BNM / 2; q++)
             acc[q] = 0.0f;
@@ -303,18 +286,9 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         if (MODE == MODE_ADD && EPI != EPI_NONE) {
             if (i == 0)
                 pdl_wait(); /* the user GEMM's tiles are written */
-            if constexpr (UC) {
-                if (ytile != ukey) {
 #pragma unroll
-                    for (int q = 0; q < NQ; q++)
-                        uc[q] = YV::load(yf, ysrc + (size_t)q * 256);
-                    ukey = ytile;
-                }
-            } else {
-#pragma unroll
-                for (int q = 0; q < NQ / 2; q++)
-                    u[q] = YV::load(yf, ysrc + (size_t)q * 256);
-            }
+            for (int q = 0; q < NQ / 2; q++)
+                u[q] = YV::load(yf, ysrc + (size_t)q * 256);
         }
         wg_wait<0>();
         wg_fence_regs<BNM / 2>(acc);
@@ -347,13 +321,13 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
 #pragma unroll
                 for (int q = 0; q < NQ / 2; q++) {
                     const int c = 4 * (r * (NQ / 2) + q);
-                    const float4 uv = YV::val(UC ? uc[r * (NQ / 2) + q] : u[q]);
+                    const float4 uv = YV::val(u[q]);
                     acc[c] += uv.x;
                     acc[c + 1] += uv.y;
                     acc[c + 2] += uv.z;
                     acc[c + 3] += uv.w;
                 }
-                if (r == 0 && !UC) {
+                if (r == 0) {
 #pragma unroll
                     for (int q = 0; q < NQ / 2; q++)
                         u[q] = YV::load(yf, ysrc + (size_t)(NQ / 2 + q) * 256);
@@ -481,16 +455,16 @@ static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
 }
 
 /* The instantiation of k_lce_ws for cl CTAs per cluster (cl <= CLMAX). */
-template <typename T, int MODE, int BNM, int EPI, int CLMAX, typename YT, bool UC>
+template <typename T, int MODE, int BNM, int EPI, int CLMAX, typename YT>
 static void *ws_kernel(int cl)
 {
     if constexpr (CLMAX >= 4)
         if (cl == 4)
-            return (void *)k_lce_ws<T, MODE, BNM, EPI, 4, YT, false>;
+            return (void *)k_lce_ws<T, MODE, BNM, EPI, 4, YT>;
     if constexpr (CLMAX >= 2)
         if (cl == 2)
-            return (void *)k_lce_ws<T, MODE, BNM, EPI, 2, YT, UC>;
-    return (void *)k_lce_ws<T, MODE, BNM, EPI, 1, YT, UC>;
+            return (void *)k_lce_ws<T, MODE, BNM, EPI, 2, YT>;
+    return (void *)k_lce_ws<T, MODE, BNM, EPI, 1, YT>;
 }
 
 /* One k_lce_ws launch (K > 0: a K of 0 has no tensor to map). Clusters
@@ -500,8 +474,7 @@ static void *ws_kernel(int cl)
  * cluster. CLMAX = 4 (bench lce_v13) also pairs m tiles where M has an even
  * number of them (W and E shared); CLMAX = 1 (bench lce_v9) never clusters.
  * EPI: the epilogue (EPI_NONE: bench lce_v10's diagnostic). */
-template <typename T, int MODE, int BNM, int EPI = EPI_STM, int CLMAX = 2, typename YT = T,
-          bool UC = false>
+template <typename T, int MODE, int BNM, int EPI = EPI_STM, int CLMAX = 2, typename YT = T>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      YT *yf, const int32_t *map, T *z, bk_err *err)
 {
@@ -509,7 +482,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     const int cl = CLMAX == 1 || DT % 2 != 0 ? 1 : CLMAX == 4 && MT % 2 == 0 ? 4 : 2;
     typedef void (*kern_t)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, YT *,
                            const int32_t *, int);
-    kern_t kern = (kern_t)ws_kernel<T, MODE, BNM, EPI, CLMAX, YT, UC>(cl);
+    kern_t kern = (kern_t)ws_kernel<T, MODE, BNM, EPI, CLMAX, YT>(cl);
     const size_t smem = lcews_cfg<BNM>::SMEM;
     long ntiles = (long)MT * DT * nb;
     if (ntiles >= (1L << 30)) {
@@ -590,8 +563,8 @@ template <class F> static int lce_bnm(int m, F f)
 
 /* A whole LCE call on k_lce_ws (bf16/fp16; the caller checked that it
  * applies: lce.cu's lce_use_ws). Production: EPI_STM, CLMAX = 2, YT = T; the bench
- * variants lce_v9, v10, v13, v14, v15, v16 change one parameter each. */
-template <typename T, int EPI = EPI_STM, int CLMAX = 2, typename YT = T, bool UC = false>
+ * variants lce_v9, v10, v13, v14, v15 change one parameter each. */
+template <typename T, int EPI = EPI_STM, int CLMAX = 2, typename YT = T>
 static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int nc,
                       const int32_t *map, const bk_weight *w_user, const bk_weight *w_cand, int ku,
                       int kc, int m, int d, void *z, bk_err *err)
@@ -600,7 +573,7 @@ static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int 
         constexpr int BNM = decltype(bnm)::value;
         auto launch = [&](auto mode, const T *w, int ldw, const T *e, int nb, int K, YT *yf,
                           const int32_t *mp, T *zz) {
-            return launch_ws<T, decltype(mode)::value, BNM, EPI, CLMAX, YT, UC>(
+            return launch_ws<T, decltype(mode)::value, BNM, EPI, CLMAX, YT>(
                 s, w, ldw, e, nb, K, m, d, yf, mp, zz, err);
         };
         return lce_frag<T, BNM, YT>(s, (const T *)eu, nu, (const T *)ec, nc, map, w_user, w_cand,
