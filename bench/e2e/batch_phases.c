@@ -18,6 +18,10 @@
  *      against the sum of their floors (issue 17: <= 1.4x at 16 x 70), GPU
  *      busy / sum of floors, and what stayed out of the sums (transfers;
  *      ops without a floor, named);
+ *      each batch is queued whole before the GPU starts it (the profile's
+ *      gate, as a batch graph's replay runs), so an op's GPU time is its
+ *      own; --profile-host times the ops as the host issues them instead
+ *      (IKBO_CUDA_PROFILE=host: early ops then include the host's pace);
  *      this tool adds the wall time of those profiled ikbo_score calls, so
  *      wall - backend host = the engine's own host work (validation, dry
  *      pass, staging, output sigmoid);
@@ -28,7 +32,7 @@
  *
  *   batch_phases MODEL_VERSION_DIR [--device cuda:0] [--mode ikbo|broadcast]
  *                [--shapes "1x10 1x70 16x70"] [--iters 50] [--warmup 5] [--no-profile]
- *                [--graphs N]
+ *                [--profile-host] [--graphs N]
  */
 #include <math.h>
 #include <stdint.h>
@@ -204,6 +208,7 @@ int main(int argc, char **argv)
     const char *dir = NULL, *device = "cuda:0", *shapes = "1x10 1x70 1x500 16x10 16x70 16x500";
     enum ikbo_mode mode = IKBO_MODE_IKBO;
     int iters = 50, warmup = 5, profile = 1, graphs = 0;
+    const char *pmode = "1"; /* IKBO_CUDA_PROFILE: gated; --profile-host: "host" */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--device") && v) device = argv[++i];
@@ -217,12 +222,13 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--iters") && v) iters = atoi(argv[++i]);
         else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
         else if (!strcmp(a, "--no-profile")) profile = 0;
+        else if (!strcmp(a, "--profile-host")) pmode = "host";
         else if (!strcmp(a, "--graphs") && v) graphs = atoi(argv[++i]);
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "usage: %s MODEL_VERSION_DIR [--device D] [--mode ikbo|broadcast] "
                             "[--shapes \"UxN ...\"] [--iters N] [--warmup N] [--no-profile] "
-                            "[--graphs N]\n",
+                            "[--profile-host] [--graphs N]\n",
                     argv[0]);
             return 2;
         }
@@ -290,7 +296,7 @@ int main(int argc, char **argv)
                    (double)sc[0], fabs((double)sc[0] - s0));
         }
         if (profile) {
-            setenv("IKBO_CUDA_PROFILE", "1", 1);
+            setenv("IKBO_CUDA_PROFILE", pmode, 1);
             char skip[16];
             snprintf(skip, sizeof skip, "%d", warmup);
             setenv("IKBO_CUDA_PROFILE_SKIP", skip, 1);

@@ -75,6 +75,7 @@ static int stream_wait(bk_stream *s, bk_err *err, const char *what)
         bk_seterr(err, "cuda: %s: stream failed" BK_FAULT_INJECTED, what);
         return -1;
     }
+    cu_prof_release(s);
     if (s->spin_us < 0)
         return cu_check(cudaStreamSynchronize(s->st), err, what);
     if (cu_check(cudaEventRecord(s->done, s->st), err, what))
@@ -147,6 +148,52 @@ static double now_us(void)
  * profiled stream of that dtype: prof_ceilings, after linear). */
 static void prof_ceilings(bk_stream *s, cu_ceil *out);
 
+/* The profile's gate (cu_prof): one thread polls the host's release
+ * count in mapped memory until it reaches seq, or until CU_PROF_GATE_MS
+ * have passed (then it counts a timeout and opens). */
+__global__ void k_prof_gate(const volatile unsigned *rel, unsigned seq, volatile unsigned *timeouts)
+{
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while ((int)(*rel - seq) < 0) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > (uint64_t)CU_PROF_GATE_MS * 1000000u) {
+            *timeouts = *timeouts + 1;
+            return;
+        }
+        __nanosleep(1000);
+    }
+}
+
+/* The gate's pinned words (cu_prof), unless IKBO_CUDA_PROFILE=host; when
+ * mapped memory cannot be had the profile runs ungated and says so. */
+static void prof_gate_new(cu_prof *p, const char *mode)
+{
+    void *h = NULL;
+    if (!strcmp(mode, "host"))
+        return;
+    if (cudaHostAlloc(&h, 2 * sizeof(unsigned), cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer((void **)&p->gate_d, h, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (h)
+            cudaFreeHost(h);
+        fprintf(stderr, "cuda profile: no mapped memory for the gate; timing ops as issued\n");
+        return;
+    }
+    p->gate_h = (volatile unsigned *)h;
+    p->gate_h[0] = p->gate_h[1] = 0;
+}
+
+void cu_prof_release(bk_stream *s)
+{
+    cu_prof *p = s->prof;
+    if (!p || !p->gate_held)
+        return;
+    p->gate_h[0] = p->gate_seq;
+    __sync_synchronize();
+    p->gate_held = 0;
+}
+
 static cu_prof *prof_new(bk_stream *s)
 {
     const char *v = getenv("IKBO_CUDA_PROFILE");
@@ -166,6 +213,7 @@ static cu_prof *prof_new(bk_stream *s)
             return NULL;
         }
     prof_ceilings(s, &p->ceil);
+    prof_gate_new(p, v);
     return p;
 }
 
@@ -176,8 +224,13 @@ cu_prof_scope::cu_prof_scope(bk_stream *st, const char *name, bool closes_batch)
     if (!p || p->depth++ > 0)
         return;
     t0 = now_us();
-    if (p->n == 0 && p->dropped == 0)
+    if (p->n == 0 && p->dropped == 0) {
         p->t_first = t0;
+        if (p->gate_h && !p->gate_held) {
+            k_prof_gate<<<1, 1, 0, s->st>>>(p->gate_d, ++p->gate_seq, p->gate_d + 1);
+            p->gate_held = 1;
+        }
+    }
     if (p->n >= CU_PROF_MAX) {
         p->dropped++;
         return;
@@ -301,9 +354,11 @@ static void prof_add(cu_prof *p, int k, double gpu_us)
 /* The stream is idle: read the batch's events and add them up. A batch of
  * nothing but sync calls (a second sync after download_f32) is folded into
  * the previous batch rather than counted as one. */
-static void prof_close(cu_prof *p)
+static void prof_close(bk_stream *s)
 {
+    cu_prof *p = s->prof;
     int real = 0;
+    cu_prof_release(s);
     for (int k = 0; k < p->n; k++)
         real |= strcmp(p->name[k], "sync") != 0;
     if (p->skip > 0) {
@@ -325,6 +380,7 @@ static void prof_close(cu_prof *p)
         span = 0;
     (void)cudaGetLastError();
     p->batches += real;
+    p->gates += real && p->gate_h;
     p->wall_us += now_us() - p->t_first;
     p->span_us += span * 1e3;
     p->busy_us += busy;
@@ -341,7 +397,7 @@ cu_prof_scope::~cu_prof_scope()
         p->host_us[i] = now_us() - t0;
     }
     if (closes && p->n > 0)
-        prof_close(p);
+        prof_close(s);
 }
 
 /* The ceilings, as the header and the totals print them. */
@@ -405,6 +461,14 @@ static void prof_report(bk_stream *s)
             "cuda profile: %ld batches, per batch; floor = max(FLOPs / gemm, bytes / copy), "
             "ceilings: %s\n",
             p->batches, ceil);
+    if (p->gate_h)
+        fprintf(stderr,
+                "  gated: each batch queued whole before the GPU starts it (%u of %u gates "
+                "opened by their %d ms timeout)\n",
+                p->gate_h[1], p->gate_seq, CU_PROF_GATE_MS);
+    else
+        fprintf(stderr, "  as issued (IKBO_CUDA_PROFILE=host): op times include the host's "
+                        "pace where the GPU waits for it\n");
     fprintf(stderr, "  %-28s %7s %10s %10s %10s %8s\n", "op", "calls", "host us", "gpu us",
             "floor us", "x floor");
     for (int k = 0; k < p->nst; k++) {
@@ -501,6 +565,7 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
         return 0;
     if (sc->p) {
         /* The stream may still read the old block: wait before freeing it. */
+        cu_prof_release(s);
         CU_TRY(cudaStreamSynchronize(s->st), "waiting to grow scratch");
         s->gen++;
         cuda_free(s->be, sc->p, sc->cap, sc->tag);
@@ -627,6 +692,7 @@ static char *host_stage(bk_stream *s, size_t bytes, bk_err *err)
     size_t off = (h->used + 63) & ~(size_t)63;
     h->peak += off - h->used + bytes;
     if (!h->p || off + bytes > h->cap) {
+        cu_prof_release(s);
         if (cu_check(cudaStreamSynchronize(s->st), err, "waiting to reuse copy staging"))
             return NULL;
         if (s->prof)
@@ -780,12 +846,15 @@ static void cuda_stream_free(bk_stream *s)
         return;
     cudaSetDevice(cu_impl(s->be)->ordinal);
     cu_graph_stream_free(s);
+    cu_prof_release(s);
     if (s->st)
         cudaStreamSynchronize(s->st);
     if (s->prof) {
         prof_report(s);
         for (int i = 0; i < 2 * CU_PROF_MAX; i++)
             cudaEventDestroy(s->prof->ev[i]);
+        if (s->prof->gate_h)
+            cudaFreeHost((void *)s->prof->gate_h);
         free(s->prof);
     }
     cu_scratch *sc[] = {&s->lce_y, &s->att_tile};
@@ -1512,6 +1581,7 @@ static float algo_time(bk_stream *s, cu_algo_entry *e, const cublasLtMatmulAlgo_
             goto out;
     }
     cudaEventRecord(ev[1], s->st);
+    cu_prof_release(s);
     if (cudaEventSynchronize(ev[1]) != cudaSuccess || cudaEventElapsedTime(&ms, ev[0], ev[1]))
         ms = -1.0f;
     else

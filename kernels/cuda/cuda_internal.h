@@ -114,7 +114,19 @@ typedef struct cu_pinned {
  * the best of 3 device-to-device copies of 1 GiB (read + write) and of 3
  * cuBLASLt 8192^3 GEMMs in the activation dtype (fp32 accumulate), as
  * linear runs them. Transfers (upload, upload_f32, download_f32, sync) have
- * no floor and stay out of both sums. */
+ * no floor and stay out of both sums.
+ *
+ * The gate: an op's events time what the GPU does between them, and when
+ * the GPU has caught up with the host (a batch's first ops: history,
+ * bags, the small linears) that includes the host's own time to issue the
+ * op. So by default (IKBO_CUDA_PROFILE=1) each batch's first op is
+ * preceded by a one-thread gate kernel that holds the stream until the
+ * host first waits on it (cu_prof_release: every blocking wait of the
+ * backend calls it), so the GPU runs the whole batch back to back from a
+ * full queue, as a batch graph's replay does, and an op's time is its own.
+ * A gate not released within CU_PROF_GATE_MS opens by itself (a wait this
+ * file does not know of: the report counts them). IKBO_CUDA_PROFILE=host
+ * records the events as the host issues the ops, without the gate. */
 #define CU_PROF_MAX 512
 #define CU_PROF_NAMES 64
 #define CU_PROF_UPLOADS 8
@@ -164,7 +176,18 @@ typedef struct cu_prof {
     cu_ceil ceil;
     cu_prof_upload up[CU_PROF_UPLOADS]; /* a ring: the newest CU_PROF_UPLOADS */
     int n_up;
+    /* The gate: [0] the host's release count, [1] gates that timed out
+     * (written by the device); pinned and mapped; NULL: no gate (host). */
+    volatile unsigned *gate_h;
+    unsigned *gate_d;
+    unsigned gate_seq; /* gates launched */
+    int gate_held;     /* the newest gate is not released yet */
+    long gates;        /* gates of timed batches */
 } cu_prof;
+#define CU_PROF_GATE_MS 50
+/* Releases the stream's profile gate, if one holds it (see cu_prof): call
+ * before any host wait on the stream. No-op without profiling. */
+void cu_prof_release(bk_stream *s);
 
 struct bk_stream {
     bk_backend *be;
