@@ -33,9 +33,6 @@ int lce_v10(LCE_VARIANT_ARGS); /* diagnostic: k_lce_ws without the epilogue     
 int lce_v13(LCE_VARIANT_ARGS); /* k_lce_ws with clusters of 4, W and E multicast (lost) */
 int lce_v14(LCE_VARIANT_ARGS); /* k_lce_ws with the fp32 user term (lost, 2026-12-04)    */
 int lce_v15(LCE_VARIANT_ARGS); /* k_lce_ws with the shuffle-staged epilogue             */
-int lce_v17_1(LCE_VARIANT_ARGS); /* k_lce_ws, warpgroup 1 trailing by 1 slice            */
-int lce_v17_2(LCE_VARIANT_ARGS); /* k_lce_ws, warpgroup 1 trailing by 2 slices           */
-int lce_v17_3(LCE_VARIANT_ARGS); /* k_lce_ws, warpgroup 1 trailing by 3 slices           */
 
 /* k_att_wg with features off (diagnostic): any of the letters 'p' (no
  * ping-pong between the consumer warpgroups), 'o' (no overlap of softmax

@@ -131,12 +131,8 @@ template <int BNM> struct lcews_cfg {
 };
 
 /* EPI: the epilogue (EPI_NONE, EPI_SHFL, EPI_STM above). CL: CTAs per
- * cluster (1, 2; 4 only from bench/kernels/lce_v13.cu). LAG: slices by
- * which consumer warpgroup 1 trails warpgroup 0 on every tile (0: both
- * read each slice together and do their epilogues at the same time; > 0:
- * one's epilogue runs while the other still issues the tile's last
- * wgmmas, so the tensor cores are not left idle by both at once). */
-template <typename T, int MODE, int BNM, int EPI, int CL, typename YT, int LAG = 0>
+ * cluster (1, 2; 4 only from bench/kernels/lce_v13.cu). */
+template <typename T, int MODE, int BNM, int EPI, int CL, typename YT>
 __global__ void __launch_bounds__(384, 1)
 k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap te,
          const __grid_constant__ CUtensorMap tz, int K, int M, int D, YT *__restrict__ yf,
@@ -243,12 +239,6 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
     float acc[BNM / 2];
     int slot = 0;
     uint32_t phase = 0;
-    /* The trail (named barrier 3: warpgroup 0 arrives once it has issued
-     * slice LAG - 1 of a tile, warpgroup 1 waits for that before its slice
-     * 0). Warpgroup 0 can run at most STAGES - 1 slices ahead (the ring),
-     * so with KT >= STAGES it never arrives twice before one wait. */
-    static_assert(LAG < STAGES, "the ring bounds the trail");
-    const bool trail = LAG > 0 && KT >= STAGES;
     /* A slot is free once every consumer warp that reads it (both CTAs'
      * with CL = 2: the W half of each came from both producers) is done. */
     auto release = [&](int sl) {
@@ -271,8 +261,6 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
         for (int q = 0; q < BNM / 2; q++)
             acc[q] = 0.0f;
         int prev = -1;
-        if (trail && cw == 1)
-            named_bar_sync(3, 256);
         for (int ks = 0; ks < KT; ks++) {
             mbar_wait(&full[slot], phase);
             const unsigned char *Ws = smem + slot * CFG::STAGE_BYTES;
@@ -284,8 +272,6 @@ k_lce_ws(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtenso
                 wgmma_ss_ta<T, BNM>::run(acc, wg_desc(Es + kk * 2048, 8192, 1024),
                                          wg_desc(Ws + kk * 32, 16, 1024));
             wg_commit();
-            if (trail && cw == 0 && ks == LAG - 1)
-                named_bar_arrive(3, 256);
             wg_wait<1>();
             wg_fence_regs<BNM / 2>(acc);
             if (prev >= 0 && lane == 0)
@@ -469,16 +455,16 @@ static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
 }
 
 /* The instantiation of k_lce_ws for cl CTAs per cluster (cl <= CLMAX). */
-template <typename T, int MODE, int BNM, int EPI, int CLMAX, typename YT, int LAG>
+template <typename T, int MODE, int BNM, int EPI, int CLMAX, typename YT>
 static void *ws_kernel(int cl)
 {
     if constexpr (CLMAX >= 4)
         if (cl == 4)
-            return (void *)k_lce_ws<T, MODE, BNM, EPI, 4, YT, LAG>;
+            return (void *)k_lce_ws<T, MODE, BNM, EPI, 4, YT>;
     if constexpr (CLMAX >= 2)
         if (cl == 2)
-            return (void *)k_lce_ws<T, MODE, BNM, EPI, 2, YT, LAG>;
-    return (void *)k_lce_ws<T, MODE, BNM, EPI, 1, YT, LAG>;
+            return (void *)k_lce_ws<T, MODE, BNM, EPI, 2, YT>;
+    return (void *)k_lce_ws<T, MODE, BNM, EPI, 1, YT>;
 }
 
 /* One k_lce_ws launch (K > 0: a K of 0 has no tensor to map). Clusters
@@ -488,8 +474,7 @@ static void *ws_kernel(int cl)
  * cluster. CLMAX = 4 (bench lce_v13) also pairs m tiles where M has an even
  * number of them (W and E shared); CLMAX = 1 (bench lce_v9) never clusters.
  * EPI: the epilogue (EPI_NONE: bench lce_v10's diagnostic). */
-template <typename T, int MODE, int BNM, int EPI = EPI_STM, int CLMAX = 2, typename YT = T,
-          int LAG = 0>
+template <typename T, int MODE, int BNM, int EPI = EPI_STM, int CLMAX = 2, typename YT = T>
 static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int K, int M, int D,
                      YT *yf, const int32_t *map, T *z, bk_err *err)
 {
@@ -497,7 +482,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     const int cl = CLMAX == 1 || DT % 2 != 0 ? 1 : CLMAX == 4 && MT % 2 == 0 ? 4 : 2;
     typedef void (*kern_t)(CUtensorMap, CUtensorMap, CUtensorMap, int, int, int, YT *,
                            const int32_t *, int);
-    kern_t kern = (kern_t)ws_kernel<T, MODE, BNM, EPI, CLMAX, YT, LAG>(cl);
+    kern_t kern = (kern_t)ws_kernel<T, MODE, BNM, EPI, CLMAX, YT>(cl);
     const size_t smem = lcews_cfg<BNM>::SMEM;
     long ntiles = (long)MT * DT * nb;
     if (ntiles >= (1L << 30)) {
@@ -579,7 +564,7 @@ template <class F> static int lce_bnm(int m, F f)
 /* A whole LCE call on k_lce_ws (bf16/fp16; the caller checked that it
  * applies: lce.cu's lce_use_ws). Production: EPI_STM, CLMAX = 2, YT = T; the bench
  * variants lce_v9, v10, v13, v14, v15 change one parameter each. */
-template <typename T, int EPI = EPI_STM, int CLMAX = 2, typename YT = T, int LAG = 0>
+template <typename T, int EPI = EPI_STM, int CLMAX = 2, typename YT = T>
 static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int nc,
                       const int32_t *map, const bk_weight *w_user, const bk_weight *w_cand, int ku,
                       int kc, int m, int d, void *z, bk_err *err)
@@ -588,7 +573,7 @@ static int lce_ws_run(bk_stream *s, const void *eu, int nu, const void *ec, int 
         constexpr int BNM = decltype(bnm)::value;
         auto launch = [&](auto mode, const T *w, int ldw, const T *e, int nb, int K, YT *yf,
                           const int32_t *mp, T *zz) {
-            return launch_ws<T, decltype(mode)::value, BNM, EPI, CLMAX, YT, LAG>(
+            return launch_ws<T, decltype(mode)::value, BNM, EPI, CLMAX, YT>(
                 s, w, ldw, e, nb, K, m, d, yf, mp, zz, err);
         };
         return lce_frag<T, BNM, YT>(s, (const T *)eu, nu, (const T *)ec, nc, map, w_user, w_cand,
