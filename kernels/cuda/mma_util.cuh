@@ -104,6 +104,17 @@ __device__ __forceinline__ void stmatrix_x4_trans(void *smem, const uint32_t r[4
                  : "memory");
 }
 
+/* stmatrix without .trans: matrix k's row i (lane 8k + i's address) gets
+ * the pairs as mma fragments hold them (lane l: row l / 4, columns
+ * 2 (l % 4) and + 1). */
+__device__ __forceinline__ void stmatrix_x4(void *smem, const uint32_t r[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     smem_u32(smem)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 /* pack2's inverse: the pair (low half first) as two fp32 values. */
 template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
 
