@@ -19,7 +19,10 @@
  *   tk 16 warps  tk's order at linear_tk's occupancy (4 blocks of 4 warps
  *              an SM, held down by unused shared memory)
  * then linear_tk's kernel itself (bias and ReLU, K 16) with its rows per
- * warp (MI = 1, 2, 4), blocks an SM (B) and strips a warp (S, default 4).
+ * warp (MI = 1, 2, 4), blocks an SM (B) and strips a warp (S, default 4),
+ * and "tma tiles": the same math with each 16 x 64 tile staged by stmatrix
+ * and written by a TMA tensor store (production for one commit, 8316ea0;
+ * lost: 193.6 us in bench_ops against cuBLASLt's 159.6).
  * Prints TB/s (median of 20 after 3 warm-ups). Outcomes: bench/kernels/
  * NOTES.md ("Where c_r1's write rate goes").
  *
@@ -32,6 +35,7 @@
 
 #include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/linear_tk.cu" /* its kernel template, launched directly below */
+#include "kernels/cuda/tma_util.cuh"
 
 __global__ void k_tk(uint16_t *y, int rows, int cols, long ldy)
 {
@@ -96,6 +100,121 @@ static void tk_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16
         x, 16, rows, w, 16, 16, cols, b, (__nv_bfloat16 *)y, (int)ldy);
 }
 
+/* "tma tiles" (lost, 2026-12-04): at many rows linear_tk's register-stored kernel writes at ~2.7 TB/s (c_r1,
+ * 1120 x [16 -> 190464], 155-160 us; cuBLASLt the same) where the same
+ * bytes stored alone go at 4.1-4.4 (bench/kernels/NOTES.md). Here the
+ * warps never store to global memory: a warp owns a strip of TT_COLS
+ * columns (W and bias loaded once into registers) and walks TT_TILES row
+ * tiles of 16, each tile's 8 MMAs (k 16) rounded, staged by stmatrix into
+ * a 128B-swizzled 2 KiB buffer (TT_BUF a warp) and written by one TMA
+ * tensor store (16 rows x 128 B, clipped at the tensor's edge), so a
+ * warp's next tile runs while the copy engine writes the last one. Blocks:
+ * TT_WARPS warps on adjacent strips of one row chunk, strip groups
+ * fastest. x's fragments for the warp's tiles are loaded once, element by
+ * element (any stride and alignment). ReLU fused as in k_linear_tk. */
+#define TT_COLS 64
+#define TT_TILES 8
+#define TT_WARPS 4
+#define TT_BUF 2
+#define TT_BOX_BYTES (16 * TT_COLS * 2)
+
+template <typename T, bool RELU>
+__global__ void __launch_bounds__(TT_WARPS * 32)
+    k_linear_tma(const __grid_constant__ CUtensorMap ty, const T *__restrict__ x, int ldx,
+                 int rows, const T *__restrict__ w, int ldw, int in, int out,
+                 const T *__restrict__ bias)
+{
+    __shared__ __align__(1024) unsigned char stg[TT_WARPS][TT_BUF][TT_BOX_BYTES];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int strips = (out + TT_COLS - 1) / TT_COLS;
+    const int groups = (strips + TT_WARPS - 1) / TT_WARPS;
+    const int strip = (int)(blockIdx.x % groups) * TT_WARPS + warp;
+    const int r0 = (int)(blockIdx.x / groups) * 16 * TT_TILES;
+    if (strip >= strips)
+        return; /* no block-wide barrier below */
+    const int n0 = strip * TT_COLS;
+    tk_strip<T, 1> sw[2]; /* columns n0 .. + 31 and n0 + 32 .. + 63 */
+    tk_load(sw[0], w, ldw, bias, out, n0, g, t);
+    tk_load(sw[1], w, ldw, bias, out, n0 + 32, g, t);
+    const int nt = min(TT_TILES, (rows - r0 + 15) / 16);
+    uint32_t a[TT_TILES][4];
+#pragma unroll
+    for (int i = 0; i < TT_TILES; i++) {
+        const int r = r0 + 16 * i + g;
+        a[i][0] = x_pair(x, ldx, rows, in, r, 4 * t);
+        a[i][1] = x_pair(x, ldx, rows, in, r + 8, 4 * t);
+        a[i][2] = x_pair(x, ldx, rows, in, r, 4 * t + 2);
+        a[i][3] = x_pair(x, ldx, rows, in, r + 8, 4 * t + 2);
+    }
+#pragma unroll
+    for (int i = 0; i < TT_TILES; i++) {
+        if (i >= nt)
+            break;
+        float c[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint2 b = sw[j >> 2].b[j & 3][0];
+            const uint32_t bb[2] = {b.x, b.y};
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                c[j][q] = 0.0f;
+            mma16816<T>(c[j], a[i], bb);
+        }
+        unsigned char *buf = stg[warp][i % TT_BUF];
+        if (i >= TT_BUF) { /* the store that read this buffer last is done reading */
+            if (lane == 0)
+                bulk_wait_read<TT_BUF - 1>();
+            __syncwarp();
+        }
+        /* stmatrix k of pair jp: n8 block 2 jp + (k >> 1), rows 8 (k & 1) ..
+         * + 7; lane 8k + i names its row i (16-byte chunk = the n8 block,
+         * swizzled by the row as the tensor map's 128B mode reads it). */
+#pragma unroll
+        for (int jp = 0; jp < 4; jp++) {
+            uint32_t p[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int j = 2 * jp + (k >> 1), h = k & 1;
+                const float *bj = sw[j >> 2].bias[j & 3];
+                float p0 = c[j][2 * h] + bj[0], p1 = c[j][2 * h + 1] + bj[1];
+                if (RELU) {
+                    p0 = fmaxf(p0, 0.0f);
+                    p1 = fmaxf(p1, 0.0f);
+                }
+                p[k] = pack2<T>(p0, p1);
+            }
+            const int k = lane >> 3, row = 8 * (k & 1) + (lane & 7), chunk = 2 * jp + (k >> 1);
+            stmatrix_x4(buf + row * 128 + ((chunk ^ (row & 7)) << 4), p);
+        }
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) {
+            tma_store_2d(&ty, buf, n0, r0 + 16 * i);
+            bulk_commit();
+        }
+    }
+    if (lane == 0)
+        bulk_wait<0>(); /* the buffers outlive the copies that read them */
+}
+
+/* Launches k_linear_tma at c_r1's shape (ReLU, k 16) into y's pitch. */
+static void tma_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                     const __nv_bfloat16 *b, uint16_t *y, int rows, int cols, long ldy)
+{
+    CUtensorMap ty;
+    const uint64_t dims[2] = {(uint64_t)cols, (uint64_t)rows}, str[1] = {(uint64_t)ldy * 2};
+    const uint32_t box[2] = {TT_COLS, 16};
+    if (cu_tmap_encode(&ty, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, y, dims, str, box,
+                       CU_TENSOR_MAP_SWIZZLE_128B)) {
+        fprintf(stderr, "write_patterns: tensor map encoding failed\n");
+        exit(1);
+    }
+    const long strips = (cols + TT_COLS - 1) / TT_COLS, groups = (strips + TT_WARPS - 1) / TT_WARPS;
+    const long blocks = groups * ((rows + 16 * TT_TILES - 1) / (16 * TT_TILES));
+    k_linear_tma<__nv_bfloat16, true><<<(unsigned)blocks, TT_WARPS * 32, 0, st>>>(
+        ty, x, 16, rows, w, 16, 16, cols, b);
+}
+
 int main(int argc, char **argv)
 {
     int rows = 1120, cols = 190464;
@@ -136,6 +255,7 @@ int main(int argc, char **argv)
         {"mma MI1 B16", [&] { tk_math<1, 16>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI2 B4 S16", [&] { tk_math<2, 4, 16>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI2 B4 S64", [&] { tk_math<2, 4, 64>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"tma tiles", [&] { tma_math(st, x, w, bias, y, rows, cols, pitch); }},
     };
     printf("write_patterns: %d rows x %d bf16 columns, pitch %ld (%.0f MB written)\n", rows, cols,
            pitch, bytes / 1e6);

@@ -27,11 +27,8 @@
  * are loaded once per warp, element by element). Accumulation is fp32
  * inside the tensor cores, in their order.
  */
-#include <type_traits>
-
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
-#include "kernels/cuda/tma_util.cuh"
 
 #define TK_WARPS 4    /* warps per block, each its own strips           */
 #define TK_STRIPS 4   /* strips of 32 columns per warp (x loaded once)  */
@@ -46,16 +43,12 @@
  * 156-157 in the model. There the incumbent stays. */
 #define TK_MAX_OUTPUTS (1L << 25)
 
-/* The TMA-stored kernel (k_linear_tma, below) takes rows > 16 at in <= 16
- * with no cap on the outputs. */
-static bool tma_path(int rows, const bk_weight *w) { return rows > 16 && w->ld <= 16; }
-
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
 {
     return dt != CU_F32 && rows >= 1 && rows <= TK_MAX_ROWS &&
-           (rows <= 16 || tma_path(rows, w) || (long)rows * w->rows <= TK_MAX_OUTPUTS) &&
-           w->ld % 8 == 0 && w->ld <= TK_MAX_LD && w->rows >= TK_MIN_OUT && w->rows % 8 == 0 &&
-           ldy % 8 == 0 && ((uintptr_t)y & 15) == 0 && ((uintptr_t)w->data & 7) == 0;
+           (rows <= 16 || (long)rows * w->rows <= TK_MAX_OUTPUTS) && w->ld % 8 == 0 &&
+           w->ld <= TK_MAX_LD && w->rows >= TK_MIN_OUT && w->rows % 8 == 0 && ldy % 8 == 0 &&
+           ((uintptr_t)y & 15) == 0 && ((uintptr_t)w->data & 7) == 0;
 }
 
 /* Element (r, k) of x as the low or high half of a fragment register. */
@@ -198,135 +191,6 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     }
 }
 
-/* ------------------------------------------- many rows: TMA-stored tiles */
-
-/* At many rows the register-stored kernel above writes at ~2.7 TB/s (c_r1,
- * 1120 x [16 -> 190464], 155-160 us; cuBLASLt the same) where the same
- * bytes stored alone go at 4.1-4.4 (bench/kernels/NOTES.md). Here the
- * warps never store to global memory: a warp owns a strip of TT_COLS
- * columns (W and bias loaded once into registers) and walks TT_TILES row
- * tiles of 16, each tile's 8 MMAs (k 16) rounded, staged by stmatrix into
- * a 128B-swizzled 2 KiB buffer (TT_BUF a warp) and written by one TMA
- * tensor store (16 rows x 128 B, clipped at the tensor's edge), so a
- * warp's next tile runs while the copy engine writes the last one. Blocks:
- * TT_WARPS warps on adjacent strips of one row chunk, strip groups
- * fastest. x's fragments for the warp's tiles are loaded once, element by
- * element (any stride and alignment). ReLU fused as in k_linear_tk. */
-#define TT_COLS 64
-#define TT_TILES 8
-#define TT_WARPS 4
-#define TT_BUF 2
-#define TT_BOX_BYTES (16 * TT_COLS * 2)
-
-template <typename T, bool RELU>
-__global__ void __launch_bounds__(TT_WARPS * 32)
-    k_linear_tma(const __grid_constant__ CUtensorMap ty, const T *__restrict__ x, int ldx,
-                 int rows, const T *__restrict__ w, int ldw, int in, int out,
-                 const T *__restrict__ bias)
-{
-    __shared__ __align__(1024) unsigned char stg[TT_WARPS][TT_BUF][TT_BOX_BYTES];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int strips = (out + TT_COLS - 1) / TT_COLS;
-    const int groups = (strips + TT_WARPS - 1) / TT_WARPS;
-    const int strip = (int)(blockIdx.x % groups) * TT_WARPS + warp;
-    const int r0 = (int)(blockIdx.x / groups) * 16 * TT_TILES;
-    if (strip >= strips)
-        return; /* no block-wide barrier below */
-    const int n0 = strip * TT_COLS;
-    tk_strip<T, 1> sw[2]; /* columns n0 .. + 31 and n0 + 32 .. + 63 */
-    tk_load(sw[0], w, ldw, bias, out, n0, g, t);
-    tk_load(sw[1], w, ldw, bias, out, n0 + 32, g, t);
-    const int nt = min(TT_TILES, (rows - r0 + 15) / 16);
-    uint32_t a[TT_TILES][4];
-#pragma unroll
-    for (int i = 0; i < TT_TILES; i++) {
-        const int r = r0 + 16 * i + g;
-        a[i][0] = x_pair(x, ldx, rows, in, r, 4 * t);
-        a[i][1] = x_pair(x, ldx, rows, in, r + 8, 4 * t);
-        a[i][2] = x_pair(x, ldx, rows, in, r, 4 * t + 2);
-        a[i][3] = x_pair(x, ldx, rows, in, r + 8, 4 * t + 2);
-    }
-#pragma unroll
-    for (int i = 0; i < TT_TILES; i++) {
-        if (i >= nt)
-            break;
-        float c[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const uint2 b = sw[j >> 2].b[j & 3][0];
-            const uint32_t bb[2] = {b.x, b.y};
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                c[j][q] = 0.0f;
-            mma16816<T>(c[j], a[i], bb);
-        }
-        unsigned char *buf = stg[warp][i % TT_BUF];
-        if (i >= TT_BUF) { /* the store that read this buffer last is done reading */
-            if (lane == 0)
-                bulk_wait_read<TT_BUF - 1>();
-            __syncwarp();
-        }
-        /* stmatrix k of pair jp: n8 block 2 jp + (k >> 1), rows 8 (k & 1) ..
-         * + 7; lane 8k + i names its row i (16-byte chunk = the n8 block,
-         * swizzled by the row as the tensor map's 128B mode reads it). */
-#pragma unroll
-        for (int jp = 0; jp < 4; jp++) {
-            uint32_t p[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int j = 2 * jp + (k >> 1), h = k & 1;
-                const float *bj = sw[j >> 2].bias[j & 3];
-                float p0 = c[j][2 * h] + bj[0], p1 = c[j][2 * h + 1] + bj[1];
-                if (RELU) {
-                    p0 = fmaxf(p0, 0.0f);
-                    p1 = fmaxf(p1, 0.0f);
-                }
-                p[k] = pack2<T>(p0, p1);
-            }
-            const int k = lane >> 3, row = 8 * (k & 1) + (lane & 7), chunk = 2 * jp + (k >> 1);
-            stmatrix_x4(buf + row * 128 + ((chunk ^ (row & 7)) << 4), p);
-        }
-        fence_proxy_async();
-        __syncwarp();
-        if (lane == 0) {
-            tma_store_2d(&ty, buf, n0, r0 + 16 * i);
-            bulk_commit();
-        }
-    }
-    if (lane == 0)
-        bulk_wait<0>(); /* the buffers outlive the copies that read them */
-}
-
-template <typename T>
-static int launch_tma(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                      const bk_weight *bias, bool relu, void *y, int ldy, bk_err *err)
-{
-    CUtensorMap ty;
-    const uint64_t dims[2] = {(uint64_t)w->rows, (uint64_t)rows}, st[1] = {(uint64_t)ldy * 2};
-    const uint32_t box[2] = {TT_COLS, 16};
-    const CUtensorMapDataType dt = std::is_same<T, __half>::value
-                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    int rc = cu_tmap_encode(&ty, dt, 2, y, dims, st, box, CU_TENSOR_MAP_SWIZZLE_128B);
-    if (rc) {
-        bk_seterr(err, "linear (short rows): encoding the output's TMA map failed (CUresult %d; "
-                       "%d x %d, ldy %d)", rc, rows, w->rows, ldy);
-        return -1;
-    }
-    const long strips = (w->rows + TT_COLS - 1) / TT_COLS, groups = (strips + TT_WARPS - 1) / TT_WARPS;
-    const long chunks = (rows + 16 * TT_TILES - 1) / (16 * TT_TILES), blocks = groups * chunks;
-    if (blocks > 0x7fffffffL) {
-        bk_seterr(err, "linear (short rows): %d x %d is too large for one launch", rows, w->rows);
-        return -1;
-    }
-    const T *b = bias ? (const T *)bias->data : NULL;
-    auto k = relu ? k_linear_tma<T, true> : k_linear_tma<T, false>;
-    k<<<(unsigned)blocks, TT_WARPS * 32, 0, s->st>>>(ty, (const T *)x, ldx, rows,
-                                                       (const T *)w->data, w->ld, w->cols,
-                                                       w->rows, b);
-    return 0;
-}
-
 template <typename T, int KS, int MI>
 static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                    const bk_weight *bias, bool relu, void *y, int ldy)
@@ -362,14 +226,6 @@ int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight
 {
     const int ks = (w->ld + 15) / 16;
     const bool relu = act == BK_ACT_RELU;
-    if (tma_path(rows, w)) {
-        int rc = cu_dt(s) == CU_F16
-                     ? launch_tma<__half>(s, x, ldx, rows, w, bias, relu, y, ldy, err)
-                     : launch_tma<__nv_bfloat16>(s, x, ldx, rows, w, bias, relu, y, ldy, err);
-        if (rc || cu_check_launch(s, err, "linear (short rows, TMA-stored tiles)"))
-            return -1;
-        return act == BK_ACT_NONE || relu ? 0 : cu_act_rows(s, y, ldy, rows, w->rows, act, err);
-    }
     switch (cu_dt(s)) {
 #define TK_CASE(DT, TY)                                                        \
     case DT:                                                                   \

@@ -773,6 +773,15 @@ static void suite_plain(void)
     test_linear(17, 32, 300, 1, 1, 0, 0);
     test_linear(16, 32, 300800, 1, 1, 0, 0); /* the bench model's user MLP at 16 users */
     test_linear(16, 64, 32, 1, 1, 0, 0);     /* few outputs: a block per row */
+    /* More than 16 rows at in <= 16 (linear_tk.cu's many-row tiles): the
+     * bench model's candidate token linear; rows and outputs that leave
+     * partial tiles, into a pitched output (pads untouched), an odd x
+     * stride; an activation run as a pass; a wide one. */
+    test_linear(1120, 16, 15872, 1, 1, 0, 0);
+    test_linear(37, 16, 4104, 1, 1, 3, 8);
+    test_linear(200, 8, 512, 0, 2, 1, 0);
+    test_linear(131, 13, 2056, 1, 0, 0, 24);
+    test_linear(300, 16, 70000, 1, 1, 0, 16);
     test_linear(11, 72, 100, 0, 2, 3, 5);    /* the same, pitched x and y */
     /* Short input rows, many outputs: linear_tk.cu's tensor-core kernel
      * (bf16/fp16, W's ld <= 64, outputs in 16-byte chunks, ldy % 8 == 0);
@@ -1239,6 +1248,11 @@ static void suite_ranking(void)
         }
     test_pool(3, 0, 64, BK_POOL_MEAN, 1, 1500); /* long histories */
     test_pool(2, 0, 32, BK_POOL_MAX, 1, 1500);
+    /* The bench model's hist_mean (16 users, up to 1024 events of 256), and
+     * a width that leaves a 16-byte path block partly past the row. */
+    test_pool(16, 0, 256, BK_POOL_MEAN, 1, 1024);
+    test_pool(irand(2, 9), 0, 264, BK_POOL_SUM, 1, 3000);
+    test_pool(irand(2, 9), 0, 264, BK_POOL_MAX, 1, 700);
     test_pool(5, 0, 16, BK_POOL_LAST, 1, 1);
     for (int act = 1; act < BK_ACT_COUNT; act++) {
         test_activation(1, act, 0);
