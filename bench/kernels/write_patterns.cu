@@ -22,7 +22,9 @@
  * warp (MI = 1, 2, 4), blocks an SM (B) and strips a warp (S, default 4),
  * and "tma tiles": the same math with each 16 x 64 tile staged by stmatrix
  * and written by a TMA tensor store (production for one commit, 8316ea0;
- * lost: 193.6 us in bench_ops against cuBLASLt's 159.6).
+ * lost: 193.6 us in bench_ops against cuBLASLt's 159.6), and linear_tk
+ * MI 2 B 4 with parts of its work taken out (k_linear_tk's OPT bits: no
+ * W loads, no x loads, no MMAs, and combinations; same stores).
  * Prints TB/s (median of 20 after 3 warm-ups). Outcomes: bench/kernels/
  * NOTES.md ("Where c_r1's write rate goes").
  *
@@ -90,13 +92,13 @@ __global__ void k_fill(uint16_t *p, size_t n)
 
 /* linear_tk at c_r1's shape: k_linear_tk<bf16, KS 1, MI, ReLU, MINB>, with
  * production's grid (4 warps, 4 strips a warp, 16 x MI rows a block). */
-template <int MI, int MINB, int STR = TK_STRIPS>
+template <int MI, int MINB, int STR = TK_STRIPS, int OPT = 0>
 static void tk_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                     const __nv_bfloat16 *b, uint16_t *y, int rows, int cols, long ldy)
 {
     const int strips = (cols + 31) / 32, per = TK_WARPS * STR;
     dim3 grid((unsigned)((strips + per - 1) / per), (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
-    k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, STR><<<grid, TK_WARPS * 32, 0, st>>>(
+    k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, STR, OPT><<<grid, TK_WARPS * 32, 0, st>>>(
         x, 16, rows, w, 16, 16, cols, b, (__nv_bfloat16 *)y, (int)ldy);
 }
 
@@ -256,6 +258,15 @@ int main(int argc, char **argv)
         {"mma MI2 B4 S16", [&] { tk_math<2, 4, 16>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI2 B4 S64", [&] { tk_math<2, 4, 64>(st, x, w, bias, y, rows, cols, pitch); }},
         {"tma tiles", [&] { tma_math(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no W", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no x", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_X>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no mma", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_MMA>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no W x", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_W | TK_DIAG_NO_X>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 stores only", [&] { tk_math<2, 4, TK_STRIPS, 7>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 cs", [&] { tk_math<2, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B5 cs", [&] { tk_math<4, 5, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 no W cs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM | TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
     };
     printf("write_patterns: %d rows x %d bf16 columns, pitch %ld (%.0f MB written)\n", rows, cols,
            pitch, bytes / 1e6);

@@ -2004,6 +2004,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     cb->dtype = dt;
     cb->sm_count = prop.multiProcessorCount;
     cb->smem_optin = prop.sharedMemPerBlockOptin;
+    cb->l2_bytes = (size_t)prop.l2CacheSize;
     cb->lt_tune = env_int("IKBO_CUDA_LT_TUNE", 0);
     be->name = "cuda";
     be->act_size = dt == CU_F32 ? 4 : 2;

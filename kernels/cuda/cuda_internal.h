@@ -42,6 +42,7 @@ typedef struct cuda_backend {
     enum cu_dtype dtype;
     int sm_count;
     size_t smem_optin; /* max dynamic shared memory per block */
+    size_t l2_bytes;   /* L2 cache size */
     /* enum cu_path of the lce and attention ops: CU_PATH_AUTO (the kernel
      * chosen by shape, dtype and alignment) unless a test or benchmark
      * forced a fallback (bk_cuda_force_path). */

@@ -19,13 +19,18 @@
  * the same permutation on both operands leaves the product unchanged, and
  * lets each lane read four consecutive k of a W row in one load.
  *
+ * A y larger than L2 is stored with the evict-first hint: the write stream
+ * otherwise pushed W's lines out of L2, and each strip's W load waited on
+ * HBM (c_r1, 1120 x [16 -> 190464], 426 MB: 157-163 us, cuBLASLt 156;
+ * with the hint 118 us, the stores alone 104-107; bench/kernels/NOTES.md).
+ *
  * Used by cuda_linear (backend_cuda.cu) when cu_linear_tk_fits: bf16/fp16,
  * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
- * most 16 rows or TK_MAX_OUTPUTS outputs in all (the largest writes stay
- * on cuBLASLt: no faster here), at least TK_MIN_OUT outputs in whole 16-byte
- * chunks, y 16-byte aligned with ldy a multiple of 8. x may have any stride and alignment (its fragments
- * are loaded once per warp, element by element). Accumulation is fp32
- * inside the tensor cores, in their order.
+ * most 16 rows, or in <= 16, or TK_MAX_OUTPUTS outputs in all, at least
+ * TK_MIN_OUT outputs in whole 16-byte chunks, y 16-byte aligned with ldy a
+ * multiple of 8. x may have any stride and alignment (its fragments are
+ * loaded once per warp, element by element). Accumulation is fp32 inside
+ * the tensor cores, in their order.
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
@@ -35,19 +40,18 @@
 #define TK_MAX_LD 64  /* W's row length at most (4 mma k-steps)         */
 #define TK_MIN_OUT 256
 #define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
-/* Beyond 16 rows, at most this many outputs: the H200 measured (bench_ops,
- * bench/RESULTS.md) 1120 x [16 -> 15872] 18.6-21.1 us against cuBLAS's 24
- * and 70 x [16 -> 190464] 22.3-22.9 against 23.6-28.5, but at 1120 x [16 ->
- * 190464] (426 MB written at 2.5 TB/s) no gain: 170 us against cuBLASLt's
- * 172 with the same bias and ReLU (cuBLAS without them: 156), 159 against
- * 156-157 in the model. There the incumbent stays. */
+/* Beyond 16 rows at in > 16, at most this many outputs (the large writes
+ * were measured at in 16 only: 1120 x [16 -> 15872] 18.6-21.1 us against
+ * cuBLAS's 24, 70 x [16 -> 190464] 22.3-22.9 against 23.6-28.5, and with
+ * the evict-first stores 1120 x [16 -> 190464] 118 against 156-160). */
 #define TK_MAX_OUTPUTS (1L << 25)
 
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
 {
     return dt != CU_F32 && rows >= 1 && rows <= TK_MAX_ROWS &&
-           (rows <= 16 || (long)rows * w->rows <= TK_MAX_OUTPUTS) && w->ld % 8 == 0 &&
-           w->ld <= TK_MAX_LD && w->rows >= TK_MIN_OUT && w->rows % 8 == 0 && ldy % 8 == 0 &&
+           (rows <= 16 || w->ld <= 16 || (long)rows * w->rows <= TK_MAX_OUTPUTS) &&
+           w->ld % 8 == 0 && w->ld <= TK_MAX_LD && w->rows >= TK_MIN_OUT && w->rows % 8 == 0 &&
+           ldy % 8 == 0 &&
            ((uintptr_t)y & 15) == 0 && ((uintptr_t)w->data & 7) == 0;
 }
 
@@ -111,6 +115,16 @@ __device__ __forceinline__ void tk_load(tk_strip<T, KS> &o, const T *__restrict_
     }
 }
 
+/* OPT bits. The TK_DIAG_ ones are timing diagnostics (bench/kernels/
+ * write_patterns.cu; never in production, wrong results): no W or bias
+ * loads (fragments from the strip index), no x loads, no MMAs (the bias
+ * alone is stored); the stores stay. */
+enum { TK_DIAG_NO_W = 1, TK_DIAG_NO_X = 2, TK_DIAG_NO_MMA = 4 };
+/* TK_STREAM (production, where y is larger than L2): y's stores carry the
+ * evict-first hint (st.global.cs), so the write stream does not push W's
+ * lines out of L2 (measured: bench/kernels/NOTES.md, 2026-12-04). */
+enum { TK_STREAM = 8 };
+
 /* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps;
  * RELU fused, other activations run as a pass afterwards. (The first
  * version inlined every activation at each site of a fully unrolled strip
@@ -118,7 +132,8 @@ __device__ __forceinline__ void tk_load(tk_strip<T, KS> &o, const T *__restrict_
  * With ReLU alone and the loop rolled, 159 us; the instruction cache was
  * the suspect, not profiled.) MINB (blocks an SM, so registers) and STRIPS
  * default to production's; bench/kernels/write_patterns.cu times others. */
-template <typename T, int KS, int MI, bool RELU, int MINB = 4, int STRIPS = TK_STRIPS>
+template <typename T, int KS, int MI, bool RELU, int MINB = 4, int STRIPS = TK_STRIPS,
+          int OPT = 0>
 __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     k_linear_tk(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
                 int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy)
@@ -131,26 +146,44 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             const int k = 16 * ks + 4 * t, r = r0 + 16 * i + g;
-            a[i][ks][0] = x_pair(x, ldx, rows, in, r, k);
-            a[i][ks][1] = x_pair(x, ldx, rows, in, r + 8, k);
-            a[i][ks][2] = x_pair(x, ldx, rows, in, r, k + 2);
-            a[i][ks][3] = x_pair(x, ldx, rows, in, r + 8, k + 2);
+            if constexpr ((OPT & TK_DIAG_NO_X) != 0) {
+                a[i][ks][0] = a[i][ks][1] = a[i][ks][2] = a[i][ks][3] = (uint32_t)(r * 0x10001 + k);
+            } else {
+                a[i][ks][0] = x_pair(x, ldx, rows, in, r, k);
+                a[i][ks][1] = x_pair(x, ldx, rows, in, r + 8, k);
+                a[i][ks][2] = x_pair(x, ldx, rows, in, r, k + 2);
+                a[i][ks][3] = x_pair(x, ldx, rows, in, r + 8, k + 2);
+            }
         }
     /* The next strip's W and bias are loaded before this one's MMAs and
      * stores (at 64 k the registers go to x's fragments instead). */
     constexpr bool PF = KS <= 2;
     tk_strip<T, KS> cur, nxt;
     const int strip0 = blockIdx.x * STRIPS * TK_WARPS + warp;
-    tk_load(cur, w, ldw, bias, out, strip0 * 32, g, t);
+    auto load = [&](tk_strip<T, KS> &o, int n0) {
+        if constexpr (!(OPT & TK_DIAG_NO_W)) {
+            tk_load(o, w, ldw, bias, out, n0, g, t);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++)
+                    o.b[j][ks] = make_uint2(n0 + j, n0 ^ j);
+                o.bias[j][0] = (float)(n0 & 7);
+                o.bias[j][1] = (float)(j + t);
+            }
+        }
+    };
+    load(cur, strip0 * 32);
 #pragma unroll 1
     for (int sp = 0; sp < STRIPS; sp++) {
         const int strip = strip0 + sp * TK_WARPS;
         if (strip >= strips)
             break;
         if (!PF && sp > 0)
-            tk_load(cur, w, ldw, bias, out, strip * 32, g, t);
+            load(cur, strip * 32);
         if (PF && sp + 1 < STRIPS)
-            tk_load(nxt, w, ldw, bias, out, (strip + TK_WARPS) * 32, g, t);
+            load(nxt, (strip + TK_WARPS) * 32);
         const int n0 = strip * 32;
 #pragma unroll
         for (int i = 0; i < MI; i++) {
@@ -163,7 +196,10 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++) {
                     const uint32_t bb[2] = {cur.b[j][ks].x, cur.b[j][ks].y};
-                    mma16816<T>(c[j], a[i][ks], bb);
+                    if constexpr ((OPT & TK_DIAG_NO_MMA) != 0)
+                        c[j][ks & 3] += __uint_as_float(a[i][ks][j] ^ bb[0]);
+                    else
+                        mma16816<T>(c[j], a[i][ks], bb);
                 }
             }
             /* Rows g and g + 8: bias, activation, pack; transpose so lane t
@@ -182,8 +218,13 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
                 }
                 quad_transpose(v, t);
                 const int r = r0 + 16 * i + g + 8 * h, n = n0 + 8 * t;
-                if (r < rows && n < out)
-                    *(uint4 *)(y + (size_t)r * ldy + n) = make_uint4(v[0], v[1], v[2], v[3]);
+                if (r < rows && n < out) {
+                    const uint4 o = make_uint4(v[0], v[1], v[2], v[3]);
+                    if constexpr ((OPT & TK_STREAM) != 0)
+                        __stcs((uint4 *)(y + (size_t)r * ldy + n), o);
+                    else
+                        *(uint4 *)(y + (size_t)r * ldy + n) = o;
+                }
             }
         }
         if (PF)
@@ -191,7 +232,7 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     }
 }
 
-template <typename T, int KS, int MI>
+template <typename T, int KS, int MI, int OPT = 0>
 static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                    const bk_weight *bias, bool relu, void *y, int ldy)
 {
@@ -199,24 +240,26 @@ static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weig
     dim3 grid((unsigned)((strips + per_block - 1) / per_block),
               (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
     const T *b = bias ? (const T *)bias->data : NULL;
-    if (relu)
-        k_linear_tk<T, KS, MI, true><<<grid, TK_WARPS * 32, 0, s->st>>>(
-            (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows, b, (T *)y, ldy);
-    else
-        k_linear_tk<T, KS, MI, false><<<grid, TK_WARPS * 32, 0, s->st>>>(
-            (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows, b, (T *)y, ldy);
+    auto k = relu ? k_linear_tk<T, KS, MI, true, 4, TK_STRIPS, OPT>
+                  : k_linear_tk<T, KS, MI, false, 4, TK_STRIPS, OPT>;
+    k<<<grid, TK_WARPS * 32, 0, s->st>>>((const T *)x, ldx, rows, (const T *)w->data, w->ld,
+                                         w->cols, w->rows, b, (T *)y, ldy);
 }
 
 /* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles
  * would only multiply zeros), else four (x's fragments reused over more
- * outputs) at 16 k, two at 32 to 64 k (registers). */
+ * outputs) at 16 k, two at 32 to 64 k (registers); evict-first stores
+ * where y is larger than L2. */
 template <typename T, int KS>
 static void launch_ks(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                       const bk_weight *bias, bool relu, void *y, int ldy)
 {
     constexpr int MI = KS == 1 ? 4 : 2;
+    const bool stream = (double)rows * w->rows * sizeof(T) > (double)cu_impl(s->be)->l2_bytes;
     if (rows <= 16)
         launch<T, KS, 1>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    else if (stream)
+        launch<T, KS, MI, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else
         launch<T, KS, MI>(s, x, ldx, rows, w, bias, relu, y, ldy);
 }

@@ -782,6 +782,7 @@ static void suite_plain(void)
     test_linear(200, 8, 512, 0, 2, 1, 0);
     test_linear(131, 13, 2056, 1, 0, 0, 24);
     test_linear(300, 16, 70000, 1, 1, 0, 16);
+    test_linear(600, 16, 65536, 1, 1, 0, 8); /* y (79 MB bf16) past L2: evict-first stores */
     test_linear(11, 72, 100, 0, 2, 3, 5);    /* the same, pitched x and y */
     /* Short input rows, many outputs: linear_tk.cu's tensor-core kernel
      * (bf16/fp16, W's ld <= 64, outputs in 16-byte chunks, ldy % 8 == 0);
