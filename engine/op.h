@@ -186,9 +186,11 @@ void **op_aux(const op_run *r, int li);
  * a target_attention: the self_attention that computed it; -1 none
  * (engine.c's plan_fuse). */
 int op_fuse(const op_run *r);
-/* embedding_bag: queues the layer's bag; the engine launches consecutive
- * OP_QUEUED layers' bags with one be->embedding_bags call before the next
- * other layer runs. r->out->p must already be set. -1 on failure. */
+/* embedding_bag: queues the layer's bag; the engine runs the OP_QUEUED
+ * layers that read only request inputs before all other layers and
+ * launches their bags with one be->embedding_bags call (others: before
+ * the next other layer runs). r->out->p must already be set. -1 on
+ * failure. */
 int op_queue_bag(op_run *r, const bk_bag *bag);
 /* The backend weight of table t. */
 const bk_weight *op_table_w(const op_run *r, int t);

@@ -84,6 +84,14 @@ __global__ void k_seq(uint16_t *y, int rows, int cols, long ldy)
             *(uint4 *)(y + (size_t)r * ldy + n) = v;
 }
 
+/* Values in [-1, 1) of both signs (random weights and inputs as the
+ * model has them: ReLU then zeroes about half of the outputs). */
+__global__ void k_fill_signed(__nv_bfloat16 *p, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16((float)((uint32_t)i * 2654435761u >> 8) / 8388608.0f - 1.0f);
+}
+
 __global__ void k_fill(uint16_t *p, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -238,6 +246,28 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&xw, (nx + nw) * 2));
     k_fill<<<1024, 256, 0, st>>>(xw, nx + nw);
     const __nv_bfloat16 *x = (const __nv_bfloat16 *)xw, *w = x + nx, *bias = w + (size_t)cols * 16;
+    /* The model's operands: signed values, x, W and the bias each in an
+     * allocation of its own; y 64 KiB into each row (c_r1's columns of
+     * E_cand). */
+    __nv_bfloat16 *sx, *sw, *sb;
+    CK(cudaMalloc(&sx, nx * 2));
+    CK(cudaMalloc(&sw, (size_t)cols * 16 * 2));
+    CK(cudaMalloc(&sb, (size_t)cols * 2));
+    k_fill_signed<<<1024, 256, 0, st>>>(sx, nx);
+    k_fill_signed<<<1024, 256, 0, st>>>(sw, (size_t)cols * 16);
+    k_fill_signed<<<1024, 256, 0, st>>>(sb, (size_t)cols);
+    const long yoff = pitch - cols >= 32768 ? 32768 : 0;
+    /* The two apart: signed values in one allocation (as x, w, bias), and
+     * the positive values in allocations of their own. */
+    __nv_bfloat16 *s1, *px, *pw, *pb;
+    CK(cudaMalloc(&s1, (nx + nw) * 2));
+    k_fill_signed<<<1024, 256, 0, st>>>(s1, nx + nw);
+    CK(cudaMalloc(&px, nx * 2));
+    CK(cudaMalloc(&pw, (size_t)cols * 16 * 2));
+    CK(cudaMalloc(&pb, (size_t)cols * 2));
+    CK(cudaMemcpyAsync(px, x, nx * 2, cudaMemcpyDeviceToDevice, st));
+    CK(cudaMemcpyAsync(pw, w, (size_t)cols * 16 * 2, cudaMemcpyDeviceToDevice, st));
+    CK(cudaMemcpyAsync(pb, bias, (size_t)cols * 2, cudaMemcpyDeviceToDevice, st));
     /* stores alone at linear_tk's occupancy: 56 KiB of (unused) shared
      * memory a block leaves 4 blocks (16 warps) an SM */
     CK(cudaFuncSetAttribute(k_tk, cudaFuncAttributeMaxDynamicSharedMemorySize, 56 << 10));
@@ -267,6 +297,16 @@ int main(int argc, char **argv)
         {"MI2 B4 cs", [&] { tk_math<2, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
         {"MI4 B5 cs", [&] { tk_math<4, 5, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
         {"MI4 B4 no W cs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM | TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs signed", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs y+64K", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y + yoff, rows, cols, pitch); }},
+        {"MI4 B4 cs signed y+64K", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, sx, sw, sb, y + yoff, rows, cols, pitch); }},
+        {"MI4 B4 signed (no cs)", [&] { tk_math<4, 4>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs signed one alloc", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, s1, s1 + nx, s1 + nx + (size_t)cols * 16, y, rows, cols, pitch); }},
+        {"MI4 B4 cs positive own allocs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, px, pw, pb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs x own", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, px, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs W own", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, pw, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs bias own", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, pb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs one alloc again", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
     };
     printf("write_patterns: %d rows x %d bf16 columns, pitch %ld (%.0f MB written)\n", rows, cols,
            pitch, bytes / 1e6);
@@ -277,5 +317,12 @@ int main(int argc, char **argv)
     }
     CK(cudaFree(y));
     CK(cudaFree(xw));
+    CK(cudaFree(sx));
+    CK(cudaFree(sw));
+    CK(cudaFree(sb));
+    CK(cudaFree(s1));
+    CK(cudaFree(px));
+    CK(cudaFree(pw));
+    CK(cudaFree(pb));
     return 0;
 }
