@@ -380,7 +380,6 @@ static void prof_close(bk_stream *s)
         span = 0;
     (void)cudaGetLastError();
     p->batches += real;
-    p->gates += real && p->gate_h;
     p->wall_us += now_us() - p->t_first;
     p->span_us += span * 1e3;
     p->busy_us += busy;

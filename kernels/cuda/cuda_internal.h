@@ -183,7 +183,6 @@ typedef struct cu_prof {
     unsigned *gate_d;
     unsigned gate_seq; /* gates launched */
     int gate_held;     /* the newest gate is not released yet */
-    long gates;        /* gates of timed batches */
 } cu_prof;
 #define CU_PROF_GATE_MS 50
 /* Releases the stream's profile gate, if one holds it (see cu_prof): call
