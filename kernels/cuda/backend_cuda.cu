@@ -929,6 +929,77 @@ static void pack_weight(const float *w, int rows, int cols, int ld, void *out)
             o[r * ld + c] = cu_fromf<T>(c < (size_t)cols ? w[r * cols + c] : 0.0f);
 }
 
+/* Weight blocks. A model's weights (one backend per model) are
+ * sub-allocated, 256-byte aligned, from a few large device blocks instead
+ * of one cudaMalloc each: with x, W and the bias of the bench model's c_r1
+ * in allocations of their own, linear_tk's kernel took 134-137 us, with
+ * them in one 118-120 (bench/kernels/NOTES.md, "operand placement"). The
+ * engine allocates a layer's weights one after another, so a linear's W
+ * and bias end up adjacent. Blocks grow from WBLOCK_MIN, doubling to
+ * WBLOCK_MAX (a larger weight gets a block of its own size); a block is
+ * freed with its last weight. The bytes accounted are still the weights'
+ * (the blocks' unused tails are not), and compute-sanitizer sees a block,
+ * not each weight: a read past one weight's end lands in the next. */
+#define WBLOCK_MIN ((size_t)4 << 20)
+#define WBLOCK_MAX ((size_t)256 << 20)
+struct cu_wblock {
+    struct cu_wblock *next;
+    char *base;
+    size_t cap, used;
+    int live; /* weights in it */
+};
+
+static void *wblock_take(bk_backend *be, size_t bytes, bk_err *err)
+{
+    cuda_backend *cb = cu_impl(be);
+    const size_t need = ((bytes ? bytes : 1) + 255) & ~(size_t)255;
+    pthread_mutex_lock(&cb->lock);
+    cu_wblock *b = cb->wblocks;
+    if (!b || b->cap - b->used < need) {
+        int sh = cb->n_wblocks < 6 ? cb->n_wblocks : 6;
+        size_t cap = WBLOCK_MIN << sh;
+        cap = need > cap ? need : cap;
+        b = (cu_wblock *)calloc(1, sizeof *b);
+        if (!b || !(b->base = (char *)dev_malloc(be, cap, err))) {
+            if (!b)
+                bk_seterr(err, "out of host memory for a weight block");
+            free(b);
+            pthread_mutex_unlock(&cb->lock);
+            return NULL;
+        }
+        b->cap = cap;
+        b->next = cb->wblocks;
+        cb->wblocks = b;
+        cb->n_wblocks++;
+    }
+    void *p = b->base + b->used;
+    b->used += need;
+    b->live++;
+    pthread_mutex_unlock(&cb->lock);
+    return p;
+}
+
+/* Gives back a weight's bytes; its block goes once it holds none. */
+static void wblock_put(bk_backend *be, void *p)
+{
+    cuda_backend *cb = cu_impl(be);
+    pthread_mutex_lock(&cb->lock);
+    for (cu_wblock **pp = &cb->wblocks; *pp; pp = &(*pp)->next) {
+        cu_wblock *b = *pp;
+        if ((char *)p < b->base || (char *)p >= b->base + b->cap)
+            continue;
+        if (--b->live == 0) {
+            *pp = b->next;
+            cb->n_wblocks--;
+            cudaFree(b->base);
+            (void)cudaGetLastError();
+            free(b);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&cb->lock);
+}
+
 static bk_weight *cuda_weight_new(bk_backend *be, const float *w, int rows, int cols, bk_err *err)
 {
     if (rows < 0 || cols < 0) {
@@ -960,7 +1031,7 @@ static bk_weight *cuda_weight_new(bk_backend *be, const float *w, int rows, int 
     h->cols = cols;
     h->ld = ld;
     h->bytes = bytes;
-    if (!(h->data = dev_malloc(be, bytes, err))) {
+    if (!(h->data = wblock_take(be, bytes, err))) {
         free(host);
         free(h);
         return NULL;
@@ -968,7 +1039,7 @@ static bk_weight *cuda_weight_new(bk_backend *be, const float *w, int rows, int 
     cudaError_t e = bytes ? cudaMemcpy(h->data, host, bytes, cudaMemcpyHostToDevice) : cudaSuccess;
     free(host);
     if (cu_check(e, err, "weight upload")) {
-        cudaFree(h->data);
+        wblock_put(be, h->data);
         free(h);
         return NULL;
     }
@@ -981,8 +1052,7 @@ static void cuda_weight_free(bk_backend *be, bk_weight *w)
     if (!w)
         return;
     cudaSetDevice(cu_impl(be)->ordinal);
-    cudaFree(w->data);
-    (void)cudaGetLastError();
+    wblock_put(be, w->data);
     account_weights(be, 0, w->bytes);
     free(w);
 }

@@ -52,8 +52,12 @@ typedef struct cuda_backend {
      * (0/1 = the heuristic's first, no timing). A tuning switch for
      * cuBLASLt's algorithm, not a choice among our kernels. */
     int lt_tune;
-    pthread_mutex_t lock; /* guards stats and smem_fn */
+    pthread_mutex_t lock; /* guards stats, smem_fn and wblocks */
     bk_stats stats;
+    /* The blocks weights are sub-allocated from (backend_cuda.cu, "weight
+     * blocks"); newest first. */
+    struct cu_wblock *wblocks;
+    int n_wblocks;
     /* Kernels whose dynamic shared memory limit was already raised on this
      * device (cudaFuncSetAttribute once, not per launch). */
     const void *smem_fn[64];
