@@ -62,26 +62,6 @@ static int quick, profile;
 static const char *only; /* --only lce|att|attsweep|self|din: one kernel family */
 static std::vector<std::string> table;
 
-template <typename T>
-__global__ void k_fill(T *p, size_t n, uint32_t seed, float scale)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        x *= 3266489917u;
-        x ^= x >> 16;
-        p[i] = cu_fromf<T>(((float)(x >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
-    }
-}
-
-template <typename T> static void fill(T *p, size_t n, uint32_t seed, float scale)
-{
-    k_fill<T><<<4096, 256>>>(p, n, seed, scale);
-    CK(cudaGetLastError());
-}
 
 
 /* ---------------------------------------------------------------- ceilings */

@@ -1,9 +1,9 @@
 /* bench_util.cuh - what the GPU benchmarks of bench/kernels share.
  *
- * Why this exists: bench_kernels.cu and bench_ops.cu both abort on a CUDA
- * or backend error with the failing expression, and both time a launch
- * sequence as the median of CUDA-event intervals on one stream; written
- * once here. Header-only (each benchmark is one translation unit). BK needs
+ * Why this exists: bench_kernels.cu, bench_ops.cu and write_patterns.cu
+ * abort on a CUDA or backend error with the failing expression, time a
+ * launch sequence as the median of CUDA-event intervals on one stream, and
+ * fill operands with seeded values in [-scale, scale); written once here. Header-only (each benchmark is one translation unit). BK needs
  * a `bk_err berr` in scope.
  */
 #ifndef IKBO_BENCH_UTIL_CUH
@@ -16,6 +16,8 @@
 #include <vector>
 
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/cuda_internal.h" /* cu_fromf */
 
 #define CK(x)                                                                 \
     do {                                                                      \
@@ -34,6 +36,29 @@
             exit(2);                                                          \
         }                                                                     \
     } while (0)
+
+/* Seeded values in [-scale, scale) from a hash of the index, on the
+ * default stream. */
+template <typename T>
+__global__ void k_fill(T *p, size_t n, uint32_t seed, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+        x ^= x >> 15;
+        x *= 2246822519u;
+        x ^= x >> 13;
+        x *= 3266489917u;
+        x ^= x >> 16;
+        p[i] = cu_fromf<T>(((float)(x >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+    }
+}
+
+template <typename T> static void fill(T *p, size_t n, uint32_t seed, float scale)
+{
+    k_fill<T><<<4096, 256>>>(p, n, seed, scale);
+    CK(cudaGetLastError());
+}
 
 /* Median time in ms of f() on stream st over reps runs after warm runs. */
 static inline double median_ms(cudaStream_t st, const std::function<void()> &f, int warm, int reps)

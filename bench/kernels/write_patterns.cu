@@ -84,15 +84,10 @@ __global__ void k_seq(uint16_t *y, int rows, int cols, long ldy)
             *(uint4 *)(y + (size_t)r * ldy + n) = v;
 }
 
-/* Values in [-1, 1) of both signs (random weights and inputs as the
- * model has them: ReLU then zeroes about half of the outputs). */
-__global__ void k_fill_signed(__nv_bfloat16 *p, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = __float2bfloat16((float)((uint32_t)i * 2654435761u >> 8) / 8388608.0f - 1.0f);
-}
-
-__global__ void k_fill(uint16_t *p, size_t n)
+/* Positive bf16 bit patterns (write_patterns' own operands, x, W and the
+ * bias in one allocation; the model's placement and signs are filled by
+ * bench_util's fill into allocations of their own below). */
+__global__ void k_fill_positive(uint16_t *p, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = (uint16_t)(0x3c00 ^ ((uint32_t)i * 2654435761u >> 7 & 0x83ff)) & 0xbbff;
@@ -244,7 +239,7 @@ int main(int argc, char **argv)
     uint16_t *xw;
     const size_t nx = (size_t)rows * 16, nw = (size_t)cols * 16 + cols;
     CK(cudaMalloc(&xw, (nx + nw) * 2));
-    k_fill<<<1024, 256, 0, st>>>(xw, nx + nw);
+    k_fill_positive<<<1024, 256, 0, st>>>(xw, nx + nw);
     const __nv_bfloat16 *x = (const __nv_bfloat16 *)xw, *w = x + nx, *bias = w + (size_t)cols * 16;
     /* The model's operands: signed values, x, W and the bias each in an
      * allocation of its own; y 64 KiB into each row (c_r1's columns of
@@ -253,15 +248,15 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&sx, nx * 2));
     CK(cudaMalloc(&sw, (size_t)cols * 16 * 2));
     CK(cudaMalloc(&sb, (size_t)cols * 2));
-    k_fill_signed<<<1024, 256, 0, st>>>(sx, nx);
-    k_fill_signed<<<1024, 256, 0, st>>>(sw, (size_t)cols * 16);
-    k_fill_signed<<<1024, 256, 0, st>>>(sb, (size_t)cols);
+    fill(sx, nx, 1, 1.0f);
+    fill(sw, (size_t)cols * 16, 2, 1.0f);
+    fill(sb, (size_t)cols, 3, 1.0f);
     const long yoff = pitch - cols >= 32768 ? 32768 : 0;
     /* The two apart: signed values in one allocation (as x, w, bias), and
      * the positive values in allocations of their own. */
     __nv_bfloat16 *s1, *px, *pw, *pb;
     CK(cudaMalloc(&s1, (nx + nw) * 2));
-    k_fill_signed<<<1024, 256, 0, st>>>(s1, nx + nw);
+    fill(s1, nx + nw, 4, 1.0f);
     CK(cudaMalloc(&px, nx * 2));
     CK(cudaMalloc(&pw, (size_t)cols * 16 * 2));
     CK(cudaMalloc(&pb, (size_t)cols * 2));

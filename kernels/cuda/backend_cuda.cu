@@ -932,8 +932,10 @@ static void pack_weight(const float *w, int rows, int cols, int ld, void *out)
 /* Weight blocks. A model's weights (one backend per model) are
  * sub-allocated, 256-byte aligned, from a few large device blocks instead
  * of one cudaMalloc each: with x, W and the bias of the bench model's c_r1
- * in allocations of their own, linear_tk's kernel took 134-137 us, with
- * them in one 118-120 (bench/kernels/NOTES.md, "operand placement"). The
+ * in allocations of their own, linear_tk's kernel took 134-137 us in
+ * write_patterns, with them in one 118-120; in bench_ops this took c_r1
+ * from 139 to 124.5 us, in the model's forward it changed nothing (143;
+ * bench/kernels/NOTES.md, "operand placement", "weights in blocks"). The
  * engine allocates a layer's weights one after another, so a linear's W
  * and bias end up adjacent. Blocks grow from WBLOCK_MIN, doubling to
  * WBLOCK_MAX (a larger weight gets a block of its own size); a block is

@@ -21,8 +21,10 @@
  *
  * A y larger than L2 is stored with the evict-first hint: the write stream
  * otherwise pushed W's lines out of L2, and each strip's W load waited on
- * HBM (c_r1, 1120 x [16 -> 190464], 426 MB: 157-163 us, cuBLASLt 156;
- * with the hint 118 us, the stores alone 104-107; bench/kernels/NOTES.md).
+ * HBM (c_r1, 1120 x [16 -> 190464], 426 MB, in write_patterns: 157-163 us
+ * without the hint, 118 with it, the stores alone 104-107; in bench_ops
+ * 124.5 against cuBLAS's 160, in the bench model's forward 143 against
+ * cuBLASLt's 156; bench/kernels/NOTES.md).
  *
  * Used by cuda_linear (backend_cuda.cu) when cu_linear_tk_fits: bf16/fp16,
  * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
@@ -41,9 +43,10 @@
 #define TK_MIN_OUT 256
 #define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
 /* Beyond 16 rows at in > 16, at most this many outputs (the large writes
- * were measured at in 16 only: 1120 x [16 -> 15872] 18.6-21.1 us against
- * cuBLAS's 24, 70 x [16 -> 190464] 22.3-22.9 against 23.6-28.5, and with
- * the evict-first stores 1120 x [16 -> 190464] 118 against 156-160). */
+ * were measured at in 16 only, bench_ops: 1120 x [16 -> 15872] 18.6-22.1
+ * us against cuBLAS's 24-26.5, 70 x [16 -> 190464] 22.2-22.9 against
+ * 22.7-28.5, and with the evict-first stores 1120 x [16 -> 190464] 124.5
+ * against 160). */
 #define TK_MAX_OUTPUTS (1L << 25)
 
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy)
