@@ -32,12 +32,10 @@ template <typename T> struct att_job {
 
 /* Builds the tile table(s) of a launch into the stream's scratch: target
  * tiles of at most 128 query rows first, then self tiles (longest first).
- * *ntiles (device) gets the total, *cap the table's capacity; the target
- * table's kernel also zeroes zero[0 .. nzero) (the split's counters).
- * attention.cu. */
+ * *ntiles (device) gets the total, *cap the table's capacity. attention.cu. */
 int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int nc, int tq,
-                 const int64_t *off, int nu, int causal, int64_t ev, int *zero, int nzero,
-                 int4 **tiles, int **ntiles, long *cap, bk_err *err);
+                 const int64_t *off, int nu, int causal, int64_t ev, int4 **tiles, int **ntiles,
+                 long *cap, bk_err *err);
 
 /* -------------------------------------------------------- wgmma (Hopper) */
 
@@ -107,20 +105,12 @@ template <int DH> struct attw_cfg {
     static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
     static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
-    /* barriers, then one word per consumer warpgroup (the split's verdict) */
-    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8 + 2 * 4;
-    /* A split part's partial result, per consumer warpgroup: O unnormalized
-     * (DH / 2 floats a thread) and {m0, m1, l0, l1}, as float4 columns of
-     * 128 threads (coalesced). */
-    static constexpr size_t PART_FLOATS = 128 * (DH / 2 + 4);
+    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
 };
 
 #define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
-#define ATTW_WG_BAR 3 /* named barriers 3, 4: consumer warpgroup 0, 1 alone */
 #define ATTW_PREFETCH_Q 1 /* flags: the next tile's Q rows into L2 */
 #define ATTW_VEC_STORE 2  /* flags: o is 16-byte aligned, store 16 bytes at a time */
-#define ATTW_SPLIT_TAIL 4 /* flags: split the last round's work items (target tiles only) */
-#define ATTW_SPLIT_MAX 4  /* parts a work item is split into at most */
 
 /* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
  * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
@@ -136,54 +126,7 @@ template <typename T> struct attw_args {
     float scale_log2;   /* log2(e) / sqrt(dh) */
     float scale;        /* 1 / sqrt(dh) */
     uint32_t lbo_v, sbo_v;
-    float *part;        /* ATTW_SPLIT_TAIL: gridDim.x units' partials (PART_FLOATS x 2) */
-    int *part_ctr;      /* ... and 2 arrival counters an item, zero at launch */
 };
-
-/* The persistent schedule (ATTW_SPLIT_TAIL). Whole work items fill the
- * rounds in which every CTA has one; if the last round would leave more
- * than half the CTAs idle, its T items are split instead into S =
- * min(ATTW_SPLIT_MAX, G / T) parts over contiguous key-block ranges, one
- * part a CTA, and the last part to finish merges the others' partials
- * (flash-decoding's combine). The bench model's 16 x 70 batch has 1120
- * work items on 132 SMs: 8 full rounds and 64 items, which take half a
- * round split in two instead of a whole one. Only target tiles: a launch
- * with a self part (causal diagonals, silu) never sets the flag.
- *   units 0 .. full-1: work item u, whole;
- *   units full + j (j < T S): part j % S of item full + j / S. */
-struct attw_sched {
-    long full, units;
-    int S;
-};
-__device__ __forceinline__ attw_sched attw_schedule(long W, long G, int flags)
-{
-    attw_sched sc = {W, W, 1};
-    const long R = W / G, T = W - R * G;
-    if ((flags & ATTW_SPLIT_TAIL) && R >= 1 && T > 0 && 2 * T <= G) {
-        sc.S = (int)min((long)ATTW_SPLIT_MAX, G / T);
-        sc.full = R * G;
-        sc.units = sc.full + T * sc.S;
-    }
-    return sc;
-}
-/* Unit u's work item, its part (-1: whole) and key blocks [kb0, kb1) of
- * the item's nkb (set by attw_range). */
-struct attw_unit {
-    long item;
-    int part;
-};
-__device__ __forceinline__ attw_unit attw_unit_of(const attw_sched &sc, long u)
-{
-    if (u < sc.full)
-        return {u, -1};
-    const long j = u - sc.full;
-    return {sc.full + j / sc.S, (int)(j % sc.S)};
-}
-__device__ __forceinline__ void attw_range(int nkb, int part, int S, int *kb0, int *kb1)
-{
-    *kb0 = part < 0 ? 0 : part * nkb / S;
-    *kb1 = part < 0 ? nkb : (part + 1) * nkb / S;
-}
 
 /* Key blocks a tile reads: all of its user's, or, causal self tile t,
  * blocks 0..t (the last one the diagonal). */
@@ -210,7 +153,6 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
      * no-op when launched plainly). */
     pdl_wait();
     const long W = (long)*a.ntiles * heads;
-    const attw_sched sc = attw_schedule(W, gridDim.x, flags);
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -241,19 +183,17 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         const int lr = tid / CH, lc = tid % CH;
         const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
         int it = 0, qt = 0;
-        for (long u = blockIdx.x; u < sc.units; u += gridDim.x) {
-            const attw_unit un = attw_unit_of(sc, u);
-            const int4 ti = tiles[un.item / heads];
-            const int h = (int)(un.item % heads);
+        for (long w = blockIdx.x; w < W; w += gridDim.x) {
+            const int4 ti = tiles[w / heads];
+            const int h = (int)(w % heads);
             const int64_t kv0 = off[ti.z];
             const int L = (int)(off[ti.z + 1] - kv0);
-            int kb0, kb1;
-            attw_range(attw_nkb(ti, L, a.causal, BN), un.part, sc.S, &kb0, &kb1);
-            if (kb1 == kb0)
+            const int nkb = attw_nkb(ti, L, a.causal, BN);
+            if (nkb == 0)
                 continue;
             const T *kb_ = k + (size_t)kv0 * hd + h * DH + lc * 8;
             const T *vb_ = v + (size_t)kv0 * hd + h * DH + lc * 8;
-            for (int kb = kb0; kb < kb1; kb++, it++) {
+            for (int kb = 0; kb < nkb; kb++, it++) {
                 const int st = it % ST;
                 mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
                 unsigned char *kd = Ks + st * CFG::KV_BYTES, *vd = Vs + st * CFG::KV_BYTES;
@@ -267,7 +207,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     cp_async16(vd + so, vb_ + g, ok);
                 }
                 cp_async_mbar_arrive_noinc(&full[st]);
-                if (kb == kb0) {
+                if (kb == 0) {
                     /* Q after the first K/V block: that one only needed a
                      * free stage, Q waits for the last tile's last S. */
                     mbar_wait(qempty, (qt & 1) ^ 1);
@@ -283,9 +223,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     qt++;
                     /* The next work item's Q rows into L2 (one row each),
                      * so its copy into shared memory waits on L2, not HBM. */
-                    const long u2 = u + gridDim.x;
-                    if ((flags & ATTW_PREFETCH_Q) && u2 < sc.units) {
-                        const long w2 = attw_unit_of(sc, u2).item;
+                    const long w2 = w + gridDim.x;
+                    if ((flags & ATTW_PREFETCH_Q) && w2 < W) {
                         const int4 tn = tiles[w2 / heads];
                         const int row = tn.x + tid;
                         if (row < tn.y)
@@ -419,98 +358,32 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         }
     };
 
-    /* A split part's end (ATTW_SPLIT_TAIL): write this warpgroup's partial
-     * (oacc, the row maxima, the quad-summed row sums lq) for unit j of the
-     * tail; the part that arrives last reads the others' back, merges them
-     * into oacc and lq, and returns true (it stores the rows); the others
-     * return false. Parts without key blocks take part with m = -inf. */
-    const int tw = tid - 128 * (wg + 1);
-    int *verdict = (int *)(Qs + CFG::BAR_OFS + (2 * ST + 2) * 8);
-    auto split_merge = [&](long j, int part, float lq[2]) -> bool {
-        float4 *P = (float4 *)(a.part + ((size_t)j * 2 + wg) * CFG::PART_FLOATS);
-#pragma unroll
-        for (int i = 0; i < DH / 8; i++)
-            P[i * 128 + tw] = make_float4(oacc[4 * i], oacc[4 * i + 1], oacc[4 * i + 2], oacc[4 * i + 3]);
-        P[(DH / 8) * 128 + tw] = make_float4(mrow[0], mrow[1], lq[0], lq[1]);
-        __threadfence();
-        named_bar_sync(ATTW_WG_BAR + wg, 128);
-        if (tw == 0)
-            verdict[wg] = atomicAdd(&a.part_ctr[(j / sc.S) * 2 + wg], 1) == sc.S - 1;
-        named_bar_sync(ATTW_WG_BAR + wg, 128);
-        if (!verdict[wg])
-            return false;
-        __threadfence();
-        const float4 *P0 = (const float4 *)(a.part + ((size_t)(j - part) * 2 + wg) * CFG::PART_FLOATS);
-        const size_t stride = 2 * CFG::PART_FLOATS / 4; /* float4s between parts */
-        float mt[2] = {mrow[0], mrow[1]};
-        for (int p = 0; p < sc.S; p++) {
-            if (p == part)
-                continue;
-            const float4 ml = __ldcg(&P0[p * stride + (DH / 8) * 128 + tw]);
-            mt[0] = fmaxf(mt[0], ml.x);
-            mt[1] = fmaxf(mt[1], ml.y);
-        }
-        /* factor 2^(m_p - m), 0 for a part without keys (and all of them) */
-        auto fac = [&](float m, int r) { return m == -INFINITY ? 0.0f : att_ex2(m - mt[r]); };
-        const float f0 = fac(mrow[0], 0), f1 = fac(mrow[1], 1);
-        lq[0] *= f0;
-        lq[1] *= f1;
-#pragma unroll
-        for (int i = 0; i < DH / 8; i++) {
-            oacc[4 * i] *= f0;
-            oacc[4 * i + 1] *= f0;
-            oacc[4 * i + 2] *= f1;
-            oacc[4 * i + 3] *= f1;
-        }
-        for (int p = 0; p < sc.S; p++) {
-            if (p == part)
-                continue;
-            const float4 *Pp = P0 + p * stride;
-            const float4 ml = __ldcg(&Pp[(DH / 8) * 128 + tw]);
-            const float g0 = fac(ml.x, 0), g1 = fac(ml.y, 1);
-            lq[0] = fmaf(ml.z, g0, lq[0]);
-            lq[1] = fmaf(ml.w, g1, lq[1]);
-#pragma unroll
-            for (int i = 0; i < DH / 8; i++) {
-                const float4 o = __ldcg(&Pp[i * 128 + tw]);
-                oacc[4 * i] = fmaf(o.x, g0, oacc[4 * i]);
-                oacc[4 * i + 1] = fmaf(o.y, g0, oacc[4 * i + 1]);
-                oacc[4 * i + 2] = fmaf(o.z, g1, oacc[4 * i + 2]);
-                oacc[4 * i + 3] = fmaf(o.w, g1, oacc[4 * i + 3]);
-            }
-        }
-        return true;
-    };
-
-    /* The next unit's tile and history length are loaded a unit ahead. */
+    /* The next work item's tile and history length are loaded a tile ahead. */
     int4 ti_n = make_int4(0, 0, 0, 0);
     int L_n = 0;
-    if ((long)blockIdx.x < sc.units) {
-        ti_n = tiles[attw_unit_of(sc, blockIdx.x).item / heads];
+    if ((long)blockIdx.x < W) {
+        ti_n = tiles[blockIdx.x / heads];
         L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
     }
-    for (long u = blockIdx.x; u < sc.units; u += gridDim.x) {
-        const attw_unit un = attw_unit_of(sc, u);
+    for (long w = blockIdx.x; w < W; w += gridDim.x) {
         const int4 ti = ti_n;
-        const int h = (int)(un.item % heads);
+        const int h = (int)(w % heads);
         const int L = L_n;
         const bool self_t = ti.w & 1, silu = self_t && a.silu;
-        int kb0, kb1;
-        attw_range(attw_nkb(ti, L, a.causal, BN), un.part, sc.S, &kb0, &kb1);
-        const int n = kb1 - kb0;
+        const int nkb = attw_nkb(ti, L, a.causal, BN);
         /* causal self tiles end on their diagonal block */
         const bool diag_last = self_t && a.causal;
-        const long u2 = u + gridDim.x;
-        if (u2 < sc.units)
-            ti_n = tiles[attw_unit_of(sc, u2).item / heads];
+        const long w2 = w + gridDim.x;
+        if (w2 < W)
+            ti_n = tiles[w2 / heads];
 #pragma unroll
         for (int i = 0; i < DH / 2; i++)
             oacc[i] = 0.0f;
         mrow[0] = mrow[1] = -INFINITY;
         lrow[0] = lrow[1] = 0.0f;
-        if (n > 0) {
+        if (nkb > 0) {
             mbar_wait(qfull, qt & 1);
-            /* turn 0: S_kb0 */
+            /* turn 0: S_0 */
             mbar_wait(&full[it % ST], (it / ST) & 1);
             zero_s();
             turn_begin();
@@ -521,12 +394,12 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             turn_end();
             wg_wait<0>();
             wg_fence_regs<BN / 2>(s);
-            if (n == 1 && lead)
+            if (nkb == 1 && lead)
                 mbar_arrive(qempty);
-            softmax_p(kb0, L, diag_last && n == 1, silu);
+            softmax_p(0, L, diag_last && nkb == 1, silu);
             softmax_o();
-            /* turns kb0+1 .. kb1-1: S_j and P_{j-1} V_{j-1} */
-            for (int kb = kb0 + 1; kb < kb1; kb++) {
+            /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
+            for (int kb = 1; kb < nkb; kb++) {
                 const int sp = it % ST;
                 it++;
                 const int sn = it % ST;
@@ -550,11 +423,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     wg_fence_regs<BN / 2>(s);
                     wg_fence_regs<DH / 2>(oacc);
                 }
-                if (kb == kb1 - 1 && lead)
+                if (kb == nkb - 1 && lead)
                     mbar_arrive(qempty);
-                if (kb == kb0 + 1 && u2 < sc.units)
+                if (kb == 1 && w2 < W)
                     L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
-                softmax_p(kb, L, diag_last && kb == kb1 - 1, silu);
+                softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
                 if (OV) {
                     wg_wait<0>();
                     wg_fence_regs<DH / 2>(oacc);
@@ -563,7 +436,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     mbar_arrive(&empty[sp]);
                 softmax_o();
             }
-            /* turn n: P V of the last block */
+            /* turn nkb: P V of the last block */
             const int sp = it % ST;
             it++;
             turn_begin();
@@ -572,29 +445,25 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             issue_pv(Vs + sp * CFG::KV_BYTES);
             wg_commit();
             turn_end();
-            if (n == 1 && u2 < sc.units)
+            if (nkb == 1 && w2 < W)
                 L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
             wg_wait<0>();
             wg_fence_regs<DH / 2>(oacc);
             if (lead)
                 mbar_arrive(&empty[sp]);
             qt++;
-        } else if (u2 < sc.units) {
+        } else if (w2 < W) {
             L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
         }
 
-        float lq[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            lq[r] = lrow[r] + __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-            lq[r] += __shfl_xor_sync(0xffffffffu, lq[r], 2);
-        }
-        if (un.part >= 0 && !split_merge(u - sc.full, un.part, lq))
-            continue;
         float inv[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++)
-            inv[r] = silu ? 1.0f / (float)L : lq[r] > 0.0f ? 1.0f / lq[r] : 0.0f;
+        for (int r = 0; r < 2; r++) {
+            float l = lrow[r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = silu ? 1.0f / (float)L : l > 0.0f ? 1.0f / l : 0.0f;
+        }
         if (flags & ATTW_VEC_STORE) {
             /* 16-byte stores: the quad (t = 0..3) holds 4 chunks of 8
              * columns as a 4 x 4 matrix of words (thread t, word b = its
@@ -643,12 +512,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
 }
 
 /* Production's launch flags: Q prefetch always, 16-byte stores where o (and
- * os) are 16-byte aligned, the last round split where there is no self
- * part. */
+ * os) are 16-byte aligned. */
 template <typename T> static int attw_flags(const att_job<T> &j)
 {
     bool al16 = ((uintptr_t)j.o | (uintptr_t)j.os) % 16 == 0;
-    return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0) | (j.qs ? 0 : ATTW_SPLIT_TAIL);
+    return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0);
 }
 
 /* One k_att_wg launch over the tile table (dh = DH, 64 or 128). Production:
@@ -661,21 +529,8 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
     int4 *tiles;
     int *ntiles;
     long cap;
-    const long sms = cu_impl(s->be)->sm_count;
-    /* The split's scratch: counters for up to sms / 2 items (2 each), then
-     * partials for up to sms units (a self part never splits). */
-    int *ctr = nullptr, nctr = 0;
-    float *part = nullptr;
-    if (flags & ATTW_SPLIT_TAIL) {
-        nctr = (int)(sms + 63) / 64 * 64;
-        size_t bytes = nctr * sizeof(int) + (size_t)sms * 2 * attw_cfg<DH>::PART_FLOATS * sizeof(float);
-        if (cu_scratch_get(s, &s->att_split, bytes, err))
-            return -1;
-        ctr = (int *)s->att_split.p;
-        part = (float *)(ctr + nctr);
-    }
     if (cu_att_tiles(s, j.q != nullptr, j.qs != nullptr, j.map, j.nc, j.tq, j.off, j.nu, j.causal,
-                     j.ev, ctr, nctr, &tiles, &ntiles, &cap, err))
+                     j.ev, &tiles, &ntiles, &cap, err))
         return -1;
     const double rs = 1.0 / sqrt((double)DH);
     auto kern = k_att_wg<T, DH, PP, OV>;
@@ -690,10 +545,9 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
     a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
     a.scale_log2 = (float)(1.4426950408889634 * rs);
     a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
-    a.part = part, a.part_ctr = ctr;
     /* Persistent: one CTA per SM (or per work item, if fewer), launched as
      * the tile table's programmatic dependent. */
-    long work = cap * j.heads;
+    long work = cap * j.heads, sms = cu_impl(s->be)->sm_count;
     unsigned pgrid = (unsigned)(work < sms ? work : sms);
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at = pdl_attr();

@@ -52,15 +52,13 @@
 #define ATT_MAP_SMEM 12288 /* ints: 48 KiB, the default dynamic limit */
 __global__ void __launch_bounds__(1024)
 k_att_tiles(const int32_t *__restrict__ map_g, int nc, int tq, int bm, int4 *__restrict__ tiles,
-            int *__restrict__ ntiles, int cap, int map_smem, int *__restrict__ zero, int nzero)
+            int *__restrict__ ntiles, int cap, int map_smem)
 {
     extern __shared__ int map_s[];
     __shared__ int warp_sum[32];
     __shared__ int carry_s;
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
-    for (int i = tid; i < nzero; i += blockDim.x)
-        zero[i] = 0;
     const int32_t *map = map_g;
     if (map_smem) {
         for (int i = tid; i < nc; i += blockDim.x)
@@ -483,8 +481,8 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
 }
 
 int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int nc, int tq,
-                 const int64_t *off, int nu, int causal, int64_t ev, int *zero, int nzero,
-                 int4 **tiles_out, int **ntiles_out, long *cap_out, bk_err *err)
+                 const int64_t *off, int nu, int causal, int64_t ev, int4 **tiles_out,
+                 int **ntiles_out, long *cap_out, bk_err *err)
 {
     long rows = target ? (long)nc * tq : 0;
     long cap_t = target ? rows / ATT_BM + (nu < nc ? nu : nc) + 1 : 0;
@@ -502,7 +500,7 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
     if (target) {
         const int map_smem = nc <= ATT_MAP_SMEM;
         k_att_tiles<<<1, 1024, map_smem ? (size_t)nc * sizeof(int) : 0, s->st>>>(
-            map, nc, tq, ATT_BM, tiles, both ? cnt + 1 : cnt, (int)cap_t, map_smem, zero, nzero);
+            map, nc, tq, ATT_BM, tiles, both ? cnt + 1 : cnt, (int)cap_t, map_smem);
         if (cu_check_launch(s, err, "attention tile table"))
             return -1;
     }
@@ -525,8 +523,8 @@ static int launch_mma(bk_stream *s, const att_job<T> &j, bk_err *err)
     int4 *tiles;
     int *ntiles;
     long cap;
-    if (cu_att_tiles(s, true, false, j.map, j.nc, j.tq, j.off, j.nu, 0, 0, nullptr, 0, &tiles,
-                     &ntiles, &cap, err))
+    if (cu_att_tiles(s, true, false, j.map, j.nc, j.tq, j.off, j.nu, 0, 0, &tiles, &ntiles, &cap,
+                     err))
         return -1;
     float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
     auto kern = k_att_tc<T, DH>;

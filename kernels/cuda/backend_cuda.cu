@@ -12,8 +12,7 @@
  *
  * Byte accounting: buffers from alloc carry the caller's tag. Stream-private
  * scratch is accounted too: the LCE user term (U rows) as BK_TAG_USER, the
- * attention tile table as BK_TAG_INDEX, its split round's partials as
- * BK_TAG_CAND. The cuBLASLt workspace (fixed size,
+ * attention tile table as BK_TAG_INDEX. The cuBLASLt workspace (fixed size,
  * one per stream) is not tagged.
  *
  * Per-batch fixed costs (measured with IKBO_CUDA_PROFILE, bench/e2e/
@@ -857,7 +856,7 @@ static void cuda_stream_free(bk_stream *s)
             cudaFreeHost((void *)s->prof->gate_h);
         free(s->prof);
     }
-    cu_scratch *sc[] = {&s->lce_y, &s->att_tile, &s->att_split};
+    cu_scratch *sc[] = {&s->lce_y, &s->att_tile};
     for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
         cuda_free(s->be, sc[i]->p, sc[i]->cap, sc[i]->tag);
     bk_err ignore;
@@ -889,7 +888,6 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
     s->spin_us = -1;
     s->lce_y.tag = BK_TAG_USER;
     s->att_tile.tag = BK_TAG_INDEX;
-    s->att_split.tag = BK_TAG_CAND;
     cublasStatus_t bs;
     if (cu_check(cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking), err, "stream create"))
         goto fail;
@@ -2116,11 +2114,4 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->mixture = cuda_mixture;
     cu_graph_install(be);
     return be;
-}
-
-extern "C" int bk_cuda_sm_count(const bk_backend *be)
-{
-    if (!be || !be->name || strcmp(be->name, "cuda") != 0)
-        return -1;
-    return cu_impl((bk_backend *)be)->sm_count;
 }

@@ -202,7 +202,6 @@ struct bk_stream {
     cu_pinned host;      /* pinned staging for every host copy            */
     cu_scratch lce_y;    /* LCE user term at nu user rows (lce.cu)        */
     cu_scratch att_tile; /* attention tile table                         */
-    cu_scratch att_split; /* attention's split last round: partials      */
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;
     cu_prof *prof; /* NULL unless IKBO_CUDA_PROFILE */

@@ -25,9 +25,4 @@ enum cu_path {
  * on; -1 with err set when be is not a CUDA backend or a path is unknown. */
 int bk_cuda_force_path(bk_backend *be, int lce, int attention, bk_err *err);
 
-/* The SM count the persistent kernels size their grids by (a test builds
- * shapes whose last round the attention kernel splits); -1 when be is not
- * a CUDA backend. */
-int bk_cuda_sm_count(const bk_backend *be);
-
 #endif

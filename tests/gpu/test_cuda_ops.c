@@ -1359,17 +1359,6 @@ static void suite_attention(void)
     int cs[] = {3, 2}, ls[] = {129, 40};
     test_attention_at(2, cs, ls, 5, 2, 64, 2);
     test_attention_at(2, cs, ls, 3, 1, 128, 2);
-    /* The wgmma kernel's split last round: whole rounds of user 0's items,
-     * then 14 or 15 items (7 tiles: users 1-4) over the SMs, in 4 parts
-     * each on a 132-SM H200 -- parts without key blocks (L 0, 1, 129), a
-     * 6-block history (L 700), a partial tile (u4's 192 rows). */
-    int sms = bk_cuda_sm_count(gpu);
-    if (sms > 0) {
-        int t0 = (sms + 1) / 2;
-        int csp[] = {2 * t0, 2, 2, 6, 3}, lsp[] = {100, 1, 0, 700, 129};
-        test_attention(5, csp, lsp, 64, 2, 128);
-        test_attention(5, csp, lsp, 64, 2, 64);
-    }
     if (!quick) {
         int cb[] = {3, 4, 1}, lb[] = {1000, 513, 2048};
         test_attention(3, cb, lb, 64, 2, 128);
