@@ -268,19 +268,27 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         for (int i = 0; i < BN / 2; i++)
             s[i] = 0.0f;
     };
-    /* S += Q K^T (issued, not committed). */
-    auto issue_s = [&](const unsigned char *Kb) {
+    /* Descriptors made once: a step within a tile or a stage adds its byte
+     * offset / 16 to the start-address field (bits 0-13), which cannot
+     * carry out, every address being inside shared memory. Made per call,
+     * they cost ~100 instructions a warp a block (the shared window's base
+     * recomputed each time), a sixth of the consumer's issue slots. */
+    const uint64_t qd0 = wg_desc(Qw, 16, 1024), kd0 = wg_desc(Ks, 16, 1024);
+    const uint64_t vd0 = wg_desc(Vs, a.lbo_v, a.sbo_v);
+    constexpr uint32_t STAGE16 = CFG::KV_BYTES >> 4;
+    /* S += Q K^T on stage st (issued, not committed). */
+    auto issue_s = [&](int st) {
+        const uint64_t kd = kd0 + st * STAGE16;
 #pragma unroll
-        for (int kk = 0; kk < DH / 16; kk++) {
-            uint64_t da = wg_desc(Qw + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
-            uint64_t db = wg_desc(Kb + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
-            wgmma_ss<T, BN, 0>::run(s, da, db);
-        }
+        for (int kk = 0; kk < DH / 16; kk++)
+            wgmma_ss<T, BN, 0>::run(s, qd0 + (((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4),
+                                    kd + (((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4));
     };
-    auto issue_pv = [&](const unsigned char *Vb) {
+    auto issue_pv = [&](int st) {
+        const uint64_t vd = vd0 + st * STAGE16;
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
-            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], wg_desc(Vb + kk * 16 * 128, a.lbo_v, a.sbo_v));
+            wgmma_rs<T, DH, 1>::run(oacc, pa[kk], vd + ((kk * 16 * 128) >> 4));
     };
     /* Online softmax of block kb (base 2), in two parts so that the first
      * can run while this warpgroup's previous P V is still on the tensor
@@ -389,7 +397,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             turn_begin();
             wg_fence();
             wg_fence_regs<BN / 2>(s);
-            issue_s(Ks + (it % ST) * CFG::KV_BYTES);
+            issue_s(it % ST);
             wg_commit();
             turn_end();
             wg_wait<0>();
@@ -409,10 +417,10 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 wg_fence();
                 wg_fence_regs<DH / 2>(oacc);
                 wg_fence_regs<BN / 2>(s);
-                issue_s(Ks + sn * CFG::KV_BYTES);
+                issue_s(sn);
                 if (OV)
                     wg_commit();
-                issue_pv(Vs + sp * CFG::KV_BYTES);
+                issue_pv(sp);
                 wg_commit();
                 turn_end();
                 if (OV) {
@@ -442,7 +450,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             turn_begin();
             wg_fence();
             wg_fence_regs<DH / 2>(oacc);
-            issue_pv(Vs + sp * CFG::KV_BYTES);
+            issue_pv(sp);
             wg_commit();
             turn_end();
             if (nkb == 1 && w2 < W)
