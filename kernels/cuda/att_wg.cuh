@@ -52,18 +52,15 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
  *   (rows past the tile zero-filled); each copy batch completes on a
  *   "full" mbarrier through cp.async.mbarrier.arrive.noinc. Consumers free
  *   a stage through its "empty" mbarrier once their P V on it is done, and
- *   each warpgroup its 64 rows of Q through its "qempty" after its last S
- *   GEMM on the tile; no block barrier.
+ *   Q through "qempty" after the tile's last S GEMM; no block barrier.
  * - Each consumer iteration is one turn on the tensor cores:
  *     S_j = Q K_j^T (commit);  O += P_{j-1} V_{j-1} (commit)
  *   then the exponentials of S_j while that P V still runs, then (P V
  *   done) the rescale of O and P_j packed for the next turn. Turns
  *   alternate between the two warpgroups through named barriers 1 and 2,
  *   so one's softmax runs under the other's GEMMs (and under its own
- *   P V). A tile takes nkb + 1 turns (S_0 alone, P V alone last),
- *   but the last one also issues the next tile's S_0 when nkb >= 2, so a
- *   run of such tiles takes nkb turns each (the "merged turn"); both
- *   warpgroups always take the same turns (rows past the tile are
+ *   P V). A tile takes nkb + 1 turns (S_0 alone, P V alone last);
+ *   both warpgroups always take the same turns (rows past the tile are
  *   computed on zero Q and not stored), so the alternation never stalls.
  *   S = Q K^T: wgmma m64n128k16, A = Q and B = K both K-major 128B-swizzled
  *   shared tiles; O += P V: wgmma m64n{DH}k16, A = P in registers (the S
@@ -108,7 +105,7 @@ template <int DH> struct attw_cfg {
     static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
     static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
-    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 4) * 8;
+    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
 };
 
 #define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
@@ -164,7 +161,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     unsigned char *Vs = Ks + ST * CFG::KV_BYTES;      /* [ST][KV_BYTES] */
     uint64_t *full = (uint64_t *)(Qs + CFG::BAR_OFS); /* [ST] */
     uint64_t *empty = full + ST;                      /* [ST] */
-    uint64_t *qfull = empty + ST, *qempty = qfull + 2; /* [2]: a warpgroup's 64 rows each */
+    uint64_t *qfull = empty + ST, *qempty = qfull + 1;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     if (tid == 0) {
@@ -172,10 +169,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             mbar_init(&full[i], 128); /* the producer warpgroup's threads */
             mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
         }
-        for (int i = 0; i < 2; i++) {
-            mbar_init(&qfull[i], 128);
-            mbar_init(&qempty[i], 4); /* lane 0 of the warpgroup's warps */
-        }
+        mbar_init(qfull, 128);
+        mbar_init(qempty, 8);
         mbar_fence_init();
     }
     __syncthreads();
@@ -215,23 +210,17 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 cp_async_mbar_arrive_noinc(&full[st]);
                 if (kb == 0) {
                     /* Q after the first K/V block: that one only needed a
-                     * free stage. Each warpgroup's 64 rows wait for that
-                     * warpgroup's last S on the previous tile, so a
-                     * warpgroup may start this tile's S_0 in its last turn
-                     * of the previous one (the consumers' merged turn). */
+                     * free stage, Q waits for the last tile's last S. */
+                    mbar_wait(qempty, (qt & 1) ^ 1);
                     const T *qsrc = (ti.w & 1) ? a.qs : q;
                     const T *qb = qsrc + h * DH + lc * 8;
 #pragma unroll
-                    for (int hw = 0; hw < 2; hw++) {
-                        mbar_wait(&qempty[hw], (qt & 1) ^ 1);
-#pragma unroll
-                        for (int n = hw * NR / 2; n < (hw + 1) * NR / 2; n++) {
-                            const int row = ti.x + lr + n * RSTEP;
-                            const bool ok = row < ti.y;
-                            cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : qsrc, ok);
-                        }
-                        cp_async_mbar_arrive_noinc(&qfull[hw]);
+                    for (int n = 0; n < NR; n++) {
+                        const int row = ti.x + lr + n * RSTEP;
+                        const bool ok = row < ti.y;
+                        cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : qsrc, ok);
                     }
+                    cp_async_mbar_arrive_noinc(qfull);
                     qt++;
                     /* The next work item's Q rows into L2 (one row each),
                      * so its copy into shared memory waits on L2, not HBM. */
@@ -396,7 +385,6 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         ti_n = tiles[blockIdx.x / heads];
         L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
     }
-    bool s0 = false; /* this unit's S_0 is in s (the last unit's merged turn) */
     for (long w = blockIdx.x; w < W; w += gridDim.x) {
         const int4 ti = ti_n;
         const int h = (int)(w % heads);
@@ -414,22 +402,20 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         mrow[0] = mrow[1] = -INFINITY;
         lrow[0] = lrow[1] = 0.0f;
         if (nkb > 0) {
-            if (!s0) {
-                mbar_wait(&qfull[wg], qt & 1);
-                /* turn 0: S_0 */
-                mbar_wait(&full[it % ST], (it / ST) & 1);
-                zero_s();
-                turn_begin();
-                wg_fence();
-                wg_fence_regs<BN / 2>(s);
-                issue_s(it % ST);
-                wg_commit();
-                turn_end();
-                wg_wait<0>();
-                wg_fence_regs<BN / 2>(s);
-            }
+            mbar_wait(qfull, qt & 1);
+            /* turn 0: S_0 */
+            mbar_wait(&full[it % ST], (it / ST) & 1);
+            zero_s();
+            turn_begin();
+            wg_fence();
+            wg_fence_regs<BN / 2>(s);
+            issue_s(it % ST);
+            wg_commit();
+            turn_end();
+            wg_wait<0>();
+            wg_fence_regs<BN / 2>(s);
             if (nkb == 1 && lead)
-                mbar_arrive(&qempty[wg]);
+                mbar_arrive(qempty);
             softmax_p(0, L, diag_last && nkb == 1, silu);
             softmax_o();
             /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
@@ -458,7 +444,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     wg_fence_regs<DH / 2>(oacc);
                 }
                 if (kb == nkb - 1 && lead)
-                    mbar_arrive(&qempty[wg]);
+                    mbar_arrive(qempty);
                 if (kb == 1 && w2 < W)
                     L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
                 softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
@@ -470,39 +456,22 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     mbar_arrive(&empty[sp]);
                 softmax_o();
             }
-            /* turn nkb: P V of the last block and, merged into the same
-             * turn, the next unit's S_0 (its Q rows were freed by this
-             * warpgroup's last S, a turn ago): a unit then takes nkb
-             * turns, not nkb + 1 with two half-empty ones. Needs the next
-             * unit's L, known here when nkb >= 2. */
+            /* turn nkb: P V of the last block */
             const int sp = it % ST;
             it++;
-            const bool merge = nkb >= 2 && w2 < W && attw_nkb(ti_n, L_n, a.causal, BN) > 0;
-            if (merge)
-                zero_s();
             turn_begin();
             wg_fence();
             wg_fence_regs<DH / 2>(oacc);
             issue_pv(sp);
             wg_commit();
-            if (merge) {
-                mbar_wait(&qfull[wg], (qt + 1) & 1);
-                mbar_wait(&full[it % ST], (it / ST) & 1);
-                wg_fence_regs<BN / 2>(s);
-                issue_s(it % ST);
-                wg_commit();
-            }
             turn_end();
             if (nkb == 1 && w2 < W)
                 L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
             wg_wait<0>();
             wg_fence_regs<DH / 2>(oacc);
-            if (merge)
-                wg_fence_regs<BN / 2>(s);
             if (lead)
                 mbar_arrive(&empty[sp]);
             qt++;
-            s0 = merge;
         } else if (w2 < W) {
             L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
         }
