@@ -619,6 +619,11 @@ static void suite_self_attention(void)
                 int cnt[] = {2, 0, 3, 1, 1, 5, 1};
                 test_self_attention(7, lens, 2, dhs[i], causal, kind, cnt, 3);
             }
+    /* ~220 causal self tiles of 1-4 key blocks: many units a CTA. */
+    int lm[40];
+    for (int u = 0; u < 40; u++)
+        lm[u] = 64 + (u * 137) % 450;
+    test_self_attention(40, lm, 2, 128, 1, 0, NULL, 0);
     if (!quick) {
         int lb[] = {4096, 1, 700, 2048, 0, 1500};
         test_self_attention(6, lb, 2, 128, 1, 0, NULL, 0);
@@ -1359,6 +1364,13 @@ static void suite_attention(void)
     int cs[] = {3, 2}, ls[] = {129, 40};
     test_attention_at(2, cs, ls, 5, 2, 64, 2);
     test_attention_at(2, cs, ls, 3, 1, 128, 2);
+    /* More work items than SMs (210: up to two a CTA on the H200's 132),
+     * so the persistent wgmma kernel moves from unit to unit (Q, the K/V
+     * ring and the turns carried over) between units of 3, 8 and 2 key
+     * blocks, one block (L 100) and none (L 0). */
+    int cmt[] = {80, 20, 40, 10, 60}, lmt[] = {300, 100, 1000, 0, 129};
+    test_attention(5, cmt, lmt, 64, 2, 128);
+    test_attention(5, cmt, lmt, 64, 2, 64);
     if (!quick) {
         int cb[] = {3, 4, 1}, lb[] = {1000, 513, 2048};
         test_attention(3, cb, lb, 64, 2, 128);
