@@ -14,6 +14,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/cuda/tma_util.cuh"
@@ -112,11 +114,13 @@ template <int DH> struct attw_cfg {
 #define ATTW_MAX_SLACK 8.0f /* log2 of how far P may exceed 1 (softmax_p) */
 #define ATTW_PREFETCH_Q 1 /* flags: the next tile's Q rows into L2 */
 #define ATTW_VEC_STORE 2  /* flags: o is 16-byte aligned, store 16 bytes at a time */
+#define ATTW_TMA_KV 4     /* flags: whole K/V blocks by TMA (a.tk, a.tv), partial ones by cp.async */
 
 /* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
  * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
  * index in the user); other tiles are target tiles (q, o). */
 template <typename T> struct attw_args {
+    CUtensorMap tk, tv; /* ATTW_TMA_KV: K, V as [rows][heads * dh], 64 x BN boxes, 128B swizzle */
     const T *q, *k, *v, *qs;
     T *o, *os;
     const int64_t *off;
@@ -176,6 +180,10 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     __syncthreads();
 
     if (warp < 4) {
+        if ((flags & ATTW_TMA_KV) && tid == 0) {
+            tma_prefetch_desc(&a.tk);
+            tma_prefetch_desc(&a.tv);
+        }
         /* ---- producer: chunk lc of rows lr, lr + RSTEP, ...; RSTEP is a
          * multiple of 8, so one swizzle phase per thread ---- */
         setmaxnreg_dec<56>();
@@ -198,16 +206,36 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 const int st = it % ST;
                 mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
                 unsigned char *kd = Ks + st * CFG::KV_BYTES, *vd = Vs + st * CFG::KV_BYTES;
+                if ((flags & ATTW_TMA_KV) && (kb + 1) * BN <= L) {
+                    /* A whole block: one thread issues TMA loads (DH / 64
+                     * boxes each of K and V, the smem layout sw128 gives),
+                     * the others only arrive, so "full" still counts 128
+                     * arrivals, plus the transaction bytes. */
+                    if (tid == 0) {
+                        mbar_expect_tx(&full[st], 2 * CFG::KV_BYTES);
+                        const int row = (int)(kv0 + (int64_t)kb * BN);
 #pragma unroll
-                for (int n = 0; n < NR; n++) {
-                    const int j = kb * BN + lr + n * RSTEP;
-                    const bool ok = j < L;
-                    const size_t g = ok ? (size_t)j * hd : 0;
-                    const uint32_t so = lso + n * RSTEP * 128;
-                    cp_async16(kd + so, kb_ + g, ok);
-                    cp_async16(vd + so, vb_ + g, ok);
+                        for (int cb = 0; cb < DH / 64; cb++) {
+                            tma_load_2d(kd + cb * (BN * 128), &a.tk, &full[st], h * DH + cb * 64, row);
+                            tma_load_2d(vd + cb * (BN * 128), &a.tv, &full[st], h * DH + cb * 64, row);
+                        }
+                    } else {
+                        mbar_arrive(&full[st]);
+                    }
+                } else {
+                    /* The last, partial block: cp.async zero-fills keys
+                     * past L_u (TMA would read the next user's). */
+#pragma unroll
+                    for (int n = 0; n < NR; n++) {
+                        const int j = kb * BN + lr + n * RSTEP;
+                        const bool ok = j < L;
+                        const size_t g = ok ? (size_t)j * hd : 0;
+                        const uint32_t so = lso + n * RSTEP * 128;
+                        cp_async16(kd + so, kb_ + g, ok);
+                        cp_async16(vd + so, vb_ + g, ok);
+                    }
+                    cp_async_mbar_arrive_noinc(&full[st]);
                 }
-                cp_async_mbar_arrive_noinc(&full[st]);
                 if (kb == 0) {
                     /* Q after the first K/V block: that one only needed a
                      * free stage, Q waits for the last tile's last S. */
@@ -536,7 +564,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
 template <typename T> static int attw_flags(const att_job<T> &j)
 {
     bool al16 = ((uintptr_t)j.o | (uintptr_t)j.os) % 16 == 0;
-    return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0);
+    return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0) | ATTW_TMA_KV;
 }
 
 /* One k_att_wg launch over the tile table (dh = DH, 64 or 128). Production:
@@ -565,6 +593,21 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
     a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
     a.scale_log2 = (float)(1.4426950408889634 * rs);
     a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
+    if (flags & ATTW_TMA_KV) {
+        /* K and V as [rows][heads * dh]: whole blocks never pass a user's
+         * last event, so the row extent is only a bound (no load reaches
+         * it; row coordinates are 32-bit, ample for event counts). */
+        const uint64_t es = sizeof(T), hd = (uint64_t)j.heads * DH;
+        uint64_t dims[2] = {hd, (uint64_t)1 << 31}, strides[1] = {hd * es};
+        uint32_t box[2] = {64, (uint32_t)attw_cfg<DH>::BN};
+        CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+        int rc = cu_tmap_encode(&a.tk, dt, 2, j.k, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+        if (!rc)
+            rc = cu_tmap_encode(&a.tv, dt, 2, j.v, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+        if (rc)
+            a.flags &= ~ATTW_TMA_KV; /* cp.async for every block */
+    }
     /* Persistent: one CTA per SM (or per work item, if fewer), launched as
      * the tile table's programmatic dependent. */
     long work = cap * j.heads, sms = cu_impl(s->be)->sm_count;
