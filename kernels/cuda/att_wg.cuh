@@ -49,10 +49,14 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
  *   table order (w = tile * heads + head), so the CTAs in flight cover a
  *   few users' K/V at a time and share it through L2.
  * - The producer copies K/V blocks of 128 keys into a ring of STAGES
- *   shared stages with cp.async (zero-filling keys past L_u, so nothing
- *   past a user's history, or past the tensor, is read) and the tile's Q
- *   (rows past the tile zero-filled); each copy batch completes on a
- *   "full" mbarrier through cp.async.mbarrier.arrive.noinc. Consumers free
+ *   shared stages: a whole block (inside the user's history) by TMA, one
+ *   thread issuing the boxes with the transaction bytes (ATTW_TMA_KV);
+ *   the partial last block with cp.async, zero-filling keys past L_u, so
+ *   nothing past a user's history, or past the tensor, is read; and the
+ *   tile's Q (rows past the tile zero-filled) with cp.async. Each block
+ *   completes on a "full" mbarrier of 128 arrivals (the TMA thread's
+ *   arrive.expect_tx and 127 plain ones, or each thread's
+ *   cp.async.mbarrier.arrive.noinc). Consumers free
  *   a stage through its "empty" mbarrier once their P V on it is done, and
  *   Q through "qempty" after the tile's last S GEMM; no block barrier.
  * - Each consumer iteration is one turn on the tensor cores:
