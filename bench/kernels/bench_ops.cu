@@ -38,25 +38,7 @@ static size_t es; /* activation bytes */
 static double g_bw, g_rate; /* bytes/s, FLOP/s */
 static std::vector<std::string> table;
 
-__global__ void k_fill_bytes(uint16_t *p, size_t n, uint32_t seed, int fp32)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-        x ^= x >> 15;
-        x *= 2246822519u;
-        x ^= x >> 13;
-        float f = ((float)(x >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f);
-        if (fp32) {
-            if (i % 2 == 0) ((float *)p)[i / 2] = f;
-        } else {
-            /* bf16 and fp16 of [-1, 1): both read sensibly from these bits */
-            p[i] = (uint16_t)(0x3c00 ^ (x & 0x83ff)) & 0xbbff;
-        }
-    }
-}
-
-/* A device buffer of n activations, filled with small finite values. */
+/* A device buffer of n activations, seeded values in [-1, 1) (bench_util.cuh fill) on bs. */
 static void *act_buf(size_t n, uint32_t seed)
 {
     void *p = be->alloc(be, n * es + 16, BK_TAG_CAND, &berr);
@@ -64,9 +46,11 @@ static void *act_buf(size_t n, uint32_t seed)
         fprintf(stderr, "alloc %zu: %s\n", n * es, berr.msg);
         exit(2);
     }
-    size_t halves = (n * es + 1) / 2;
-    k_fill_bytes<<<4096, 256, 0, bs->st>>>((uint16_t *)p, halves, seed, es == 4);
-    CK(cudaGetLastError());
+    switch (cu_dt(bs)) {
+    case CU_F32: fill((float *)p, n, seed, 1.0f, bs->st); break;
+    case CU_BF16: fill((__nv_bfloat16 *)p, n, seed, 1.0f, bs->st); break;
+    case CU_F16: fill((__half *)p, n, seed, 1.0f, bs->st); break;
+    }
     return p;
 }
 

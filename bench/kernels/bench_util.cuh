@@ -37,8 +37,8 @@
         }                                                                     \
     } while (0)
 
-/* Seeded values in [-scale, scale) from a hash of the index, on the
- * default stream. */
+/* Seeded values in [-scale, scale) from a hash of the index, on stream st
+ * (default: the legacy default stream). */
 template <typename T>
 __global__ void k_fill(T *p, size_t n, uint32_t seed, float scale)
 {
@@ -54,9 +54,10 @@ __global__ void k_fill(T *p, size_t n, uint32_t seed, float scale)
     }
 }
 
-template <typename T> static void fill(T *p, size_t n, uint32_t seed, float scale)
+template <typename T>
+static void fill(T *p, size_t n, uint32_t seed, float scale, cudaStream_t st = 0)
 {
-    k_fill<T><<<4096, 256>>>(p, n, seed, scale);
+    k_fill<T><<<4096, 256, 0, st>>>(p, n, seed, scale);
     CK(cudaGetLastError());
 }
 
