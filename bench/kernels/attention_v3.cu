@@ -9,9 +9,7 @@
  *   o  the overlap of a warpgroup's softmax with its own P V,
  *   f  the L2 prefetch of the next work item's Q rows,
  *   s  the 16-byte output stores (production keeps the 4-byte ones only
- *      where o is not 16-byte aligned),
- *   b  176-key blocks at dh 128 (runs 128-key blocks, as production does
- *      for causal self tiles and dh 64).
+ *      where o is not 16-byte aligned).
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -34,8 +32,6 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
-    if (strchr(off, 'b'))
-        return launch_wg_bn<T, DH, true, true, 128>(s, j, flags, err);
     if (no_pp)
         return no_ov ? launch_wg<T, DH, false, false>(s, j, flags, err)
                      : launch_wg<T, DH, false, true>(s, j, flags, err);
@@ -64,15 +60,4 @@ int attention_v3(bk_stream *s, const char *off, const void *q, const void *k, co
     }
     auto f = cu_dt(s) == CU_BF16 ? att_diag_t<__nv_bfloat16> : att_diag_t<__half>;
     return f(s, off, q, k, v, offsets, nu, map, nc, tq, heads, dh, o, err);
-}
-
-int attention_tiles(bk_stream *s, const int32_t *map, int nc, int tq, const int64_t *offsets,
-                    int nu, bk_err *err)
-{
-    int4 *tiles;
-    int *ntiles;
-    long cap;
-    if (cu_enter(s, err))
-        return -1;
-    return cu_att_tiles(s, true, false, map, nc, tq, offsets, nu, 0, 0, &tiles, &ntiles, &cap, err);
 }

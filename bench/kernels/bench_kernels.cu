@@ -455,10 +455,9 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     printf("    mma.sync kernel %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", mma,
            flops / (mma * 1e-3) / 1e12, diff2);
     /* bench/kernels/attention_v3.cu: the wgmma kernel with one feature off. */
-    const char *diags[] = {"p", "o", "f", "s", "b"};
-    const char *dname[] = {"no ping-pong", "no softmax overlap", "no Q prefetch", "4-byte stores",
-                           "128-key blocks"};
-    for (int i = 0; i < (profile ? 0 : 5); i++) {
+    const char *diags[] = {"p", "o", "f", "s"};
+    const char *dname[] = {"no ping-pong", "no softmax overlap", "no Q prefetch", "4-byte stores"};
+    for (int i = 0; i < (profile ? 0 : 4); i++) {
         double ms = median_ms(s->st, [&] {
             BK(attention_v3(s, diags[i], q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
         }, warm, reps);
@@ -466,9 +465,6 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
         printf("    v3 diag %s (%s): %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", diags[i],
                dname[i], ms, flops / (ms * 1e-3) / 1e12, reldiff<T>(o2, o, (size_t)C * Tq * hd));
     }
-    double tt = median_ms(s->st, [&] { BK(attention_tiles(s, dmap, C, Tq, doff, U, &berr)); }, warm,
-                          reps);
-    printf("    tile table alone (k_att_tiles): %.1f us\n", tt * 1e3);
     char line[256];
     snprintf(line, sizeof line, "ATT %-4s L %4d %-8s ours %.3f ms %4.0f TF/s (%.2fx GEMM) | bcast %.3f ms %4.0f TF/s",
              dtname, L, uneven ? "uneven" : "ratio64", ours, flops / (ours * 1e-3) / 1e12,

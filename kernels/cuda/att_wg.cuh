@@ -42,13 +42,13 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
 /* -------------------------------------------------------- wgmma (Hopper) */
 
 /* Warp-specialized, persistent, ping-pong (the FA3 recipe):
- * - 384 threads: warpgroup 0 is the producer (attw_cfg::PREG registers),
- *   warpgroups 1 and 2 are consumers (CREG) that each own 64 query rows of
- *   a 128-row tile. One CTA per SM loops
+ * - 384 threads: warpgroup 0 is the producer (56 registers), warpgroups 1
+ *   and 2 are consumers (224 registers) that each own 64 query rows of a
+ *   128-row tile. One CTA per SM loops
  *   over (tile, head) work items w = blockIdx.x, + gridDim.x, ... in tile
  *   table order (w = tile * heads + head), so the CTAs in flight cover a
  *   few users' K/V at a time and share it through L2.
- * - The producer copies K/V blocks of BN keys (128 or 176) into a ring of STAGES
+ * - The producer copies K/V blocks of 128 keys into a ring of STAGES
  *   shared stages: a whole block (inside the user's history) by TMA, one
  *   thread issuing the boxes with the transaction bytes (ATTW_TMA_KV);
  *   the partial last block with cp.async, zero-filling keys past L_u, so
@@ -68,7 +68,7 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
  *   P V). A tile takes nkb + 1 turns (S_0 alone, P V alone last);
  *   both warpgroups always take the same turns (rows past the tile are
  *   computed on zero Q and not stored), so the alternation never stalls.
- *   S = Q K^T: wgmma m64n{BN}k16, A = Q and B = K both K-major 128B-swizzled
+ *   S = Q K^T: wgmma m64n128k16, A = Q and B = K both K-major 128B-swizzled
  *   shared tiles; O += P V: wgmma m64n{DH}k16, A = P in registers (the S
  *   accumulator layout repacked to bf16/fp16), B = V read MN-major (the
  *   descriptor's transpose bit) from its swizzled tile.
@@ -107,20 +107,8 @@ __device__ __forceinline__ void lane_swap(uint32_t &x, uint32_t &y, bool hi, int
         y = s;
 }
 
-/* BN keys a block: 128, or 176 at dh 128 without a causal part (FA3's
- * hdim-128 tile: the per-block work of a turn -- the S GEMM's issue, the
- * turn barriers, the row-max shuffles -- spread over 1.375x the keys).
- * 176 needs the consumers at 240 registers (S 88, O 64, P 44 live across a
- * turn; 224 spills), so the producer gets 24 (its copy loops are not
- * unrolled, which ptxas fits without spills), and shared memory has room
- * for two K/V stages; causal self tiles need BN = BM (their diagonal
- * block). PREG / CREG: the producer's and consumers' register budgets
- * (setmaxnreg; 128 PREG + 256 CREG <= 64 K). */
-template <int DH, int BN_ = 128> struct attw_cfg {
-    static constexpr int BM = 128, BN = BN_, NT = 384;
-    static constexpr int STAGES = BN > 128 ? 2 : DH == 128 ? 3 : 4;
-    static constexpr int PREG = BN > 128 ? 24 : 56, CREG = BN > 128 ? 240 : 224;
-    static_assert(128 * PREG + 256 * CREG <= 65536, "register file");
+template <int DH> struct attw_cfg {
+    static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
     static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
     static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
@@ -157,7 +145,7 @@ __device__ __forceinline__ int attw_nkb(int4 ti, int L, int causal, int bn)
     return (ti.w & 1) && causal ? min(nkb, (ti.w >> 1) + 1) : nkb;
 }
 
-template <typename T, int DH, bool PP, bool OV, int BN_>
+template <typename T, int DH, bool PP, bool OV>
 __global__ void __launch_bounds__(384, 1)
 k_att_wg(const __grid_constant__ attw_args<T> a)
 {
@@ -166,8 +154,9 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     const int4 *__restrict__ tiles = a.tiles;
     const int heads = a.heads, flags = a.flags;
     const float scale_log2 = a.scale_log2;
-    typedef attw_cfg<DH, BN_> CFG;
+    typedef attw_cfg<DH> CFG;
     constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
+    static_assert(BM == BN, "Q and K/V tiles share the copy layout");
     const int hd = heads * DH;
     /* Launched as the tile table's programmatic dependent: wait for it (a
      * no-op when launched plainly). */
@@ -201,14 +190,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         }
         /* ---- producer: chunk lc of rows lr, lr + RSTEP, ...; RSTEP is a
          * multiple of 8, so one swizzle phase per thread ---- */
-        setmaxnreg_dec<CFG::PREG>();
-        constexpr int RSTEP = 128 / CH, NR = BN / RSTEP, NRQ = BM / RSTEP;
-        static_assert(RSTEP % 8 == 0 && BN % RSTEP == 0, "fixed swizzle phase per thread");
+        setmaxnreg_dec<56>();
+        constexpr int RSTEP = 128 / CH, NR = BN / RSTEP;
+        static_assert(RSTEP % 8 == 0, "fixed swizzle phase per thread");
         const int lr = tid / CH, lc = tid % CH;
-        /* this thread's chunk in a K/V stage and in Q (column blocks of
-         * BN and BM rows) */
         const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
-        const uint32_t lsoq = (lc >> 3) * (BM * 128) + sw128(lr, lc & 7);
         int it = 0, qt = 0;
         for (long w = blockIdx.x; w < W; w += gridDim.x) {
             const int4 ti = tiles[w / heads];
@@ -243,7 +229,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 } else {
                     /* The last, partial block: cp.async zero-fills keys
                      * past L_u (TMA would read the next user's). */
-#pragma unroll 1
+#pragma unroll
                     for (int n = 0; n < NR; n++) {
                         const int j = kb * BN + lr + n * RSTEP;
                         const bool ok = j < L;
@@ -260,11 +246,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     mbar_wait(qempty, (qt & 1) ^ 1);
                     const T *qsrc = (ti.w & 1) ? a.qs : q;
                     const T *qb = qsrc + h * DH + lc * 8;
-#pragma unroll 1
-                    for (int n = 0; n < NRQ; n++) {
+#pragma unroll
+                    for (int n = 0; n < NR; n++) {
                         const int row = ti.x + lr + n * RSTEP;
                         const bool ok = row < ti.y;
-                        cp_async16(Qs + lsoq + n * RSTEP * 128, ok ? qb + (size_t)row * hd : qsrc, ok);
+                        cp_async16(Qs + lso + n * RSTEP * 128, ok ? qb + (size_t)row * hd : qsrc, ok);
                     }
                     cp_async_mbar_arrive_noinc(qfull);
                     qt++;
@@ -288,7 +274,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     }
 
     /* ---- consumers ---- */
-    setmaxnreg_inc<CFG::CREG>();
+    setmaxnreg_inc<224>();
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
     const bool lead = lane == 0;
     const int my_bar = ATTW_PP_BAR + wg, other_bar = ATTW_PP_BAR + (wg ^ 1);
@@ -585,18 +571,13 @@ template <typename T> static int attw_flags(const att_job<T> &j)
     return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0) | ATTW_TMA_KV;
 }
 
-/* One k_att_wg launch over the tile table (dh = DH, 64 or 128; BN keys a
- * block, attw_cfg). launch_wg below picks BN; bench/kernels/attention_v3.cu
- * calls this directly to time the other tile. */
-template <typename T, int DH, bool PP, bool OV, int BN>
-static int launch_wg_bn(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
+/* One k_att_wg launch over the tile table (dh = DH, 64 or 128). Production:
+ * PP and OV on, flags attw_flags(j); bench/kernels/attention_v3.cu turns
+ * them off one at a time for timing. */
+template <typename T, int DH, bool PP = true, bool OV = true>
+static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
 {
     static_assert(DH == 64 || DH == 128, "k_att_wg is written for dh 64 and 128");
-    typedef attw_cfg<DH, BN> CFG;
-    if (BN != CFG::BM && j.qs && j.causal) {
-        bk_seterr(err, "attention (wgmma): causal self tiles need %d-key blocks", CFG::BM);
-        return -1;
-    }
     int4 *tiles;
     int *ntiles;
     long cap;
@@ -604,8 +585,8 @@ static int launch_wg_bn(bk_stream *s, const att_job<T> &j, int flags, bk_err *er
                      j.ev, &tiles, &ntiles, &cap, err))
         return -1;
     const double rs = 1.0 / sqrt((double)DH);
-    auto kern = k_att_wg<T, DH, PP, OV, BN>;
-    if (cu_smem_limit(s, (const void *)kern, (int)CFG::SMEM, err))
+    auto kern = k_att_wg<T, DH, PP, OV>;
+    if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
         return -1;
     /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
      * groups 1024 bytes apart (SBO); the swapped assignment was checked
@@ -615,14 +596,14 @@ static int launch_wg_bn(bk_stream *s, const att_job<T> &j, int flags, bk_err *er
     a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags;
     a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
     a.scale_log2 = (float)(1.4426950408889634 * rs);
-    a.lbo_v = BN * 128, a.sbo_v = 1024;
+    a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
     if (flags & ATTW_TMA_KV) {
         /* K and V as [rows][heads * dh]: whole blocks never pass a user's
          * last event, so the row extent is only a bound (no load reaches
          * it; row coordinates are 32-bit, ample for event counts). */
         const uint64_t es = sizeof(T), hd = (uint64_t)j.heads * DH;
         uint64_t dims[2] = {hd, (uint64_t)1 << 31}, strides[1] = {hd * es};
-        uint32_t box[2] = {64, (uint32_t)BN};
+        uint32_t box[2] = {64, (uint32_t)attw_cfg<DH>::BN};
         CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
         int rc = cu_tmap_encode(&a.tk, dt, 2, j.k, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
@@ -638,24 +619,13 @@ static int launch_wg_bn(bk_stream *s, const att_job<T> &j, int flags, bk_err *er
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at = pdl_attr();
     cfg.gridDim = dim3(pgrid);
-    cfg.blockDim = dim3(CFG::NT);
-    cfg.dynamicSmemBytes = CFG::SMEM;
+    cfg.blockDim = dim3(attw_cfg<DH>::NT);
+    cfg.dynamicSmemBytes = attw_cfg<DH>::SMEM;
     cfg.stream = s->st;
     cfg.attrs = &at;
     cfg.numAttrs = 1;
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, a), "attention (wgmma)");
     return cu_check_launch(s, err, "attention (wgmma)");
-}
-
-/* Production's k_att_wg launch (PP and OV on, flags attw_flags(j); the
- * benchmark's diagnostics turn them off): 176-key blocks at dh 128 unless
- * the launch has causal self tiles, 128 otherwise. */
-template <typename T, int DH, bool PP = true, bool OV = true>
-static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
-{
-    if (DH == 128 && !(j.qs && j.causal))
-        return launch_wg_bn<T, DH, PP, OV, DH == 128 ? 176 : 128>(s, j, flags, err);
-    return launch_wg_bn<T, DH, PP, OV, 128>(s, j, flags, err);
 }
 
 #endif

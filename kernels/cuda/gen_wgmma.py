@@ -6,7 +6,7 @@ too long to write by hand).
     python3 kernels/cuda/gen_wgmma.py > kernels/cuda/wgmma_gen.cuh
 """
 SHAPES_RS = [64, 128, 224]   # A from registers (lce: W^T tiles; attention: P V)
-SHAPES_SS = [128, 176]       # A and B from shared memory (attention: Q K^T, 128 or 176 keys)
+SHAPES_SS = [128]            # A and B from shared memory (attention: Q K^T)
 SHAPES_SS_TA = [64, 128, 224]  # A MN-major in shared memory, B K-major (lce: E^T W^T)
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 
