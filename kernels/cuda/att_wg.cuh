@@ -119,7 +119,7 @@ template <int DH> struct attw_cfg {
     static_assert(128 * PREG + 256 * CREG <= 65536, "register file");
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
     static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
-    static constexpr size_t SMEM = 1024 + BAR_OFS + (4 * STAGES + 2) * 8;
+    static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
 };
 
 #define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
@@ -175,20 +175,15 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     unsigned char *Ks = Qs + CFG::Q_BYTES;            /* [ST][KV_BYTES] */
     unsigned char *Vs = Ks + ST * CFG::KV_BYTES;      /* [ST][KV_BYTES] */
-    /* K and V of a stage fill and free on their own barriers: K frees once
-     * the S GEMM on it is done, a turn before V (after its P V), so the
-     * next K load waits one turn less. */
-    uint64_t *fullk = (uint64_t *)(Qs + CFG::BAR_OFS); /* [ST] */
-    uint64_t *fullv = fullk + ST, *emptyk = fullv + ST, *emptyv = emptyk + ST; /* [ST] each */
-    uint64_t *qfull = emptyv + ST, *qempty = qfull + 1;
+    uint64_t *full = (uint64_t *)(Qs + CFG::BAR_OFS); /* [ST] */
+    uint64_t *empty = full + ST;                      /* [ST] */
+    uint64_t *qfull = empty + ST, *qempty = qfull + 1;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     if (tid == 0) {
         for (int i = 0; i < ST; i++) {
-            mbar_init(&fullk[i], 128); /* the producer warpgroup's threads */
-            mbar_init(&fullv[i], 128);
-            mbar_init(&emptyk[i], 8); /* lane 0 of each consumer warp */
-            mbar_init(&emptyv[i], 8);
+            mbar_init(&full[i], 128); /* the producer warpgroup's threads */
+            mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
         }
         mbar_init(qfull, 128);
         mbar_init(qempty, 8);
@@ -220,41 +215,38 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             const T *kb_ = k + (size_t)kv0 * hd + h * DH + lc * 8;
             const T *vb_ = v + (size_t)kv0 * hd + h * DH + lc * 8;
             for (int kb = 0; kb < nkb; kb++, it++) {
-                const int st = it % ST, ph = ((it / ST) & 1) ^ 1;
-                const bool whole = (flags & ATTW_TMA_KV) && (kb + 1) * BN <= L;
-                /* K, then V, each into its half of the stage once the
-                 * consumers freed it. A whole block: one thread issues TMA
-                 * loads (DH / 64 boxes, the smem layout sw128 gives), the
-                 * others only arrive, so "full" still counts 128 arrivals,
-                 * plus the transaction bytes. The last, partial block:
-                 * cp.async zero-fills keys past L_u (TMA would read the next
-                 * user's). */
-#pragma unroll 1
-                for (int kv = 0; kv < 2; kv++) {
-                    uint64_t *fb = kv ? &fullv[st] : &fullk[st];
-                    unsigned char *d = (kv ? Vs : Ks) + st * CFG::KV_BYTES;
-                    mbar_wait(kv ? &emptyv[st] : &emptyk[st], ph);
-                    if (whole) {
-                        if (tid == 0) {
-                            mbar_expect_tx(fb, CFG::KV_BYTES);
-                            const int row = (int)(kv0 + (int64_t)kb * BN);
+                const int st = it % ST;
+                mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
+                unsigned char *kd = Ks + st * CFG::KV_BYTES, *vd = Vs + st * CFG::KV_BYTES;
+                if ((flags & ATTW_TMA_KV) && (kb + 1) * BN <= L) {
+                    /* A whole block: one thread issues TMA loads (DH / 64
+                     * boxes each of K and V, the smem layout sw128 gives),
+                     * the others only arrive, so "full" still counts 128
+                     * arrivals, plus the transaction bytes. */
+                    if (tid == 0) {
+                        mbar_expect_tx(&full[st], 2 * CFG::KV_BYTES);
+                        const int row = (int)(kv0 + (int64_t)kb * BN);
 #pragma unroll
-                            for (int cb = 0; cb < DH / 64; cb++)
-                                tma_load_2d(d + cb * (BN * 128), kv ? &a.tv : &a.tk, fb,
-                                            h * DH + cb * 64, row);
-                        } else {
-                            mbar_arrive(fb);
+                        for (int cb = 0; cb < DH / 64; cb++) {
+                            tma_load_2d(kd + cb * (BN * 128), &a.tk, &full[st], h * DH + cb * 64, row);
+                            tma_load_2d(vd + cb * (BN * 128), &a.tv, &full[st], h * DH + cb * 64, row);
                         }
                     } else {
-                        const T *src = kv ? vb_ : kb_;
-#pragma unroll 1
-                        for (int n = 0; n < NR; n++) {
-                            const int j = kb * BN + lr + n * RSTEP;
-                            const bool ok = j < L;
-                            cp_async16(d + lso + n * RSTEP * 128, src + (ok ? (size_t)j * hd : 0), ok);
-                        }
-                        cp_async_mbar_arrive_noinc(fb);
+                        mbar_arrive(&full[st]);
                     }
+                } else {
+                    /* The last, partial block: cp.async zero-fills keys
+                     * past L_u (TMA would read the next user's). */
+#pragma unroll 1
+                    for (int n = 0; n < NR; n++) {
+                        const int j = kb * BN + lr + n * RSTEP;
+                        const bool ok = j < L;
+                        const size_t g = ok ? (size_t)j * hd : 0;
+                        const uint32_t so = lso + n * RSTEP * 128;
+                        cp_async16(kd + so, kb_ + g, ok);
+                        cp_async16(vd + so, vb_ + g, ok);
+                    }
+                    cp_async_mbar_arrive_noinc(&full[st]);
                 }
                 if (kb == 0) {
                     /* Q after the first K/V block: that one only needed a
@@ -492,7 +484,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         if (nkb > 0) {
             mbar_wait(qfull, qt & 1);
             /* turn 0: S_0 */
-            mbar_wait(&fullk[it % ST], (it / ST) & 1);
+            mbar_wait(&full[it % ST], (it / ST) & 1);
             zero_s();
             turn_begin();
             wg_fence();
@@ -502,8 +494,6 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             turn_end();
             wg_wait<0>();
             wg_fence_regs<BN / 2>(s);
-            if (lead)
-                mbar_arrive(&emptyk[it % ST]);
             if (nkb == 1 && lead)
                 mbar_arrive(qempty);
             softmax_p(0, L, diag_last && nkb == 1, silu, pa0);
@@ -514,8 +504,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 const int sp = it % ST;
                 it++;
                 const int sn = it % ST;
-                mbar_wait(&fullk[sn], (it / ST) & 1);
-                mbar_wait(&fullv[sp], ((it - 1) / ST) & 1);
+                mbar_wait(&full[sn], (it / ST) & 1);
                 zero_s();
                 turn_begin();
                 wg_fence();
@@ -535,8 +524,6 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     wg_fence_regs<BN / 2>(s);
                     wg_fence_regs<DH / 2>(oacc);
                 }
-                if (lead)
-                    mbar_arrive(&emptyk[sn]);
                 if (kb == nkb - 1 && lead)
                     mbar_arrive(qempty);
                 if (kb == 1 && w2 < W)
@@ -547,13 +534,12 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     wg_fence_regs<DH / 2>(oacc);
                 }
                 if (lead)
-                    mbar_arrive(&emptyv[sp]);
+                    mbar_arrive(&empty[sp]);
                 softmax_o();
             };
             /* turn nkb: P V of the last block */
             auto last_turn = [&](const pbuf &pin) {
                 const int sp = it % ST;
-                mbar_wait(&fullv[sp], (it / ST) & 1);
                 it++;
                 turn_begin();
                 wg_fence();
@@ -566,7 +552,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 wg_wait<0>();
                 wg_fence_regs<DH / 2>(oacc);
                 if (lead)
-                    mbar_arrive(&emptyv[sp]);
+                    mbar_arrive(&empty[sp]);
             };
             /* The buffers alternate, so the turns go in pairs (the buffers
              * stay registers: which one a turn reads is never a runtime
