@@ -42,9 +42,9 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
 /* -------------------------------------------------------- wgmma (Hopper) */
 
 /* Warp-specialized, persistent, ping-pong (the FA3 recipe):
- * - 384 threads: warpgroup 0 is the producer (attw_cfg::PREG registers),
- *   warpgroups 1 and 2 are consumers (CREG) that each own 64 query rows of
- *   a 128-row tile. One CTA per SM loops
+ * - 384 threads: warpgroup 0 is the producer (56 registers), warpgroups 1
+ *   and 2 are consumers (224 registers) that each own 64 query rows of a
+ *   128-row tile. One CTA per SM loops
  *   over (tile, head) work items w = blockIdx.x, + gridDim.x, ... in tile
  *   table order (w = tile * heads + head), so the CTAs in flight cover a
  *   few users' K/V at a time and share it through L2.
@@ -61,9 +61,8 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
  *   Q through "qempty" after the tile's last S GEMM; no block barrier.
  * - Each consumer iteration is one turn on the tensor cores:
  *     S_j = Q K_j^T (commit);  O += P_{j-1} V_{j-1} (commit)
- *   then the exponentials of S_j, packed as P_j into the P buffer that P V
- *   does not read, while that P V still runs, then (P V done) the rescale
- *   of O where a row max moved. Turns
+ *   then the exponentials of S_j while that P V still runs, then (P V
+ *   done) the rescale of O and P_j packed for the next turn. Turns
  *   alternate between the two warpgroups through named barriers 1 and 2,
  *   so one's softmax runs under the other's GEMMs (and under its own
  *   P V). A tile takes nkb + 1 turns (S_0 alone, P V alone last);
@@ -108,15 +107,8 @@ __device__ __forceinline__ void lane_swap(uint32_t &x, uint32_t &y, bool hi, int
         y = s;
 }
 
-/* PREG / CREG: the producer's and consumers' register budgets (setmaxnreg;
- * 128 PREG + 256 CREG <= 64 K). The consumers hold S (64), O (DH / 2) and
- * two packed P buffers (32 each) across a turn: at dh 128, 232 spills 52
- * bytes and 240 16 (ptxas -v); the producer fits 24 because its copy loops
- * are not unrolled. At dh 64, 40 / 232 spill nothing. */
 template <int DH> struct attw_cfg {
     static constexpr int BM = 128, BN = 128, STAGES = DH == 128 ? 3 : 4, NT = 384;
-    static constexpr int PREG = DH == 128 ? 24 : 40, CREG = DH == 128 ? 240 : 232;
-    static_assert(128 * PREG + 256 * CREG <= 65536, "register file");
     static constexpr int Q_BYTES = BM * DH * 2, KV_BYTES = BN * DH * 2;
     static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
     static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
@@ -198,7 +190,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         }
         /* ---- producer: chunk lc of rows lr, lr + RSTEP, ...; RSTEP is a
          * multiple of 8, so one swizzle phase per thread ---- */
-        setmaxnreg_dec<CFG::PREG>();
+        setmaxnreg_dec<56>();
         constexpr int RSTEP = 128 / CH, NR = BN / RSTEP;
         static_assert(RSTEP % 8 == 0, "fixed swizzle phase per thread");
         const int lr = tid / CH, lc = tid % CH;
@@ -237,7 +229,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 } else {
                     /* The last, partial block: cp.async zero-fills keys
                      * past L_u (TMA would read the next user's). */
-#pragma unroll 1
+#pragma unroll
                     for (int n = 0; n < NR; n++) {
                         const int j = kb * BN + lr + n * RSTEP;
                         const bool ok = j < L;
@@ -254,7 +246,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     mbar_wait(qempty, (qt & 1) ^ 1);
                     const T *qsrc = (ti.w & 1) ? a.qs : q;
                     const T *qb = qsrc + h * DH + lc * 8;
-#pragma unroll 1
+#pragma unroll
                     for (int n = 0; n < NR; n++) {
                         const int row = ti.x + lr + n * RSTEP;
                         const bool ok = row < ti.y;
@@ -282,7 +274,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     }
 
     /* ---- consumers ---- */
-    setmaxnreg_inc<CFG::CREG>();
+    setmaxnreg_inc<224>();
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
     const bool lead = lane == 0;
     const int my_bar = ATTW_PP_BAR + wg, other_bar = ATTW_PP_BAR + (wg ^ 1);
@@ -300,11 +292,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     };
 
     float oacc[DH / 2], s[BN / 2];
-    /* P of a block packed for the P V GEMM, in two buffers: a block's P is
-     * packed (softmax_p) while the previous block's P V still reads the
-     * other one. */
-    typedef uint32_t pbuf[BN / 16][4];
-    pbuf pa0, pa1;
+    uint32_t pa[BN / 16][4];
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
 
     /* s = 0, before the turn's wgmma.fence. */
@@ -329,7 +317,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             wgmma_ss<T, BN, 0>::run(s, qd0 + (((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4),
                                     kd + (((kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4));
     };
-    auto issue_pv = [&](int st, const pbuf &pa) {
+    auto issue_pv = [&](int st) {
         const uint64_t vd = vd0 + st * STAGE16;
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++)
@@ -337,88 +325,15 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     };
     /* Online softmax of block kb (base 2), in two parts so that the first
      * can run while this warpgroup's previous P V is still on the tensor
-     * cores: softmax_p turns s into P (masked keys -> 0), packs it into po
-     * and updates mrow, lrow; softmax_o (after that P V is done) rescales
-     * oacc where a row max moved.
+     * cores: softmax_p turns s into P in place (masked keys -> 0) and
+     * updates mrow, lrow; softmax_o (after that P V is done) rescales oacc
+     * and packs P into pa.
      * s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1).
-     * Every block has at least one valid key, so the max is finite.
-     * The running max moves only when a block's max passes it by more than
-     * ATTW_MAX_SLACK (base 2): P and the row sum then use a max up to 2^8
-     * below the true one, the same for both, so the result is unchanged
-     * (P <= 2^8 rounds to bf16/fp16 with the same relative error), and most
-     * blocks skip O's rescale. So after a tile's first block, P is first
-     * made against the running max without the block's max (softmax_fast:
-     * no 64 FMNMX and shuffles a warp); only if some P of the warp's rows
-     * passes 2^8 (then so does its thread's row sum, which is checked) is
-     * the block redone from s with its max (softmax_max), which gives
-     * exactly what softmax_max alone would have: bit for bit the same
-     * result, in fewer instructions while the max holds. */
+     * Every block has at least one valid key, so the max is finite. */
     float corr[2];
-    auto pack_p = [&](pbuf &po) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            po[j >> 1][(j & 1) * 2] = pack2<T>(s[4 * j], s[4 * j + 1]);
-            po[j >> 1][(j & 1) * 2 + 1] = pack2<T>(s[4 * j + 2], s[4 * j + 3]);
-        }
-    };
-    /* P against the running max, s kept; false if the block needs its max. */
-    auto softmax_fast = [&](pbuf &po) {
-        float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            float p[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                p[x] = att_ex2(fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]));
-                ls[x >> 1] += p[x];
-            }
-            po[j >> 1][(j & 1) * 2] = pack2<T>(p[0], p[1]);
-            po[j >> 1][(j & 1) * 2 + 1] = pack2<T>(p[2], p[3]);
-        }
-        constexpr float PMAX = (float)(1 << (int)ATTW_MAX_SLACK);
-        if (__any_sync(0xffffffffu, fmaxf(ls[0], ls[1]) > PMAX))
-            return false;
-        lrow[0] += ls[0];
-        lrow[1] += ls[1];
-        corr[0] = corr[1] = 1.0f;
-        return true;
-    };
-    auto softmax_max = [&](pbuf &po) {
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            /* the first block always moves it (from -inf) */
-            const float mb = mx[r] * scale_log2;
-            if (mb > mrow[r] + ATTW_MAX_SLACK) {
-                corr[r] = att_ex2(mrow[r] - mb);
-                mrow[r] = mb;
-            } else {
-                corr[r] = 1.0f;
-            }
-        }
-        float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                float p = att_ex2(fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]));
-                s[4 * j + x] = p;
-                ls[x >> 1] += p;
-            }
-        lrow[0] = fmaf(lrow[0], corr[0], ls[0]);
-        lrow[1] = fmaf(lrow[1], corr[1], ls[1]);
-        pack_p(po);
-    };
     /* diag: the causal block of a self tile (key kk > row rl masked, both
      * relative to the block); silu: HSTU weights, no running max. */
-    auto softmax_p = [&](int kb, int L, bool diag, bool silu, pbuf &po) {
+    auto softmax_p = [&](int kb, int L, bool diag, bool silu) {
         if ((kb + 1) * BN > L || diag) {
             const int rl = wg * 64 + wq * 16 + g;
 #pragma unroll
@@ -438,11 +353,43 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 s[i] = s[i] == -INFINITY ? 0.0f : fmaf(h2, att_tanh(h2), h2);
             }
             corr[0] = corr[1] = 1.0f;
-            pack_p(po);
             return;
         }
-        if (kb == 0 || !softmax_fast(po))
-            softmax_max(po);
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            /* The running max moves only when the block's max passes it by
+             * more than ATTW_MAX_SLACK (base 2): P and the row sum then use
+             * a max up to 2^8 below the true one, the same for both, so the
+             * result is unchanged (P <= 2^8 rounds to bf16/fp16 with the
+             * same relative error), and most blocks skip O's rescale. The
+             * first block always moves it (from -inf). */
+            const float mb = mx[r] * scale_log2;
+            if (mb > mrow[r] + ATTW_MAX_SLACK) {
+                corr[r] = att_ex2(mrow[r] - mb);
+                mrow[r] = mb;
+            } else {
+                corr[r] = 1.0f;
+            }
+        }
+        float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                float p = att_ex2(fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]));
+                s[4 * j + x] = p;
+                ls[x >> 1] += p;
+            }
+        lrow[0] = fmaf(lrow[0], corr[0], ls[0]);
+        lrow[1] = fmaf(lrow[1], corr[1], ls[1]);
     };
     auto softmax_o = [&]() {
         /* Once the row maxima settle (within the slack), most blocks
@@ -455,6 +402,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 oacc[4 * j + 2] *= corr[1];
                 oacc[4 * j + 3] *= corr[1];
             }
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            pa[j >> 1][(j & 1) * 2] = pack2<T>(s[4 * j], s[4 * j + 1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack2<T>(s[4 * j + 2], s[4 * j + 3]);
         }
     };
 
@@ -496,11 +448,10 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             wg_fence_regs<BN / 2>(s);
             if (nkb == 1 && lead)
                 mbar_arrive(qempty);
-            softmax_p(0, L, diag_last && nkb == 1, silu, pa0);
+            softmax_p(0, L, diag_last && nkb == 1, silu);
             softmax_o();
-            /* turn kb in 1 .. nkb-1: S_kb and P_{kb-1} V_{kb-1} (P from
-             * pin; P_kb packed into pout) */
-            auto turn = [&](int kb, const pbuf &pin, pbuf &pout) {
+            /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
+            for (int kb = 1; kb < nkb; kb++) {
                 const int sp = it % ST;
                 it++;
                 const int sn = it % ST;
@@ -513,11 +464,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 issue_s(sn);
                 if (OV)
                     wg_commit();
-                issue_pv(sp, pin);
+                issue_pv(sp);
                 wg_commit();
                 turn_end();
                 if (OV) {
-                    wg_wait<1>(); /* S_kb done; P_{kb-1} V_{kb-1} may still run */
+                    wg_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
                     wg_fence_regs<BN / 2>(s);
                 } else {
                     wg_wait<0>();
@@ -528,7 +479,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     mbar_arrive(qempty);
                 if (kb == 1 && w2 < W)
                     L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
-                softmax_p(kb, L, diag_last && kb == nkb - 1, silu, pout);
+                softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
                 if (OV) {
                     wg_wait<0>();
                     wg_fence_regs<DH / 2>(oacc);
@@ -536,38 +487,22 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 if (lead)
                     mbar_arrive(&empty[sp]);
                 softmax_o();
-            };
+            }
             /* turn nkb: P V of the last block */
-            auto last_turn = [&](const pbuf &pin) {
-                const int sp = it % ST;
-                it++;
-                turn_begin();
-                wg_fence();
-                wg_fence_regs<DH / 2>(oacc);
-                issue_pv(sp, pin);
-                wg_commit();
-                turn_end();
-                if (nkb == 1 && w2 < W)
-                    L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
-                wg_wait<0>();
-                wg_fence_regs<DH / 2>(oacc);
-                if (lead)
-                    mbar_arrive(&empty[sp]);
-            };
-            /* The buffers alternate, so the turns go in pairs (the buffers
-             * stay registers: which one a turn reads is never a runtime
-             * index). */
-            int kb = 1;
-            for (; kb + 1 < nkb; kb += 2) {
-                turn(kb, pa0, pa1);
-                turn(kb + 1, pa1, pa0);
-            }
-            if (kb < nkb) {
-                turn(kb, pa0, pa1);
-                last_turn(pa1);
-            } else {
-                last_turn(pa0);
-            }
+            const int sp = it % ST;
+            it++;
+            turn_begin();
+            wg_fence();
+            wg_fence_regs<DH / 2>(oacc);
+            issue_pv(sp);
+            wg_commit();
+            turn_end();
+            if (nkb == 1 && w2 < W)
+                L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
+            wg_wait<0>();
+            wg_fence_regs<DH / 2>(oacc);
+            if (lead)
+                mbar_arrive(&empty[sp]);
             qt++;
         } else if (w2 < W) {
             L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
