@@ -9,8 +9,7 @@
  *   o  the overlap of a warpgroup's softmax with its own P V,
  *   f  the L2 prefetch of the next work item's Q rows,
  *   s  the 16-byte output stores (production keeps the 4-byte ones only
- *      where o is not 16-byte aligned),
- *   c  clusters of two CTAs sharing K/V by TMA multicast (one CTA each).
+ *      where o is not 16-byte aligned).
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -33,8 +32,6 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
-    if (strchr(off, 'c'))
-        return launch_wg_cl<T, DH, true, true, 1>(s, j, flags, err);
     if (no_pp)
         return no_ov ? launch_wg<T, DH, false, false>(s, j, flags, err)
                      : launch_wg<T, DH, false, true>(s, j, flags, err);

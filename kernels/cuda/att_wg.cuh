@@ -33,12 +33,11 @@ template <typename T> struct att_job {
 };
 
 /* Builds the tile table(s) of a launch into the stream's scratch: target
- * tiles of at most tbm query rows (128, or 256 for pairs of tiles) first,
- * then self tiles of 128 (longest first). *ntiles (device) gets the total,
- * *cap the table's capacity. attention.cu. */
+ * tiles of at most 128 query rows first, then self tiles (longest first).
+ * *ntiles (device) gets the total, *cap the table's capacity. attention.cu. */
 int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int nc, int tq,
-                 const int64_t *off, int nu, int causal, int64_t ev, int tbm, int4 **tiles,
-                 int **ntiles, long *cap, bk_err *err);
+                 const int64_t *off, int nu, int causal, int64_t ev, int4 **tiles, int **ntiles,
+                 long *cap, bk_err *err);
 
 /* -------------------------------------------------------- wgmma (Hopper) */
 
@@ -146,7 +145,7 @@ __device__ __forceinline__ int attw_nkb(int4 ti, int L, int causal, int bn)
     return (ti.w & 1) && causal ? min(nkb, (ti.w >> 1) + 1) : nkb;
 }
 
-template <typename T, int DH, bool PP, bool OV, int CL>
+template <typename T, int DH, bool PP, bool OV>
 __global__ void __launch_bounds__(384, 1)
 k_att_wg(const __grid_constant__ attw_args<T> a)
 {
@@ -163,21 +162,6 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
      * no-op when launched plainly). */
     pdl_wait();
     const long W = (long)*a.ntiles * heads;
-    /* CL = 2: work items go to clusters (w0, w0 + wstep, ...), both CTAs
-     * of a cluster taking the same ones: a table entry is then a pair of
-     * BM-row tiles of one user, rank r computing the r-th (part below), and
-     * each K/V block is read from L2 once for both, each CTA loading half
-     * of its rows into both CTAs' shared memory (TMA multicast). */
-    const int rank = CL > 1 ? (int)cluster_rank() : 0;
-    const long w0 = blockIdx.x / CL, wstep = gridDim.x / CL;
-    auto part = [&](int4 ti) {
-        if (CL > 1) {
-            const int mid = min(ti.x + BM, ti.y);
-            ti.x = rank ? mid : ti.x; /* an empty second tile: x == y */
-            ti.y = rank ? ti.y : mid;
-        }
-        return ti;
-    };
 
     extern __shared__ unsigned char smem_raw[];
     unsigned char *Qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -191,17 +175,13 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     if (tid == 0) {
         for (int i = 0; i < ST; i++) {
             mbar_init(&full[i], 128); /* the producer warpgroup's threads */
-            mbar_init(&empty[i], 8 * CL); /* lane 0 of each consumer warp of the cluster */
+            mbar_init(&empty[i], 8); /* lane 0 of each consumer warp */
         }
         mbar_init(qfull, 128);
         mbar_init(qempty, 8);
         mbar_fence_init();
     }
-    /* the peer's arrivals and copies find this CTA's barriers initialized */
-    if (CL > 1)
-        cluster_sync();
-    else
-        __syncthreads();
+    __syncthreads();
 
     if (warp < 4) {
         if ((flags & ATTW_TMA_KV) && tid == 0) {
@@ -216,8 +196,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         const int lr = tid / CH, lc = tid % CH;
         const uint32_t lso = (lc >> 3) * (BN * 128) + sw128(lr, lc & 7);
         int it = 0, qt = 0;
-        for (long w = w0; w < W; w += wstep) {
-            const int4 ti = part(tiles[w / heads]);
+        for (long w = blockIdx.x; w < W; w += gridDim.x) {
+            const int4 ti = tiles[w / heads];
             const int h = (int)(w % heads);
             const int64_t kv0 = off[ti.z];
             const int L = (int)(off[ti.z + 1] - kv0);
@@ -236,22 +216,12 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                      * the others only arrive, so "full" still counts 128
                      * arrivals, plus the transaction bytes. */
                     if (tid == 0) {
-                        /* CL = 2: this CTA's half of the rows, into both
-                         * CTAs; "full" counts both halves' bytes */
                         mbar_expect_tx(&full[st], 2 * CFG::KV_BYTES);
-                        constexpr int HR = BN / CL;
-                        const int row = (int)(kv0 + (int64_t)kb * BN) + rank * HR;
-                        const uint32_t so = rank * HR * 128;
+                        const int row = (int)(kv0 + (int64_t)kb * BN);
 #pragma unroll
                         for (int cb = 0; cb < DH / 64; cb++) {
-                            const int col = h * DH + cb * 64;
-                            if (CL > 1) {
-                                tma_load_2d_mc(kd + cb * (BN * 128) + so, &a.tk, &full[st], col, row, 3);
-                                tma_load_2d_mc(vd + cb * (BN * 128) + so, &a.tv, &full[st], col, row, 3);
-                            } else {
-                                tma_load_2d(kd + cb * (BN * 128), &a.tk, &full[st], col, row);
-                                tma_load_2d(vd + cb * (BN * 128), &a.tv, &full[st], col, row);
-                            }
+                            tma_load_2d(kd + cb * (BN * 128), &a.tk, &full[st], h * DH + cb * 64, row);
+                            tma_load_2d(vd + cb * (BN * 128), &a.tv, &full[st], h * DH + cb * 64, row);
                         }
                     } else {
                         mbar_arrive(&full[st]);
@@ -286,9 +256,9 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     qt++;
                     /* The next work item's Q rows into L2 (one row each),
                      * so its copy into shared memory waits on L2, not HBM. */
-                    const long w2 = w + wstep;
+                    const long w2 = w + gridDim.x;
                     if ((flags & ATTW_PREFETCH_Q) && w2 < W) {
-                        const int4 tn = part(tiles[w2 / heads]);
+                        const int4 tn = tiles[w2 / heads];
                         const int row = tn.x + tid;
                         if (row < tn.y)
                             bulk_prefetch_l2(((tn.w & 1) ? a.qs : q) + (size_t)row * hd +
@@ -440,21 +410,14 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         }
     };
 
-    /* A stage is free once both CTAs' consumers are done with it (CL = 2:
-     * each CTA's copies write both). */
-    auto release = [&](int st) {
-        mbar_arrive(&empty[st]);
-        if (CL > 1)
-            mbar_arrive_cluster(&empty[st], rank ^ 1);
-    };
     /* The next work item's tile and history length are loaded a tile ahead. */
     int4 ti_n = make_int4(0, 0, 0, 0);
     int L_n = 0;
-    if (w0 < W) {
-        ti_n = part(tiles[w0 / heads]);
+    if ((long)blockIdx.x < W) {
+        ti_n = tiles[blockIdx.x / heads];
         L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
     }
-    for (long w = w0; w < W; w += wstep) {
+    for (long w = blockIdx.x; w < W; w += gridDim.x) {
         const int4 ti = ti_n;
         const int h = (int)(w % heads);
         const int L = L_n;
@@ -462,9 +425,9 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         const int nkb = attw_nkb(ti, L, a.causal, BN);
         /* causal self tiles end on their diagonal block */
         const bool diag_last = self_t && a.causal;
-        const long w2 = w + wstep;
+        const long w2 = w + gridDim.x;
         if (w2 < W)
-            ti_n = part(tiles[w2 / heads]);
+            ti_n = tiles[w2 / heads];
 #pragma unroll
         for (int i = 0; i < DH / 2; i++)
             oacc[i] = 0.0f;
@@ -522,7 +485,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     wg_fence_regs<DH / 2>(oacc);
                 }
                 if (lead)
-                    release(sp);
+                    mbar_arrive(&empty[sp]);
                 softmax_o();
             }
             /* turn nkb: P V of the last block */
@@ -539,7 +502,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             wg_wait<0>();
             wg_fence_regs<DH / 2>(oacc);
             if (lead)
-                release(sp);
+                mbar_arrive(&empty[sp]);
             qt++;
         } else if (w2 < W) {
             L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
@@ -598,10 +561,6 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
      * the opening one: take it, so no barrier is left half-arrived. */
     if (PP && wg == 0)
         named_bar_sync(ATTW_PP_BAR, 256);
-    /* No CTA of a cluster leaves while its peer may still arrive on its
-     * barriers (the producers have left; the barrier counts the rest). */
-    if (CL > 1)
-        cluster_sync();
 }
 
 /* Production's launch flags: Q prefetch always, 16-byte stores where o (and
@@ -612,37 +571,23 @@ template <typename T> static int attw_flags(const att_job<T> &j)
     return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0) | ATTW_TMA_KV;
 }
 
-/* One k_att_wg launch over the tile table (dh = DH, 64 or 128), in
- * clusters of CL CTAs (1 or 2; 2 takes target-only launches). Production
- * (launch_wg below): PP and OV on, flags attw_flags(j);
- * bench/kernels/attention_v3.cu turns them off one at a time for timing. */
-template <typename T, int DH, bool PP, bool OV, int CL>
-static int launch_wg_cl(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
+/* One k_att_wg launch over the tile table (dh = DH, 64 or 128). Production:
+ * PP and OV on, flags attw_flags(j); bench/kernels/attention_v3.cu turns
+ * them off one at a time for timing. */
+template <typename T, int DH, bool PP = true, bool OV = true>
+static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
 {
     static_assert(DH == 64 || DH == 128, "k_att_wg is written for dh 64 and 128");
-    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 CTAs");
-    typedef attw_cfg<DH> CFG;
-    if (CL > 1 && j.qs) {
-        bk_seterr(err, "attention (wgmma): a self part needs clusters of one CTA");
-        return -1;
-    }
-    auto kern = k_att_wg<T, DH, PP, OV, CL>;
-    if (cu_smem_limit(s, (const void *)kern, (int)CFG::SMEM, err))
-        return -1;
-    /* Clusters of 2 that fit at once (asked once per instantiation); none:
-     * one CTA per cluster. */
-    static const int fit = CL > 1 ? max_clusters((const void *)kern, CFG::SMEM,
-                                                 cu_impl(s->be)->sm_count, CL)
-                                  : 0;
-    if (CL > 1 && fit <= 0)
-        return launch_wg_cl<T, DH, PP, OV, 1>(s, j, flags, err);
     int4 *tiles;
     int *ntiles;
     long cap;
     if (cu_att_tiles(s, j.q != nullptr, j.qs != nullptr, j.map, j.nc, j.tq, j.off, j.nu, j.causal,
-                     j.ev, CFG::BM * CL, &tiles, &ntiles, &cap, err))
+                     j.ev, &tiles, &ntiles, &cap, err))
         return -1;
     const double rs = 1.0 / sqrt((double)DH);
+    auto kern = k_att_wg<T, DH, PP, OV>;
+    if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
+        return -1;
     /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
      * groups 1024 bytes apart (SBO); the swapped assignment was checked
      * on the H200 and faults. */
@@ -651,48 +596,36 @@ static int launch_wg_cl(bk_stream *s, const att_job<T> &j, int flags, bk_err *er
     a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags;
     a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
     a.scale_log2 = (float)(1.4426950408889634 * rs);
-    a.lbo_v = CFG::BN * 128, a.sbo_v = 1024;
-    if ((flags & ATTW_TMA_KV) || CL > 1) {
-        /* K and V as [rows][heads * dh], boxes of 64 columns and BN / CL
-         * rows (a CTA's share of a block): whole blocks never pass a
-         * user's last event, so the row extent is only a bound (no load
-         * reaches it; row coordinates are 32-bit, ample for event counts). */
+    a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
+    if (flags & ATTW_TMA_KV) {
+        /* K and V as [rows][heads * dh]: whole blocks never pass a user's
+         * last event, so the row extent is only a bound (no load reaches
+         * it; row coordinates are 32-bit, ample for event counts). */
         const uint64_t es = sizeof(T), hd = (uint64_t)j.heads * DH;
         uint64_t dims[2] = {hd, (uint64_t)1 << 31}, strides[1] = {hd * es};
-        uint32_t box[2] = {64, (uint32_t)(CFG::BN / CL)};
+        uint32_t box[2] = {64, (uint32_t)attw_cfg<DH>::BN};
         CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
         int rc = cu_tmap_encode(&a.tk, dt, 2, j.k, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
         if (!rc)
             rc = cu_tmap_encode(&a.tv, dt, 2, j.v, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
-        if (rc && CL > 1) {
-            bk_seterr(err, "attention (wgmma): encoding the K/V tensor maps failed (CUresult %d)", rc);
-            return -1;
-        }
         if (rc)
             a.flags &= ~ATTW_TMA_KV; /* cp.async for every block */
-        else
-            a.flags |= ATTW_TMA_KV;
     }
-    /* Persistent: one CTA per SM (or per work item, if fewer), in clusters
-     * of CL, launched as the tile table's programmatic dependent. */
-    long work = cap * j.heads, sms = CL > 1 ? (long)fit : cu_impl(s->be)->sm_count;
-    unsigned pgrid = (unsigned)(work < sms ? work : sms) * CL;
-    cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg = cluster_cfg(at, CL, pgrid, CFG::NT, CFG::SMEM, s->st, true);
+    /* Persistent: one CTA per SM (or per work item, if fewer), launched as
+     * the tile table's programmatic dependent. */
+    long work = cap * j.heads, sms = cu_impl(s->be)->sm_count;
+    unsigned pgrid = (unsigned)(work < sms ? work : sms);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at = pdl_attr();
+    cfg.gridDim = dim3(pgrid);
+    cfg.blockDim = dim3(attw_cfg<DH>::NT);
+    cfg.dynamicSmemBytes = attw_cfg<DH>::SMEM;
+    cfg.stream = s->st;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, a), "attention (wgmma)");
     return cu_check_launch(s, err, "attention (wgmma)");
-}
-
-/* Production's k_att_wg launch: target-only launches in clusters of two
- * (K/V read from L2 once per pair of tiles), launches with a self part one
- * CTA each. */
-template <typename T, int DH, bool PP = true, bool OV = true>
-static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
-{
-    if (!j.qs)
-        return launch_wg_cl<T, DH, PP, OV, 2>(s, j, flags, err);
-    return launch_wg_cl<T, DH, PP, OV, 1>(s, j, flags, err);
 }
 
 #endif

@@ -481,11 +481,11 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
 }
 
 int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int nc, int tq,
-                 const int64_t *off, int nu, int causal, int64_t ev, int tbm, int4 **tiles_out,
+                 const int64_t *off, int nu, int causal, int64_t ev, int4 **tiles_out,
                  int **ntiles_out, long *cap_out, bk_err *err)
 {
     long rows = target ? (long)nc * tq : 0;
-    long cap_t = target ? rows / tbm + (nu < nc ? nu : nc) + 1 : 0;
+    long cap_t = target ? rows / ATT_BM + (nu < nc ? nu : nc) + 1 : 0;
     long cap_s = self ? (long)(ev / ATT_BM) + nu + 1 : 0;
     long cap = cap_t + cap_s;
     if (cap > INT32_MAX / 2 || (self && ev > INT32_MAX)) {
@@ -500,7 +500,7 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
     if (target) {
         const int map_smem = nc <= ATT_MAP_SMEM;
         k_att_tiles<<<1, 1024, map_smem ? (size_t)nc * sizeof(int) : 0, s->st>>>(
-            map, nc, tq, tbm, tiles, both ? cnt + 1 : cnt, (int)cap_t, map_smem);
+            map, nc, tq, ATT_BM, tiles, both ? cnt + 1 : cnt, (int)cap_t, map_smem);
         if (cu_check_launch(s, err, "attention tile table"))
             return -1;
     }
@@ -523,7 +523,7 @@ static int launch_mma(bk_stream *s, const att_job<T> &j, bk_err *err)
     int4 *tiles;
     int *ntiles;
     long cap;
-    if (cu_att_tiles(s, true, false, j.map, j.nc, j.tq, j.off, j.nu, 0, 0, ATT_BM, &tiles, &ntiles, &cap,
+    if (cu_att_tiles(s, true, false, j.map, j.nc, j.tq, j.off, j.nu, 0, 0, &tiles, &ntiles, &cap,
                      err))
         return -1;
     float scale_log2 = (float)(1.4426950408889634 / sqrt((double)DH));
