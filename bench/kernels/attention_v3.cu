@@ -9,7 +9,13 @@
  *   o  the overlap of a warpgroup's softmax with its own P V,
  *   f  the L2 prefetch of the next work item's Q rows,
  *   s  the 16-byte output stores (production keeps the 4-byte ones only
- *      where o is not 16-byte aligned).
+ *      where o is not 16-byte aligned);
+ * and two bounds (everything else production's):
+ *   x  no softmax: S is packed as P as it is (ATTW_DG_NO_SOFTMAX), the
+ *      time of the GEMMs, copies and turns alone,
+ *   k  no K/V copies: the producer marks each block full at once
+ *      (ATTW_DG_NO_KV), the time without waiting for K/V;
+ *   xk both.
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -32,6 +38,13 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
+    const int dg = (strchr(off, 'x') ? ATTW_DG_NO_SOFTMAX : 0) | (strchr(off, 'k') ? ATTW_DG_NO_KV : 0);
+    if (dg == ATTW_DG_NO_SOFTMAX)
+        return launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX>(s, j, flags, err);
+    if (dg == ATTW_DG_NO_KV)
+        return launch_wg<T, DH, true, true, ATTW_DG_NO_KV>(s, j, flags, err);
+    if (dg)
+        return launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX | ATTW_DG_NO_KV>(s, j, flags, err);
     if (no_pp)
         return no_ov ? launch_wg<T, DH, false, false>(s, j, flags, err)
                      : launch_wg<T, DH, false, true>(s, j, flags, err);

@@ -119,6 +119,11 @@ template <int DH> struct attw_cfg {
 #define ATTW_PREFETCH_Q 1 /* flags: the next tile's Q rows into L2 */
 #define ATTW_VEC_STORE 2  /* flags: o is 16-byte aligned, store 16 bytes at a time */
 #define ATTW_TMA_KV 4     /* flags: whole K/V blocks by TMA (a.tk, a.tv), partial ones by cp.async */
+/* Timing diagnostics (k_att_wg's DG; wrong results by design, benchmark
+ * only): the consumers skip the softmax (S packed as P as it is), or the
+ * producer marks K/V blocks full without copying them. */
+#define ATTW_DG_NO_SOFTMAX 1
+#define ATTW_DG_NO_KV 2
 
 /* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
  * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
@@ -145,7 +150,7 @@ __device__ __forceinline__ int attw_nkb(int4 ti, int L, int causal, int bn)
     return (ti.w & 1) && causal ? min(nkb, (ti.w >> 1) + 1) : nkb;
 }
 
-template <typename T, int DH, bool PP, bool OV>
+template <typename T, int DH, bool PP, bool OV, int DG>
 __global__ void __launch_bounds__(384, 1)
 k_att_wg(const __grid_constant__ attw_args<T> a)
 {
@@ -210,7 +215,9 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 const int st = it % ST;
                 mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
                 unsigned char *kd = Ks + st * CFG::KV_BYTES, *vd = Vs + st * CFG::KV_BYTES;
-                if ((flags & ATTW_TMA_KV) && (kb + 1) * BN <= L) {
+                if (DG & ATTW_DG_NO_KV) {
+                    mbar_arrive(&full[st]);
+                } else if ((flags & ATTW_TMA_KV) && (kb + 1) * BN <= L) {
                     /* A whole block: one thread issues TMA loads (DH / 64
                      * boxes each of K and V, the smem layout sw128 gives),
                      * the others only arrive, so "full" still counts 128
@@ -330,7 +337,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
      * and packs P into pa.
      * s[4j + x]: row wq*16 + g (+8 for x >= 2), key 8j + 2t + (x & 1).
      * Every block has at least one valid key, so the max is finite. */
-    float corr[2];
+    float corr[2] = {1.0f, 1.0f};
     /* diag: the causal block of a self tile (key kk > row rl masked, both
      * relative to the block); silu: HSTU weights, no running max. */
     auto softmax_p = [&](int kb, int L, bool diag, bool silu) {
@@ -448,7 +455,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             wg_fence_regs<BN / 2>(s);
             if (nkb == 1 && lead)
                 mbar_arrive(qempty);
-            softmax_p(0, L, diag_last && nkb == 1, silu);
+            if (!(DG & ATTW_DG_NO_SOFTMAX))
+                softmax_p(0, L, diag_last && nkb == 1, silu);
             softmax_o();
             /* turns 1 .. nkb-1: S_j and P_{j-1} V_{j-1} */
             for (int kb = 1; kb < nkb; kb++) {
@@ -479,7 +487,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     mbar_arrive(qempty);
                 if (kb == 1 && w2 < W)
                     L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
-                softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
+                if (!(DG & ATTW_DG_NO_SOFTMAX))
+                    softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
                 if (OV) {
                     wg_wait<0>();
                     wg_fence_regs<DH / 2>(oacc);
@@ -572,9 +581,9 @@ template <typename T> static int attw_flags(const att_job<T> &j)
 }
 
 /* One k_att_wg launch over the tile table (dh = DH, 64 or 128). Production:
- * PP and OV on, flags attw_flags(j); bench/kernels/attention_v3.cu turns
- * them off one at a time for timing. */
-template <typename T, int DH, bool PP = true, bool OV = true>
+ * PP and OV on, flags attw_flags(j), DG 0; bench/kernels/attention_v3.cu
+ * turns them off one at a time for timing, and runs the DG diagnostics. */
+template <typename T, int DH, bool PP = true, bool OV = true, int DG = 0>
 static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
 {
     static_assert(DH == 64 || DH == 128, "k_att_wg is written for dh 64 and 128");
@@ -585,7 +594,7 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
                      j.ev, &tiles, &ntiles, &cap, err))
         return -1;
     const double rs = 1.0 / sqrt((double)DH);
-    auto kern = k_att_wg<T, DH, PP, OV>;
+    auto kern = k_att_wg<T, DH, PP, OV, DG>;
     if (cu_smem_limit(s, (const void *)kern, (int)attw_cfg<DH>::SMEM, err))
         return -1;
     /* V is MN-major: 64-column blocks BN*128 bytes apart (LBO), 8-key
