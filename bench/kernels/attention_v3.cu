@@ -15,7 +15,12 @@
  *      time of the GEMMs, copies and turns alone,
  *   k  no K/V copies: the producer marks each block full at once
  *      (ATTW_DG_NO_KV), the time without waiting for K/V;
- *   xk both.
+ *   xk both;
+ *   e  the softmax without its exponentials (ATTW_DG_NO_EX2: P is the
+ *      exponent itself), the share of the special-function unit;
+ * and one candidate:
+ *   m  a quarter of the exponentials on the FMA pipe (ATTW_DG_FMA_EX2),
+ *      results within the polynomial's 7.7e-5 of production's.
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -38,6 +43,10 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
+    if (strchr(off, 'e'))
+        return launch_wg<T, DH, true, true, ATTW_DG_NO_EX2>(s, j, flags, err);
+    if (strchr(off, 'm'))
+        return launch_wg<T, DH, true, true, ATTW_DG_FMA_EX2>(s, j, flags, err);
     const int dg = (strchr(off, 'x') ? ATTW_DG_NO_SOFTMAX : 0) | (strchr(off, 'k') ? ATTW_DG_NO_KV : 0);
     if (dg == ATTW_DG_NO_SOFTMAX)
         return launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX>(s, j, flags, err);

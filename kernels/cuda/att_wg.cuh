@@ -84,6 +84,21 @@ __device__ __forceinline__ float att_ex2(float x)
     return y;
 }
 
+/* 2^x without the special-function unit (ATTW_DG_FMA_EX2; FA4 moves part
+ * of softmax's exponentials to the FMA pipe this way): x clamped at -126
+ * (the result's exponent field stays >= 0; -inf gives 2^-126, not 0),
+ * round(x) by the 1.5 * 2^23 trick, 2^f for f = x - round(x) in
+ * [-0.5, 0.5] by a degree-3 polynomial (relative error 7.7e-5, fitted for
+ * relative error), round(x) added to the exponent bits. */
+__device__ __forceinline__ float att_ex2_fma(float x)
+{
+    x = fmaxf(x, -126.0f);
+    const float t = x + 12582912.0f;
+    const float f = x - (t - 12582912.0f);
+    const float p = fmaf(fmaf(fmaf(0.05508868f, f, 0.24260405f), f, 0.69327623f), f, 0.99992895f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 /* tanh on the special-function unit (max relative error about 2^-11: below
  * the bf16/fp16 rounding of P it feeds). HSTU's silu as
  * x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU op per element, as
@@ -124,6 +139,8 @@ template <int DH> struct attw_cfg {
  * producer marks K/V blocks full without copying them. */
 #define ATTW_DG_NO_SOFTMAX 1
 #define ATTW_DG_NO_KV 2
+#define ATTW_DG_NO_EX2 4 /* the softmax without its exponentials (MUFU): P = the exponent */
+#define ATTW_DG_FMA_EX2 8 /* a quarter of the exponentials on the FMA pipe (att_ex2_fma) */
 
 /* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
  * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
@@ -391,7 +408,10 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
             for (int x = 0; x < 4; x++) {
-                float p = att_ex2(fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]));
+                const float e = fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]);
+                float p = (DG & ATTW_DG_NO_EX2)                       ? e
+                          : ((DG & ATTW_DG_FMA_EX2) && (j & 3) == 3) ? att_ex2_fma(e)
+                                                                      : att_ex2(e);
                 s[4 * j + x] = p;
                 ls[x >> 1] += p;
             }
