@@ -84,8 +84,10 @@ __device__ __forceinline__ float att_ex2(float x)
     return y;
 }
 
-/* 2^x without the special-function unit (ATTW_DG_FMA_EX2; FA4 moves part
- * of softmax's exponentials to the FMA pipe this way): x clamped at -126
+/* 2^x without the special-function unit, for the benchmark's candidate
+ * ATTW_DG_FMA_EX2 (FA4 moves part of softmax's exponentials to the FMA
+ * pipe this way; a quarter of them here lost 8% on the H200, NOTES.md, so
+ * production does not use it): x clamped at -126
  * (the result's exponent field stays >= 0; -inf gives 2^-126, not 0),
  * round(x) by the 1.5 * 2^23 trick, 2^f for f = x - round(x) in
  * [-0.5, 0.5] by a degree-3 polynomial (relative error 7.7e-5, fitted for
