@@ -20,7 +20,11 @@
  *      exponent itself), the share of the special-function unit;
  * and one candidate:
  *   m  a quarter of the exponentials on the FMA pipe (ATTW_DG_FMA_EX2),
- *      results within the polynomial's 7.7e-5 of production's.
+ *      results within the polynomial's 7.7e-5 of production's;
+ * and a trace:
+ *   t  production, CTA 0 recording when each step of its consumers' turns
+ *      ends (ATTW_DG_TRACE); attention_trace_report prints the mean
+ *      cycles of each step.
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -29,9 +33,11 @@
  * bench_kernels (--only att) prints each letter's now.
  * The template is production's; PP, OV and the flags are its parameters.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "bench/kernels/variants.cuh"
+#define IKBO_ATT_TRACE /* this file's k_att_wg records ATTW_DG_TRACE's steps */
 #include "kernels/cuda/att_wg.cuh"
 
 template <typename T, int DH>
@@ -43,6 +49,8 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
+    if (strchr(off, 't'))
+        return launch_wg<T, DH, true, true, ATTW_DG_TRACE>(s, j, flags, err);
     if (strchr(off, 'e'))
         return launch_wg<T, DH, true, true, ATTW_DG_NO_EX2>(s, j, flags, err);
     if (strchr(off, 'm'))
@@ -82,4 +90,56 @@ int attention_v3(bk_stream *s, const char *off, const void *q, const void *k, co
     }
     auto f = cu_dt(s) == CU_BF16 ? att_diag_t<__nv_bfloat16> : att_diag_t<__half>;
     return f(s, off, q, k, v, offsets, nu, map, nc, tq, heads, dh, o, err);
+}
+
+/* Steps of ATTW_DG_TRACE's record, in the order a turn takes them. */
+static const char *const tr_name[] = {"",        "top (after the last turn)", "K/V wait",
+                                      "turn wait", "issue",                "S wait",
+                                      "softmax",   "P V wait",             "rescale, pack",
+                                      "item start", "Q wait",              "epilogue"};
+
+int attention_trace_report(const char *raw, bk_err *err)
+{
+    static unsigned long long h[2][ATT_TRACE_N];
+    int n[2];
+    if (cudaMemcpyFromSymbol(h, att_trace, sizeof h) != cudaSuccess ||
+        cudaMemcpyFromSymbol(n, att_trace_n, sizeof n) != cudaSuccess) {
+        bk_seterr(err, "attention_trace_report: reading the trace failed");
+        return -1;
+    }
+    FILE *f = raw ? fopen(raw, "w") : NULL;
+    double sum[12] = {0}, period = 0;
+    long cnt[12] = {0}, np = 0;
+    for (int wg = 0; wg < 2; wg++) {
+        const int m = n[wg] < ATT_TRACE_N ? n[wg] : ATT_TRACE_N;
+        unsigned long long last_top = 0;
+        for (int i = 0; i < m; i++) {
+            const int st = (int)(h[wg][i] & 15);
+            const unsigned long long t = h[wg][i] >> 4;
+            if (f)
+                fprintf(f, "%d %d %llu\n", wg, st, t);
+            if (st <= 0 || st >= 12)
+                continue;
+            if (i > 0) {
+                sum[st] += (double)(t - (h[wg][i - 1] >> 4));
+                cnt[st]++;
+            }
+            if (st == ATTW_TR_TOP) {
+                if (last_top && (h[wg][i - 1] & 15) == ATTW_TR_END) {
+                    period += (double)(t - last_top);
+                    np++;
+                }
+                last_top = t;
+            }
+            if (st == ATTW_TR_ITEM)
+                last_top = 0;
+        }
+    }
+    if (f)
+        fclose(f);
+    printf("    trace (CTA 0, cycles a step, mean over %ld turns of both warpgroups; turn period %.0f):\n",
+           cnt[ATTW_TR_TOP], np ? period / np : 0.0);
+    for (int st = 1; st < 12; st++)
+        printf("      %-28s %8.0f  (%ld)\n", tr_name[st], cnt[st] ? sum[st] / cnt[st] : 0.0, cnt[st]);
+    return 0;
 }

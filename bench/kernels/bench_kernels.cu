@@ -467,6 +467,16 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
         printf("    v3 diag %s (%s): %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", diags[i],
                dname[i], ms, flops / (ms * 1e-3) / 1e12, reldiff<T>(o2, o, (size_t)C * Tq * hd));
     }
+    if (!profile) {
+        /* Where CTA 0's turns spend their cycles (IKBO_ATT_TRACE_OUT: the
+         * raw records, suffixed by dtype and L). */
+        BK(attention_v3(s, "t", q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
+        CK(cudaStreamSynchronize(s->st));
+        const char *tro = getenv("IKBO_ATT_TRACE_OUT");
+        char path[512];
+        snprintf(path, sizeof path, "%s_%s_%d%s.txt", tro ? tro : "", dtname, L, uneven ? "u" : "");
+        BK(attention_trace_report(tro ? path : NULL, &berr));
+    }
     char line[256];
     snprintf(line, sizeof line, "ATT %-4s L %4d %-8s ours %.3f ms %4.0f TF/s (%.2fx GEMM) | bcast %.3f ms %4.0f TF/s",
              dtname, L, uneven ? "uneven" : "ratio64", ours, flops / (ours * 1e-3) / 1e12,

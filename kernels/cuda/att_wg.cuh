@@ -143,6 +143,29 @@ template <int DH> struct attw_cfg {
 #define ATTW_DG_NO_KV 2
 #define ATTW_DG_NO_EX2 4 /* the softmax without its exponentials (MUFU): P = the exponent */
 #define ATTW_DG_FMA_EX2 8 /* a quarter of the exponentials on the FMA pipe (att_ex2_fma) */
+#define ATTW_DG_TRACE 16  /* CTA 0 records when each step of its turns ends (att_trace) */
+
+#ifdef IKBO_ATT_TRACE
+/* ATTW_DG_TRACE's record (benchmark only: the translation unit that defines
+ * IKBO_ATT_TRACE gets its own copy): per consumer warpgroup of CTA 0, lane
+ * 0 of its first warp writes clock64() << 4 | step, steps ATTW_TR_*. */
+#define ATT_TRACE_N 8192
+__device__ unsigned long long att_trace[2][ATT_TRACE_N];
+__device__ int att_trace_n[2];
+#endif
+enum {
+    ATTW_TR_TOP = 1,   /* a turn's code starts (before its K/V wait) */
+    ATTW_TR_FULL,      /* its K/V block is there */
+    ATTW_TR_TURN,      /* the turn is this warpgroup's (named barrier) */
+    ATTW_TR_ISSUED,    /* its GEMMs are issued */
+    ATTW_TR_S,         /* S is done */
+    ATTW_TR_SOFTMAX,   /* P is made */
+    ATTW_TR_PV,        /* the previous block's P V is done */
+    ATTW_TR_END,       /* O rescaled, P packed: the turn's code ends */
+    ATTW_TR_ITEM,      /* a work item starts (before its Q wait) */
+    ATTW_TR_Q,         /* its Q is there */
+    ATTW_TR_STORED     /* its output is stored */
+};
 
 /* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
  * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
@@ -319,6 +342,20 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
 
     float oacc[DH / 2], s[BN / 2];
     uint32_t pa[BN / 16][4];
+    /* ATTW_DG_TRACE: one record per step (nothing in production) */
+    int tr_n = 0;
+    auto mark = [&](int step) {
+#ifdef IKBO_ATT_TRACE
+        if ((DG & ATTW_DG_TRACE) && blockIdx.x == 0 && wq == 0 && lead) {
+            if (tr_n < ATT_TRACE_N)
+                att_trace[wg][tr_n] = ((unsigned long long)clock64() << 4) | (unsigned)step;
+            att_trace_n[wg] = ++tr_n;
+        }
+#else
+        (void)step;
+        (void)tr_n;
+#endif
+    };
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
 
     /* s = 0, before the turn's wgmma.fence. */
@@ -463,7 +500,9 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         mrow[0] = mrow[1] = -INFINITY;
         lrow[0] = lrow[1] = 0.0f;
         if (nkb > 0) {
+            mark(ATTW_TR_ITEM);
             mbar_wait(qfull, qt & 1);
+            mark(ATTW_TR_Q);
             /* turn 0: S_0 */
             mbar_wait(&full[it % ST], (it / ST) & 1);
             zero_s();
@@ -485,9 +524,12 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 const int sp = it % ST;
                 it++;
                 const int sn = it % ST;
+                mark(ATTW_TR_TOP);
                 mbar_wait(&full[sn], (it / ST) & 1);
+                mark(ATTW_TR_FULL);
                 zero_s();
                 turn_begin();
+                mark(ATTW_TR_TURN);
                 wg_fence();
                 wg_fence_regs<DH / 2>(oacc);
                 wg_fence_regs<BN / 2>(s);
@@ -497,9 +539,11 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 issue_pv(sp);
                 wg_commit();
                 turn_end();
+                mark(ATTW_TR_ISSUED);
                 if (OV) {
                     wg_wait<1>(); /* S_j done; P_{j-1} V_{j-1} may still run */
                     wg_fence_regs<BN / 2>(s);
+                    mark(ATTW_TR_S);
                 } else {
                     wg_wait<0>();
                     wg_fence_regs<BN / 2>(s);
@@ -511,13 +555,16 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     L_n = (int)(off[ti_n.z + 1] - off[ti_n.z]);
                 if (!(DG & ATTW_DG_NO_SOFTMAX))
                     softmax_p(kb, L, diag_last && kb == nkb - 1, silu);
+                mark(ATTW_TR_SOFTMAX);
                 if (OV) {
                     wg_wait<0>();
                     wg_fence_regs<DH / 2>(oacc);
                 }
+                mark(ATTW_TR_PV);
                 if (lead)
                     mbar_arrive(&empty[sp]);
                 softmax_o();
+                mark(ATTW_TR_END);
             }
             /* turn nkb: P V of the last block */
             const int sp = it % ST;
@@ -587,6 +634,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                         pack2<T>(oacc[4 * j + 2 * r] * inv[r], oacc[4 * j + 2 * r + 1] * inv[r]);
             }
         }
+        mark(ATTW_TR_STORED);
     }
     /* Warpgroup 1's arrivals at barrier 1 outnumber warpgroup 0's waits by
      * the opening one: take it, so no barrier is left half-arrived. */
