@@ -470,12 +470,17 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     if (!profile) {
         /* Where CTA 0's turns spend their cycles (IKBO_ATT_TRACE_OUT: the
          * raw records, suffixed by dtype and L). */
-        BK(attention_v3(s, "t", q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
-        CK(cudaStreamSynchronize(s->st));
-        const char *tro = getenv("IKBO_ATT_TRACE_OUT");
-        char path[512];
-        snprintf(path, sizeof path, "%s_%s_%d%s.txt", tro ? tro : "", dtname, L, uneven ? "u" : "");
-        BK(attention_trace_report(tro ? path : NULL, &berr));
+        const char *tl[] = {"t", "tx", "tk"};
+        for (const char *t : tl) {
+            BK(attention_v3(s, t, q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
+            CK(cudaStreamSynchronize(s->st));
+            const char *tro = getenv("IKBO_ATT_TRACE_OUT");
+            char path[512];
+            snprintf(path, sizeof path, "%s_%s_%d%s_%s.txt", tro ? tro : "", dtname, L,
+                     uneven ? "u" : "", t);
+            printf("    diag %s:\n", t);
+            BK(attention_trace_report(tro ? path : NULL, &berr));
+        }
     }
     char line[256];
     snprintf(line, sizeof line, "ATT %-4s L %4d %-8s ours %.3f ms %4.0f TF/s (%.2fx GEMM) | bcast %.3f ms %4.0f TF/s",
