@@ -98,10 +98,12 @@ int attention_v3(bk_stream *s, const char *off, const void *q, const void *k, co
 }
 
 /* Steps of ATTW_DG_TRACE's record, in the order a turn takes them. */
-static const char *const tr_name[] = {"",        "top (after the last turn)", "K/V wait",
-                                      "turn wait", "issue",                "S wait",
-                                      "softmax",   "P V wait",             "rescale, pack",
-                                      "item start", "Q wait",              "epilogue"};
+static const char *const tr_name[] = {"",           "top (after the last turn)", "K/V wait",
+                                      "turn wait",  "issue",                    "S wait",
+                                      "softmax end", "P V wait",                "rescale, pack",
+                                      "item start", "Q wait",                   "epilogue",
+                                      "softmax max", "softmax exp and sums"};
+static_assert(sizeof tr_name / sizeof *tr_name == ATTW_TR_STEPS, "a name for each step");
 
 int attention_trace_report(const char *raw, bk_err *err)
 {
@@ -113,8 +115,8 @@ int attention_trace_report(const char *raw, bk_err *err)
         return -1;
     }
     FILE *f = raw ? fopen(raw, "w") : NULL;
-    double sum[12] = {0}, period = 0;
-    long cnt[12] = {0}, np = 0;
+    double sum[ATTW_TR_STEPS] = {0}, period = 0;
+    long cnt[ATTW_TR_STEPS] = {0}, np = 0;
     for (int wg = 0; wg < 2; wg++) {
         const int m = n[wg] < ATT_TRACE_N ? n[wg] : ATT_TRACE_N;
         unsigned long long last_top = 0;
@@ -123,7 +125,7 @@ int attention_trace_report(const char *raw, bk_err *err)
             const unsigned long long t = h[wg][i] >> 4;
             if (f)
                 fprintf(f, "%d %d %llu\n", wg, st, t);
-            if (st <= 0 || st >= 12)
+            if (st <= 0 || st >= ATTW_TR_STEPS)
                 continue;
             if (i > 0) {
                 sum[st] += (double)(t - (h[wg][i - 1] >> 4));
@@ -144,7 +146,7 @@ int attention_trace_report(const char *raw, bk_err *err)
         fclose(f);
     printf("    trace (CTA 0, cycles a step, mean over %ld turns of both warpgroups; turn period %.0f):\n",
            cnt[ATTW_TR_TOP], np ? period / np : 0.0);
-    for (int st = 1; st < 12; st++)
+    for (int st = 1; st < ATTW_TR_STEPS; st++)
         printf("      %-28s %8.0f  (%ld)\n", tr_name[st], cnt[st] ? sum[st] / cnt[st] : 0.0, cnt[st]);
     return 0;
 }

@@ -164,7 +164,10 @@ enum {
     ATTW_TR_END,       /* O rescaled, P packed: the turn's code ends */
     ATTW_TR_ITEM,      /* a work item starts (before its Q wait) */
     ATTW_TR_Q,         /* its Q is there */
-    ATTW_TR_STORED     /* its output is stored */
+    ATTW_TR_STORED,    /* its output is stored */
+    ATTW_TR_MAX,       /* inside the softmax: the block's row max is known */
+    ATTW_TR_EXP,       /* inside the softmax: P and its row sums are made */
+    ATTW_TR_STEPS
 };
 
 /* The wgmma kernel's arguments. A tile's .w bit 0 marks a self-attention
@@ -442,6 +445,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 corr[r] = 1.0f;
             }
         }
+        mark(ATTW_TR_MAX);
         float ls[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
@@ -454,6 +458,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 s[4 * j + x] = p;
                 ls[x >> 1] += p;
             }
+        mark(ATTW_TR_EXP);
         lrow[0] = fmaf(lrow[0], corr[0], ls[0]);
         lrow[1] = fmaf(lrow[1], corr[1], ls[1]);
     };
