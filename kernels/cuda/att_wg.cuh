@@ -144,6 +144,7 @@ template <int DH> struct attw_cfg {
 #define ATTW_DG_NO_EX2 4 /* the softmax without its exponentials (MUFU): P = the exponent */
 #define ATTW_DG_FMA_EX2 8 /* a quarter of the exponentials on the FMA pipe (att_ex2_fma) */
 #define ATTW_DG_TRACE 16  /* CTA 0 records when each step of its turns ends (att_trace) */
+#define ATTW_DG_MAX_TREE 32 /* the row max as a tree of depth 5, not a chain of 16 (candidate) */
 
 #ifdef IKBO_ATT_TRACE
 /* ATTW_DG_TRACE's record (benchmark only: the translation unit that defines
@@ -422,10 +423,30 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             return;
         }
         float mx[2] = {-INFINITY, -INFINITY};
+        if (DG & ATTW_DG_MAX_TREE) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+            for (int r = 0; r < 2; r++) {
+                float m[BN / 8];
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++)
+                    m[j] = fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
+#pragma unroll
+                for (int j = 0; j < BN / 16; j++)
+                    m[j] = fmaxf(m[j], m[j + BN / 16]);
+#pragma unroll
+                for (int j = 0; j < BN / 32; j++)
+                    m[j] = fmaxf(m[j], m[j + BN / 32]);
+#pragma unroll
+                for (int j = 0; j < BN / 64; j++)
+                    m[j] = fmaxf(m[j], m[j + BN / 64]);
+                mx[r] = fmaxf(m[0], m[1]);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+            }
         }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
