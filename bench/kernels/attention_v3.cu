@@ -25,7 +25,9 @@
  *   t  production, CTA 0 recording when each step of its consumers' turns
  *      ends (ATTW_DG_TRACE); attention_trace_report prints the mean
  *      cycles of each step; tx and tk: the trace of x and k;
- *   r  the row max as a tree (ATTW_DG_MAX_TREE; tr: its trace).
+ *   r  the row max as a tree (ATTW_DG_MAX_TREE; tr: its trace);
+ *   v  the quad's max exchanged only when a lane's passes the slack
+ *      (ATTW_DG_MAX_VOTE; tv: its trace).
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -50,6 +52,10 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
+    if (strchr(off, 'v'))
+        return strchr(off, 't')
+                   ? launch_wg<T, DH, true, true, ATTW_DG_MAX_VOTE | ATTW_DG_TRACE>(s, j, flags, err)
+                   : launch_wg<T, DH, true, true, ATTW_DG_MAX_VOTE>(s, j, flags, err);
     if (strchr(off, 'r'))
         return strchr(off, 't')
                    ? launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE | ATTW_DG_TRACE>(s, j, flags, err)

@@ -145,6 +145,7 @@ template <int DH> struct attw_cfg {
 #define ATTW_DG_FMA_EX2 8 /* a quarter of the exponentials on the FMA pipe (att_ex2_fma) */
 #define ATTW_DG_TRACE 16  /* CTA 0 records when each step of its turns ends (att_trace) */
 #define ATTW_DG_MAX_TREE 32 /* the row max as a tree of depth 5, not a chain of 16 (candidate) */
+#define ATTW_DG_MAX_VOTE 64 /* the quad's max exchanged only when some lane's passes the slack (candidate) */
 
 #ifdef IKBO_ATT_TRACE
 /* ATTW_DG_TRACE's record (benchmark only: the translation unit that defines
@@ -448,8 +449,19 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
             }
         }
+        /* ATTW_DG_MAX_VOTE: if no lane's own max passes its row's running
+         * max by the slack, neither does the row's, and no row moves: the
+         * shuffles are skipped (the same result bit for bit). */
+        const bool exch =
+            !(DG & ATTW_DG_MAX_VOTE) ||
+            __any_sync(0xffffffffu, mx[0] * scale_log2 > mrow[0] + ATTW_MAX_SLACK ||
+                                        mx[1] * scale_log2 > mrow[1] + ATTW_MAX_SLACK);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
+            if (!exch) {
+                corr[r] = 1.0f;
+                continue;
+            }
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             /* The running max moves only when the block's max passes it by
