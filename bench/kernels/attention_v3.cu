@@ -24,7 +24,7 @@
  * and a trace:
  *   t  production, CTA 0 recording when each step of its consumers' turns
  *      ends (ATTW_DG_TRACE); attention_trace_report prints the mean
- *      cycles of each step; tx and tk: the trace of x and k;
+ *      cycles of each step; tx, tk and tp: the trace of x, k and p;
  *   r  the row max as a tree (ATTW_DG_MAX_TREE; tr: its trace);
  *   v  the quad's max exchanged only when a lane's passes the slack
  *      (ATTW_DG_MAX_VOTE; tv: its trace).
@@ -61,6 +61,8 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
                    ? launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE | ATTW_DG_TRACE>(s, j, flags, err)
                    : launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE>(s, j, flags, err);
     if (strchr(off, 't')) {
+        if (no_pp)
+            return launch_wg<T, DH, false, true, ATTW_DG_TRACE>(s, j, flags, err);
         if (strchr(off, 'x'))
             return launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_SOFTMAX>(s, j, flags, err);
         if (strchr(off, 'k'))

@@ -471,7 +471,7 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     if (!profile) {
         /* Where CTA 0's turns spend their cycles (IKBO_ATT_TRACE_OUT: the
          * raw records, suffixed by dtype and L). */
-        const char *tl[] = {"t", "tx", "tk", "tr", "tv"};
+        const char *tl[] = {"t", "tx", "tk", "tr", "tv", "tp"};
         for (const char *t : tl) {
             BK(attention_v3(s, t, q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
             CK(cudaStreamSynchronize(s->st));
