@@ -10,24 +10,25 @@
  *   f  the L2 prefetch of the next work item's Q rows,
  *   s  the 16-byte output stores (production keeps the 4-byte ones only
  *      where o is not 16-byte aligned);
- * and two bounds (everything else production's):
+ * and, by exact name, the bounds (everything else production's):
  *   x  no softmax: S is packed as P as it is (ATTW_DG_NO_SOFTMAX), the
  *      time of the GEMMs, copies and turns alone,
  *   k  no K/V copies: the producer marks each block full at once
- *      (ATTW_DG_NO_KV), the time without waiting for K/V;
- *   xk both;
+ *      (ATTW_DG_NO_KV), the time without waiting for K/V,
+ *   xk both,
  *   e  the softmax without its exponentials (ATTW_DG_NO_EX2: P is the
  *      exponent itself), the share of the special-function unit;
- * and one candidate:
+ * the candidates that lost or were neutral (2026-12-04, NOTES.md):
  *   m  a quarter of the exponentials on the FMA pipe (ATTW_DG_FMA_EX2),
- *      results within the polynomial's 7.7e-5 of production's;
- * and a trace:
+ *      results within the polynomial's 7.7e-5 of production's,
+ *   r  the row max as a tree (ATTW_DG_MAX_TREE),
+ *   v  the quad's max exchanged only when a lane's passes the slack
+ *      (ATTW_DG_MAX_VOTE);
+ * and the traces:
  *   t  production, CTA 0 recording when each step of its consumers' turns
  *      ends (ATTW_DG_TRACE); attention_trace_report prints the mean
- *      cycles of each step; tx, tk and tp: the trace of x, k and p;
- *   r  the row max as a tree (ATTW_DG_MAX_TREE; tr: its trace);
- *   v  the quad's max exchanged only when a lane's passes the slack
- *      (ATTW_DG_MAX_VOTE; tv: its trace).
+ *      cycles of each step; tx, tk, tr, tv, tp: the trace of x, k, r, v
+ *      and of p.
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -46,40 +47,37 @@
 template <typename T, int DH>
 static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *err)
 {
+    /* The bounds, candidates and traces, by their exact names. */
+    typedef int (*wg_fn)(bk_stream *, const att_job<T> &, int, bk_err *);
+    static const struct {
+        const char *name;
+        wg_fn fn;
+    } named[] = {
+        {"x", launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX>},
+        {"k", launch_wg<T, DH, true, true, ATTW_DG_NO_KV>},
+        {"xk", launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX | ATTW_DG_NO_KV>},
+        {"e", launch_wg<T, DH, true, true, ATTW_DG_NO_EX2>},
+        {"m", launch_wg<T, DH, true, true, ATTW_DG_FMA_EX2>},
+        {"r", launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE>},
+        {"v", launch_wg<T, DH, true, true, ATTW_DG_MAX_VOTE>},
+        {"t", launch_wg<T, DH, true, true, ATTW_DG_TRACE>},
+        {"tx", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_SOFTMAX>},
+        {"tk", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_KV>},
+        {"tr", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_MAX_TREE>},
+        {"tv", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_MAX_VOTE>},
+        {"tp", launch_wg<T, DH, false, true, ATTW_DG_TRACE>},
+    };
+    const int flags0 = attw_flags(j);
+    for (const auto &d : named)
+        if (!strcmp(off, d.name))
+            return d.fn(s, j, flags0, err);
+    /* Features off: any of p, o, f, s. */
     const bool no_pp = strchr(off, 'p'), no_ov = strchr(off, 'o');
-    int flags = attw_flags(j);
+    int flags = flags0;
     if (strchr(off, 'f'))
         flags &= ~ATTW_PREFETCH_Q;
     if (strchr(off, 's'))
         flags &= ~ATTW_VEC_STORE;
-    if (strchr(off, 'v'))
-        return strchr(off, 't')
-                   ? launch_wg<T, DH, true, true, ATTW_DG_MAX_VOTE | ATTW_DG_TRACE>(s, j, flags, err)
-                   : launch_wg<T, DH, true, true, ATTW_DG_MAX_VOTE>(s, j, flags, err);
-    if (strchr(off, 'r'))
-        return strchr(off, 't')
-                   ? launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE | ATTW_DG_TRACE>(s, j, flags, err)
-                   : launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE>(s, j, flags, err);
-    if (strchr(off, 't')) {
-        if (no_pp)
-            return launch_wg<T, DH, false, true, ATTW_DG_TRACE>(s, j, flags, err);
-        if (strchr(off, 'x'))
-            return launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_SOFTMAX>(s, j, flags, err);
-        if (strchr(off, 'k'))
-            return launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_KV>(s, j, flags, err);
-        return launch_wg<T, DH, true, true, ATTW_DG_TRACE>(s, j, flags, err);
-    }
-    if (strchr(off, 'e'))
-        return launch_wg<T, DH, true, true, ATTW_DG_NO_EX2>(s, j, flags, err);
-    if (strchr(off, 'm'))
-        return launch_wg<T, DH, true, true, ATTW_DG_FMA_EX2>(s, j, flags, err);
-    const int dg = (strchr(off, 'x') ? ATTW_DG_NO_SOFTMAX : 0) | (strchr(off, 'k') ? ATTW_DG_NO_KV : 0);
-    if (dg == ATTW_DG_NO_SOFTMAX)
-        return launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX>(s, j, flags, err);
-    if (dg == ATTW_DG_NO_KV)
-        return launch_wg<T, DH, true, true, ATTW_DG_NO_KV>(s, j, flags, err);
-    if (dg)
-        return launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX | ATTW_DG_NO_KV>(s, j, flags, err);
     if (no_pp)
         return no_ov ? launch_wg<T, DH, false, false>(s, j, flags, err)
                      : launch_wg<T, DH, false, true>(s, j, flags, err);
