@@ -18,17 +18,14 @@
  *   xk both,
  *   e  the softmax without its exponentials (ATTW_DG_NO_EX2: P is the
  *      exponent itself), the share of the special-function unit;
- * the candidates that lost or were neutral (2026-12-04, NOTES.md):
- *   m  a quarter of the exponentials on the FMA pipe (ATTW_DG_FMA_EX2),
- *      results within the polynomial's 7.7e-5 of production's,
- *   r  the row max as a tree (ATTW_DG_MAX_TREE),
- *   v  the quad's max exchanged only when a lane's passes the slack
- *      (ATTW_DG_MAX_VOTE);
  * and the traces:
  *   t  production, CTA 0 recording when each step of its consumers' turns
  *      ends (ATTW_DG_TRACE); attention_trace_report prints the mean
- *      cycles of each step; tx, tk, tr, tv, tp: the trace of x, k, r, v
- *      and of p.
+ *      cycles of each step; tx, tk, tp: the trace of x, k and of p.
+ * The candidates of 2026-12-04 that lost or were neutral (a quarter of the
+ * exponentials on the FMA pipe, 708c23f; the row max as a tree, 110f9b7,
+ * or exchanged on a vote, 3f2a22c) left the kernel; those commits rerun
+ * them (bench/RESULTS.md).
  * What it measured (H200, fp16, C 2048, H 2, dh 128, Tq 64, ratio 64): the
  * kernel with all four went from 320 (the earlier non-specialized wgmma
  * kernel) to 471 TFLOP/s at L = 1024 (commit 0a0ad84); 16-byte stores took
@@ -57,14 +54,9 @@ static int att_diag(bk_stream *s, const char *off, const att_job<T> &j, bk_err *
         {"k", launch_wg<T, DH, true, true, ATTW_DG_NO_KV>},
         {"xk", launch_wg<T, DH, true, true, ATTW_DG_NO_SOFTMAX | ATTW_DG_NO_KV>},
         {"e", launch_wg<T, DH, true, true, ATTW_DG_NO_EX2>},
-        {"m", launch_wg<T, DH, true, true, ATTW_DG_FMA_EX2>},
-        {"r", launch_wg<T, DH, true, true, ATTW_DG_MAX_TREE>},
-        {"v", launch_wg<T, DH, true, true, ATTW_DG_MAX_VOTE>},
         {"t", launch_wg<T, DH, true, true, ATTW_DG_TRACE>},
         {"tx", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_SOFTMAX>},
         {"tk", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_NO_KV>},
-        {"tr", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_MAX_TREE>},
-        {"tv", launch_wg<T, DH, true, true, ATTW_DG_TRACE | ATTW_DG_MAX_VOTE>},
         {"tp", launch_wg<T, DH, false, true, ATTW_DG_TRACE>},
     };
     const int flags0 = attw_flags(j);

@@ -455,12 +455,11 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     printf("    mma.sync kernel %.3f ms %.0f TFLOP/s, rel diff to ours %.2e\n", mma,
            flops / (mma * 1e-3) / 1e12, diff2);
     /* bench/kernels/attention_v3.cu: the wgmma kernel with one feature off. */
-    const char *diags[] = {"p", "o", "f", "s", "x", "k", "xk", "e", "m", "r", "v"};
+    const char *diags[] = {"p", "o", "f", "s", "x", "k", "xk", "e"};
     const char *dname[] = {"no ping-pong",      "no softmax overlap",   "no Q prefetch",
                            "4-byte stores",     "bound: no softmax",    "bound: no K/V copies",
-                           "bound: neither",    "bound: no exponentials", "1/4 of 2^x on FMA",
-                           "row max as a tree", "max exchanged on a vote"};
-    for (int i = 0; i < (profile ? 0 : 11); i++) {
+                           "bound: neither",    "bound: no exponentials"};
+    for (int i = 0; i < (profile ? 0 : 8); i++) {
         double ms = median_ms(s->st, [&] {
             BK(attention_v3(s, diags[i], q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
         }, warm, reps);
@@ -471,7 +470,7 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     if (!profile) {
         /* Where CTA 0's turns spend their cycles (IKBO_ATT_TRACE_OUT: the
          * raw records, suffixed by dtype and L). */
-        const char *tl[] = {"t", "tx", "tk", "tr", "tv", "tp"};
+        const char *tl[] = {"t", "tx", "tk", "tp"};
         for (const char *t : tl) {
             BK(attention_v3(s, t, q, k, v, doff, U, dmap, C, Tq, H, dh, o2, &berr));
             CK(cudaStreamSynchronize(s->st));

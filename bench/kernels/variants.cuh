@@ -38,11 +38,9 @@ int lce_v15(LCE_VARIANT_ARGS); /* k_lce_ws with the shuffle-staged epilogue     
  * ping-pong between the consumer warpgroups), 'o' (no overlap of softmax
  * with the warpgroup's own P V), 'f' (no L2 prefetch of the next Q), 's'
  * (4-byte output stores where 16-byte ones could be used); or one of the
- * bounds 'x' (no softmax), 'k' (no K/V copies), 'e' (no exponentials);
- * or 'm', a quarter of the exponentials on the FMA pipe, 'r', the row max
- * as a tree, or 'v', the quad's max exchanged on a vote; or 't', the
- * trace (attention_trace_report prints it, and writes each record to `raw`
- * unless NULL). dh 64/128. */
+ * bounds 'x' (no softmax), 'k' (no K/V copies), 'xk', 'e' (no
+ * exponentials); or a trace, 't', 'tx', 'tk' or 'tp' (attention_trace_report
+ * prints it, and writes each record to `raw` unless NULL). dh 64/128. */
 int attention_v3(bk_stream *s, const char *off, const void *q, const void *k, const void *v,
                  const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                  int dh, void *o, bk_err *err);

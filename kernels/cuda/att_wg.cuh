@@ -84,23 +84,6 @@ __device__ __forceinline__ float att_ex2(float x)
     return y;
 }
 
-/* 2^x without the special-function unit, for the benchmark's candidate
- * ATTW_DG_FMA_EX2 (FA4 moves part of softmax's exponentials to the FMA
- * pipe this way; a quarter of them here lost 8% on the H200, NOTES.md, so
- * production does not use it): x clamped at -126
- * (the result's exponent field stays >= 0; -inf gives 2^-126, not 0),
- * round(x) by the 1.5 * 2^23 trick, 2^f for f = x - round(x) in
- * [-0.5, 0.5] by a degree-3 polynomial (relative error 7.7e-5, fitted for
- * relative error), round(x) added to the exponent bits. */
-__device__ __forceinline__ float att_ex2_fma(float x)
-{
-    x = fmaxf(x, -126.0f);
-    const float t = x + 12582912.0f;
-    const float f = x - (t - 12582912.0f);
-    const float p = fmaf(fmaf(fmaf(0.05508868f, f, 0.24260405f), f, 0.69327623f), f, 0.99992895f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 /* tanh on the special-function unit (max relative error about 2^-11: below
  * the bf16/fp16 rounding of P it feeds). HSTU's silu as
  * x sigmoid(x) = h + h tanh(h), h = x / 2: one SFU op per element, as
@@ -142,10 +125,7 @@ template <int DH> struct attw_cfg {
 #define ATTW_DG_NO_SOFTMAX 1
 #define ATTW_DG_NO_KV 2
 #define ATTW_DG_NO_EX2 4 /* the softmax without its exponentials (MUFU): P = the exponent */
-#define ATTW_DG_FMA_EX2 8 /* a quarter of the exponentials on the FMA pipe (att_ex2_fma) */
-#define ATTW_DG_TRACE 16  /* CTA 0 records when each step of its turns ends (att_trace) */
-#define ATTW_DG_MAX_TREE 32 /* the row max as a tree of depth 5, not a chain of 16 (candidate) */
-#define ATTW_DG_MAX_VOTE 64 /* the quad's max exchanged only when some lane's passes the slack (candidate) */
+#define ATTW_DG_TRACE 8  /* CTA 0 records when each step of its turns ends (att_trace) */
 
 #ifdef IKBO_ATT_TRACE
 /* ATTW_DG_TRACE's record (benchmark only: the translation unit that defines
@@ -424,44 +404,13 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             return;
         }
         float mx[2] = {-INFINITY, -INFINITY};
-        if (DG & ATTW_DG_MAX_TREE) {
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float m[BN / 8];
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-                    m[j] = fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
-#pragma unroll
-                for (int j = 0; j < BN / 16; j++)
-                    m[j] = fmaxf(m[j], m[j + BN / 16]);
-#pragma unroll
-                for (int j = 0; j < BN / 32; j++)
-                    m[j] = fmaxf(m[j], m[j + BN / 32]);
-#pragma unroll
-                for (int j = 0; j < BN / 64; j++)
-                    m[j] = fmaxf(m[j], m[j + BN / 64]);
-                mx[r] = fmaxf(m[0], m[1]);
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-            }
+        for (int j = 0; j < BN / 8; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
-        /* ATTW_DG_MAX_VOTE: if no lane's own max passes its row's running
-         * max by the slack, neither does the row's, and no row moves: the
-         * shuffles are skipped (the same result bit for bit). */
-        const bool exch =
-            !(DG & ATTW_DG_MAX_VOTE) ||
-            __any_sync(0xffffffffu, mx[0] * scale_log2 > mrow[0] + ATTW_MAX_SLACK ||
-                                        mx[1] * scale_log2 > mrow[1] + ATTW_MAX_SLACK);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            if (!exch) {
-                corr[r] = 1.0f;
-                continue;
-            }
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             /* The running max moves only when the block's max passes it by
@@ -485,9 +434,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 const float e = fmaf(s[4 * j + x], scale_log2, -mrow[x >> 1]);
-                float p = (DG & ATTW_DG_NO_EX2)                       ? e
-                          : ((DG & ATTW_DG_FMA_EX2) && (j & 3) == 3) ? att_ex2_fma(e)
-                                                                      : att_ex2(e);
+                float p = (DG & ATTW_DG_NO_EX2) ? e : att_ex2(e);
                 s[4 * j + x] = p;
                 ls[x >> 1] += p;
             }
