@@ -25,7 +25,9 @@
  * (directly or through reshape/flatten views) writes its rows straight into
  * its columns of the stack's buffer (row stride = the stack's width), and
  * the stack copies only its other inputs. In the bench model that removes
- * the copy of 85% of E_cand, the largest copy of a batch.
+ * the copy of 85% of E_cand, the largest copy of a batch. A target_attention
+ * read only by a stack writes its Tq output tokens there too (its output
+ * projection as a grouped linear, be->linear_grouped): another 7% of E_cand.
  *
  * Embedding bags: embedding_bag layers (OP_QUEUED) queue their bags and
  * run as one be->embedding_bags call. Those that read only request inputs
@@ -63,7 +65,8 @@ struct ikbo_model {
     bk_weight **table_w; /* [n_tables] */
     bk_weight *(*layer_w)[MD_MAX_WEIGHTS]; /* [n_layers][4] */
     /* [n_layers]: the stack a layer writes its output into (its only
-     * reader), -1 = its own buffer; and its first column there. */
+     * reader, or for a stack, the one that is not an OP_READS_PITCHED
+     * input), -1 = its own buffer; and its first column there. */
     int *into, *into_col;
     /* [n_layers]: a self_attention's fused target_attention, and a
      * target_attention's self_attention that computed it; -1 none. */
@@ -151,10 +154,31 @@ static int producer(const model_def *d, md_ref r)
     return -1;
 }
 
+/* A stack p may live inside the stack s that reads it: read directly (no
+ * view) by s once, and otherwise only as input 0 of OP_READS_PITCHED
+ * layers (they read it with its row stride, value.ld), never the logits. */
+static int gatherer_placeable(const model_def *d, int p, int s)
+{
+    if (p == d->logits_layer) return 0;
+    int by_s = 0;
+    for (int j = p + 1; j < d->n_layers; j++)
+        for (int k = 0; k < d->layers[j].n_in; k++) {
+            md_ref q = d->layers[j].in[k];
+            if (q.src != MD_SRC_LAYER || q.index != p) continue;
+            if (j == s)
+                by_s++;
+            else if (k != 0 || !(md_ops[d->layers[j].op]->flags & OP_READS_PITCHED))
+                return 0;
+        }
+    return by_s == 1;
+}
+
 /* Which layers write straight into a stack or concat (see the file comment):
- * a vector output of an OP_PLACED op (linear, embedding_bag) of the
- * gatherer's domain, read once, through views each read once. Gatherers
- * keep their own buffers, so placements never nest. */
+ * a vector output of an OP_PLACED op (linear, embedding_bag) or a tokens
+ * output of an OP_PLACED_TOKENS op (target_attention) of the gatherer's
+ * domain, read once, through views each read once; and a stack read by
+ * another (gatherer_placeable), whose own placed inputs then land in the
+ * outer stack's rows. */
 static int plan_in_place(ikbo_model *m)
 {
     const model_def *d = m->def;
@@ -179,12 +203,17 @@ static int plan_in_place(ikbo_model *m)
         for (int k = 0; k < st->n_in; k++) {
             md_ref r = st->in[k];
             int p = producer(d, r);
-            int ok = p >= 0 && m->into[p] < 0 && d->layers[p].domain == st->domain &&
-                     (md_ops[d->layers[p].op]->flags & OP_PLACED) &&
-                     d->layers[p].kind == MD_VEC;
-            for (md_ref q = r; ok; q = d->layers[q.index].in[0]) {
-                ok = uses[q.index] == 1;
-                if (q.index == p) break;
+            int fl = p >= 0 ? md_ops[d->layers[p].op]->flags : 0;
+            int ok = p >= 0 && m->into[p] < 0 && d->layers[p].domain == st->domain;
+            if (ok && (fl & OP_GATHERS)) {
+                ok = r.index == p && gatherer_placeable(d, p, s);
+            } else {
+                ok = ok && (((fl & OP_PLACED) && d->layers[p].kind == MD_VEC) ||
+                            ((fl & OP_PLACED_TOKENS) && d->layers[p].kind == MD_TOKENS));
+                for (md_ref q = r; ok; q = d->layers[q.index].in[0]) {
+                    ok = uses[q.index] == 1;
+                    if (q.index == p) break;
+                }
             }
             if (ok) {
                 m->into[p] = s;
@@ -729,14 +758,24 @@ void *op_out_like(op_run *r, int k)
     return r->out->p = op_out(r, (size_t)r->out->rows, (size_t)md_layer_width(r->l));
 }
 
+/* Gatherer s's rows: its own buffer, or its columns of the outermost
+ * gatherer it is placed in (*ld: that one's width). */
+static char *gather_rows(ikbo_ctx *c, int s, int rows, int *ld)
+{
+    size_t col = 0;
+    for (; c->m->into[s] >= 0; s = c->m->into[s]) col += (size_t)c->m->into_col[s];
+    *ld = md_layer_width(&c->m->def->layers[s]);
+    char *base = stack_base(c, s, rows);
+    return c->dry ? NULL : base + col * c->m->be->act_size;
+}
+
 void *op_out_placed(op_run *r, int rows, int width, int *ld)
 {
     ikbo_ctx *c = r->c;
     int s = c->m->into[r->li];
     *ld = width;
     if (s < 0) return op_out(r, (size_t)rows, (size_t)width);
-    *ld = md_layer_width(&r->d->layers[s]);
-    char *base = stack_base(c, s, rows);
+    char *base = gather_rows(c, s, rows, ld);
     return c->dry ? NULL : base + (size_t)c->m->into_col[r->li] * c->m->be->act_size;
 }
 
@@ -747,7 +786,7 @@ const void *op_broadcast(op_run *r, const void *src, int width)
 
 void op_avoided(op_run *r, size_t rows, size_t width) { avoided(r->c, rows, width); }
 
-void *op_gather_base(op_run *r) { return stack_base(r->c, r->li, r->rows); }
+void *op_gather_base(op_run *r, int *ld) { return gather_rows(r->c, r->li, r->rows, ld); }
 
 int op_in_placed(const op_run *r, int k)
 {
@@ -804,6 +843,7 @@ static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
     r.out->p = NULL;
     r.out->rows = r.rows;
     r.out->offsets = NULL;
+    r.out->ld = 0;
     return md_ops[l->op]->run(&r);
 }
 

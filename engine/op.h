@@ -110,6 +110,9 @@ typedef struct value {
     void *p;
     int rows;               /* U, C, or event rows for jagged */
     const int64_t *offsets; /* jagged: backend offsets [U+1]  */
+    int ld;                 /* row stride in elements when the value's rows sit
+                               inside a wider gatherer's (a stack placed in the
+                               stack that reads it); 0: its own width */
 } value;
 
 /* What a batch's forward pass shares (engine.c fills it). */
@@ -162,16 +165,17 @@ void *op_out(op_run *r, size_t rows, size_t width);
 void *op_out_like(op_run *r, int k);
 /* Where a layer that may write in place writes: its own buffer (*ld =
  * width) or its columns of the stack/concat that reads it (*ld = that
- * row width). */
+ * row width; the outermost one's when that stack is itself placed). */
 void *op_out_placed(op_run *r, int rows, int width, int *ld);
 /* Broadcast mode: a dense user tensor copied to C rows (non-NULL in the dry
  * pass too; NULL on failure). */
 const void *op_broadcast(op_run *r, const void *src, int width);
 /* IKBO mode: records rows x width activations broadcast mode would have copied. */
 void op_avoided(op_run *r, size_t rows, size_t width);
-/* A gathering op's (stack, concat) buffer for this pass; in-place producers
- * already wrote their columns. */
-void *op_gather_base(op_run *r);
+/* A gathering op's (stack, concat) rows for this pass, *ld their stride:
+ * its own buffer, or its columns of the stack it is placed in. In-place
+ * producers already wrote their columns. */
+void *op_gather_base(op_run *r, int *ld);
 /* True when input k of a gathering layer was written in place. */
 int op_in_placed(const op_run *r, int k);
 /* Input k of another layer li (one that runs later: a fused launch). */
@@ -206,6 +210,10 @@ enum {
     OP_INTERNAL = 8,  /* written by the auto planner only, not accepted in model.json */
     OP_QUEUED = 16,   /* run queues its backend call (op_queue_bag): a run of such
                          layers is launched as one, before the next other layer */
+    OP_PLACED_TOKENS = 32, /* a tokens output may be written into a gathering reader
+                              (its rows of Tq*D inside the reader's wider rows) */
+    OP_READS_PITCHED = 64, /* input 0 may be pitched (value.ld): a stack read by it may
+                              sit inside the stack that also reads it */
 };
 
 /* FLOPs of one layer per user row (u) and per candidate row (c) as the

@@ -7,6 +7,7 @@
  * misconfigured server fails loudly instead of silently running on the CPU.
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,4 +84,29 @@ int bk_bags_check(const bk_bag *bags, int n, bk_err *err)
         return -1;
     }
     return 0;
+}
+
+int bk_grouped_check(int in, int out, int ldx, int64_t gx, int groups, int g, enum bk_act act,
+                     int ldy, int64_t gy, bk_err *err)
+{
+    if (groups < 0 || g < 0 || (g > 0 && groups > INT32_MAX / g)) {
+        bk_seterr(err, "linear_grouped: %d groups of %d rows", groups, g);
+        return -1;
+    }
+    if (act != BK_ACT_NONE && act != BK_ACT_RELU) {
+        bk_seterr(err, "linear_grouped: activation %d (only none and relu)", (int)act);
+        return -1;
+    }
+    if (ldx < in || ldy < out) {
+        bk_seterr(err, "linear_grouped: row strides %d/%d below widths %d/%d", ldx, ldy, in,
+                  out);
+        return -1;
+    }
+    if (groups > 1 && g > 0 &&
+        (gx < (int64_t)(g - 1) * ldx + in || gy < (int64_t)(g - 1) * ldy + out)) {
+        bk_seterr(err, "linear_grouped: group strides %lld/%lld overlap %d rows of %d/%d",
+                  (long long)gx, (long long)gy, g, ldx, ldy);
+        return -1;
+    }
+    return gx == (int64_t)g * ldx && gy == (int64_t)g * ldy;
 }

@@ -281,6 +281,17 @@ struct bk_backend {
     int (*linear)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                   const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 
+    /* linear over row groups, for a block of tokens that sits inside wider
+     * rows (a layer writing its tokens straight into a stack): rows =
+     * groups * g; row j of group i reads x + i*gx + j*ldx and writes
+     * y + i*gy + j*ldy (offsets in elements), each row exactly as linear
+     * computes it. act NONE or RELU. Groups must not overlap (gy >=
+     * (g-1)*ldy + out), nor y overlap x. With gx = g*ldx and gy = g*ldy it
+     * is linear over groups*g rows. */
+    int (*linear_grouped)(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
+                          const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,
+                          int ldy, int64_t gy, bk_err *err);
+
     /* IKBO linear compression: for candidate c,
      *   Z[c] = w_user @ Eu[map[c]] + w_cand @ Ec[c]
      * Eu [nu, Ku*D], Ec [nc, Kc*D], Z [nc, M*D], w_user [M, Ku], w_cand [M, Kc].
@@ -371,6 +382,12 @@ static inline int bk_parse_device(const char *s, int *ordinal)
 /* embedding_bags' shared argument check: 1 <= n <= BK_MAX_BAGS, bags
  * non-NULL. 0, or -1 with err set. */
 int bk_bags_check(const bk_bag *bags, int n, bk_err *err);
+/* linear_grouped's arguments (both backends) for a weight [out, in]:
+ * counts >= 0, act NONE or RELU, strides that keep rows and groups apart.
+ * 1: valid and uniform (gx = g*ldx, gy = g*ldy: plain linear over groups*g
+ * rows), 0: valid, -1: error set. */
+int bk_grouped_check(int in, int out, int ldx, int64_t gx, int groups, int g, enum bk_act act,
+                     int ldy, int64_t gy, bk_err *err);
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms

@@ -16,7 +16,7 @@
  * shapes beside cuBLAS's GemmEx. Times: the median of 30 runs after 5
  * warm-ups, CUDA events on the op's stream. A short table is printed last.
  *
- *   bench_ops [--dtype bf16|fp16|fp32] [--quick]
+ *   bench_ops [--dtype bf16|fp16|fp32] [--quick] [--proj]   (--proj: only the attention projections)
  */
 #include <algorithm>
 #include <functional>
@@ -322,17 +322,80 @@ static void bench_linear()
     cublasDestroy(h);
 }
 
+/* The target attention's projections at the bench model's 16 x 70 shapes
+ * (C 1120, Tq 64, D = H dh = 256, Kc 872, 16 users x L 1024 events), and
+ * what placing them would cost: Wo's output written straight into its
+ * tokens of E_cand (a strided batch over candidates: Tq rows each, batch
+ * stride Kc D) against today's contiguous GEMM plus the stack's copy; Q read
+ * from X's tokens inside E_cand the same way; K and V as one N = 512 GEMM
+ * against two of N = 256. */
+static void bench_proj()
+{
+    const int C = 1120, tq = 64, D = 256, kc = 872, ev = 16 * 1024;
+    const long rows = (long)C * tq;
+    cudaDataType_t ty;
+    cublasHandle_t h = blas_on_stream(&ty);
+    bufs b;
+    void *x = b.act((size_t)rows * D), *y = b.act((size_t)rows * D),
+         *e = b.act((size_t)C * kc * D), *hist = b.act((size_t)ev * D),
+         *kv = b.act((size_t)ev * 2 * D);
+    bk_weight *w = weight(D, D, 21), *w2 = weight(2 * D, D, 22);
+    double io = 2.0 * rows * D * es, flops = 2.0 * rows * D * D;
+    char sh[96];
+    snprintf(sh, sizeof sh, "%ld x %d > %d", rows, D, D);
+    double lin = median_us([&] { BK(be->linear(bs, x, D, (int)rows, w, NULL, BK_ACT_NONE, y, D, &berr)); });
+    report("proj linear", sh, lin, io, flops);
+    double cp = median_us([&] {
+        BK(be->copy_rows(bs, y, tq * D, NULL, C, tq * D, (char *)e + (size_t)tq * D * es, kc * D, &berr));
+    });
+    report("proj copy", "Tq tokens into E_cand", cp, io, 0);
+    report("proj sum", "linear + copy", lin + cp, 2 * io, flops);
+    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    /* Y_c^T (D x Tq, col-major, ld D) = W x X_c^T, batch stride Kc D in E. */
+    double pl = median_us([&] {
+        st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, D, tq, D, &one, w->data, ty,
+                                        w->ld, 0, x, ty, D, (long long)tq * D, &zero,
+                                        (char *)e + (size_t)tq * D * es, ty, D, (long long)kc * D,
+                                        C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+    if (st == CUBLAS_STATUS_SUCCESS)
+        report("proj placed out", "batched over C, into E_cand", pl, io, flops);
+    double pi = median_us([&] {
+        st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, D, tq, D, &one, w->data, ty,
+                                        w->ld, 0, e, ty, D, (long long)kc * D, &zero, y, ty, D,
+                                        (long long)tq * D, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    });
+    if (st == CUBLAS_STATUS_SUCCESS)
+        report("proj placed in", "batched over C, from E_cand", pi, io, flops);
+    double kv_io = 3.0 * ev * D * es, kv_fl = 4.0 * ev * D * D;
+    snprintf(sh, sizeof sh, "%d x %d > %d, twice", ev, D, D);
+    double k2 = median_us([&] {
+        BK(be->linear(bs, hist, D, ev, w, NULL, BK_ACT_NONE, kv, D, &berr));
+        BK(be->linear(bs, hist, D, ev, w, NULL, BK_ACT_NONE, (char *)kv + (size_t)ev * D * es, D, &berr));
+    });
+    report("K,V linears", sh, k2, kv_io + ev * D * es, kv_fl);
+    snprintf(sh, sizeof sh, "%d x %d > %d", ev, D, 2 * D);
+    double k1 = median_us([&] { BK(be->linear(bs, hist, D, ev, w2, NULL, BK_ACT_NONE, kv, 2 * D, &berr)); });
+    report("K|V one linear", sh, k1, kv_io, kv_fl);
+    be->weight_free(be, w);
+    be->weight_free(be, w2);
+    cublasDestroy(h);
+}
+
 int main(int argc, char **argv)
 {
     const char *dtype = "bf16";
-    int quick = 0;
+    int quick = 0, proj = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
             dtype = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--proj"))
+            proj = 1;
         else {
-            fprintf(stderr, "usage: %s [--dtype bf16|fp16|fp32] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--dtype bf16|fp16|fp32] [--quick] [--proj]\n", argv[0]);
             return 2;
         }
     }
@@ -347,9 +410,14 @@ int main(int argc, char **argv)
         return 2;
     ceilings(h);
     cublasDestroy(h);
+    table.push_back("-- the attention's projections, placed or not (bench model, 16 x 70)");
+    bench_proj();
     table.push_back("-- linear with short input rows (bench model shapes)");
-    bench_linear();
+    if (!proj)
+        bench_linear();
     for (int U : {16, 1024}) {
+        if (proj)
+            break;
         table.push_back("-- " + std::to_string(U) + " users x 70 candidates");
         bench_users(U, quick);
     }

@@ -74,6 +74,16 @@ static int query_history(op_plan *p, const char *op, md_shape s, md_shape sb, in
 
 /* ---- target_attention ---- */
 
+/* Q = query Wq^T at C*tq rows of width D into q_out [C*tq, hd]. The query
+ * may sit inside the stack that also reads it (value.ld, OP_READS_PITCHED):
+ * then each candidate's tq tokens are one group of rows. */
+static int query_proj(op_run *r, value q, int D, int tq, int hd, const bk_weight *wq, void *q_out)
+{
+    int64_t gx = q.ld ? q.ld : (int64_t)tq * D;
+    return r->be->linear_grouped(r->s, q.p, D, gx, r->C, tq, wq, NULL, BK_ACT_NONE, q_out, hd,
+                                 (int64_t)tq * hd, r->err);
+}
+
 static int plan_target_attention(op_plan *p)
 {
     md_shape s, sb;
@@ -114,12 +124,13 @@ static int run_target_attention(op_run *r)
     bk_backend *be = r->be;
     /* What the baseline copies: the history and its K and V, per candidate. */
     op_avoided(r, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
-    void *out = r->out->p = op_out(r, (size_t)C, (size_t)md_layer_width(l));
+    int ld; /* a candidate's row: tq*D, or the stack's width when placed (OP_PLACED_TOKENS) */
+    void *out = r->out->p = op_out_placed(r, C, tq * D, &ld);
     if (op_fuse(r) >= 0) {
         /* Computed in the self_attention's launch; only Wo is left. */
         void **aux = op_aux(r, l->shared);
-        OP_TRY(r, be->linear(r->s, aux ? aux[AUX_TO] : NULL, hd, C * tq, w[3], NULL,
-                             BK_ACT_NONE, out, D, r->err));
+        OP_TRY(r, be->linear_grouped(r->s, aux ? aux[AUX_TO] : NULL, hd, (int64_t)tq * hd, C, tq,
+                                     w[3], NULL, BK_ACT_NONE, out, D, ld, r->err));
         return 0;
     }
     const void *hp = h.p;
@@ -154,9 +165,10 @@ static int run_target_attention(op_run *r)
         K = k;
         V = v;
     }
-    OP_TRY(r, be->linear(r->s, q.p, D, C * tq, w[0], NULL, BK_ACT_NONE, Q, hd, r->err));
+    OP_TRY(r, query_proj(r, q, D, tq, hd, w[0], Q));
     OP_TRY(r, be->attention(r->s, Q, K, V, hoff, nu, map, C, tq, H, dh, O, r->err));
-    OP_TRY(r, be->linear(r->s, O, hd, C * tq, w[3], NULL, BK_ACT_NONE, out, D, r->err));
+    OP_TRY(r, be->linear_grouped(r->s, O, hd, (int64_t)tq * hd, C, tq, w[3], NULL, BK_ACT_NONE,
+                                 out, D, ld, r->err));
     return 0;
 }
 
@@ -171,7 +183,9 @@ static md_cost cost_target_attention(const model_def *m, const md_layer *l)
     return (md_cost){.u = kv, .c = 4.0 * tq * D * hd + 4.0 * tq * L * hd};
 }
 
-const md_op_def md_op_target_attention = {"target_attention", ta_keys, 0, plan_target_attention,
+const md_op_def md_op_target_attention = {"target_attention", ta_keys,
+                                          OP_PLACED_TOKENS | OP_READS_PITCHED,
+                                          plan_target_attention,
                                           run_target_attention, NULL,
     cost_target_attention};
 
@@ -214,8 +228,7 @@ static int run_self_attention(op_run *r)
         a.map = f->map;
         a.nc = r->C;
         a.tq_tokens = tl->tokens;
-        OP_TRY(r, be->linear(r->s, tqv.p, D, r->C * tl->tokens, r->w[0], NULL, BK_ACT_NONE,
-                             (void *)a.tq, hd, r->err));
+        OP_TRY(r, query_proj(r, tqv, D, tl->tokens, hd, r->w[0], (void *)a.tq));
     }
     OP_TRY(r, be->linear(r->s, x.p, D, ev, r->w[0], NULL, BK_ACT_NONE, Q, hd, r->err));
     OP_TRY(r, be->linear(r->s, x.p, D, ev, r->w[1], NULL, BK_ACT_NONE, K, hd, r->err));

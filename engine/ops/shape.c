@@ -120,9 +120,10 @@ out:
 static int run_gather(op_run *r)
 {
     const md_layer *l = r->l;
-    int width = md_layer_width(l);
+    int width = md_layer_width(l), ld;
     size_t col = 0;
-    r->out->p = op_gather_base(r);
+    r->out->p = op_gather_base(r, &ld);
+    r->out->ld = ld != width ? ld : 0; /* placed in the stack that reads it */
     for (int k = 0; k < l->n_in; k++) {
         value in = op_in(r, k);
         int wi = op_in_width(r, k);
@@ -138,7 +139,7 @@ static int run_gather(op_run *r)
         }
         if (!op_in_placed(r, k))
             OP_TRY(r, r->be->copy_rows(r->s, src, wi, map, r->rows, wi,
-                                       (char *)r->out->p + col * r->be->act_size, width, r->err));
+                                       (char *)r->out->p + col * r->be->act_size, ld, r->err));
         col += (size_t)wi;
     }
     return 0;

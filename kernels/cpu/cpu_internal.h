@@ -125,6 +125,9 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
                           const int64_t *offsets, int n, void *out, bk_err *err);
 int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+int cpu_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
+                       const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,
+                       int ldy, int64_t gy, bk_err *err);
 int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
             const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
             void *z, bk_err *err);

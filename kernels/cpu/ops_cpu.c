@@ -310,6 +310,38 @@ int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *
     return 0;
 }
 
+/* Each group is one linear call: a row's result does not depend on the rows
+ * around it (cpu_internal.h's determinism contract), so grouped rows equal
+ * contiguous ones bit for bit. */
+int cpu_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
+                       const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,
+                       int ldy, int64_t gy, bk_err *err)
+{
+    if (!w) {
+        bk_seterr(err, "linear_grouped: weight is NULL");
+        return -1;
+    }
+    int uni = bk_grouped_check(w->cols, w->rows, ldx, gx, groups, g, act, ldy, gy, err);
+    if (uni < 0)
+        return -1;
+    if (uni || groups <= 1)
+        return cpu_linear(s, x, ldx, groups * g, w, bias, act, y, ldy, err);
+    if (!x || !y) {
+        bk_seterr(err, "linear_grouped: NULL input or output");
+        return -1;
+    }
+    if (overlap(x, ((size_t)(groups - 1) * gx + (size_t)(g - 1) * ldx + w->cols) * sizeof(float),
+                y, ((size_t)(groups - 1) * gy + (size_t)(g - 1) * ldy + w->rows) * sizeof(float))) {
+        bk_seterr(err, "linear_grouped: output overlaps input");
+        return -1;
+    }
+    for (int i = 0; i < groups; i++)
+        if (cpu_linear(s, (const float *)x + i * gx, ldx, g, w, bias, act, (float *)y + i * gy,
+                       ldy, err))
+            return -1;
+    return 0;
+}
+
 /* ---- lce ---- */
 
 /* out[M, D] = A[M, K] @ B[K, D] (+ addend[M, D] when given), every element a

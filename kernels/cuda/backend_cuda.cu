@@ -1646,9 +1646,10 @@ __global__ void k_bias_rows(T *y, int ldy, size_t rows, int width, const T *bias
 
 /* Largest power of two (<= 256) dividing both the address and the row pitch:
  * what cuBLASLt may assume about every row of the operand. */
-static int align_of(const void *p, int ld, size_t es)
+static int align_of(const void *p, int ld, size_t es, int64_t batch_stride = 0)
 {
-    uintptr_t v = (uintptr_t)p | (uintptr_t)((size_t)ld * es) | 256;
+    uintptr_t v = (uintptr_t)p | (uintptr_t)((size_t)ld * es) |
+                  (uintptr_t)((size_t)batch_stride * es) | 256;
     return (int)(v & (~v + 1));
 }
 
@@ -1726,6 +1727,20 @@ static int algo_plan(bk_stream *s, cu_algo_entry *e, const void *bias, const voi
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->la, ty, e->k, e->m, e->lda), "layout W");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->lb, ty, e->k, e->n, e->ldb), "layout x");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->ld, ty, e->m, e->n, e->ldd), "layout y");
+    if (e->batch > 1) { /* linear_grouped: W shared (stride 0), x and y strided */
+        int32_t nb = e->batch;
+        int64_t s0 = 0;
+        cublasLtMatrixLayout_t lay[3] = {e->la, e->lb, e->ld};
+        const int64_t *st[3] = {&s0, &e->sb, &e->sd};
+        for (int i = 0; i < 3; i++) {
+            BLAS_TRY(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &nb, sizeof nb),
+                     "batch count");
+            BLAS_TRY(cublasLtMatrixLayoutSetAttribute(
+                         lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, st[i], sizeof *st[i]),
+                     "batch stride");
+        }
+    }
     BLAS_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference");
     BLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &s->ws_size, sizeof s->ws_size),
@@ -1775,6 +1790,67 @@ fail:
     return -1;
 }
 
+/* y = act(x W^T + b) through cuBLASLt: rows x rows (per batch), batch > 1 a
+ * strided batch (x and y batch strides sx, sy; W shared). The shape's plan
+ * is made on its first call and kept in the stream's cache (cu_algo_entry).
+ * The epilogue applies bias and relu; other activations are the caller's. */
+static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows, int batch,
+                     const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
+                     int64_t sy, bk_err *err)
+{
+    size_t es = s->be->act_size;
+    cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                        : CUBLASLT_EPILOGUE_BIAS)
+                                  : (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU
+                                                        : CUBLASLT_EPILOGUE_DEFAULT);
+    cu_algo_entry key = {};
+    key.valid = 1;
+    key.m = w->rows;
+    key.n = rows;
+    key.k = w->cols;
+    key.lda = w->ld;
+    key.ldb = ldx;
+    key.ldd = ldy;
+    key.epi = (int)epi;
+    key.align_a = align_of(w->data, w->ld, es);
+    key.align_b = align_of(x, ldx, es, sx);
+    key.align_d = align_of(y, ldy, es, sy);
+    key.dtype = (int)cu_dt(s);
+    key.batch = batch;
+    key.sb = batch > 1 ? sx : 0;
+    key.sd = batch > 1 ? sy : 0;
+    cu_algo_entry *hit = NULL;
+    for (int i = 0; i < CU_ALGO_CACHE && !hit; i++) {
+        cu_algo_entry *e = &s->algos[i];
+        if (e->valid && e->m == key.m && e->n == key.n && e->k == key.k && e->lda == key.lda &&
+            e->ldb == key.ldb && e->ldd == key.ldd && e->epi == key.epi &&
+            e->align_a == key.align_a && e->align_b == key.align_b &&
+            e->align_d == key.align_d && e->dtype == key.dtype && e->batch == key.batch &&
+            e->sb == key.sb && e->sd == key.sd)
+            hit = e;
+    }
+    if (!hit) {
+        if (algo_plan(s, &key, bias ? bias->data : NULL, w->data, x, y, err))
+            return -1;
+        hit = &s->algos[s->algo_next];
+        s->algo_next = (s->algo_next + 1) % CU_ALGO_CACHE;
+        algo_release(hit);
+        *hit = key;
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    if (bias) {
+        /* Layers of one shape share a plan; the bias is each call's own. */
+        const void *bp = bias->data;
+        if (blas_check(cublasLtMatmulDescSetAttribute(hit->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &bp, sizeof bp),
+                       err, "bias"))
+            return -1;
+    }
+    return blas_check(cublasLtMatmul(s->lt, hit->op, &alpha, w->data, hit->la, x, hit->lb, &beta,
+                                     y, hit->ld, y, hit->ld, &hit->algo, s->ws, s->ws_size, s->st),
+                      err, "matmul");
+}
+
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
@@ -1801,7 +1877,6 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
     if (cu_enter(s, err))
         return -1;
     enum cu_dtype dt = cu_dt(s);
-    size_t es = s->be->act_size;
     if (in == 0) {
         size_t total = (size_t)rows * out;
         CU_DISPATCH(dt, (k_bias_rows<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
@@ -1813,47 +1888,53 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         return cu_linear_tk(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else if (cu_linear_small_fits(rows, w)) {
         return cu_linear_small(s, x, ldx, rows, w, bias, act, y, ldy, err);
-    } else {
-        cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                                            : CUBLASLT_EPILOGUE_BIAS)
-                                      : (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU
-                                                            : CUBLASLT_EPILOGUE_DEFAULT);
-        int aa = align_of(w->data, w->ld, es), ab = align_of(x, ldx, es), ad = align_of(y, ldy, es);
-        cu_algo_entry key = {1, out, rows, in, w->ld, ldx, ldy, (int)epi, aa, ab, ad, (int)dt,
-                             NULL, NULL, NULL, NULL, {}};
-        cu_algo_entry *hit = NULL;
-        for (int i = 0; i < CU_ALGO_CACHE && !hit; i++) {
-            cu_algo_entry *e = &s->algos[i];
-            if (e->valid && e->m == key.m && e->n == key.n && e->k == key.k && e->lda == key.lda &&
-                e->ldb == key.ldb && e->ldd == key.ldd && e->epi == key.epi &&
-                e->align_a == key.align_a && e->align_b == key.align_b &&
-                e->align_d == key.align_d && e->dtype == key.dtype)
-                hit = e;
-        }
-        if (!hit) {
-            if (algo_plan(s, &key, bias ? bias->data : NULL, w->data, x, y, err))
-                return -1;
-            hit = &s->algos[s->algo_next];
-            s->algo_next = (s->algo_next + 1) % CU_ALGO_CACHE;
-            algo_release(hit);
-            *hit = key;
-        }
-        float alpha = 1.0f, beta = 0.0f;
-        if (bias) {
-            /* Layers of one shape share a plan; the bias is each call's own. */
-            const void *bp = bias->data;
-            if (blas_check(cublasLtMatmulDescSetAttribute(hit->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                          &bp, sizeof bp),
-                           err, "bias"))
-                return -1;
-        }
-        if (blas_check(cublasLtMatmul(s->lt, hit->op, &alpha, w->data, hit->la, x, hit->lb, &beta,
-                                      y, hit->ld, y, hit->ld, &hit->algo, s->ws, s->ws_size, s->st),
-                       err, "matmul"))
-            return -1;
+    } else if (lt_linear(s, x, ldx, 0, rows, 1, w, bias, act, y, ldy, 0, err)) {
+        return -1;
     }
     /* What the epilogue lacks: sigmoid, exact gelu, silu, tanh (elementwise.cu). */
     return act == BK_ACT_RELU ? 0 : cu_act_rows(s, y, ldy, rows, out, act, err);
+}
+
+/* linear_grouped: plain linear when the groups are evenly spaced, else one
+ * cuBLASLt strided batch over the groups (measured against the contiguous
+ * GEMM plus the stack's copy it replaces: bench_ops --proj). */
+static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups,
+                               int g, const bk_weight *w, const bk_weight *bias, enum bk_act act,
+                               void *y, int ldy, int64_t gy, bk_err *err)
+{
+    if (!w) {
+        bk_seterr(err, "linear_grouped: weight is NULL");
+        return -1;
+    }
+    int uni = bk_grouped_check(w->cols, w->rows, ldx, gx, groups, g, act, ldy, gy, err);
+    if (uni < 0)
+        return -1;
+    if (uni || groups <= 1)
+        return cuda_linear(s, x, ldx, groups * g, w, bias, act, y, ldy, err);
+    int out = w->rows, in = w->cols;
+    cu_prof_scope prof_(s, s->prof ? prof_shape_name(s->prof, "linear grouped", groups * g, in, out)
+                                   : "linear grouped");
+    if (g == 0 || out == 0)
+        return 0;
+    if (bias && bias->rows * bias->cols != out) {
+        bk_seterr(err, "linear_grouped: bias has %d values for %d outputs",
+                  bias->rows * bias->cols, out);
+        return -1;
+    }
+    if (prof_.on())
+        prof_.work(2.0 * groups * g * in * out,
+                   ((double)groups * g * (in + out) + (double)out * in + (bias ? out : 0)) *
+                       s->be->act_size);
+    if (cu_enter(s, err))
+        return -1;
+    if (in == 0) {
+        for (int i = 0; i < groups; i++)
+            if (cuda_linear(s, x, ldx, g, w, bias, act, (char *)y + i * gy * s->be->act_size,
+                            ldy, err))
+                return -1;
+        return 0;
+    }
+    return lt_linear(s, x, ldx, gx, g, groups, w, bias, act, y, ldy, gy, err);
 }
 
 /* ------------------------------------------------------------ profile ceilings
@@ -1942,7 +2023,7 @@ static int ceil_gemm(bk_stream *s, enum cu_dtype dt, double *fps, bk_err *err)
     float ms = 0, alpha = 1.0f, beta = 0.0f;
     int rc = -1;
     cu_algo_entry e = {1, n, n, n, n, n, n, (int)CUBLASLT_EPILOGUE_DEFAULT, 256, 256, 256, (int)dt,
-                       NULL, NULL, NULL, NULL, {}};
+                       1, 0, 0, NULL, NULL, NULL, NULL, {}};
     auto gemm = [&](bk_err *er) {
         return blas_check(cublasLtMatmul(s->lt, e.op, &alpha, w, e.la, x, e.lb, &beta, y, e.ld, y,
                                          e.ld, &e.algo, s->ws, s->ws_size, s->st),
@@ -2098,6 +2179,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->embedding_bags = cuda_embedding_bags;
     be->history_embedding = cuda_history_embedding;
     be->linear = cuda_linear;
+    be->linear_grouped = cuda_linear_grouped;
     be->lce = cuda_lce;
     be->attention = cuda_attention;
     be->self_attention = cuda_self_attention;

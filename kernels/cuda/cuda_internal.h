@@ -79,6 +79,8 @@ typedef struct cu_scratch {
 typedef struct cu_algo_entry {
     int valid;
     int m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, dtype;
+    int batch;          /* > 1: a strided batch (linear_grouped), W shared */
+    int64_t sb, sd;     /* x's and y's batch strides, elements */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;

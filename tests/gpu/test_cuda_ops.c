@@ -414,6 +414,57 @@ static void check_pads(const char *what, pair *out, size_t rows, size_t width, s
     free(g);
 }
 
+/* linear_grouped (a block of tokens inside wider rows): each group against
+ * the CPU's, and every element outside the groups' rows and columns keeps
+ * its poison. */
+static void test_linear_grouped(int groups, int g, int in, int out, int has_bias, int act,
+                                int ldx, int64_t gx, int ldy, int64_t gy)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    size_t nx = (size_t)groups * (size_t)gx, ny = (size_t)groups * (size_t)gy;
+    float *w = rand_vec((size_t)out * in, (float)(1.0 / sqrt(in)));
+    float *b = rand_vec((size_t)out, 0.5f);
+    float *x = rand_vec(nx, 1.0f);
+    wpair pw = weight_pair(w, out, in), pb = weight_pair(b, 1, out);
+    pair px = act_pair(x, nx);
+    pair py = out_pair(ny);
+    ok_or_die(cpu->linear_grouped(cs, px.c, ldx, gx, groups, g, pw.c, has_bias ? pb.c : NULL,
+                                  (enum bk_act)act, py.c, ldy, gy, &ec),
+              "cpu linear_grouped", &ec);
+    ok_or_die(gpu->linear_grouped(gs, px.g, ldx, gx, groups, g, pw.g, has_bias ? pb.g : NULL,
+                                  (enum bk_act)act, py.g, ldy, gy, &eg),
+              "gpu linear_grouped", &eg);
+    char what[160];
+    for (int i = 0; i < groups; i++) {
+        pair grp = {(float *)py.c + (size_t)i * gy, (char *)py.g + (size_t)i * gy * gpu->act_size,
+                    (size_t)g * ldy, 0};
+        snprintf(what, sizeof what, "linear_grouped %d x %d in %d out %d bias %d act %d, group %d",
+                 groups, g, in, out, has_bias, act, i);
+        compare(what, &grp, g, out, ldy);
+    }
+    float *h = xmalloc(ny * sizeof(float));
+    ok_or_die(gpu->download_f32(gs, h, py.g, ny, &eg), "download_f32", &eg);
+    size_t bad = 0;
+    for (size_t e = 0; e < ny; e++) {
+        size_t r = e % (size_t)gy;
+        bad += (r >= (size_t)g * ldy || (int)(r % (size_t)ldy) >= out) && !isnan(h[e]);
+    }
+    checks++;
+    if (bad) {
+        failures++;
+        printf("FAIL [%s %s] linear_grouped %d x %d: %zu values written outside the groups\n",
+               dtype_name, variant_label, groups, g, bad);
+    }
+    free(h);
+    pair_free(&px);
+    pair_free(&py);
+    wpair_free(&pw);
+    wpair_free(&pb);
+    free(w);
+    free(b);
+    free(x);
+}
+
 static void test_linear(int rows, int in, int out, int has_bias, int act, int padx, int pady)
 {
     bk_err ec = {{0}}, eg = {{0}};
@@ -802,6 +853,14 @@ static void suite_plain(void)
     test_linear(16, 64, 512, 1, 1, 0, 0);
     for (int act = 0; act < BK_ACT_COUNT; act++)
         test_linear(3 + 7 * act, 16, 256 + 8 * act, act % 2, act, act, 8 * (act % 2));
+    /* Grouped: the bench model's attention output into E_cand's tokens (1 x
+     * 70: 70 candidates of Tq 64 at Kc 872), its query read from them, and
+     * odd strides with bias and relu. */
+    test_linear_grouped(70, 64, 256, 256, 0, 0, 256, 64 * 256, 256, 872 * 256);
+    test_linear_grouped(70, 64, 256, 256, 0, 0, 256, 872 * 256, 256, 64 * 256);
+    test_linear_grouped(5, 3, 40, 24, 1, 1, 40, 3 * 40 + 8, 30, 3 * 30 + 7);
+    test_linear_grouped(33, 17, 64, 128, 1, 1, 72, 17 * 72 + 64, 128, 20 * 128);
+    test_linear_grouped(3, 2, 16, 24, 0, 0, 16, 32, 24, 48); /* uniform: plain linear */
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);

@@ -226,11 +226,13 @@ static float *score(ikbo_ctx *ctx, const ikbo_batch *b, size_t last[BK_TAG_COUNT
 
 /* Candidate-domain bytes the plan needs at C rows: every candidate tensor's
  * width, plus attention's Q and O. A user tensor at C would add to this.
- * c_item and c_d1 (8 each) have no buffers of their own: x_cand, their only
- * reader, is where they are written (engine.c, stacks in place). */
+ * Stacks in place (engine.c): c_item and c_d1 (8 each) are written into
+ * x_cand, their only reader; x_cand (16), read by e_cand and as the
+ * attention's query, lives in e_cand's rows; the attention's output (16)
+ * is written into e_cand too. */
 static size_t expected_cand_bytes(int C)
 {
-    size_t widths[] = {16 /* x_cand */, 16 /* ta out */, 32, 24, 8, 8, 2};
+    size_t widths[] = {32, 24, 8, 8, 2};
     size_t n = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
         n += (C * widths[i] * 4 + 255) / 256 * 256;

@@ -837,6 +837,67 @@ static void test_linear_errors(void **state)
     free_bufs(t);
 }
 
+/* linear_grouped: each group's rows equal linear's on those rows alone, bit
+ * for bit (the determinism contract); the gaps between groups keep their
+ * poison; strides that overlap and other activations are refused. */
+static void test_linear_grouped(void **state)
+{
+    T *t = *state;
+    for (int it = 0; it < 12; it++) {
+        new_case(t, "linear_grouped", it);
+        int groups = rint_(t, 1, 9), g = rint_(t, 1, 7), in = rint_(t, 1, 40),
+            out = rint_(t, 1, 30), ldx = in + (it % 2) * 3, ldy = out + (it % 3 == 1) * 2;
+        int64_t gx = (int64_t)g * ldx + (it % 4 >= 2 ? 5 : 0), gy = (int64_t)(g - 1) * ldy + out +
+                                                                    rint_(t, 0, 40);
+        enum bk_act act = it % 2 ? BK_ACT_RELU : BK_ACT_NONE;
+        size_t nx = (size_t)groups * gx, ny = (size_t)groups * gy;
+        float *x = rand_floats(t, nx, 1.0f), *w = rand_floats(t, (size_t)out * in, 1.0f),
+              *b = rand_floats(t, (size_t)out, 1.0f);
+        bk_weight *ww = wnew(t, w, out, in), *wb = it % 3 ? wnew(t, b, 1, out) : NULL;
+        void *dx = dfloats(t, x, nx, BK_TAG_CAND), *dy = dpoisoned(t, ny, BK_TAG_CAND),
+             *d1 = dpoisoned(t, (size_t)g * ldy, BK_TAG_CAND);
+        OK(t, t->be->linear_grouped(t->s, dx, ldx, gx, groups, g, ww, wb, act, dy, ldy, gy,
+                                    &t->err));
+        float *got = download(t, dy, ny);
+        for (int i = 0; i < groups; i++) {
+            OK(t, t->be->linear(t->s, (float *)dx + i * gx, ldx, g, ww, wb, act, d1, ldy, &t->err));
+            float *one = download(t, d1, (size_t)g * ldy);
+            for (int j = 0; j < g; j++)
+                assert_memory_equal(got + i * gy + (size_t)j * ldy, one + (size_t)j * ldy,
+                                    (size_t)out * sizeof(float));
+            free(one);
+        }
+        for (size_t e = 0; e < ny; e++) { /* outside every row's out columns: poison */
+            size_t r = e % (size_t)gy;
+            if (r >= (size_t)g * ldy || (int)(r % (size_t)ldy) >= out)
+                assert_true(is_poison(got[e]));
+        }
+        free(got), free(x), free(w), free(b);
+        free_bufs(t);
+    }
+    new_case(t, "linear_grouped_errors", 0);
+    float w[12] = {0};
+    bk_weight *ww = wnew(t, w, 3, 4);
+    float *dx = dpoisoned(t, 256, BK_TAG_CAND), *dy = dpoisoned(t, 256, BK_TAG_CAND);
+    assert_int_equal(t->be->linear_grouped(t->s, dx, 4, 8, 3, 2, ww, NULL, BK_ACT_NONE, dy, 3, 5,
+                                           &t->err),
+                     -1); /* gy 5 < (2-1)*3 + 3 */
+    assert_non_null(strstr(t->err.msg, "group strides"));
+    assert_int_equal(t->be->linear_grouped(t->s, dx, 4, 8, 3, 2, ww, NULL, BK_ACT_SIGMOID, dy, 3,
+                                           10, &t->err),
+                     -1);
+    assert_non_null(strstr(t->err.msg, "activation"));
+    assert_int_equal(t->be->linear_grouped(t->s, dx, 4, 8, 3, 2, NULL, NULL, BK_ACT_NONE, dy, 3,
+                                           10, &t->err),
+                     -1);
+    assert_non_null(strstr(t->err.msg, "weight is NULL"));
+    assert_int_equal(t->be->linear_grouped(t->s, dx, 4, 40, 3, 2, ww, NULL, BK_ACT_NONE, dx + 8, 3,
+                                           40, &t->err),
+                     -1);
+    assert_non_null(strstr(t->err.msg, "overlaps"));
+    free_bufs(t);
+}
+
 typedef struct pack_arg {
     bk_backend *be;
     const bk_weight *w;
@@ -1441,6 +1502,7 @@ int main(void)
         T_(test_mean_pool_random),
         T_(test_linear_random),
         T_(test_linear_errors),
+        T_(test_linear_grouped),
         T_(test_linear_shared_weight_threads),
         T_(test_lce_random),
         T_(test_lce_map_equals_broadcast),
