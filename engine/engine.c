@@ -27,7 +27,8 @@
  * the stack copies only its other inputs. In the bench model that removes
  * the copy of 85% of E_cand, the largest copy of a batch. A target_attention
  * read only by a stack writes its Tq output tokens there too (its output
- * projection as a grouped linear, be->linear_grouped): another 7% of E_cand.
+ * projection as a grouped linear, be->linear_grouped): another 7% of E_cand;
+ * and pool/mean_pool write their vector the same way (E_user's history mean).
  *
  * Embedding bags: embedding_bag layers (OP_QUEUED) queue their bags and
  * run as one be->embedding_bags call. Those that read only request inputs
@@ -174,7 +175,7 @@ static int gatherer_placeable(const model_def *d, int p, int s)
 }
 
 /* Which layers write straight into a stack or concat (see the file comment):
- * a vector output of an OP_PLACED op (linear, embedding_bag) or a tokens
+ * a vector output of an OP_PLACED op (linear, embedding_bag, pool) or a tokens
  * output of an OP_PLACED_TOKENS op (target_attention) of the gatherer's
  * domain, read once, through views each read once; and a stack read by
  * another (gatherer_placeable), whose own placed inputs then land in the

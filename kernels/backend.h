@@ -220,14 +220,15 @@ struct bk_backend {
                              const int32_t *actions, const int64_t *offsets, int n,
                              void *out, bk_err *err);
 
-    /* Pool each row's tokens or events to one [d] row, out [n, d].
+    /* Pool each row's tokens or events to one [d] row, out [n, ld >= d]
+     * (ld > d: the rows' columns of a wider output, such as a stack's).
      * Jagged (offsets != NULL): row r's events are rows [offsets[r],
      * offsets[r+1]) of x [*, d], k ignored. Tokens (offsets NULL): x [n, k*d],
      * k tokens of d per row. fn: SUM, MEAN, MAX, LAST (the last token/event);
      * an empty segment gives zeros for every fn. Reductions run in increasing
      * event order. */
     int (*pool)(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
-                enum bk_pool fn, void *out, bk_err *err);
+                enum bk_pool fn, void *out, int ld, bk_err *err);
 
     /* out[i] = act(x[i]) for i < n elements (act != NONE). out may alias x. */
     int (*activation)(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,

@@ -172,7 +172,7 @@ static void bench_users(int U, int quick)
         int k = 16;
         void *x = b.act((size_t)C * k * d), *o = b.act((size_t)C * d);
         for (int fn : {BK_POOL_SUM, BK_POOL_MAX}) {
-            double us = median_us([&] { BK(be->pool(bs, x, NULL, C, k, d, (enum bk_pool)fn, o, &berr)); });
+            double us = median_us([&] { BK(be->pool(bs, x, NULL, C, k, d, (enum bk_pool)fn, o, d, &berr)); });
             snprintf(sh, sizeof sh, "tokens C %d k %d d %d %s", C, k, d, fn ? "max" : "sum");
             report("pool", sh, us, (double)C * (k + 1) * d * es, 0);
         }
@@ -186,7 +186,7 @@ static void bench_users(int U, int quick)
         int64_t *doff = (int64_t *)be->alloc(be, (U + 1) * 8, BK_TAG_INDEX, &berr);
         BK(!doff || be->upload(bs, doff, off.data(), (U + 1) * 8, &berr));
         void *x = b.act((size_t)U * L * d), *o = b.act((size_t)U * d);
-        double us = median_us([&] { BK(be->pool(bs, x, doff, U, 0, d, BK_POOL_MEAN, o, &berr)); });
+        double us = median_us([&] { BK(be->pool(bs, x, doff, U, 0, d, BK_POOL_MEAN, o, d, &berr)); });
         snprintf(sh, sizeof sh, "jagged U %d L %d d %d mean", U, L, d);
         report("pool", sh, us, (double)U * (L + 1) * d * es, 0);
         be->free(be, doff, (U + 1) * 8, BK_TAG_INDEX);

@@ -4,7 +4,9 @@
  *
  * Why this exists: both are one fused reduction on the backend (be->pool);
  * mean_pool is pool with fn mean restricted to jagged input, kept because
- * models in the field use it.
+ * models in the field use it. Their vector output may be written straight
+ * into the stack that reads it (OP_PLACED: the bench model's history mean
+ * is E_user's first token).
  */
 #include "ops.h"
 
@@ -43,9 +45,9 @@ static int run_pool(op_run *r)
 {
     const md_layer *l = r->l;
     value in = op_in(r, 0);
-    int k = in.offsets ? 0 : op_in_width(r, 0) / l->dim;
-    r->out->p = op_out(r, (size_t)r->rows, (size_t)l->dim);
-    OP_TRY(r, r->be->pool(r->s, in.p, in.offsets, r->rows, k, l->dim, l->pooling, r->out->p,
+    int k = in.offsets ? 0 : op_in_width(r, 0) / l->dim, ld;
+    r->out->p = op_out_placed(r, r->rows, l->dim, &ld);
+    OP_TRY(r, r->be->pool(r->s, in.p, in.offsets, r->rows, k, l->dim, l->pooling, r->out->p, ld,
                           r->err));
     return 0;
 }
@@ -62,6 +64,7 @@ static md_cost cost_pool(const model_def *m, const md_layer *l)
     return l->domain == MD_USER ? (md_cost){.u = f} : (md_cost){.c = f};
 }
 
-const md_op_def md_op_mean_pool = {"mean_pool", one_keys, 0, plan_mean_pool, run_pool, NULL,
-                                   cost_pool};
-const md_op_def md_op_pool = {"pool", pool_keys, 0, plan_pool, run_pool, NULL, cost_pool};
+const md_op_def md_op_mean_pool = {"mean_pool", one_keys, OP_PLACED, plan_mean_pool, run_pool,
+                                   NULL, cost_pool};
+const md_op_def md_op_pool = {"pool", pool_keys, OP_PLACED, plan_pool, run_pool, NULL,
+                              cost_pool};

@@ -147,7 +147,7 @@ int cpu_gather(bk_stream *s, const void *src, const int64_t *src_offsets, const 
                int nc, const int64_t *dst_offsets, int width, void *dst, bk_err *err);
 /* rank_cpu.c: the ops of the ranking architectures. */
 int cpu_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
-             enum bk_pool fn, void *out, bk_err *err);
+             enum bk_pool fn, void *out, int ld, bk_err *err);
 int cpu_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,
                    bk_err *err);
 int cpu_layer_norm(bk_stream *s, const void *x, int rows, int dim, const bk_weight *w,

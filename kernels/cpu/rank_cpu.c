@@ -50,7 +50,7 @@ static void pool_rows(const float *x, int64_t cnt, int d, enum bk_pool fn, float
 }
 
 int cpu_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
-             enum bk_pool fn, void *out, bk_err *err)
+             enum bk_pool fn, void *out, int ld, bk_err *err)
 {
     (void)s;
     const char *op = "pool";
@@ -59,6 +59,10 @@ int cpu_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, 
                             n < 0 ? n : d < 0 ? d : k, err);
     if ((int)fn < BK_POOL_SUM || fn > BK_POOL_LAST)
         return cpu_bad_dims(op, "fn", fn, err);
+    if (ld < d) {
+        bk_seterr(err, "%s: output row stride %d below dim %d", op, ld, d);
+        return -1;
+    }
     if (n == 0 || d == 0)
         return 0;
     if (!out) {
@@ -76,7 +80,7 @@ int cpu_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, 
     for (int r = 0; r < n; r++) {
         int64_t beg = offsets ? offsets[r] : (int64_t)r * k;
         int64_t cnt = offsets ? offsets[r + 1] - offsets[r] : k;
-        pool_rows(xf + (size_t)beg * d, cnt, d, fn, (float *)out + (size_t)r * d);
+        pool_rows(xf + (size_t)beg * d, cnt, d, fn, (float *)out + (size_t)r * ld);
     }
     return 0;
 }

@@ -385,7 +385,7 @@ int cuda_mul(bk_stream *s, const void *a, const void *b, const int32_t *map, con
 int cuda_layer_norm(bk_stream *s, const void *x, int rows, int dim, const bk_weight *w,
                     const bk_weight *b, float eps, void *out, bk_err *err);
 int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
-              enum bk_pool fn, void *out, bk_err *err);
+              enum bk_pool fn, void *out, int ld, bk_err *err);
 int cuda_token_linear(bk_stream *s, const void *x, int rows, const bk_weight *w, int k, int m,
                       int d, void *z, bk_err *err);
 int cuda_dot_interaction(bk_stream *s, const void *tu, const void *uu, const int32_t *map,

@@ -32,14 +32,14 @@ __device__ __forceinline__ float pool_step(float a, float v, int fn)
 /* Block (row, 32 columns), 32 x PL_LANES threads. */
 template <typename T>
 __global__ void k_pool_jagged(const T *__restrict__ x, const int64_t *__restrict__ off, int dim,
-                              int fn, T *__restrict__ out)
+                              int fn, T *__restrict__ out, int ldo)
 {
     __shared__ float part[PL_LANES][33];
     const int r = blockIdx.x, j = blockIdx.y * 32 + threadIdx.x, ty = threadIdx.y;
     const int64_t s = off[r], e = off[r + 1];
     if (fn == BK_POOL_LAST) {
         if (ty == 0 && j < dim)
-            out[(size_t)r * dim + j] = e > s ? x[(e - 1) * dim + j] : cu_fromf<T>(0.0f);
+            out[(size_t)r * ldo + j] = e > s ? x[(e - 1) * dim + j] : cu_fromf<T>(0.0f);
         return;
     }
     const float id = fn == BK_POOL_MAX ? -INFINITY : 0.0f;
@@ -66,7 +66,7 @@ __global__ void k_pool_jagged(const T *__restrict__ x, const int64_t *__restrict
             acc = 0.0f;
         else if (fn == BK_POOL_MEAN)
             acc /= (float)(e - s);
-        out[(size_t)r * dim + j] = cu_fromf<T>(acc);
+        out[(size_t)r * ldo + j] = cu_fromf<T>(acc);
     }
 }
 
@@ -81,7 +81,7 @@ __global__ void k_pool_jagged(const T *__restrict__ x, const int64_t *__restrict
 template <typename T>
 __global__ void __launch_bounds__(PV_TPE * PV_LANES)
 k_pool_jagged_vec(const T *__restrict__ x, const int64_t *__restrict__ off, int dim, int fn,
-                  T *__restrict__ out)
+                  T *__restrict__ out, int ldo)
 {
     constexpr int V = cu_vec<T>::V, WL = 32 / PV_TPE; /* event lanes a warp */
     __shared__ float part[PV_LANES / WL][PV_TPE * V];
@@ -132,14 +132,14 @@ k_pool_jagged_vec(const T *__restrict__ x, const int64_t *__restrict__ off, int 
                 a[q] = pool_step(a[q], part[k][c * V + q], fn);
             a[q] = e == s ? 0.0f : fn == BK_POOL_MEAN ? a[q] / (float)(e - s) : a[q];
         }
-        cu_vec<T>::store(out + (size_t)r * dim + j, a);
+        cu_vec<T>::store(out + (size_t)r * ldo + j, a);
     }
 }
 
 /* Tokens: x [n, k*d]; one thread per V-wide piece of an output row. */
 template <typename T, bool VEC>
 __global__ void k_pool_tokens(const T *__restrict__ x, size_t n, int k, int d, int fn,
-                              T *__restrict__ out)
+                              T *__restrict__ out, int ldo)
 {
     constexpr int V = VEC ? cu_vec<T>::V : 1;
     const int du = d / V;
@@ -168,15 +168,15 @@ __global__ void k_pool_tokens(const T *__restrict__ x, size_t n, int k, int d, i
         for (int q = 0; q < V; q++)
             acc[q] = k == 0 ? 0.0f : fn == BK_POOL_MEAN ? acc[q] / (float)k : acc[q];
         if constexpr (VEC) {
-            cu_vec<T>::store(out + r * d + j, acc);
+            cu_vec<T>::store(out + r * ldo + j, acc);
         } else {
-            out[r * d + j] = cu_fromf<T>(acc[0]);
+            out[r * ldo + j] = cu_fromf<T>(acc[0]);
         }
     }
 }
 
 int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, int d,
-              enum bk_pool fn, void *out, bk_err *err)
+              enum bk_pool fn, void *out, int ld, bk_err *err)
 {
     cu_prof_scope prof_(s, "pool");
     if (fn != BK_POOL_SUM && fn != BK_POOL_MEAN && fn != BK_POOL_MAX && fn != BK_POOL_LAST) {
@@ -185,6 +185,10 @@ int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k,
     }
     if (!offsets && k < 0) {
         bk_seterr(err, "pool: %d tokens", k);
+        return -1;
+    }
+    if (ld < d) {
+        bk_seterr(err, "pool: output row stride %d below dim %d", ld, d);
         return -1;
     }
     if (n <= 0 || d <= 0)
@@ -201,17 +205,17 @@ int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k,
     if (cu_enter(s, err))
         return -1;
     const int v = 16 / (int)s->be->act_size;
-    const bool vec = d % v == 0 && cu_aligned16(x) && cu_aligned16(out);
+    const bool vec = d % v == 0 && ld % v == 0 && cu_aligned16(x) && cu_aligned16(out);
     if (offsets && vec && fn != BK_POOL_LAST) {
         dim3 grid((unsigned)n, (unsigned)((d + PV_TPE * v - 1) / (PV_TPE * v)));
         CU_DISPATCH(cu_dt(s), (k_pool_jagged_vec<T><<<grid, PV_TPE * PV_LANES, 0, s->st>>>(
-                                  (const T *)x, offsets, d, (int)fn, (T *)out)));
+                                  (const T *)x, offsets, d, (int)fn, (T *)out, ld)));
         return cu_check_launch(s, err, "pool (jagged, 16-byte)");
     }
     if (offsets) {
         dim3 grid((unsigned)n, (unsigned)((d + 31) / 32)), block(32, PL_LANES);
         CU_DISPATCH(cu_dt(s), (k_pool_jagged<T><<<grid, block, 0, s->st>>>(
-                                  (const T *)x, offsets, d, (int)fn, (T *)out)));
+                                  (const T *)x, offsets, d, (int)fn, (T *)out, ld)));
         return cu_check_launch(s, err, "pool (jagged)");
     }
     const size_t units = (size_t)n * (vec ? d / v : d);
@@ -219,10 +223,10 @@ int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k,
     CU_DISPATCH(cu_dt(s), {
         if (vec)
             k_pool_tokens<T, true><<<grid, 256, 0, s->st>>>((const T *)x, (size_t)n, k, d,
-                                                             (int)fn, (T *)out);
+                                                             (int)fn, (T *)out, ld);
         else
             k_pool_tokens<T, false><<<grid, 256, 0, s->st>>>((const T *)x, (size_t)n, k, d,
-                                                              (int)fn, (T *)out);
+                                                              (int)fn, (T *)out, ld);
     });
     return cu_check_launch(s, err, "pool (tokens)");
 }

@@ -370,29 +370,6 @@ static void test_history(int n, int dim, int max_len, int nact, int with_actions
     free(acts);
 }
 
-static void test_mean_pool(int n, int dim, int maxlen)
-{
-    bk_err ec = {{0}}, eg = {{0}};
-    int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
-    off[0] = 0;
-    for (int r = 0; r < n; r++)
-        off[r + 1] = off[r] + (rnd() % 4 == 0 ? 0 : irand(0, maxlen));
-    float *x = rand_vec((size_t)(off[n] ? off[n] : 1) * dim, 1.0f);
-    pair px = act_pair(x, (size_t)(off[n] ? off[n] : 1) * dim);
-    pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
-    pair out = out_pair((size_t)n * dim);
-    ok_or_die(cpu->pool(cs, px.c, po.c, n, 0, dim, BK_POOL_MEAN, out.c, &ec), "cpu pool mean", &ec);
-    ok_or_die(gpu->pool(gs, px.g, po.g, n, 0, dim, BK_POOL_MEAN, out.g, &eg), "gpu pool mean", &eg);
-    char what[96];
-    snprintf(what, sizeof what, "mean_pool n %d dim %d", n, dim);
-    compare(what, &out, n, dim, dim);
-    pair_free(&px);
-    pair_free(&po);
-    pair_free(&out);
-    free(x);
-    free(off);
-}
-
 /* Counts a failure when any column width .. ld - 1 of the GPU output (the
  * neighbours of an op writing into a wider row, such as a stack part in
  * place) lost its NaN poison. */
@@ -412,6 +389,33 @@ static void check_pads(const char *what, pair *out, size_t rows, size_t width, s
                variant_label, what, bad);
     }
     free(g);
+}
+
+static void test_mean_pool(int n, int dim, int maxlen, int ld)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    off[0] = 0;
+    for (int r = 0; r < n; r++)
+        off[r + 1] = off[r] + (rnd() % 4 == 0 ? 0 : irand(0, maxlen));
+    float *x = rand_vec((size_t)(off[n] ? off[n] : 1) * dim, 1.0f);
+    pair px = act_pair(x, (size_t)(off[n] ? off[n] : 1) * dim);
+    pair po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
+    pair out = out_pair((size_t)n * ld);
+    ok_or_die(cpu->pool(cs, px.c, po.c, n, 0, dim, BK_POOL_MEAN, out.c, ld, &ec), "cpu pool mean",
+              &ec);
+    ok_or_die(gpu->pool(gs, px.g, po.g, n, 0, dim, BK_POOL_MEAN, out.g, ld, &eg), "gpu pool mean",
+              &eg);
+    char what[96];
+    snprintf(what, sizeof what, "mean_pool n %d dim %d ld %d", n, dim, ld);
+    compare(what, &out, n, dim, ld);
+    if (ld > dim)
+        check_pads(what, &out, n, dim, ld);
+    pair_free(&px);
+    pair_free(&po);
+    pair_free(&out);
+    free(x);
+    free(off);
 }
 
 /* linear_grouped (a block of tokens inside wider rows): each group against
@@ -806,9 +810,11 @@ static void suite_plain(void)
     test_history(1, 256, 1024, 4, 1, 1);
     test_history(16, 256, 1024, 4, 1, 1);
     test_history(3, 2048 + 8, 40, 2, 0, 1); /* wider than a block's chunks */
-    test_mean_pool(1, 1, 1);
-    test_mean_pool(17, 9, 30);
-    test_mean_pool(irand(1, 100), 64, 500);
+    test_mean_pool(1, 1, 1, 1);
+    test_mean_pool(17, 9, 30, 9);
+    test_mean_pool(irand(1, 100), 64, 500, 64);
+    test_mean_pool(16, 256, 1024, 1184 * 256); /* the bench model's mean into E_user's first token */
+    test_mean_pool(7, 9, 30, 13);
     int ins[] = {1, 7, 16, 300, 0}, outs[] = {1, 5, 64, 257, 3}, rws[] = {1, 3, 64, 1000, 5};
     for (int i = 0; i < 5; i++)
         for (int act = 0; act < BK_ACT_COUNT; act++)
@@ -885,7 +891,7 @@ static void suite_plain(void)
 
 /* ---------------------------------------------- the ranking-model ops */
 
-static void test_pool(int n, int k, int d, int fn, int jagged, int maxlen)
+static void test_pool(int n, int k, int d, int fn, int jagged, int maxlen, int ld)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int64_t *off = xmalloc((size_t)(n + 1) * sizeof(int64_t));
@@ -895,15 +901,17 @@ static void test_pool(int n, int k, int d, int fn, int jagged, int maxlen)
     size_t nx = (size_t)(off[n] ? off[n] : 1) * d;
     float *x = rand_vec(nx, 1.0f);
     pair px = act_pair(x, nx), po = raw_pair(off, (size_t)(n + 1) * sizeof(int64_t));
-    pair out = out_pair((size_t)n * d);
-    ok_or_die(cpu->pool(cs, px.c, jagged ? po.c : NULL, n, k, d, (enum bk_pool)fn, out.c, &ec),
+    pair out = out_pair((size_t)n * ld);
+    ok_or_die(cpu->pool(cs, px.c, jagged ? po.c : NULL, n, k, d, (enum bk_pool)fn, out.c, ld, &ec),
               "cpu pool", &ec);
-    ok_or_die(gpu->pool(gs, px.g, jagged ? po.g : NULL, n, k, d, (enum bk_pool)fn, out.g, &eg),
+    ok_or_die(gpu->pool(gs, px.g, jagged ? po.g : NULL, n, k, d, (enum bk_pool)fn, out.g, ld, &eg),
               "gpu pool", &eg);
-    char what[96];
-    snprintf(what, sizeof what, "pool %s n %d k %d d %d fn %d", jagged ? "jagged" : "tokens", n,
-             jagged ? maxlen : k, d, fn);
-    compare(what, &out, n, d, d);
+    char what[112];
+    snprintf(what, sizeof what, "pool %s n %d k %d d %d fn %d ld %d", jagged ? "jagged" : "tokens",
+             n, jagged ? maxlen : k, d, fn, ld);
+    compare(what, &out, n, d, ld);
+    if (ld > d)
+        check_pads(what, &out, n, d, ld);
     pair_free(&px);
     pair_free(&po);
     pair_free(&out);
@@ -1295,7 +1303,7 @@ static void test_refusals(void)
     e.msg[0] = 0;
     bad += gpu->activation(gs, NULL, 4, BK_ACT_NONE, NULL, &e) != -1 || !e.msg[0];
     e.msg[0] = 0;
-    bad += gpu->pool(gs, NULL, NULL, 4, 2, 8, (enum bk_pool)7, NULL, &e) != -1 || !e.msg[0];
+    bad += gpu->pool(gs, NULL, NULL, 4, 2, 8, (enum bk_pool)7, NULL, 8, &e) != -1 || !e.msg[0];
     checks++;
     if (bad) {
         failures++;
@@ -1308,17 +1316,17 @@ static void suite_ranking(void)
     int dims[] = {1, 7, 16, 64, 128, 300};
     for (int fn = 0; fn < 4; fn++)
         for (int i = 0; i < 6; i++) {
-            test_pool(irand(1, 50), 0, dims[i], fn, 1, 40);
-            test_pool(irand(1, 200), irand(1, 32), dims[i], fn, 0, 0);
+            test_pool(irand(1, 50), 0, dims[i], fn, 1, 40, dims[i] + (fn % 2) * 8);
+            test_pool(irand(1, 200), irand(1, 32), dims[i], fn, 0, 0, dims[i] + (fn / 2) * 8);
         }
-    test_pool(3, 0, 64, BK_POOL_MEAN, 1, 1500); /* long histories */
-    test_pool(2, 0, 32, BK_POOL_MAX, 1, 1500);
+    test_pool(3, 0, 64, BK_POOL_MEAN, 1, 1500, 64); /* long histories */
+    test_pool(2, 0, 32, BK_POOL_MAX, 1, 1500, 32);
     /* The bench model's hist_mean (16 users, up to 1024 events of 256), and
      * a width that leaves a 16-byte path block partly past the row. */
-    test_pool(16, 0, 256, BK_POOL_MEAN, 1, 1024);
-    test_pool(irand(2, 9), 0, 264, BK_POOL_SUM, 1, 3000);
-    test_pool(irand(2, 9), 0, 264, BK_POOL_MAX, 1, 700);
-    test_pool(5, 0, 16, BK_POOL_LAST, 1, 1);
+    test_pool(16, 0, 256, BK_POOL_MEAN, 1, 1024, 256);
+    test_pool(irand(2, 9), 0, 264, BK_POOL_SUM, 1, 3000, 264);
+    test_pool(irand(2, 9), 0, 264, BK_POOL_MAX, 1, 700, 300); /* pitched, scalar path */
+    test_pool(5, 0, 16, BK_POOL_LAST, 1, 1, 16);
     for (int act = 1; act < BK_ACT_COUNT; act++) {
         test_activation(1, act, 0);
         test_activation(1001, act, act % 2);

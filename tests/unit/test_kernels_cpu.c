@@ -734,7 +734,7 @@ static void test_mean_pool_random(void **state)
         void *dx = dfloats(t, x, (ne + 1) * dim, BK_TAG_USER);
         void *doff = dbytes(t, off, (size_t)(n + 1) * sizeof(int64_t));
         void *dout = dpoisoned(t, (size_t)n * dim, BK_TAG_USER);
-        OK(t, t->be->pool(t->s, dx, doff, n, 0, dim, BK_POOL_MEAN, dout, &t->err));
+        OK(t, t->be->pool(t->s, dx, doff, n, 0, dim, BK_POOL_MEAN, dout, dim, &t->err));
         float *got = download(t, dout, (size_t)n * dim);
         double *ref = dvec((size_t)n * dim), *allow = dvec((size_t)n * dim);
         for (int r = 0; r < n; r++) {
@@ -1477,7 +1477,7 @@ static void test_index_validation(void **state)
     assert_int_equal(t->be->attention(t->s, buf, buf + 64, buf + 96, doff, 2, dmap, 1, 1, 1, 2,
                                       buf + 128, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "attention"));
-    assert_int_equal(t->be->pool(t->s, buf, doff, 2, 0, 2, BK_POOL_MEAN, buf + 128, &t->err), -1);
+    assert_int_equal(t->be->pool(t->s, buf, doff, 2, 0, 2, BK_POOL_MEAN, buf + 128, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "pool: offsets decrease"));
     assert_int_equal(t->be->embedding_bag(t->s, hw, doff, doff, 2, BK_POOL_SUM, buf, 2, &t->err), -1);
     assert_int_equal(t->be->embedding_bag(t->s, hw, doff, doff, 1, BK_POOL_SUM, buf, 1, &t->err), -1);

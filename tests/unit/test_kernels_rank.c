@@ -65,8 +65,17 @@ static void test_pool(void **state)
         if (fn == BK_POOL_MAX) for (size_t i = 0; i < ne * d; i++) x[i] = -fabsf(x[i]) - 1; /* all negative */
         double *ref = malloc(sizeof(double) * (size_t)n * d);
         for (int r = 0; r < n; r++) pool_ref(x, off[r], off[r + 1] - off[r], d, fn, ref + (size_t)r * d);
-        assert_int_equal(be->pool(st, x, jag ? off : NULL, n, jag ? 0 : k, d, fn, out, &err), 0);
+        assert_int_equal(be->pool(st, x, jag ? off : NULL, n, jag ? 0 : k, d, fn, out, d, &err), 0);
         check("pool", out, ref, (size_t)n * d, 1e-6);
+        /* Into a wider row (a stack's columns): the same values, the rest untouched. */
+        int ld = d + it % 7;
+        float *wide = poisoned((size_t)n * ld);
+        assert_int_equal(be->pool(st, x, jag ? off : NULL, n, jag ? 0 : k, d, fn, wide, ld, &err), 0);
+        for (int r = 0; r < n; r++) {
+            assert_memory_equal(wide + (size_t)r * ld, out + (size_t)r * d, sizeof(float) * d);
+            for (int j = d; j < ld; j++) assert_true(isnan(wide[(size_t)r * ld + j]));
+        }
+        free(wide);
         free(x); free(out); free(ref); free(off);
     }
 }
@@ -306,10 +315,12 @@ static void test_errors(void **state)
     int64_t bad_off[3] = {0, 4, 2};
     int32_t map[2] = {0, 5};
     bk_dot_order o = {.ku = 1, .kc = 1, .pos = {0, 0}};
-    assert_int_equal(be->pool(st, buf, bad_off, 2, 0, 2, BK_POOL_MAX, buf, &err), -1);
+    assert_int_equal(be->pool(st, buf, bad_off, 2, 0, 2, BK_POOL_MAX, buf, 2, &err), -1);
     assert_non_null(strstr(err.msg, "pool: offsets decrease"));
-    assert_int_equal(be->pool(st, buf, NULL, 2, 1, 2, (enum bk_pool)9, buf, &err), -1);
+    assert_int_equal(be->pool(st, buf, NULL, 2, 1, 2, (enum bk_pool)9, buf, 2, &err), -1);
     assert_non_null(strstr(err.msg, "pool: bad fn"));
+    assert_int_equal(be->pool(st, buf, NULL, 2, 1, 2, BK_POOL_SUM, buf + 32, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "row stride"));
     assert_int_equal(be->activation(st, buf, 4, BK_ACT_NONE, buf, &err), -1);
     assert_int_equal(be->mul(st, buf, buf, map, NULL, 2, 2, buf, &err), 0); /* nu unknown: map[1] = 5 allowed */
     map[1] = -1;
