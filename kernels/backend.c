@@ -86,9 +86,13 @@ int bk_bags_check(const bk_bag *bags, int n, bk_err *err)
     return 0;
 }
 
-int bk_grouped_check(int in, int out, int ldx, int64_t gx, int groups, int g, enum bk_act act,
-                     int ldy, int64_t gy, bk_err *err)
+int bk_grouped_check(int has_w, int in, int out, int ldx, int64_t gx, int groups, int g,
+                     enum bk_act act, int ldy, int64_t gy, bk_err *err)
 {
+    if (!has_w) {
+        bk_seterr(err, "linear_grouped: weight is NULL");
+        return -1;
+    }
     if (groups < 0 || g < 0 || (g > 0 && groups > INT32_MAX / g)) {
         bk_seterr(err, "linear_grouped: %d groups of %d rows", groups, g);
         return -1;
@@ -108,5 +112,5 @@ int bk_grouped_check(int in, int out, int ldx, int64_t gx, int groups, int g, en
                   (long long)gx, (long long)gy, g, ldx, ldy);
         return -1;
     }
-    return gx == (int64_t)g * ldx && gy == (int64_t)g * ldy;
+    return groups <= 1 || (gx == (int64_t)g * ldx && gy == (int64_t)g * ldy);
 }

@@ -383,12 +383,13 @@ static inline int bk_parse_device(const char *s, int *ordinal)
 /* embedding_bags' shared argument check: 1 <= n <= BK_MAX_BAGS, bags
  * non-NULL. 0, or -1 with err set. */
 int bk_bags_check(const bk_bag *bags, int n, bk_err *err);
-/* linear_grouped's arguments (both backends) for a weight [out, in]:
- * counts >= 0, act NONE or RELU, strides that keep rows and groups apart.
- * 1: valid and uniform (gx = g*ldx, gy = g*ldy: plain linear over groups*g
- * rows), 0: valid, -1: error set. */
-int bk_grouped_check(int in, int out, int ldx, int64_t gx, int groups, int g, enum bk_act act,
-                     int ldy, int64_t gy, bk_err *err);
+/* linear_grouped's arguments (both backends) for a weight [out, in]
+ * (has_w: the weight is not NULL): counts >= 0, act NONE or RELU, strides
+ * that keep rows and groups apart. 1: valid and uniform (one group, or gx =
+ * g*ldx and gy = g*ldy: plain linear over groups*g rows), 0: valid, -1:
+ * error set. */
+int bk_grouped_check(int has_w, int in, int out, int ldx, int64_t gx, int groups, int g,
+                     enum bk_act act, int ldy, int64_t gy, bk_err *err);
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms

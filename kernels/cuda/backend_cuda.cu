@@ -1902,15 +1902,10 @@ static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx,
                                int g, const bk_weight *w, const bk_weight *bias, enum bk_act act,
                                void *y, int ldy, int64_t gy, bk_err *err)
 {
-    if (!w) {
-        bk_seterr(err, "linear_grouped: weight is NULL");
-        return -1;
-    }
-    int uni = bk_grouped_check(w->cols, w->rows, ldx, gx, groups, g, act, ldy, gy, err);
-    if (uni < 0)
-        return -1;
-    if (uni || groups <= 1)
-        return cuda_linear(s, x, ldx, groups * g, w, bias, act, y, ldy, err);
+    int uni = bk_grouped_check(w != NULL, w ? w->cols : 0, w ? w->rows : 0, ldx, gx, groups, g,
+                               act, ldy, gy, err);
+    if (uni)
+        return uni < 0 ? -1 : cuda_linear(s, x, ldx, groups * g, w, bias, act, y, ldy, err);
     int out = w->rows, in = w->cols;
     cu_prof_scope prof_(s, s->prof ? prof_shape_name(s->prof, "linear grouped", groups * g, in, out)
                                    : "linear grouped");
