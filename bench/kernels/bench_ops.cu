@@ -324,11 +324,14 @@ static void bench_linear()
 
 /* The target attention's projections at the bench model's 16 x 70 shapes
  * (C 1120, Tq 64, D = H dh = 256, Kc 872, 16 users x L 1024 events), and
- * what placing them would cost: Wo's output written straight into its
- * tokens of E_cand (a strided batch over candidates: Tq rows each, batch
- * stride Kc D) against today's contiguous GEMM plus the stack's copy; Q read
- * from X's tokens inside E_cand the same way; K and V as one N = 512 GEMM
- * against two of N = 256. */
+ * what placing them costs: Wo's output written straight into its tokens of
+ * E_cand (a strided batch over candidates: Tq rows each, batch stride Kc D)
+ * against the contiguous GEMM plus the stack's copy it replaced; Q read
+ * from X's tokens inside E_cand the same way. Each placed row twice: the
+ * backend's linear_grouped (what the engine runs) and cuBLAS's
+ * GemmStridedBatchedEx (the baseline). Then K and V as one N = 512 GEMM
+ * against two of N = 256 (not built: the attention would read K and V with
+ * a row stride of 2 H dh). */
 static void bench_proj()
 {
     const int C = 1120, tq = 64, D = 256, kc = 872, ev = 16 * 1024;
@@ -350,24 +353,36 @@ static void bench_proj()
     });
     report("proj copy", "Tq tokens into E_cand", cp, io, 0);
     report("proj sum", "linear + copy", lin + cp, 2 * io, flops);
+    double pl, pi;
+    char *et = (char *)e + (size_t)tq * D * es; /* the attention's tokens in E_cand */
+    pl = median_us([&] {
+        BK(be->linear_grouped(bs, x, D, (int64_t)tq * D, C, tq, w, NULL, BK_ACT_NONE, et, D,
+                              (int64_t)kc * D, &berr));
+    });
+    report("proj placed out", "linear_grouped into E_cand", pl, io, flops);
+    pi = median_us([&] {
+        BK(be->linear_grouped(bs, e, D, (int64_t)kc * D, C, tq, w, NULL, BK_ACT_NONE, y, D,
+                              (int64_t)tq * D, &berr));
+    });
+    report("proj placed in", "linear_grouped from E_cand", pi, io, flops);
     float one = 1.0f, zero = 0.0f;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     /* Y_c^T (D x Tq, col-major, ld D) = W x X_c^T, batch stride Kc D in E. */
-    double pl = median_us([&] {
+    pl = median_us([&] {
         st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, D, tq, D, &one, w->data, ty,
-                                        w->ld, 0, x, ty, D, (long long)tq * D, &zero,
-                                        (char *)e + (size_t)tq * D * es, ty, D, (long long)kc * D,
-                                        C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                        w->ld, 0, x, ty, D, (long long)tq * D, &zero, et, ty, D,
+                                        (long long)kc * D, C, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
     });
     if (st == CUBLAS_STATUS_SUCCESS)
-        report("proj placed out", "batched over C, into E_cand", pl, io, flops);
-    double pi = median_us([&] {
+        report("  cublas batched", "over C, into E_cand", pl, io, flops);
+    pi = median_us([&] {
         st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, D, tq, D, &one, w->data, ty,
                                         w->ld, 0, e, ty, D, (long long)kc * D, &zero, y, ty, D,
                                         (long long)tq * D, C, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     });
     if (st == CUBLAS_STATUS_SUCCESS)
-        report("proj placed in", "batched over C, from E_cand", pi, io, flops);
+        report("  cublas batched", "over C, from E_cand", pi, io, flops);
     double kv_io = 3.0 * ev * D * es, kv_fl = 4.0 * ev * D * D;
     snprintf(sh, sizeof sh, "%d x %d > %d, twice", ev, D, D);
     double k2 = median_us([&] {
@@ -412,9 +427,10 @@ int main(int argc, char **argv)
     cublasDestroy(h);
     table.push_back("-- the attention's projections, placed or not (bench model, 16 x 70)");
     bench_proj();
-    table.push_back("-- linear with short input rows (bench model shapes)");
-    if (!proj)
+    if (!proj) {
+        table.push_back("-- linear with short input rows (bench model shapes)");
         bench_linear();
+    }
     for (int U : {16, 1024}) {
         if (proj)
             break;

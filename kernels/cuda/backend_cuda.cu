@@ -1790,8 +1790,9 @@ fail:
     return -1;
 }
 
-/* y = act(x W^T + b) through cuBLASLt: rows x rows (per batch), batch > 1 a
- * strided batch (x and y batch strides sx, sy; W shared). The shape's plan
+/* y = act(x W^T + b) through cuBLASLt over `rows` rows of x, or with batch
+ * > 1 a strided batch of `rows` rows each (x and y batch strides sx, sy,
+ * elements; W shared). The shape's plan
  * is made on its first call and kept in the stream's cache (cu_algo_entry).
  * The epilogue applies bias and relu; other activations are the caller's. */
 static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows, int batch,
