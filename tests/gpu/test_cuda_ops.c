@@ -418,6 +418,38 @@ static void test_mean_pool(int n, int dim, int maxlen, int ld)
     free(off);
 }
 
+/* A linear test's operands on both backends: W [out, in] (scaled by
+ * 1/sqrt(in)), a bias [out], x of nx values and a poisoned y of ny. */
+typedef struct lin_bufs {
+    float *w, *b, *x;
+    wpair pw, pb;
+    pair px, py;
+} lin_bufs;
+
+static lin_bufs lin_bufs_new(int in, int out, size_t nx, size_t ny)
+{
+    lin_bufs l;
+    l.w = rand_vec((size_t)out * in, (float)(1.0 / sqrt(in > 0 ? in : 1)));
+    l.b = rand_vec((size_t)out, 0.5f);
+    l.x = rand_vec(nx, 1.0f);
+    l.pw = weight_pair(l.w, out, in);
+    l.pb = weight_pair(l.b, 1, out);
+    l.px = act_pair(l.x, nx);
+    l.py = out_pair(ny);
+    return l;
+}
+
+static void lin_bufs_free(lin_bufs *l)
+{
+    pair_free(&l->px);
+    pair_free(&l->py);
+    wpair_free(&l->pw);
+    wpair_free(&l->pb);
+    free(l->w);
+    free(l->b);
+    free(l->x);
+}
+
 /* linear_grouped (a block of tokens inside wider rows): each group against
  * the CPU's, and every element outside the groups' rows and columns keeps
  * its poison. */
@@ -425,17 +457,13 @@ static void test_linear_grouped(int groups, int g, int in, int out, int has_bias
                                 int ldx, int64_t gx, int ldy, int64_t gy)
 {
     bk_err ec = {{0}}, eg = {{0}};
-    size_t nx = (size_t)groups * (size_t)gx, ny = (size_t)groups * (size_t)gy;
-    float *w = rand_vec((size_t)out * in, (float)(1.0 / sqrt(in)));
-    float *b = rand_vec((size_t)out, 0.5f);
-    float *x = rand_vec(nx, 1.0f);
-    wpair pw = weight_pair(w, out, in), pb = weight_pair(b, 1, out);
-    pair px = act_pair(x, nx);
-    pair py = out_pair(ny);
-    ok_or_die(cpu->linear_grouped(cs, px.c, ldx, gx, groups, g, pw.c, has_bias ? pb.c : NULL,
+    size_t ny = (size_t)groups * (size_t)gy;
+    lin_bufs l = lin_bufs_new(in, out, (size_t)groups * (size_t)gx, ny);
+    pair py = l.py;
+    ok_or_die(cpu->linear_grouped(cs, l.px.c, ldx, gx, groups, g, l.pw.c, has_bias ? l.pb.c : NULL,
                                   (enum bk_act)act, py.c, ldy, gy, &ec),
               "cpu linear_grouped", &ec);
-    ok_or_die(gpu->linear_grouped(gs, px.g, ldx, gx, groups, g, pw.g, has_bias ? pb.g : NULL,
+    ok_or_die(gpu->linear_grouped(gs, l.px.g, ldx, gx, groups, g, l.pw.g, has_bias ? l.pb.g : NULL,
                                   (enum bk_act)act, py.g, ldy, gy, &eg),
               "gpu linear_grouped", &eg);
     char what[160];
@@ -460,29 +488,19 @@ static void test_linear_grouped(int groups, int g, int in, int out, int has_bias
                dtype_name, variant_label, groups, g, bad);
     }
     free(h);
-    pair_free(&px);
-    pair_free(&py);
-    wpair_free(&pw);
-    wpair_free(&pb);
-    free(w);
-    free(b);
-    free(x);
+    lin_bufs_free(&l);
 }
 
 static void test_linear(int rows, int in, int out, int has_bias, int act, int padx, int pady)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int ldx = in + padx, ldy = out + pady;
-    float *w = rand_vec((size_t)out * in, (float)(1.0 / sqrt(in > 0 ? in : 1)));
-    float *b = rand_vec((size_t)out, 0.5f);
-    float *x = rand_vec((size_t)rows * ldx, 1.0f);
-    wpair pw = weight_pair(w, out, in), pb = weight_pair(b, 1, out);
-    pair px = act_pair(x, (size_t)rows * ldx);
-    pair py = out_pair((size_t)rows * ldy);
-    ok_or_die(cpu->linear(cs, px.c, ldx, rows, pw.c, has_bias ? pb.c : NULL, (enum bk_act)act, py.c,
-                          ldy, &ec),
+    lin_bufs l = lin_bufs_new(in, out, (size_t)rows * ldx, (size_t)rows * ldy);
+    pair py = l.py;
+    ok_or_die(cpu->linear(cs, l.px.c, ldx, rows, l.pw.c, has_bias ? l.pb.c : NULL, (enum bk_act)act,
+                          py.c, ldy, &ec),
               "cpu linear", &ec);
-    ok_or_die(gpu->linear(gs, px.g, ldx, rows, pw.g, has_bias ? pb.g : NULL, (enum bk_act)act,
+    ok_or_die(gpu->linear(gs, l.px.g, ldx, rows, l.pw.g, has_bias ? l.pb.g : NULL, (enum bk_act)act,
                           py.g, ldy, &eg),
               "gpu linear", &eg);
     char what[128];
@@ -491,13 +509,7 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
     compare(what, &py, rows, out, ldy);
     if (pady)
         check_pads(what, &py, rows, out, ldy);
-    pair_free(&px);
-    pair_free(&py);
-    wpair_free(&pw);
-    wpair_free(&pb);
-    free(w);
-    free(b);
-    free(x);
+    lin_bufs_free(&l);
 }
 
 /* counts[u] candidates for user u (zero allowed); map grouped by user. */
