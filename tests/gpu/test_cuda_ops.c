@@ -879,6 +879,7 @@ static void suite_plain(void)
     test_linear_grouped(5, 3, 40, 24, 1, 1, 40, 3 * 40 + 8, 30, 3 * 30 + 7);
     test_linear_grouped(33, 17, 64, 128, 1, 1, 72, 17 * 72 + 64, 128, 20 * 128);
     test_linear_grouped(3, 2, 16, 24, 0, 0, 16, 32, 24, 48); /* uniform: plain linear */
+    test_linear_grouped(4, 3, 0, 24, 1, 1, 8, 40, 24, 100);  /* in = 0: relu(bias) per group */
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);

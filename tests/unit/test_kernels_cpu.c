@@ -845,7 +845,7 @@ static void test_linear_grouped(void **state)
     T *t = *state;
     for (int it = 0; it < 12; it++) {
         new_case(t, "linear_grouped", it);
-        int groups = rint_(t, 1, 9), g = rint_(t, 1, 7), in = rint_(t, 1, 40),
+        int groups = rint_(t, 1, 9), g = rint_(t, 1, 7), in = it == 11 ? 0 : rint_(t, 1, 40),
             out = rint_(t, 1, 30), ldx = in + (it % 2) * 3, ldy = out + (it % 3 == 1) * 2;
         int64_t gx = (int64_t)g * ldx + (it % 4 >= 2 ? 5 : 0), gy = (int64_t)(g - 1) * ldy + out +
                                                                     rint_(t, 0, 40);
