@@ -532,13 +532,17 @@ static void merge_scan(registry *r, scan_item *items, int n, int trusted, int64_
             for (int j = 0; j < e->n_v; j++)
                 if (e->v[j].state == REGISTRY_FAILED && e->v[j].version > 0) e->v[j].retry = 1;
         if (e->reload_all) {
+            /* Reload what was loaded before the admin call; a version the
+             * worker picked after it (in the pass that was running then)
+             * already reads today's files and is not loaded twice. */
             e->reload_all = 0;
             int64_t t[256];
             int nt = compute_target(e, t, (int)(sizeof t / sizeof t[0]));
             for (int i = 0; i < nt; i++) {
                 vrec *v = find_v(e, t[i]);
-                if (v && v->state == REGISTRY_READY) v->reload = 1;
+                if (v && v->state == REGISTRY_READY && v->reload_asked) v->reload = 1;
             }
+            for (int j = 0; j < e->n_v; j++) e->v[j].reload_asked = 0;
         }
     }
 }
@@ -602,6 +606,7 @@ int reg_pick_job(registry *r, int64_t now, reg_job *j)
             vrec *v = find_v(e, t[i]);
             if (!v || !d || !needs_load(v, d) || !settled(r, e, v, d, now)) continue;
             v->busy = 1;
+            v->reload_asked = 0; /* this load reads the directory as it is now */
             if (v->state != REGISTRY_READY) {
                 v->state = REGISTRY_LOADING;
                 v->message[0] = '\0';
@@ -829,6 +834,7 @@ int registry_admin_load(registry *r, const char *name, int64_t version, rq_statu
         if (v->state == REGISTRY_FAILED) v->retry = 1;
     } else {
         e->reload_all = 1;
+        for (int j = 0; j < e->n_v; j++) e->v[j].reload_asked = 1;
     }
     pthread_rwlock_unlock(&r->lock);
     log_line ln;

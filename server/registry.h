@@ -60,7 +60,7 @@
  * Thread-safety: everything may be called from any thread (a rwlock guards
  * the table; refcounts are atomic), except registry_new/registry_free and
  * registry_start/registry_stop (one controlling thread) and
- * registry_poll_once (only while no worker runs).
+ * registry_poll_once and registry_load_pending (only while no worker runs).
  */
 #ifndef IKBO_SERVER_REGISTRY_H
 #define IKBO_SERVER_REGISTRY_H
@@ -139,6 +139,11 @@ void registry_stop(registry *r);
  * trusted != 0 skips the settle wait and retries failed versions, like
  * SIGHUP. Returns the number of models with a READY version. */
 int registry_poll_once(registry *r, int trusted);
+/* The second half of a pass alone: loads what the last scan and the admin
+ * calls since then ask for, without scanning (same rule: no worker must
+ * run). Tests use it to put an admin call between a pass's scan and its
+ * loads, as the worker's timing can. */
+int registry_load_pending(registry *r);
 
 /* SIGHUP: rescan the whole repository now (new and removed models and
  * versions), load complete versions without the settle wait, retry failed

@@ -43,6 +43,7 @@ typedef struct vrec {
     int pinned;           /* admin-loaded with this version: served on top of the policy */
     int blocked;          /* admin-unloaded: the policy skips it */
     int reload;           /* READY, but load again and swap (admin load) */
+    int reload_asked;     /* a plain admin load came after this version's last pick */
     int retry;            /* FAILED, but try again though the directory is unchanged */
     int busy;             /* the worker is loading it */
 } vrec;

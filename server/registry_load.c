@@ -136,10 +136,9 @@ static int count_ready(registry *r)
     return ready;
 }
 
-/* Scan, then load what should load, one version at a time. */
-static int pass(registry *r, int trusted)
+/* Loads what should load, one version at a time, then ends the pass. */
+static int load_pending(registry *r)
 {
-    reg_scan(r, trusted);
     relist rel = {0};
     for (;;) {
         reg_job j;
@@ -171,7 +170,16 @@ static int pass(registry *r, int trusted)
     return count_ready(r);
 }
 
+/* Scan, then load. */
+static int pass(registry *r, int trusted)
+{
+    reg_scan(r, trusted);
+    return load_pending(r);
+}
+
 int registry_poll_once(registry *r, int trusted) { return pass(r, trusted); }
+
+int registry_load_pending(registry *r) { return load_pending(r); }
 
 /* ---- the worker ------------------------------------------------------------ */
 

@@ -480,6 +480,34 @@ static void test_admin_load_unload(void **s)
     registry_free(r);
 }
 
+/* A plain admin load that lands between a pass's scan and its loads is
+ * met by that pass's load; the admin call's own pass must not load the
+ * version a second time (the daemon logged 102 loads for 100 unload/load
+ * cycles). A plain load of a version already READY still reloads it. */
+static void test_admin_load_between_scan_and_loads(void **s)
+{
+    (void)s;
+    make_version("demo", 1, NULL);
+    registry *r = open_registry(0, NULL, NULL);
+    assert_int_equal(registry_poll_once(r, 1), 1);
+    rq_status st;
+    assert_int_equal(registry_admin_unload(r, "demo", 0, &st), 0);
+    assert_int_equal(registry_poll_once(r, 0), 0); /* a pass's scan: nothing to load */
+    assert_int_equal(registry_admin_load(r, "demo", 0, &st), 0);
+    assert_int_equal(registry_load_pending(r), 1); /* that pass's loads take it */
+    registry_model *m = registry_acquire(r, "demo", 0, &st);
+    assert_non_null(m);
+    registry_poll_once(r, 0); /* the pass the admin call woke */
+    assert_int_equal(registry_model_retired(m), 0);
+
+    assert_int_equal(registry_admin_load(r, "demo", 0, &st), 0);
+    registry_poll_once(r, 0);
+    assert_int_equal(registry_model_retired(m), 1); /* reloaded and swapped */
+    assert_int_equal(acquired_version(r, "demo", 0), 1);
+    registry_release(m);
+    registry_free(r);
+}
+
 static void test_serving_precedence(void **s)
 {
     (void)s;
@@ -754,6 +782,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_settle_by_change_time, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policies, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_load_unload, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_admin_load_between_scan_and_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_serving_precedence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_check_refuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_unload_cycles, setup, teardown),
