@@ -207,7 +207,7 @@ typedef struct att_arg {
 static int run_attention(ctx *c, void *p)
 {
     att_arg *a = p;
-    return c->be->attention(c->s, a->q, a->k, a->v, a->off, a->nu, a->map, a->nc, a->tq, a->h,
+    return c->be->attention(c->s, a->q, a->k, a->v, a->h * a->dh, a->off, a->nu, a->map, a->nc, a->tq, a->h,
                             a->dh, a->o, &c->err);
 }
 

@@ -86,6 +86,16 @@ int bk_bags_check(const bk_bag *bags, int n, bk_err *err)
     return 0;
 }
 
+int bk_bad_ldkv(const char *op, int ldkv, int heads, int dh, bk_err *err)
+{
+    if ((int64_t)ldkv < (int64_t)heads * dh) {
+        bk_seterr(err, "%s: K/V row stride %d is below heads * head_dim = %lld", op, ldkv,
+                  (long long)heads * dh);
+        return -1;
+    }
+    return 0;
+}
+
 int bk_grouped_check(int has_w, int in, int out, int ldx, int64_t gx, int groups, int g,
                      enum bk_act act, int ldy, int64_t gy, bk_err *err)
 {

@@ -303,12 +303,14 @@ struct bk_backend {
                void *z, bk_err *err);
 
     /* IKBO attention core, queries of a candidate against its user's keys:
-     * q [nc*tq, H*dh]; k, v packed jagged [offsets[nu], H*dh] (user u's
-     * events are rows [offsets[u], offsets[u+1])); map int32 [nc],
-     * non-decreasing. For candidate c, query row i, head h:
+     * q [nc*tq, H*dh]; k, v packed jagged [offsets[nu], H*dh] with rows
+     * ldkv >= H*dh elements apart (user u's events are rows [offsets[u],
+     * offsets[u+1]); ldkv = 2*H*dh reads K and V from one [K | V] GEMM
+     * output, v = k + H*dh); map int32 [nc], non-decreasing. For candidate
+     * c, query row i, head h:
      *   o[c*tq+i, h*dh:(h+1)*dh] = softmax_j(q . k_j / sqrt(dh)) v_j over u's events;
      * a user with no events gives zeros. o [nc*tq, H*dh]. */
-    int (*attention)(bk_stream *s, const void *q, const void *k, const void *v,
+    int (*attention)(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                      const int64_t *offsets, int nu, const int32_t *map, int nc, int tq,
                      int heads, int dh, void *o, bk_err *err);
 
@@ -390,6 +392,10 @@ int bk_bags_check(const bk_bag *bags, int n, bk_err *err);
  * error set. */
 int bk_grouped_check(int has_w, int in, int out, int ldx, int64_t gx, int groups, int g,
                      enum bk_act act, int ldy, int64_t gy, bk_err *err);
+
+/* attention's K/V row stride (both backends): ldkv >= heads * dh. 0, or
+ * -1 with err set naming op. */
+int bk_bad_ldkv(const char *op, int ldkv, int heads, int dh, bk_err *err);
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms

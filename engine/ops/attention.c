@@ -6,7 +6,8 @@
  * so it runs once per user and the candidates read its results through the
  * map; the broadcast baseline copies the history to every candidate.
  * - target_attention: K and V projected once per user at the history's
- *   event rows; the kernel reads them through the map. With shared_with it
+ *   event rows, as one GEMM (prepare joins wk and wv into [wk; wv]); the
+ *   kernel reads them through the map, rows 2 H dh apart. With shared_with it
  *   uses its self_attention layer's weights and K/V: when its query is
  *   ready before that layer runs, the engine fuses both into one backend
  *   call (engine.c plan_fuse) and this layer only projects the output.
@@ -74,6 +75,10 @@ static int query_history(op_plan *p, const char *op, md_shape s, md_shape sb, in
 
 /* ---- target_attention ---- */
 
+/* A target_attention's own weights after prepare (without shared_with; with
+ * it, the self_attention layer's wq wk wv wo are read). */
+enum { TA_WQ, TA_WKV, TA_WO };
+
 /* Q = query Wq^T at C*tq rows of width D into q_out [C*tq, hd]. The query
  * may sit inside the stack that also reads it (value.ld, OP_READS_PITCHED):
  * then each candidate's tq tokens are one group of rows. */
@@ -121,6 +126,7 @@ static int run_target_attention(op_run *r)
     value q = op_in(r, 0), h = op_in(r, 1);
     int D = l->dim, tq = l->tokens, H = l->heads, dh = l->head_dim, hd = H * dh, C = r->C;
     bk_weight *const *w = l->shared >= 0 ? op_layer_w(r, l->shared) : r->w;
+    const bk_weight *wq = w[l->shared >= 0 ? 0 : TA_WQ], *wo = w[l->shared >= 0 ? 3 : TA_WO];
     bk_backend *be = r->be;
     /* What the baseline copies: the history and its K and V, per candidate. */
     op_avoided(r, (size_t)f->bc_events, (size_t)D + 2 * (size_t)hd);
@@ -130,7 +136,7 @@ static int run_target_attention(op_run *r)
         /* Computed in the self_attention's launch; only Wo is left. */
         void **aux = op_aux(r, l->shared);
         OP_TRY(r, be->linear_grouped(r->s, aux ? aux[AUX_TO] : NULL, hd, (int64_t)tq * hd, C, tq,
-                                     w[3], NULL, BK_ACT_NONE, out, D, ld, r->err));
+                                     wo, NULL, BK_ACT_NONE, out, D, ld, r->err));
         return 0;
     }
     const void *hp = h.p;
@@ -141,6 +147,7 @@ static int run_target_attention(op_run *r)
     void *Q = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
     void *O = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
     const void *K, *V;
+    int ldkv = hd;
     if (r->bc) {
         /* The baseline: every candidate gets its own copy of the history,
          * and K/V are projected per candidate. */
@@ -157,18 +164,56 @@ static int run_target_attention(op_run *r)
         K = aux ? aux[AUX_K] : NULL;
         V = aux ? aux[AUX_V] : NULL;
     } else {
+        /* Each event row holds its K then its V: one GEMM with [wk; wv],
+         * or, the baseline of a shared layer, its wk and wv side by side. */
         enum bk_tag kv_tag = r->bc ? BK_TAG_BROADCAST : BK_TAG_USER;
-        void *k = op_take(r, kv_tag, (size_t)ev, (size_t)hd);
-        void *v = op_take(r, kv_tag, (size_t)ev, (size_t)hd);
-        OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, k, hd, r->err));
-        OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, v, hd, r->err));
-        K = k;
+        char *kv = op_take(r, kv_tag, (size_t)ev, 2 * (size_t)hd);
+        char *v = kv ? kv + (size_t)hd * be->act_size : NULL;
+        ldkv = 2 * hd;
+        if (l->shared < 0) {
+            OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[TA_WKV], NULL, BK_ACT_NONE, kv, ldkv,
+                                 r->err));
+        } else {
+            OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, kv, ldkv, r->err));
+            OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, v, ldkv, r->err));
+        }
+        K = kv;
         V = v;
     }
-    OP_TRY(r, query_proj(r, q, D, tq, hd, w[0], Q));
-    OP_TRY(r, be->attention(r->s, Q, K, V, hoff, nu, map, C, tq, H, dh, O, r->err));
-    OP_TRY(r, be->linear_grouped(r->s, O, hd, (int64_t)tq * hd, C, tq, w[3], NULL, BK_ACT_NONE,
+    OP_TRY(r, query_proj(r, q, D, tq, hd, wq, Q));
+    OP_TRY(r, be->attention(r->s, Q, K, V, ldkv, hoff, nu, map, C, tq, H, dh, O, r->err));
+    OP_TRY(r, be->linear_grouped(r->s, O, hd, (int64_t)tq * hd, C, tq, wo, NULL, BK_ACT_NONE,
                                  out, D, ld, r->err));
+    return 0;
+}
+
+/* Joins wk and wv [hd, D] into [wk; wv] [2 hd, D] so K and V come from one
+ * GEMM over the history (one launch, the history read once); wo moves to
+ * TA_WO. With shared_with the layer has no weights of its own. */
+static int prepare_target_attention(md_layer *l, bk_err *err)
+{
+    if (l->shared >= 0)
+        return 0;
+    md_weight *wk = &l->w[1], *wv = &l->w[2];
+    const size_t n = (size_t)wk->rows * wk->cols;
+    size_t nl = strlen(wk->name) + strlen(wv->name) + 2;
+    float *kv = realloc(wk->data, 2 * n * sizeof(float));
+    char *name = malloc(nl);
+    if (!kv || !name) {
+        if (kv) wk->data = kv;
+        free(name);
+        bk_seterr(err, "layer '%s': out of memory", l->name);
+        return -1;
+    }
+    memcpy(kv + n, wv->data, n * sizeof(float));
+    snprintf(name, nl, "%s|%s", wk->name, wv->name);
+    free(wk->name);
+    free(wv->data);
+    md_weight v_old = {.name = wv->name}; /* freed with the layer */
+    *wk = (md_weight){.name = name, .rows = 2 * wk->rows, .cols = wk->cols, .data = kv};
+    l->w[TA_WO] = l->w[3];
+    l->w[3] = v_old;
+    l->n_w = 3;
     return 0;
 }
 
@@ -186,7 +231,7 @@ static md_cost cost_target_attention(const model_def *m, const md_layer *l)
 const md_op_def md_op_target_attention = {"target_attention", ta_keys,
                                           OP_PLACED_TOKENS | OP_READS_PITCHED,
                                           plan_target_attention,
-                                          run_target_attention, NULL,
+                                          run_target_attention, prepare_target_attention,
     cost_target_attention};
 
 /* ---- self_attention ---- */

@@ -76,13 +76,13 @@ static void keys_t(const float *ku, size_t hd, int L, int dh, float *kt, int lp)
 }
 
 /* Query rows q[0 .. nrows) (stride hd, head offset applied) against the
- * transposed keys kt [dh, lp] and values vu (stride hd) of L events; o
- * likewise. causal: row i sees keys j <= i0 + i (i0 = the rows' first
+ * transposed keys kt [dh, lp] and values vu (stride ldv) of L events; o
+ * at stride hd. causal: row i sees keys j <= i0 + i (i0 = the rows' first
  * event index), else all L. */
 typedef struct att_rows_args {
     const float *q, *kt, *vu;
     float *o, *sc;
-    size_t hd;
+    size_t hd, ldv;
     int nrows, L, lp, dh, causal, i0;
     enum bk_att_kind kind;
 } att_rows_args;
@@ -126,7 +126,7 @@ static void att_rows(const att_rows_args *x)
             float *c[GEMM_MR];
             for (int i = 0; i < GEMM_MR; i++)
                 c[i] = i < mr ? x->o + (size_t)(r0 + i) * x->hd + d0 : dummy;
-            gemm_cpu_tile(a, x->vu + d0, x->hd, kn, nr, c, 0);
+            gemm_cpu_tile(a, x->vu + d0, x->ldv, kn, nr, c, 0);
             for (int i = 0; i < mr; i++) {
                 if (nr == GEMM_NR) { /* the same divisions, 4 lanes at a time */
                     const v4f t = {div[i], div[i], div[i], div[i]};
@@ -155,10 +155,11 @@ static int bad_sizes(const char *op, int nu, int n, int tq, int heads, int dh, b
     return 0;
 }
 
-/* Target attention rows (the attention op), scratch already sized. */
-static void target_rows(const float *q, const float *k, const float *v, const int64_t *offsets,
-                        const int32_t *map, int nc, int tq, int heads, int dh, float *o,
-                        const att_scratch *w)
+/* Target attention rows (the attention op), scratch already sized; K and
+ * V rows ldkv apart. */
+static void target_rows(const float *q, const float *k, const float *v, size_t ldkv,
+                        const int64_t *offsets, const int32_t *map, int nc, int tq, int heads,
+                        int dh, float *o, const att_scratch *w)
 {
     const size_t hd = (size_t)heads * dh;
     for (int c0 = 0, c1; c0 < nc; c0 = c1) {
@@ -175,24 +176,24 @@ static void target_rows(const float *q, const float *k, const float *v, const in
             continue;
         }
         const int lp = (L + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-        const float *ku = k + (size_t)offsets[u] * hd, *vu = v + (size_t)offsets[u] * hd;
+        const float *ku = k + (size_t)offsets[u] * ldkv, *vu = v + (size_t)offsets[u] * ldkv;
         for (int h = 0; h < heads; h++) {
             const size_t ho = (size_t)h * dh;
-            keys_t(ku + ho, hd, L, dh, w->kt, lp);
+            keys_t(ku + ho, ldkv, L, dh, w->kt, lp);
             att_rows(&(att_rows_args){.q = q + row0 * hd + ho, .kt = w->kt, .vu = vu + ho,
                                       .o = o + row0 * hd + ho, .sc = w->sc, .hd = hd,
-                                      .nrows = nrows, .L = L, .lp = lp, .dh = dh,
+                                      .ldv = ldkv, .nrows = nrows, .L = L, .lp = lp, .dh = dh,
                                       .kind = BK_ATT_SOFTMAX});
         }
     }
 }
 
-int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
+int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                   const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                   int dh, void *o, bk_err *err)
 {
     const char *op = "attention";
-    if (bad_sizes(op, nu, nc, tq, heads, dh, err))
+    if (bad_sizes(op, nu, nc, tq, heads, dh, err) || bk_bad_ldkv(op, ldkv, heads, dh, err))
         return -1;
     if (nc == 0 || tq == 0)
         return 0;
@@ -209,7 +210,7 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
     att_scratch w;
     if (scratch_get(s, op, offsets, nu, dh, &w, err))
         return -1;
-    target_rows(q, k, v, offsets, map, nc, tq, heads, dh, o, &w);
+    target_rows(q, k, v, (size_t)ldkv, offsets, map, nc, tq, heads, dh, o, &w);
     cpu_free(s->be, w.kt, w.bytes, BK_TAG_USER);
     return 0;
 }
@@ -256,13 +257,13 @@ int cpu_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
             const size_t ho = (size_t)h * a->dh;
             keys_t(kf + e0 + ho, hd, L, a->dh, w.kt, lp);
             att_rows(&(att_rows_args){.q = qf + e0 + ho, .kt = w.kt, .vu = vf + e0 + ho,
-                                      .o = of + e0 + ho, .sc = w.sc, .hd = hd, .nrows = L,
+                                      .o = of + e0 + ho, .sc = w.sc, .hd = hd, .ldv = hd, .nrows = L,
                                       .L = L, .lp = lp, .dh = a->dh, .causal = a->causal,
                                       .kind = a->kind});
         }
     }
     if (a->tq && a->nc > 0 && a->tq_tokens > 0)
-        target_rows(a->tq, kf, vf, a->offsets, a->map, a->nc, a->tq_tokens, a->heads, a->dh,
+        target_rows(a->tq, kf, vf, hd, a->offsets, a->map, a->nc, a->tq_tokens, a->heads, a->dh,
                     a->to, &w);
     cpu_free(s->be, w.kt, w.bytes, BK_TAG_USER);
     return 0;

@@ -131,7 +131,7 @@ int cpu_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int gro
 int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const int32_t *map,
             const bk_weight *w_user, const bk_weight *w_cand, int ku, int kc, int m, int d,
             void *z, bk_err *err);
-int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v,
+int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                   const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                   int dh, void *o, bk_err *err);
 int cpu_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err);

@@ -29,6 +29,7 @@ template <typename T> struct att_job {
     const int64_t *off;
     const int32_t *map;
     int nu, nc, tq, heads, causal, silu;
+    int ldkv; /* K/V row stride in elements (>= heads * dh) */
     int64_t ev; /* event rows: self part sizing */
 };
 
@@ -156,13 +157,13 @@ enum {
  * tile (queries qs, output os, rows = the user's events; t = .w >> 1 its
  * index in the user); other tiles are target tiles (q, o). */
 template <typename T> struct attw_args {
-    CUtensorMap tk, tv; /* ATTW_TMA_KV: K, V as [rows][heads * dh], 64 x BN boxes, 128B swizzle */
+    CUtensorMap tk, tv; /* ATTW_TMA_KV: K, V as [rows][heads * dh] at ldkv, 64 x BN boxes, 128B swizzle */
     const T *q, *k, *v, *qs;
     T *o, *os;
     const int64_t *off;
     const int4 *tiles;
     const int *ntiles;
-    int heads, flags;
+    int heads, flags, ldkv;
     int causal, silu;   /* self tiles: keys j <= i; silu(q.k / sqrt(dh)) / n weights */
     float scale_log2;   /* log2(e) / sqrt(dh) */
     float scale;        /* 1 / sqrt(dh) */
@@ -189,7 +190,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     typedef attw_cfg<DH> CFG;
     constexpr int BM = CFG::BM, BN = CFG::BN, ST = CFG::STAGES, CH = DH / 8;
     static_assert(BM == BN, "Q and K/V tiles share the copy layout");
-    const int hd = heads * DH;
+    const int hd = heads * DH, ldkv = a.ldkv;
     /* Launched as the tile table's programmatic dependent: wait for it (a
      * no-op when launched plainly). */
     pdl_wait();
@@ -236,8 +237,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
             const int nkb = attw_nkb(ti, L, a.causal, BN);
             if (nkb == 0)
                 continue;
-            const T *kb_ = k + (size_t)kv0 * hd + h * DH + lc * 8;
-            const T *vb_ = v + (size_t)kv0 * hd + h * DH + lc * 8;
+            const T *kb_ = k + (size_t)kv0 * ldkv + h * DH + lc * 8;
+            const T *vb_ = v + (size_t)kv0 * ldkv + h * DH + lc * 8;
             for (int kb = 0; kb < nkb; kb++, it++) {
                 const int st = it % ST;
                 mbar_wait(&empty[st], ((it / ST) & 1) ^ 1);
@@ -267,7 +268,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                     for (int n = 0; n < NR; n++) {
                         const int j = kb * BN + lr + n * RSTEP;
                         const bool ok = j < L;
-                        const size_t g = ok ? (size_t)j * hd : 0;
+                        const size_t g = ok ? (size_t)j * ldkv : 0;
                         const uint32_t so = lso + n * RSTEP * 128;
                         cp_async16(kd + so, kb_ + g, ok);
                         cp_async16(vd + so, vb_ + g, ok);
@@ -657,16 +658,17 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
      * on the H200 and faults. */
     attw_args<T> a = {};
     a.q = j.q, a.k = j.k, a.v = j.v, a.qs = j.qs, a.o = j.o, a.os = j.os, a.off = j.off;
-    a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags;
+    a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags, a.ldkv = j.ldkv;
     a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
     a.scale_log2 = (float)(1.4426950408889634 * rs);
     a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;
     if (flags & ATTW_TMA_KV) {
-        /* K and V as [rows][heads * dh]: whole blocks never pass a user's
-         * last event, so the row extent is only a bound (no load reaches
-         * it; row coordinates are 32-bit, ample for event counts). */
+        /* K and V as [rows][heads * dh], rows ldkv apart: whole blocks
+         * never pass a user's last event, so the row extent is only a bound
+         * (no load reaches it; row coordinates are 32-bit, ample for event
+         * counts). */
         const uint64_t es = sizeof(T), hd = (uint64_t)j.heads * DH;
-        uint64_t dims[2] = {hd, (uint64_t)1 << 31}, strides[1] = {hd * es};
+        uint64_t dims[2] = {hd, (uint64_t)1 << 31}, strides[1] = {(uint64_t)j.ldkv * es};
         uint32_t box[2] = {64, (uint32_t)attw_cfg<DH>::BN};
         CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;

@@ -180,7 +180,7 @@ template <typename T, int DH>
 __global__ void __launch_bounds__(256, 1)
 k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
          const int64_t *__restrict__ off, const int4 *__restrict__ tiles,
-         const int *__restrict__ ntiles, int hd, float scale_log2, T *__restrict__ o)
+         const int *__restrict__ ntiles, int hd, int ldkv, float scale_log2, T *__restrict__ o)
 {
     constexpr int BM = ATT_BM, BN = ATT_BN, LD = att_cfg<DH>::LD, NT = 256, CH = DH / 8;
     if ((int)blockIdx.x >= *ntiles)
@@ -207,7 +207,7 @@ k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
         for (int i = tid; i < BN * CH; i += NT) {
             int r = i / CH, c = i % CH, j = kb * BN + r;
             bool ok = j < L;
-            size_t g = ok ? (size_t)(kv0 + j) * hd + h * DH + c * 8 : 0;
+            size_t g = ok ? (size_t)(kv0 + j) * ldkv + h * DH + c * 8 : 0;
             cp_async16(kd + r * LD + c * 8, k + g, ok);
             cp_async16(vd + r * LD + c * 8, v + g, ok);
         }
@@ -362,7 +362,8 @@ template <typename T>
 __global__ void __launch_bounds__(256)
 k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
            const int64_t *__restrict__ off, const int32_t *__restrict__ map, long rows, int tq,
-           int heads, int dh, float scale, T *__restrict__ o, int nu_self, int causal, int silu)
+           int heads, int dh, int ldkv, float scale, T *__restrict__ o, int nu_self, int causal,
+           int silu)
 {
     long wid = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -396,8 +397,8 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
     }
     float m = -INFINITY, l = 0.0f;
     for (int64_t j = 0; j < lim; j++) {
-        const T *kr = k + (size_t)(kv0 + j) * hd + h * dh;
-        const T *vr = v + (size_t)(kv0 + j) * hd + h * dh;
+        const T *kr = k + (size_t)(kv0 + j) * ldkv + h * dh;
+        const T *vr = v + (size_t)(kv0 + j) * ldkv + h * dh;
         float sdot = 0.0f;
 #pragma unroll
         for (int i = 0; i < SIMT_MAX_DH / 32; i++) {
@@ -463,8 +464,8 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
         if (simt_blocks((long)j.ev, j.heads, err, &blocks))
             return -1;
         k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(j.qs, j.k, j.v, j.off, NULL, (long)j.ev,
-                                                            1, j.heads, dh, scale, j.os, j.nu,
-                                                            j.causal, j.silu);
+                                                            1, j.heads, dh, j.ldkv, scale, j.os,
+                                                            j.nu, j.causal, j.silu);
         if (cu_check_launch(s, err, "self_attention (SIMT)"))
             return -1;
     }
@@ -473,7 +474,7 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
             return -1;
         k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(j.q, j.k, j.v, j.off, j.map,
                                                             (long)j.nc * j.tq, j.tq, j.heads, dh,
-                                                            scale, j.o, 0, 0, 0);
+                                                            j.ldkv, scale, j.o, 0, 0, 0);
         if (cu_check_launch(s, err, "attention (SIMT)"))
             return -1;
     }
@@ -532,7 +533,7 @@ static int launch_mma(bk_stream *s, const att_job<T> &j, bk_err *err)
         return -1;
     dim3 grid((unsigned)cap, (unsigned)j.heads);
     kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(j.q, j.k, j.v, j.off, tiles, ntiles,
-                                                  j.heads * DH, scale_log2, j.o);
+                                                  j.heads * DH, j.ldkv, scale_log2, j.o);
     return cu_check_launch(s, err, "attention (tensor cores)");
 }
 
@@ -557,7 +558,7 @@ static int attention_t(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
 {
     const int force = cu_impl(s->be)->force_att;
     bool al = (((uintptr_t)j.q | (uintptr_t)j.qs | (uintptr_t)j.k | (uintptr_t)j.v) & 15) == 0 &&
-              (((uintptr_t)j.o | (uintptr_t)j.os) & 3) == 0;
+              (((uintptr_t)j.o | (uintptr_t)j.os) & 3) == 0 && j.ldkv * sizeof(T) % 16 == 0;
     if constexpr (sizeof(T) == 2) {
         if (force != CU_PATH_SIMT && al) {
             if (force == CU_PATH_AUTO && dh == 64)
@@ -610,13 +611,15 @@ static void att_work(bk_stream *s, cu_prof_scope &pr, const int64_t *off, int nu
     pr.work(flops, elems * es + idx);
 }
 
-int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
+int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                    const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
                    int dh, void *o, bk_err *err)
 {
     cu_prof_scope prof_(s, "attention");
     if (nc <= 0 || tq <= 0 || heads <= 0 || dh <= 0)
         return 0;
+    if (bk_bad_ldkv("attention", ldkv, heads, dh, err))
+        return -1;
     if (nu <= 0) {
         bk_seterr(err, "attention: %d candidates but no users", nc);
         return -1;
@@ -630,6 +633,7 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v,
         att_job<T> j = {};
         j.q = (const T *)q, j.k = (const T *)k, j.v = (const T *)v, j.o = (T *)o;
         j.off = offsets, j.map = map, j.nu = nu, j.nc = nc, j.tq = tq, j.heads = heads;
+        j.ldkv = ldkv;
         rc = attention_t<T>(s, j, dh, err);
     });
     return rc;
@@ -666,6 +670,7 @@ int cuda_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
         att_job<T> j = {};
         j.k = (const T *)a->k, j.v = (const T *)a->v, j.off = a->offsets, j.nu = a->nu;
         j.heads = a->heads, j.causal = a->causal, j.silu = a->kind == BK_ATT_SILU;
+        j.ldkv = a->heads * a->dh;
         if (self_part)
             j.qs = (const T *)a->q, j.os = (T *)a->o, j.ev = a->events;
         if (tgt_part)

@@ -579,9 +579,12 @@ static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
     test_lce_at(nu, counts, ku, kc, m, d, 0);
 }
 
-/* oshift: o starts oshift elements into its buffer. */
+/* oshift: o starts oshift elements into its buffer. kvgap < 0: K and V in
+ * buffers of their own (rows H dh apart); else in one buffer, each row K
+ * then V then kvgap unused elements (ldkv = 2 H dh + kvgap), as the
+ * engine's one [wk; wv] GEMM writes them when kvgap is 0. */
 static void test_attention_at(int nu, const int *counts, const int *lens, int tq, int heads,
-                              int dh, int oshift)
+                              int dh, int oshift, int kvgap)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int nc;
@@ -590,23 +593,28 @@ static void test_attention_at(int nu, const int *counts, const int *lens, int tq
     off[0] = 0;
     for (int u = 0; u < nu; u++)
         off[u + 1] = off[u] + lens[u];
-    size_t hd = (size_t)heads * dh, nq = (size_t)nc * tq * hd, nk = (size_t)(off[nu] ? off[nu] : 1) * hd;
+    size_t hd = (size_t)heads * dh, nq = (size_t)nc * tq * hd, rows = off[nu] ? off[nu] : 1;
+    size_t ld = kvgap < 0 ? hd : 2 * hd + (size_t)kvgap, nk = rows * ld;
     /* Scores of O(1): q, k ~ U(-1.5, 1.5) gives q.k/sqrt(dh) of a few units. */
     float *q = rand_vec(nq, 1.5f), *k = rand_vec(nk, 1.5f), *v = rand_vec(nk, 1.0f);
     pair pq = act_pair(q, nq), pk = act_pair(k, nk), pv = act_pair(v, nk);
+    pair vk = pk, vv = kvgap < 0 ? pv : shifted(&pk, hd);
     pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
     pair po = raw_pair(off, (size_t)(nu + 1) * sizeof(int64_t));
     pair out = out_pair(nq + oshift), vo = shifted(&out, oshift);
-    ok_or_die(cpu->attention(cs, pq.c, pk.c, pv.c, po.c, nu, pm.c, nc, tq, heads, dh, vo.c, &ec),
+    ok_or_die(cpu->attention(cs, pq.c, vk.c, vv.c, (int)ld, po.c, nu, pm.c, nc, tq, heads, dh,
+                             vo.c, &ec),
               "cpu attention", &ec);
-    ok_or_die(gpu->attention(gs, pq.g, pk.g, pv.g, po.g, nu, pm.g, nc, tq, heads, dh, vo.g, &eg),
+    ok_or_die(gpu->attention(gs, pq.g, vk.g, vv.g, (int)ld, po.g, nu, pm.g, nc, tq, heads, dh,
+                             vo.g, &eg),
               "gpu attention", &eg);
-    char what[160];
+    char what[192];
     int lmax = 0;
     for (int u = 0; u < nu; u++)
         lmax = lens[u] > lmax ? lens[u] : lmax;
-    snprintf(what, sizeof what, "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d oshift %d",
-             nu, nc, tq, heads, dh, lmax, lens[0], oshift);
+    snprintf(what, sizeof what,
+             "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d oshift %d ldkv %zu", nu, nc,
+             tq, heads, dh, lmax, lens[0], oshift, ld);
     compare(what, &vo, (size_t)nc * tq, hd, hd);
     pair_free(&pq);
     pair_free(&pk);
@@ -623,7 +631,7 @@ static void test_attention_at(int nu, const int *counts, const int *lens, int tq
 
 static void test_attention(int nu, const int *counts, const int *lens, int tq, int heads, int dh)
 {
-    test_attention_at(nu, counts, lens, tq, heads, dh, 0);
+    test_attention_at(nu, counts, lens, tq, heads, dh, 0, -1);
 }
 
 /* self_attention over jagged histories of lens[u] events; with counts, the
@@ -1442,8 +1450,8 @@ static void suite_attention(void)
     test_attention(2, cm, lm, 2, 1, 128);
     /* o only 4-byte aligned: the wgmma kernel's 4-byte stores (bf16/fp16). */
     int cs[] = {3, 2}, ls[] = {129, 40};
-    test_attention_at(2, cs, ls, 5, 2, 64, 2);
-    test_attention_at(2, cs, ls, 3, 1, 128, 2);
+    test_attention_at(2, cs, ls, 5, 2, 64, 2, -1);
+    test_attention_at(2, cs, ls, 3, 1, 128, 2, -1);
     /* More work items than SMs (210: up to two a CTA on the H200's 132),
      * so the persistent wgmma kernel moves from unit to unit (Q, the K/V
      * ring and the turns carried over) between units of 3, 8 and 2 key
@@ -1451,6 +1459,15 @@ static void suite_attention(void)
     int cmt[] = {80, 20, 40, 10, 60}, lmt[] = {300, 100, 1000, 0, 129};
     test_attention(5, cmt, lmt, 64, 2, 128);
     test_attention(5, cmt, lmt, 64, 2, 64);
+    /* K and V from one [wk; wv] GEMM (rows 2 H dh apart): the wgmma kernel
+     * (TMA for whole blocks, cp.async for the last) at dh 64 and 128, the
+     * mma.sync kernel at 32 and 96; an odd gap takes the SIMT kernel. */
+    for (int i = 0; i < 6; i++) {
+        int cnt[] = {1, 3, 0, 2, 5}, lens[] = {63, 300, 10, 129, 0};
+        test_attention_at(5, cnt, lens, 7, 2, dhs[i], 0, 0);
+    }
+    test_attention_at(5, cmt, lmt, 64, 2, 128, 0, 0);
+    test_attention_at(2, cs, ls, 5, 2, 64, 0, 3);
     if (!quick) {
         int cb[] = {3, 4, 1}, lb[] = {1000, 513, 2048};
         test_attention(3, cb, lb, 64, 2, 128);

@@ -100,7 +100,8 @@ static void self_case(int nu, int lmax, int heads, int dh, int causal, enum bk_a
     check(what, o, ref, (size_t)ev * hd, 2e-5);
     if (nc) {
         /* The fused target part equals the attention op, bitwise. */
-        assert_int_equal(be->attention(st, tqv, k, v, off, nu, map, nc, tq, heads, dh, to2, &err), 0);
+        assert_int_equal(be->attention(st, tqv, k, v, heads * dh, off, nu, map, nc, tq, heads, dh, to2,
+                                       &err), 0);
         assert_memory_equal(to, to2, (size_t)nc * tq * hd * sizeof(float));
     }
     free(off), free(q), free(k), free(v), free(o), free(ref), free(map), free(tqv), free(to),

@@ -1089,12 +1089,31 @@ static void run_attention_case(T *t, att_case ac, int broadcast_too)
     void *doff = dbytes(t, off, (size_t)(ac.nu + 1) * sizeof(int64_t));
     void *dmap = dbytes(t, map, (size_t)ac.nc * sizeof(int32_t));
     void *dout = dpoisoned(t, nq * hd, BK_TAG_CAND);
-    OK(t, t->be->attention(t->s, dq, dk, dv, doff, ac.nu, dmap, ac.nc, ac.tq, ac.heads, ac.dh,
-                           dout, &t->err));
+    OK(t, t->be->attention(t->s, dq, dk, dv, (int)hd, doff, ac.nu, dmap, ac.nc, ac.tq, ac.heads,
+                           ac.dh, dout, &t->err));
     float *got = download(t, dout, nq * hd);
     double *ref = dvec(nq * hd), *allow = dvec(nq * hd);
     ref_attention(q, k, v, off, map, ac.nc, ac.tq, ac.heads, ac.dh, ref, allow);
     check_rows(t, "attention", got, (int)hd, ref, allow, nq, (int)hd);
+
+    /* K and V in one buffer, rows ldkv apart ([K | V], as the engine's one
+     * GEMM writes them, sometimes with a poisoned gap): identical bits. */
+    const size_t ldkv = 2 * hd + (size_t)rint_(t, 0, 1) * 3;
+    float *kv = xmalloc((ne + 1) * ldkv * sizeof(float));
+    for (size_t e = 0; e < (ne + 1) * ldkv; e++)
+        kv[e] = poison_f();
+    for (size_t e = 0; e <= ne; e++) {
+        memcpy(kv + e * ldkv, k + e * hd, hd * sizeof(float));
+        memcpy(kv + e * ldkv + hd, v + e * hd, hd * sizeof(float));
+    }
+    float *dkv = dfloats(t, kv, (ne + 1) * ldkv, BK_TAG_USER);
+    void *dout3 = dpoisoned(t, nq * hd, BK_TAG_CAND);
+    OK(t, t->be->attention(t->s, dq, dkv, dkv + hd, (int)ldkv, doff, ac.nu, dmap, ac.nc, ac.tq,
+                           ac.heads, ac.dh, dout3, &t->err));
+    float *got3 = download(t, dout3, nq * hd);
+    if (memcmp(got, got3, nq * hd * sizeof(float)) != 0)
+        fail_msg("attention with K/V rows %zu apart != contiguous K, V [%s]", ldkv, t->ctx);
+    free(got3), free(kv);
 
     if (broadcast_too) {
         /* Broadcast baseline: keys/values gathered per candidate (jagged),
@@ -1114,7 +1133,7 @@ static void run_attention_case(T *t, att_case ac, int broadcast_too)
         OK(t, t->be->gather(t->s, dk, doff, dmap, ac.nc, ddoffs, (int)hd, dkb, &t->err));
         OK(t, t->be->gather(t->s, dv, doff, dmap, ac.nc, ddoffs, (int)hd, dvb, &t->err));
         void *dout2 = dpoisoned(t, nq * hd, BK_TAG_CAND);
-        OK(t, t->be->attention(t->s, dq, dkb, dvb, ddoffs, ac.nc, dident, ac.nc, ac.tq,
+        OK(t, t->be->attention(t->s, dq, dkb, dvb, (int)hd, ddoffs, ac.nc, dident, ac.nc, ac.tq,
                                ac.heads, ac.dh, dout2, &t->err));
         float *got2 = download(t, dout2, nq * hd);
         if (memcmp(got, got2, nq * hd * sizeof(float)) != 0)
@@ -1184,7 +1203,8 @@ static void test_target_attention_composed(void **state)
         OK(t, t->be->linear(t->s, dx, D, (int)nq, hq, NULL, BK_ACT_NONE, dQ, (int)hd, &t->err));
         OK(t, t->be->linear(t->s, dh_, D, (int)ne, hk, NULL, BK_ACT_NONE, dK, (int)hd, &t->err));
         OK(t, t->be->linear(t->s, dh_, D, (int)ne, hv, NULL, BK_ACT_NONE, dV, (int)hd, &t->err));
-        OK(t, t->be->attention(t->s, dQ, dK, dV, doff, nu, dmap, nc, tq, H, dh, dO, &t->err));
+        OK(t, t->be->attention(t->s, dQ, dK, dV, H * dh, doff, nu, dmap, nc, tq, H, dh, dO,
+                                &t->err));
         OK(t, t->be->linear(t->s, dO, (int)hd, (int)nq, ho, NULL, BK_ACT_NONE, dout, D, &t->err));
         float *got = download(t, dout, nq * D);
 
@@ -1317,8 +1337,10 @@ static void test_determinism_attention(void **state)
         void *dmap = dbytes(t, map, (size_t)nc * 4), *dzero = dbytes(t, &zero, 4);
         void *dout = dpoisoned(t, (size_t)nc * tq * hd, BK_TAG_CAND);
         void *dout1 = dpoisoned(t, (size_t)tq * hd, BK_TAG_CAND);
-        OK(t, t->be->attention(t->s, dq, dk, dv, doff, nu, dmap, nc, tq, heads, dh, dout, &t->err));
-        OK(t, t->be->attention(t->s, dq1, dk1, dv1, doff1, 1, dzero, 1, tq, heads, dh, dout1, &t->err));
+        OK(t, t->be->attention(t->s, dq, dk, dv, heads * dh, doff, nu, dmap, nc, tq, heads, dh,
+                                dout, &t->err));
+        OK(t, t->be->attention(t->s, dq1, dk1, dv1, heads * dh, doff1, 1, dzero, 1, tq, heads, dh,
+                                dout1, &t->err));
         float *o = download(t, dout, (size_t)nc * tq * hd), *o1 = download(t, dout1, (size_t)tq * hd);
         if (memcmp(o + (size_t)pos * tq * hd, o1, (size_t)tq * hd * sizeof(float)) != 0)
             fail_msg("attention candidate %d of %d differs from the candidate alone [%s]", pos,
@@ -1474,9 +1496,14 @@ static void test_index_validation(void **state)
     assert_int_equal(t->be->lce(t->s, buf, 2, buf + 64, 2, dmap, hw, hw, 2, 2, 2, 1, buf + 128,
                                 &t->err), -1);
     assert_non_null(strstr(t->err.msg, "lce: map[1] = 2"));
-    assert_int_equal(t->be->attention(t->s, buf, buf + 64, buf + 96, doff, 2, dmap, 1, 1, 1, 2,
+    assert_int_equal(t->be->attention(t->s, buf, buf + 64, buf + 96, 2, doff, 2, dmap, 1, 1, 1, 2,
                                       buf + 128, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "attention"));
+    int64_t ok_off[3] = {0, 1, 2};
+    void *dok = dbytes(t, ok_off, sizeof ok_off);
+    assert_int_equal(t->be->attention(t->s, buf, buf + 64, buf + 96, 1, dok, 2, dmap, 1, 1, 1, 2,
+                                      buf + 128, &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "K/V row stride 1 is below heads * head_dim = 2"));
     assert_int_equal(t->be->pool(t->s, buf, doff, 2, 0, 2, BK_POOL_MEAN, buf + 128, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "pool: offsets decrease"));
     assert_int_equal(t->be->embedding_bag(t->s, hw, doff, doff, 2, BK_POOL_SUM, buf, 2, &t->err), -1);
