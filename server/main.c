@@ -96,45 +96,234 @@ static void limit_malloc_arenas(void)
     if (!getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, DEFAULT_MALLOC_ARENAS);
 }
 
+/* Everything main starts, in order; serve_stop takes it down in reverse.
+ * Owned by the main thread. */
+typedef struct serve {
+    config cfg;
+    metrics_server mx;
+    registry_model_policy *policies;
+    registry *reg;
+    batcher_set *batchers;
+    int grpc_inited;
+    rank_env env; /* read by both front ends until they stop */
+    grpcsrv *gs;
+    http_server *hs;
+    int http_wait_ms; /* what the drain leaves to HTTP ranks in flight */
+} serve;
+
+/* The configuration, or an exit: -1 to go on, else the exit status (2 for
+ * a config error, one line on stderr; 0 after --help / --version). */
+static int resolve_config(serve *d, int argc, char **argv)
+{
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    int rc = -1;
+    enum config_action action;
+    if (config_resolve(&d->cfg, argc, argv, (const char *const *)environ, &action, &err) != 0) {
+        fprintf(stderr, "ikbo-serve: %s\n", err.msg);
+        rc = 2;
+    } else if (action == CONFIG_HELP) {
+        config_write_help(stdout, "ikbo-serve");
+        rc = 0;
+    } else if (action == CONFIG_VERSION) {
+        printf("ikbo-serve %s\n", ikbo_version());
+        rc = 0;
+    } else {
+        /* TLS files are part of the configuration: an unreadable one is a
+         * config error found before anything starts. */
+        const char *tls_files[][2] = {{"tls.cert_file", d->cfg.tls_cert_file},
+                                      {"tls.key_file", d->cfg.tls_key_file},
+                                      {"tls.client_ca_file", d->cfg.tls_client_ca_file}};
+        for (size_t i = 0; i < sizeof tls_files / sizeof *tls_files && rc < 0; i++) {
+            if (tls_files[i][1] && access(tls_files[i][1], R_OK) != 0) {
+                fprintf(stderr, "ikbo-serve: %s: %s: %s\n", tls_files[i][0], tls_files[i][1],
+                        strerror(errno));
+                rc = 2;
+            }
+        }
+    }
+    if (rc >= 0) config_free(&d->cfg);
+    return rc;
+}
+
+/* The registry with its policies and scrape-time collectors: 0, or the
+ * exit status (1 out of memory, 2 an unreadable repository), on stderr. */
+static int open_registry(serve *d)
+{
+    const config *cfg = &d->cfg;
+    registry_opts ro = {
+        .repository = cfg->model_repository,
+        .models = (const char *const *)cfg->models,
+        .n_models = cfg->n_models,
+        .device = cfg->device,
+        .mode = cfg->mode,
+        .n_slots = CONFIG_BATCH_MAX_INSTANCES, /* batcher instance i scores with slot i */
+    };
+    ro.default_policy = to_policy(&cfg->version_policy);
+    ro.poll_ms = cfg->repository_poll_ms;
+    ro.settle_ms = cfg->repository_settle_ms;
+    ro.load_failures = d->mx.model_load_failures_total;
+    if (cfg->n_model_policy) {
+        d->policies = calloc((size_t)cfg->n_model_policy, sizeof *d->policies);
+        if (!d->policies) {
+            fprintf(stderr, "ikbo-serve: out of memory\n");
+            return 1;
+        }
+        for (int i = 0; i < cfg->n_model_policy; i++) {
+            d->policies[i].name = cfg->model_policy[i].name;
+            d->policies[i].policy = to_policy(&cfg->model_policy[i].policy);
+        }
+        ro.policies = d->policies;
+        ro.n_policies = cfg->n_model_policy;
+    }
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    if (!(d->reg = registry_new(&ro, &err))) {
+        fprintf(stderr, "ikbo-serve: %s\n", err.msg);
+        return 2;
+    }
+    metrics_family_set_collect(d->mx.model_loaded, collect_loaded, d->reg);
+    metrics_family_set_collect(d->mx.model_memory_bytes, registry_collect_memory, d->reg);
+    return 0;
+}
+
+static void log_start(const config *cfg)
+{
+    char *cj = config_to_json(cfg);
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "start");
+    log_str(&ln, "version", ikbo_version());
+    log_int(&ln, "pid", (int64_t)getpid());
+    log_str(&ln, "config", cj);
+    log_end(&ln);
+    free(cj);
+}
+
+static void log_listening(const serve *d)
+{
+    const config *cfg = &d->cfg;
+    char ga[300], ha[300];
+    bound_address(cfg->grpc_listen, grpcsrv_port(d->gs), ga, sizeof ga);
+    bound_address(cfg->http_listen, http_port(d->hs), ha, sizeof ha);
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "listening");
+    log_str(&ln, "grpc", ga);
+    log_str(&ln, "http", ha);
+    log_str(&ln, "tls", cfg->tls_cert_file ? (cfg->tls_client_ca_file ? "mutual" : "on") : "off");
+    log_int(&ln, "threads", cfg->threads);
+    log_str(&ln, "models", cfg->model_repository);
+    log_end(&ln);
+}
+
+/* Batchers, both front ends (ports bound and logged), then the registry's
+ * worker. -1 with *err when a part cannot start. */
+static int start_serving(serve *d, ikbo_err *err)
+{
+    const config *cfg = &d->cfg;
+    if (!(d->batchers = batcher_set_new(d->reg, &cfg->batching, &d->mx, err)))
+        return -1;
+    grpc_init();
+    d->grpc_inited = 1;
+    d->env = (rank_env){.reg = d->reg, .limits = &cfg->limits, .metrics = &d->mx,
+                        .batchers = d->batchers};
+    grpcsrv_opts go = {
+        .listen = cfg->grpc_listen,
+        .threads = cfg->threads,
+        .max_message_bytes = cfg->limits.max_message_bytes,
+        .max_metadata_bytes = cfg->max_metadata_bytes,
+        .tls_cert_file = cfg->tls_cert_file,
+        .tls_key_file = cfg->tls_key_file,
+        .tls_client_ca_file = cfg->tls_client_ca_file,
+        .rank = &d->env,
+        .reg = d->reg,
+        .metrics = &d->mx,
+        .draining = &g_draining,
+    };
+    if (!(d->gs = grpcsrv_start(&go, err)))
+        return -1;
+    http_opts ho = {
+        .listen = cfg->http_listen,
+        .max_body_bytes = cfg->limits.max_message_bytes,
+        .rank = &d->env,
+        .reg = d->reg,
+        .metrics = &d->mx,
+        .draining = &g_draining,
+        .admin = cfg->admin_http == CONFIG_ADMIN_ANY   ? HTTP_ADMIN_ANY
+                 : cfg->admin_http == CONFIG_ADMIN_OFF ? HTTP_ADMIN_OFF
+                                                       : HTTP_ADMIN_LOCAL,
+    };
+    if (!(d->hs = http_start(&ho, err)))
+        return -1;
+    log_listening(d);
+    return registry_start(d->reg, err);
+}
+
+/* Until SIGTERM or SIGINT (logged as draining); SIGHUP rescans the
+ * repository. */
+static void wait_for_stop(const serve *d, const sigset_t *sigs)
+{
+    for (;;) {
+        int sig = 0;
+        if (sigwait(sigs, &sig) != 0) continue;
+        if (sig == SIGHUP) {
+            log_msg(LOG_LEVEL_INFO, "reload_requested",
+                    "SIGHUP: rescanning the model repository");
+            registry_rescan(d->reg);
+            continue;
+        }
+        log_line ln;
+        log_begin(&ln, LOG_LEVEL_INFO, "draining");
+        log_str(&ln, "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        log_int(&ln, "drain_timeout_ms", d->cfg.drain_timeout_ms);
+        log_end(&ln);
+        return;
+    }
+}
+
+/* gRPC stops accepting and finishes its calls within drain_timeout_ms; what
+ * is left of it goes to HTTP ranks in flight (serve_stop). */
+static void drain(serve *d)
+{
+    atomic_store(&g_draining, 1);
+    int ms = grpcsrv_shutdown(d->gs, d->cfg.drain_timeout_ms);
+    int left = (int)d->cfg.drain_timeout_ms - ms;
+    d->http_wait_ms = ms >= 0 && left > 0 ? left : 0;
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "drained");
+    if (ms >= 0)
+        log_int(&ln, "ms", ms);
+    else
+        log_str(&ln, "cancelled", "true");
+    log_end(&ln);
+}
+
+static void serve_stop(serve *d)
+{
+    atomic_store(&g_draining, 1);
+    http_stop(d->hs, d->http_wait_ms);
+    registry_stop(d->reg); /* after the load in progress, if any */
+    grpcsrv_free(d->gs);
+    /* After every front end is gone: answers queued work, then the batchers
+     * drop their model references. */
+    batcher_set_free(d->batchers);
+    if (d->grpc_inited) grpc_shutdown_blocking();
+    registry_free(d->reg);
+    free(d->policies);
+    metrics_server_free(&d->mx);
+    config_free(&d->cfg);
+}
+
 int main(int argc, char **argv)
 {
     limit_malloc_arenas();
-    config cfg;
-    enum config_action action;
-    ikbo_err err;
-    memset(&err, 0, sizeof err);
-    if (config_resolve(&cfg, argc, argv, (const char *const *)environ, &action, &err) != 0) {
-        fprintf(stderr, "ikbo-serve: %s\n", err.msg);
-        config_free(&cfg);
-        return 2;
-    }
-    if (action == CONFIG_HELP) {
-        config_write_help(stdout, "ikbo-serve");
-        config_free(&cfg);
-        return 0;
-    }
-    if (action == CONFIG_VERSION) {
-        printf("ikbo-serve %s\n", ikbo_version());
-        config_free(&cfg);
-        return 0;
-    }
-    /* TLS files are part of the configuration: an unreadable one is a config
-     * error (exit 2) found before anything starts. */
-    const char *tls_files[][2] = {{"tls.cert_file", cfg.tls_cert_file},
-                                  {"tls.key_file", cfg.tls_key_file},
-                                  {"tls.client_ca_file", cfg.tls_client_ca_file}};
-    for (size_t i = 0; i < sizeof tls_files / sizeof *tls_files; i++) {
-        if (tls_files[i][1] && access(tls_files[i][1], R_OK) != 0) {
-            fprintf(stderr, "ikbo-serve: %s: %s: %s\n", tls_files[i][0], tls_files[i][1],
-                    strerror(errno));
-            config_free(&cfg);
-            return 2;
-        }
-    }
-    log_setup((enum log_level)cfg.log_level, cfg.log_format == CONFIG_LOG_JSON, NULL);
+    serve d;
+    memset(&d, 0, sizeof d);
+    int rc = resolve_config(&d, argc, argv);
+    if (rc >= 0) return rc;
+    log_setup((enum log_level)d.cfg.log_level, d.cfg.log_format == CONFIG_LOG_JSON, NULL);
 
-    /* Signals are taken synchronously by sigwait below; every thread made
-     * from here on (ours, gRPC's, libevent's) inherits the blocked mask. */
+    /* Signals are taken synchronously by sigwait; every thread made from
+     * here on (ours, gRPC's, libevent's) inherits the blocked mask. */
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
@@ -143,170 +332,26 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = 1;
-    int http_wait_ms = 0; /* what the drain leaves to HTTP ranks in flight */
-    metrics_server mx;
-    registry *reg = NULL;
-    grpcsrv *gs = NULL;
-    http_server *hs = NULL;
-    batcher_set *batchers = NULL;
-    int grpc_inited = 0;
-    registry_model_policy *policies = NULL;
-
-    if (metrics_server_init(&mx, ikbo_version()) != 0) {
+    if (metrics_server_init(&d.mx, ikbo_version()) != 0) {
         fprintf(stderr, "ikbo-serve: out of memory\n");
-        config_free(&cfg);
+        config_free(&d.cfg);
         return 1;
     }
-    registry_opts ro = {
-        .repository = cfg.model_repository,
-        .models = (const char *const *)cfg.models,
-        .n_models = cfg.n_models,
-        .device = cfg.device,
-        .mode = cfg.mode,
-        .n_slots = CONFIG_BATCH_MAX_INSTANCES, /* batcher instance i scores with slot i */
-    };
-    ro.default_policy = to_policy(&cfg.version_policy);
-    ro.poll_ms = cfg.repository_poll_ms;
-    ro.settle_ms = cfg.repository_settle_ms;
-    ro.load_failures = mx.model_load_failures_total;
-    if (cfg.n_model_policy) {
-        policies = calloc((size_t)cfg.n_model_policy, sizeof *policies);
-        if (!policies) {
-            fprintf(stderr, "ikbo-serve: out of memory\n");
-            goto out;
-        }
-        for (int i = 0; i < cfg.n_model_policy; i++) {
-            policies[i].name = cfg.model_policy[i].name;
-            policies[i].policy = to_policy(&cfg.model_policy[i].policy);
-        }
-        ro.policies = policies;
-        ro.n_policies = cfg.n_model_policy;
+    if ((rc = open_registry(&d)) != 0) {
+        serve_stop(&d);
+        return rc;
     }
-    reg = registry_new(&ro, &err);
-    if (!reg) {
-        fprintf(stderr, "ikbo-serve: %s\n", err.msg);
-        rc = 2;
-        goto out;
-    }
-    metrics_family_set_collect(mx.model_loaded, collect_loaded, reg);
-    metrics_family_set_collect(mx.model_memory_bytes, registry_collect_memory, reg);
-    /* After the repository check, so a config error stays one line. */
-    {
-        char *cj = config_to_json(&cfg);
-        log_line ln;
-        log_begin(&ln, LOG_LEVEL_INFO, "start");
-        log_str(&ln, "version", ikbo_version());
-        log_int(&ln, "pid", (int64_t)getpid());
-        log_str(&ln, "config", cj);
-        log_end(&ln);
-        free(cj);
-    }
-
-    batchers = batcher_set_new(reg, &cfg.batching, &mx, &err);
-    if (!batchers) {
+    log_start(&d.cfg); /* after the repository check, so a config error stays one line */
+    ikbo_err err;
+    memset(&err, 0, sizeof err);
+    if (start_serving(&d, &err) != 0) {
         log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
-        goto out;
+        serve_stop(&d);
+        return 1;
     }
-    grpc_init();
-    grpc_inited = 1;
-    rank_env env = {.reg = reg, .limits = &cfg.limits, .metrics = &mx, .batchers = batchers};
-    grpcsrv_opts go = {
-        .listen = cfg.grpc_listen,
-        .threads = cfg.threads,
-        .max_message_bytes = cfg.limits.max_message_bytes,
-        .max_metadata_bytes = cfg.max_metadata_bytes,
-        .tls_cert_file = cfg.tls_cert_file,
-        .tls_key_file = cfg.tls_key_file,
-        .tls_client_ca_file = cfg.tls_client_ca_file,
-        .rank = &env,
-        .reg = reg,
-        .metrics = &mx,
-        .draining = &g_draining,
-    };
-    gs = grpcsrv_start(&go, &err);
-    if (!gs) {
-        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
-        goto out;
-    }
-    http_opts ho = {
-        .listen = cfg.http_listen,
-        .max_body_bytes = cfg.limits.max_message_bytes,
-        .rank = &env,
-        .reg = reg,
-        .metrics = &mx,
-        .draining = &g_draining,
-        .admin = cfg.admin_http == CONFIG_ADMIN_ANY   ? HTTP_ADMIN_ANY
-                 : cfg.admin_http == CONFIG_ADMIN_OFF ? HTTP_ADMIN_OFF
-                                                      : HTTP_ADMIN_LOCAL,
-    };
-    hs = http_start(&ho, &err);
-    if (!hs) {
-        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
-        goto out;
-    }
-    {
-        char ga[300], ha[300];
-        bound_address(cfg.grpc_listen, grpcsrv_port(gs), ga, sizeof ga);
-        bound_address(cfg.http_listen, http_port(hs), ha, sizeof ha);
-        log_line ln;
-        log_begin(&ln, LOG_LEVEL_INFO, "listening");
-        log_str(&ln, "grpc", ga);
-        log_str(&ln, "http", ha);
-        log_str(&ln, "tls", cfg.tls_cert_file ? (cfg.tls_client_ca_file ? "mutual" : "on") : "off");
-        log_int(&ln, "threads", cfg.threads);
-        log_str(&ln, "models", cfg.model_repository);
-        log_end(&ln);
-    }
-
-    if (registry_start(reg, &err) != 0) {
-        log_msg(LOG_LEVEL_ERROR, "startup_failed", "%s", err.msg);
-        goto out;
-    }
-
-    for (;;) {
-        int sig = 0;
-        if (sigwait(&sigs, &sig) != 0) continue;
-        if (sig == SIGHUP) {
-            log_msg(LOG_LEVEL_INFO, "reload_requested",
-                    "SIGHUP: rescanning the model repository");
-            registry_rescan(reg);
-            continue;
-        }
-        log_line ln;
-        log_begin(&ln, LOG_LEVEL_INFO, "draining");
-        log_str(&ln, "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-        log_int(&ln, "drain_timeout_ms", cfg.drain_timeout_ms);
-        log_end(&ln);
-        break;
-    }
-    atomic_store(&g_draining, 1);
-    int ms = grpcsrv_shutdown(gs, cfg.drain_timeout_ms);
-    http_wait_ms = ms >= 0 && ms < (int)cfg.drain_timeout_ms ? (int)cfg.drain_timeout_ms - ms : 0;
-    rc = 0;
-    {
-        log_line ln;
-        log_begin(&ln, LOG_LEVEL_INFO, "drained");
-        if (ms >= 0)
-            log_int(&ln, "ms", ms);
-        else
-            log_str(&ln, "cancelled", "true");
-        log_end(&ln);
-    }
-
-out:
-    atomic_store(&g_draining, 1);
-    http_stop(hs, http_wait_ms);
-    registry_stop(reg); /* after the load in progress, if any */
-    grpcsrv_free(gs);
-    /* After every front end is gone: answers queued work, then the batchers
-     * drop their model references. */
-    batcher_set_free(batchers);
-    if (grpc_inited) grpc_shutdown_blocking();
-    registry_free(reg);
-    free(policies);
-    metrics_server_free(&mx);
-    if (rc == 0) log_msg(LOG_LEVEL_INFO, "stopped", "exit 0");
-    config_free(&cfg);
-    return rc;
+    wait_for_stop(&d, &sigs);
+    drain(&d);
+    serve_stop(&d);
+    log_msg(LOG_LEVEL_INFO, "stopped", "exit 0");
+    return 0;
 }
