@@ -295,6 +295,32 @@ static int parse_tables(ld *L, const json_t *tables)
 
 /* -------------------------------------------------------------- layers */
 
+/* Whether the op takes an input of this kind (accept: OP_ACC_*), with the
+ * message that says what it reads instead. q: the quoted reference. */
+static int check_accept(ld *L, const char *pre, const char *what, const char *q, const char *opn,
+                        enum ref_kind kind, int accept)
+{
+    int want = kind == REF_SPARSE ? OP_ACC_SPARSE : kind == REF_HISTORY ? OP_ACC_HISTORY
+                                                                        : OP_ACC_VALUE;
+    if (accept & want)
+        return 0;
+    if (accept & OP_ACC_SPARSE)
+        js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
+                        "candidate.sparse.<f>), got '%s'",
+                pre, q);
+    else if (accept & OP_ACC_HISTORY)
+        js_fail(&L->jc, "%shistory_embedding input must be 'user.history', got '%s'", pre, q);
+    else if (kind == REF_SPARSE)
+        js_fail(&L->jc, "%s%s '%s' is a sparse feature; only embedding_bag reads sparse "
+                        "features (op '%s')",
+                pre, what, q, opn);
+    else
+        js_fail(&L->jc, "%s%s 'user.history' is the raw history; only history_embedding "
+                        "reads it (op '%s')",
+                pre, what, opn);
+    return -1;
+}
+
 /* Resolves one input reference of layer i. `what` names the role for
  * messages ("input", "query", "inputs[2]"). */
 static int resolve(ld *L, int i, const char *pre, const char *what, const char *r, int accept,
@@ -340,35 +366,8 @@ static int resolve(ld *L, int i, const char *pre, const char *what, const char *
         return -1;
     }
 
-    if (kind == REF_SPARSE && !(accept & OP_ACC_SPARSE)) {
-        if (accept & OP_ACC_HISTORY)
-            js_fail(&L->jc, "%shistory_embedding input must be 'user.history', got '%s'", pre, q);
-        else
-            js_fail(&L->jc, "%s%s '%s' is a sparse feature; only embedding_bag reads sparse "
-                            "features (op '%s')",
-                    pre, what, q, opn);
+    if (check_accept(L, pre, what, q, opn, kind, accept))
         return -1;
-    }
-    if (kind == REF_HISTORY && !(accept & OP_ACC_HISTORY)) {
-        if (accept & OP_ACC_SPARSE)
-            js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
-                            "candidate.sparse.<f>), got '%s'",
-                    pre, q);
-        else
-            js_fail(&L->jc, "%s%s 'user.history' is the raw history; only history_embedding "
-                            "reads it (op '%s')",
-                    pre, what, opn);
-        return -1;
-    }
-    if (kind == REF_VALUE && !(accept & OP_ACC_VALUE)) {
-        if (accept & OP_ACC_SPARSE)
-            js_fail(&L->jc, "%sembedding_bag input must be a sparse feature (user.sparse.<f> or "
-                            "candidate.sparse.<f>), got '%s'",
-                    pre, q);
-        else
-            js_fail(&L->jc, "%shistory_embedding input must be 'user.history', got '%s'", pre, q);
-        return -1;
-    }
 
     if (!rest) { /* a layer */
         int j = nent_find(L->lidx, m->n_layers, r);
