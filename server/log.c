@@ -54,7 +54,9 @@ static void f_puts(field *f, const char *s)
     while (*s) f_putc(f, *s++);
 }
 
-static void f_json_string(field *f, const char *v)
+/* v in double quotes, with " \\ \n \r \t escaped by a backslash and other
+ * control bytes as \u00XX (json) or \xXX (plain, which escapes DEL too). */
+static void f_quoted(field *f, const char *v, int json)
 {
     static const char hex[] = "0123456789abcdef";
     f_putc(f, '"');
@@ -66,8 +68,8 @@ static void f_json_string(field *f, const char *v)
         case '\r': f_puts(f, "\\r"); break;
         case '\t': f_puts(f, "\\t"); break;
         default:
-            if (*p < 0x20) {
-                f_puts(f, "\\u00");
+            if (*p < 0x20 || (!json && *p == 0x7f)) {
+                f_puts(f, json ? "\\u00" : "\\x");
                 f_putc(f, hex[*p >> 4]);
                 f_putc(f, hex[*p & 15]);
             } else {
@@ -77,6 +79,8 @@ static void f_json_string(field *f, const char *v)
     }
     f_putc(f, '"');
 }
+
+static void f_json_string(field *f, const char *v) { f_quoted(f, v, 1); }
 
 static int plain_needs_quotes(const char *v)
 {
@@ -88,30 +92,10 @@ static int plain_needs_quotes(const char *v)
 
 static void f_plain_value(field *f, const char *v)
 {
-    static const char hex[] = "0123456789abcdef";
-    if (!plain_needs_quotes(v)) {
+    if (plain_needs_quotes(v))
+        f_quoted(f, v, 0);
+    else
         f_puts(f, v);
-        return;
-    }
-    f_putc(f, '"');
-    for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
-        switch (*p) {
-        case '"': f_puts(f, "\\\""); break;
-        case '\\': f_puts(f, "\\\\"); break;
-        case '\n': f_puts(f, "\\n"); break;
-        case '\r': f_puts(f, "\\r"); break;
-        case '\t': f_puts(f, "\\t"); break;
-        default:
-            if (*p < 0x20 || *p == 0x7f) {
-                f_puts(f, "\\x");
-                f_putc(f, hex[*p >> 4]);
-                f_putc(f, hex[*p & 15]);
-            } else {
-                f_putc(f, (char)*p);
-            }
-        }
-    }
-    f_putc(f, '"');
 }
 
 /* Appends a finished field when it fits; otherwise marks the line cut and
