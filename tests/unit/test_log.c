@@ -69,6 +69,31 @@ static void test_json(void **state)
     free(s);
 }
 
+static void emit_control(void)
+{
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_INFO, "bytes");
+    log_str(&ln, "v", "a\x01\tb\x7f\x1f");
+    log_end(&ln);
+}
+
+/* Control bytes: plain lines escape them (DEL too) as \xXX, JSON as \u00XX
+ * (DEL is valid JSON and stays). */
+static void test_control_bytes(void **state)
+{
+    (void)state;
+    char *s = capture(LOG_LEVEL_INFO, 0, emit_control);
+    const char *v = strstr(s, " v=");
+    assert_non_null(v);
+    assert_string_equal(v, " v=\"a\\x01\\tb\\x7f\\x1f\"\n");
+    free(s);
+    s = capture(LOG_LEVEL_INFO, 1, emit_control);
+    v = strstr(s, "\"v\":");
+    assert_non_null(v);
+    assert_string_equal(v, "\"v\":\"a\\u0001\\tb\x7f\\u001f\"}\n");
+    free(s);
+}
+
 static void test_level_filter(void **state)
 {
     (void)state;
@@ -109,6 +134,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain),
         cmocka_unit_test(test_json),
+        cmocka_unit_test(test_control_bytes),
         cmocka_unit_test(test_level_filter),
         cmocka_unit_test(test_truncation),
     };
