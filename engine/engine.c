@@ -776,8 +776,8 @@ void *op_out_placed(op_run *r, int rows, int width, int *ld)
     int s = c->m->into[r->li];
     *ld = width;
     if (s < 0) return op_out(r, (size_t)rows, (size_t)width);
-    char *base = gather_rows(c, s, rows, ld);
-    return c->dry ? NULL : base + (size_t)c->m->into_col[r->li] * c->m->be->act_size;
+    char *base = gather_rows(c, s, rows, ld); /* NULL in the dry pass */
+    return base ? base + (size_t)c->m->into_col[r->li] * c->m->be->act_size : NULL;
 }
 
 const void *op_broadcast(op_run *r, const void *src, int width)

@@ -86,21 +86,25 @@ int bk_bags_check(const bk_bag *bags, int n, bk_err *err)
     return 0;
 }
 
-int bk_bad_ldkv(const char *op, int ldkv, int heads, int dh, bk_err *err)
+int bk_bad_stride(const char *op, const char *what, int64_t ld, const char *of, int64_t width,
+                  bk_err *err)
 {
-    if ((int64_t)ldkv < (int64_t)heads * dh) {
-        bk_seterr(err, "%s: K/V row stride %d is below heads * head_dim = %lld", op, ldkv,
-                  (long long)heads * dh);
-        return -1;
-    }
-    return 0;
+    if (ld >= width)
+        return 0;
+    bk_seterr(err, "%s: %s %lld is below %s = %lld", op, what, (long long)ld, of,
+              (long long)width);
+    return -1;
 }
 
-int bk_grouped_check(int has_w, int in, int out, int ldx, int64_t gx, int groups, int g,
-                     enum bk_act act, int ldy, int64_t gy, bk_err *err)
+int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx, int groups,
+                     int g, enum bk_act act, int ldy, int64_t gy, bk_err *err)
 {
     if (!has_w) {
         bk_seterr(err, "linear_grouped: weight is NULL");
+        return -1;
+    }
+    if (nbias >= 0 && nbias != out) {
+        bk_seterr(err, "linear_grouped: bias has %d values for %d outputs", nbias, out);
         return -1;
     }
     if (groups < 0 || g < 0 || (g > 0 && groups > INT32_MAX / g)) {

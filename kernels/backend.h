@@ -386,16 +386,19 @@ static inline int bk_parse_device(const char *s, int *ordinal)
  * non-NULL. 0, or -1 with err set. */
 int bk_bags_check(const bk_bag *bags, int n, bk_err *err);
 /* linear_grouped's arguments (both backends) for a weight [out, in]
- * (has_w: the weight is not NULL): counts >= 0, act NONE or RELU, strides
- * that keep rows and groups apart. 1: valid and uniform (one group, or gx =
+ * (has_w: the weight is not NULL) and nbias bias values (-1: no bias):
+ * counts >= 0, nbias = out, act NONE or RELU, strides that keep rows and
+ * groups apart. 1: valid and uniform (one group, or gx =
  * g*ldx and gy = g*ldy: plain linear over groups*g rows), 0: valid, -1:
  * error set. */
-int bk_grouped_check(int has_w, int in, int out, int ldx, int64_t gx, int groups, int g,
-                     enum bk_act act, int ldy, int64_t gy, bk_err *err);
+int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx, int groups,
+                     int g, enum bk_act act, int ldy, int64_t gy, bk_err *err);
 
-/* attention's K/V row stride (both backends): ldkv >= heads * dh. 0, or
- * -1 with err set naming op. */
-int bk_bad_ldkv(const char *op, int ldkv, int heads, int dh, bk_err *err);
+/* A row stride against the width it must hold (both backends): 0 when ld
+ * >= width, else -1 with err "op: what ld is below of = width" (e.g.
+ * attention's K/V rows, pool's output rows). */
+int bk_bad_stride(const char *op, const char *what, int64_t ld, const char *of, int64_t width,
+                  bk_err *err);
 
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms

@@ -193,7 +193,8 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v, int
                   int dh, void *o, bk_err *err)
 {
     const char *op = "attention";
-    if (bad_sizes(op, nu, nc, tq, heads, dh, err) || bk_bad_ldkv(op, ldkv, heads, dh, err))
+    if (bad_sizes(op, nu, nc, tq, heads, dh, err) ||
+        bk_bad_stride(op, "K/V row stride", ldkv, "heads * head_dim", (int64_t)heads * dh, err))
         return -1;
     if (nc == 0 || tq == 0)
         return 0;

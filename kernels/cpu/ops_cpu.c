@@ -317,8 +317,9 @@ int cpu_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int gro
                        const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,
                        int ldy, int64_t gy, bk_err *err)
 {
-    int uni = bk_grouped_check(w != NULL, w ? w->cols : 0, w ? w->rows : 0, ldx, gx, groups, g,
-                               act, ldy, gy, err);
+    int uni = bk_grouped_check(w != NULL, w ? w->cols : 0, w ? w->rows : 0,
+                               bias ? bias->rows * bias->cols : -1, ldx, gx, groups, g, act, ldy,
+                               gy, err);
     if (uni)
         return uni < 0 ? -1 : cpu_linear(s, x, ldx, groups * g, w, bias, act, y, ldy, err);
     if (!x || !y) {

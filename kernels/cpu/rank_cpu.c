@@ -59,10 +59,8 @@ int cpu_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k, 
                             n < 0 ? n : d < 0 ? d : k, err);
     if ((int)fn < BK_POOL_SUM || fn > BK_POOL_LAST)
         return cpu_bad_dims(op, "fn", fn, err);
-    if (ld < d) {
-        bk_seterr(err, "%s: output row stride %d below dim %d", op, ld, d);
+    if (bk_bad_stride(op, "output row stride", ld, "dim", d, err))
         return -1;
-    }
     if (n == 0 || d == 0)
         return 0;
     if (!out) {

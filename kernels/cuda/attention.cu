@@ -618,7 +618,8 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v, in
     cu_prof_scope prof_(s, "attention");
     if (nc <= 0 || tq <= 0 || heads <= 0 || dh <= 0)
         return 0;
-    if (bk_bad_ldkv("attention", ldkv, heads, dh, err))
+    if (bk_bad_stride("attention", "K/V row stride", ldkv, "heads * head_dim",
+                      (int64_t)heads * dh, err))
         return -1;
     if (nu <= 0) {
         bk_seterr(err, "attention: %d candidates but no users", nc);

@@ -1903,8 +1903,9 @@ static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx,
                                int g, const bk_weight *w, const bk_weight *bias, enum bk_act act,
                                void *y, int ldy, int64_t gy, bk_err *err)
 {
-    int uni = bk_grouped_check(w != NULL, w ? w->cols : 0, w ? w->rows : 0, ldx, gx, groups, g,
-                               act, ldy, gy, err);
+    int uni = bk_grouped_check(w != NULL, w ? w->cols : 0, w ? w->rows : 0,
+                               bias ? bias->rows * bias->cols : -1, ldx, gx, groups, g, act, ldy,
+                               gy, err);
     if (uni)
         return uni < 0 ? -1 : cuda_linear(s, x, ldx, groups * g, w, bias, act, y, ldy, err);
     int out = w->rows, in = w->cols;
@@ -1912,11 +1913,6 @@ static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx,
                                    : "linear grouped");
     if (g == 0 || out == 0)
         return 0;
-    if (bias && bias->rows * bias->cols != out) {
-        bk_seterr(err, "linear_grouped: bias has %d values for %d outputs",
-                  bias->rows * bias->cols, out);
-        return -1;
-    }
     if (prof_.on())
         prof_.work(2.0 * groups * g * in * out,
                    ((double)groups * g * (in + out) + (double)out * in + (bias ? out : 0)) *

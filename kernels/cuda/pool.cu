@@ -187,10 +187,8 @@ int cuda_pool(bk_stream *s, const void *x, const int64_t *offsets, int n, int k,
         bk_seterr(err, "pool: %d tokens", k);
         return -1;
     }
-    if (ld < d) {
-        bk_seterr(err, "pool: output row stride %d below dim %d", ld, d);
+    if (bk_bad_stride("pool", "output row stride", ld, "dim", d, err))
         return -1;
-    }
     if (n <= 0 || d <= 0)
         return 0;
     cu_prof_jag j;

@@ -891,6 +891,11 @@ static void test_linear_grouped(void **state)
                                            10, &t->err),
                      -1);
     assert_non_null(strstr(t->err.msg, "weight is NULL"));
+    bk_weight *wb2 = wnew(t, w, 1, 2); /* 2 bias values for 3 outputs */
+    assert_int_equal(t->be->linear_grouped(t->s, dx, 4, 8, 3, 2, ww, wb2, BK_ACT_NONE, dy, 3, 10,
+                                           &t->err),
+                     -1);
+    assert_non_null(strstr(t->err.msg, "linear_grouped: bias has 2 values for 3 outputs"));
     assert_int_equal(t->be->linear_grouped(t->s, dx, 4, 40, 3, 2, ww, NULL, BK_ACT_NONE, dx + 8, 3,
                                            40, &t->err),
                      -1);
