@@ -392,6 +392,150 @@ static void text_lat(const char *label, const hist *h)
            h->count ? (double)h->max * ms : 0, h->count);
 }
 
+/* What a run's report needs: the options, the model, the requests and the
+ * merged stats, with the figures and shape strings derived once. */
+typedef struct report {
+    const opts *o;
+    const lg_model *m;
+    const lg_bodies *bodies;
+    const lg_stats *st;
+    int open;
+    double rps, ok_rps, cps;
+    char cd[256], hd[256], uid[256], cid[256];
+} report;
+
+static void report_init(report *r, const opts *o, const lg_model *m, const lg_bodies *bodies,
+                        const lg_stats *st)
+{
+    const shape *s = &o->sh;
+    r->o = o;
+    r->m = m;
+    r->bodies = bodies;
+    r->st = st;
+    r->open = o->rate > 0;
+    r->rps = (double)st->measured / st->duration_s;
+    r->ok_rps = (double)st->lat_ok.count / st->duration_s;
+    r->cps = st->ok_candidates / st->duration_s;
+    dist_format(&s->candidates, r->cd, sizeof r->cd);
+    if (s->has_history) dist_format(&s->history, r->hd, sizeof r->hd);
+    else snprintf(r->hd, sizeof r->hd, "%u", m->has_history ? m->hist_max_len : 0);
+    dist_format(&s->user_ids, r->uid, sizeof r->uid);
+    dist_format(&s->cand_ids, r->cid, sizeof r->cid);
+}
+
+static json_t *shape_json(const report *r)
+{
+    const shape *s = &r->o->sh;
+    json_t *sj = json_object();
+    json_object_set_new(sj, "users", json_integer(s->users));
+    json_object_set_new(sj, "candidates", json_string(r->cd));
+    json_object_set_new(sj, "history", json_string(r->hd));
+    json_object_set_new(sj, "user_ids_per_bag", json_string(r->uid));
+    json_object_set_new(sj, "candidate_ids_per_bag", json_string(r->cid));
+    json_object_set_new(sj, "repeat_users", json_real(s->repeat_users));
+    json_object_set_new(sj, "user_pool", json_integer(s->user_pool));
+    json_object_set_new(sj, "id_range", json_integer(s->id_range));
+    json_object_set_new(sj, "distinct", json_integer(s->distinct));
+    json_object_set_new(sj, "shuffle", json_boolean(s->shuffle));
+    json_object_set_new(sj, "top_k", json_integer(s->top_k));
+    json_object_set_new(sj, "seed", json_integer((json_int_t)s->seed));
+    json_object_set_new(sj, "encoding", json_string(lg_encoding_name(s->encoding)));
+    json_object_set_new(sj, "mean_candidates", json_real(r->bodies->mean_cands));
+    json_object_set_new(sj, "mean_request_bytes", json_real(r->bodies->mean_bytes));
+    return sj;
+}
+
+static json_t *measured_json(const report *r)
+{
+    const lg_stats *st = r->st;
+    json_t *mj = json_object();
+    json_object_set_new(mj, "requests", json_integer((json_int_t)st->measured));
+    json_object_set_new(mj, "codes", codes_json(st->codes));
+    json_object_set_new(mj, "invalid_responses", json_integer((json_int_t)st->invalid));
+    json_object_set_new(mj, "requests_per_s", json_real(r->rps));
+    json_object_set_new(mj, "ok_per_s", json_real(r->ok_rps));
+    json_object_set_new(mj, "candidates_per_s", json_real(r->cps));
+    json_object_set_new(mj, "latency_ms", lat_json(&st->lat_ok));
+    json_object_set_new(mj, "latency_all_ms", lat_json(&st->lat_all));
+    if (r->open) json_object_set_new(mj, "send_lag_ms", lat_json(&st->send_lag));
+    return mj;
+}
+
+/* --json: one object on stdout (bench/e2e/run.sh and report.py read it). */
+static void print_json(const report *r)
+{
+    const opts *o = r->o;
+    const lg_stats *st = r->st;
+    json_t *j = json_object();
+    json_object_set_new(j, "target", json_string(o->target));
+    json_object_set_new(j, "model", json_string(r->m->name));
+    json_object_set_new(j, "model_version", json_integer(r->m->version));
+    json_object_set_new(j, "server_mode", json_string(r->m->mode));
+    json_object_set_new(j, "device", json_string(r->m->device));
+    json_object_set_new(j, "loop", json_string(r->open ? "open" : "closed"));
+    if (r->open) {
+        json_object_set_new(j, "rate", json_real(o->rate));
+        json_object_set_new(j, "arrivals", json_string(o->poisson ? "poisson" : "uniform"));
+        json_object_set_new(j, "max_inflight", json_integer(o->max_inflight));
+    } else {
+        json_object_set_new(j, "concurrency", json_integer(o->concurrency));
+    }
+    json_object_set_new(j, "threads", json_integer(o->threads));
+    json_object_set_new(j, "connections", json_integer(o->connections));
+    json_object_set_new(j, "warmup_s", json_real(o->warmup));
+    json_object_set_new(j, "duration_s", json_real(st->duration_s));
+    json_object_set_new(j, "elapsed_s", json_real(st->elapsed_s));
+    json_object_set_new(j, "timeout_ms", json_integer(o->timeout_ms));
+    json_object_set_new(j, "verify", json_boolean(o->verify));
+    json_object_set_new(j, "shape", shape_json(r));
+    json_object_set_new(j, "sent", json_integer((json_int_t)st->sent));
+    if (r->open) {
+        json_object_set_new(j, "scheduled", json_integer((json_int_t)st->scheduled));
+        json_object_set_new(j, "unsent", json_integer((json_int_t)st->unsent));
+    }
+    json_object_set_new(j, "codes", codes_json(st->codes_all));
+    json_object_set_new(j, "invalid_responses", json_integer((json_int_t)st->invalid_all));
+    json_object_set_new(j, "measured", measured_json(r));
+    json_object_set_new(j, "first_error", st->first_error[0] ? json_string(st->first_error) : json_null());
+    char *out = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    if (!out) die("out of memory");
+    puts(out);
+    free(out);
+    json_decref(j);
+}
+
+static void print_text(const report *r)
+{
+    const opts *o = r->o;
+    const shape *s = &o->sh;
+    const lg_stats *st = r->st;
+    printf("ikbo-loadgen %s -> %s, model %s version %" PRId64 " (%s, %s)\n", LOADGEN_VERSION,
+           o->target, r->m->name, r->m->version, r->m->mode, r->m->device);
+    if (r->open)
+        printf("open loop: %.1f req/s (%s arrivals, at most %d in flight)", o->rate,
+               o->poisson ? "poisson" : "uniform", o->max_inflight);
+    else
+        printf("closed loop: concurrency %d", o->concurrency);
+    printf(", %d thread(s), %d connection(s), warm-up %.1f s, measured %.1f s, timeout %d ms\n",
+           o->threads, o->connections, o->warmup, st->duration_s, o->timeout_ms);
+    printf("shape: %d user(s)/request, candidates/user %s (mean %.1f per request), history %s, "
+           "ids/bag user %s candidate %s, repeat users %.2f (pool %d), %d distinct requests of "
+           "%.0f bytes mean (%s encoding)\n",
+           s->users, r->cd, r->bodies->mean_cands, r->hd, r->uid, r->cid, s->repeat_users,
+           s->user_pool, s->distinct, r->bodies->mean_bytes, lg_encoding_name(s->encoding));
+    printf("sent %" PRIu64 " (warm-up included): ", st->sent);
+    text_codes(st->codes_all);
+    if (r->open) printf("; unsent %" PRIu64 " of %" PRIu64 " scheduled", st->unsent, st->scheduled);
+    printf("\nmeasured %" PRIu64 ": ", st->measured);
+    text_codes(st->codes);
+    if (st->invalid) printf(", invalid answers %" PRIu64, st->invalid);
+    printf("\nthroughput  %.1f req/s (OK %.1f/s), %.0f candidates/s\n", r->rps, r->ok_rps, r->cps);
+    text_lat("latency OK", &st->lat_ok);
+    if (st->lat_all.count != st->lat_ok.count) text_lat("latency all", &st->lat_all);
+    if (r->open) text_lat("send lag", &st->send_lag);
+    if (st->first_error[0]) printf("first error: %s\n", st->first_error);
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -424,106 +568,10 @@ int main(int argc, char **argv)
     if (!st) die("out of memory");
     if (lg_run(&ro, st, err, sizeof err)) die("%s", err);
 
-    uint64_t ok = st->lat_ok.count;
-    double rps = (double)st->measured / st->duration_s, ok_rps = (double)ok / st->duration_s;
-    double cps = st->ok_candidates / st->duration_s;
-    char cd[256], hd[256], uid[256], cid[256];
-    dist_format(&s->candidates, cd, sizeof cd);
-    if (s->has_history) dist_format(&s->history, hd, sizeof hd);
-    else snprintf(hd, sizeof hd, "%u", m.has_history ? m.hist_max_len : 0);
-    dist_format(&s->user_ids, uid, sizeof uid);
-    dist_format(&s->cand_ids, cid, sizeof cid);
-    int open = o.rate > 0;
-    if (o.json) {
-        json_t *j = json_object();
-        json_object_set_new(j, "target", json_string(o.target));
-        json_object_set_new(j, "model", json_string(m.name));
-        json_object_set_new(j, "model_version", json_integer(m.version));
-        json_object_set_new(j, "server_mode", json_string(m.mode));
-        json_object_set_new(j, "device", json_string(m.device));
-        json_object_set_new(j, "loop", json_string(open ? "open" : "closed"));
-        if (open) {
-            json_object_set_new(j, "rate", json_real(o.rate));
-            json_object_set_new(j, "arrivals", json_string(o.poisson ? "poisson" : "uniform"));
-            json_object_set_new(j, "max_inflight", json_integer(o.max_inflight));
-        } else {
-            json_object_set_new(j, "concurrency", json_integer(o.concurrency));
-        }
-        json_object_set_new(j, "threads", json_integer(o.threads));
-        json_object_set_new(j, "connections", json_integer(o.connections));
-        json_object_set_new(j, "warmup_s", json_real(o.warmup));
-        json_object_set_new(j, "duration_s", json_real(st->duration_s));
-        json_object_set_new(j, "elapsed_s", json_real(st->elapsed_s));
-        json_object_set_new(j, "timeout_ms", json_integer(o.timeout_ms));
-        json_object_set_new(j, "verify", json_boolean(o.verify));
-        json_t *sj = json_object();
-        json_object_set_new(sj, "users", json_integer(s->users));
-        json_object_set_new(sj, "candidates", json_string(cd));
-        json_object_set_new(sj, "history", json_string(hd));
-        json_object_set_new(sj, "user_ids_per_bag", json_string(uid));
-        json_object_set_new(sj, "candidate_ids_per_bag", json_string(cid));
-        json_object_set_new(sj, "repeat_users", json_real(s->repeat_users));
-        json_object_set_new(sj, "user_pool", json_integer(s->user_pool));
-        json_object_set_new(sj, "id_range", json_integer(s->id_range));
-        json_object_set_new(sj, "distinct", json_integer(s->distinct));
-        json_object_set_new(sj, "shuffle", json_boolean(s->shuffle));
-        json_object_set_new(sj, "top_k", json_integer(s->top_k));
-        json_object_set_new(sj, "seed", json_integer((json_int_t)s->seed));
-        json_object_set_new(sj, "encoding", json_string(lg_encoding_name(s->encoding)));
-        json_object_set_new(sj, "mean_candidates", json_real(bodies.mean_cands));
-        json_object_set_new(sj, "mean_request_bytes", json_real(bodies.mean_bytes));
-        json_object_set_new(j, "shape", sj);
-        json_object_set_new(j, "sent", json_integer((json_int_t)st->sent));
-        if (open) {
-            json_object_set_new(j, "scheduled", json_integer((json_int_t)st->scheduled));
-            json_object_set_new(j, "unsent", json_integer((json_int_t)st->unsent));
-        }
-        json_object_set_new(j, "codes", codes_json(st->codes_all));
-        json_object_set_new(j, "invalid_responses", json_integer((json_int_t)st->invalid_all));
-        json_t *mj = json_object();
-        json_object_set_new(mj, "requests", json_integer((json_int_t)st->measured));
-        json_object_set_new(mj, "codes", codes_json(st->codes));
-        json_object_set_new(mj, "invalid_responses", json_integer((json_int_t)st->invalid));
-        json_object_set_new(mj, "requests_per_s", json_real(rps));
-        json_object_set_new(mj, "ok_per_s", json_real(ok_rps));
-        json_object_set_new(mj, "candidates_per_s", json_real(cps));
-        json_object_set_new(mj, "latency_ms", lat_json(&st->lat_ok));
-        json_object_set_new(mj, "latency_all_ms", lat_json(&st->lat_all));
-        if (open) json_object_set_new(mj, "send_lag_ms", lat_json(&st->send_lag));
-        json_object_set_new(j, "measured", mj);
-        json_object_set_new(j, "first_error", st->first_error[0] ? json_string(st->first_error) : json_null());
-        char *out = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
-        if (!out) die("out of memory");
-        puts(out);
-        free(out);
-        json_decref(j);
-    } else {
-        printf("ikbo-loadgen %s -> %s, model %s version %" PRId64 " (%s, %s)\n", LOADGEN_VERSION,
-               o.target, m.name, m.version, m.mode, m.device);
-        if (open)
-            printf("open loop: %.1f req/s (%s arrivals, at most %d in flight)", o.rate,
-                   o.poisson ? "poisson" : "uniform", o.max_inflight);
-        else
-            printf("closed loop: concurrency %d", o.concurrency);
-        printf(", %d thread(s), %d connection(s), warm-up %.1f s, measured %.1f s, timeout %d ms\n",
-               o.threads, o.connections, o.warmup, st->duration_s, o.timeout_ms);
-        printf("shape: %d user(s)/request, candidates/user %s (mean %.1f per request), history %s, "
-               "ids/bag user %s candidate %s, repeat users %.2f (pool %d), %d distinct requests of "
-               "%.0f bytes mean (%s encoding)\n",
-               s->users, cd, bodies.mean_cands, hd, uid, cid, s->repeat_users, s->user_pool,
-               s->distinct, bodies.mean_bytes, lg_encoding_name(s->encoding));
-        printf("sent %" PRIu64 " (warm-up included): ", st->sent);
-        text_codes(st->codes_all);
-        if (open) printf("; unsent %" PRIu64 " of %" PRIu64 " scheduled", st->unsent, st->scheduled);
-        printf("\nmeasured %" PRIu64 ": ", st->measured);
-        text_codes(st->codes);
-        if (st->invalid) printf(", invalid answers %" PRIu64, st->invalid);
-        printf("\nthroughput  %.1f req/s (OK %.1f/s), %.0f candidates/s\n", rps, ok_rps, cps);
-        text_lat("latency OK", &st->lat_ok);
-        if (st->lat_all.count != st->lat_ok.count) text_lat("latency all", &st->lat_all);
-        if (open) text_lat("send lag", &st->send_lag);
-        if (st->first_error[0]) printf("first error: %s\n", st->first_error);
-    }
+    report r;
+    report_init(&r, &o, &m, &bodies, st);
+    if (o.json) print_json(&r);
+    else print_text(&r);
     int failed = st->invalid_all > 0 || st->unsent > 0 || st->measured == 0;
     for (int c = 1; c < LG_N_CODES; c++) failed |= st->codes_all[c] > 0;
     if (!o.json && st->measured == 0) fprintf(stderr, "%s: no call finished in the measured window\n", prog);

@@ -322,6 +322,123 @@ static int seterr(char *buf, size_t n, const char *msg, const char *detail)
     return -1;
 }
 
+/* Channels to the target, each READY (or an error in errbuf). */
+static int connect_all(shared *sh, char *errbuf, size_t n)
+{
+    const lg_run_opts *o = sh->o;
+    for (int c = 0; c < o->connections; c++) {
+        sh->ch[c] = lg_channel_new(o->target, c);
+        if (!sh->ch[c]) return seterr(errbuf, n, "cannot create a channel to", o->target);
+        sh->reg[c] = grpc_channel_register_call(sh->ch[c], RANK_METHOD, NULL, NULL);
+    }
+    for (int c = 0; c < o->connections; c++)
+        if (lg_channel_wait_ready(sh->ch[c], 5000)) {
+            char d[300];
+            snprintf(d, sizeof d, "%s (connection %d not READY after 5 s)", o->target, c);
+            return seterr(errbuf, n, "cannot connect to", d);
+        }
+    return 0;
+}
+
+/* Worker t's queue, connections and call slots; -1 out of memory. */
+static int worker_init(worker *w, shared *sh, int t)
+{
+    const lg_run_opts *o = sh->o;
+    const int T = o->threads, C = o->connections;
+    w->index = t;
+    w->sh = sh;
+    hist_init(&w->st.lat_ok);
+    hist_init(&w->st.lat_all);
+    hist_init(&w->send_lag);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->cq = grpc_completion_queue_create_for_next(NULL);
+    /* connections: worker t takes c = t, t+T, ...; or shares c = t % C */
+    w->chans = calloc((size_t)(C / T + 1), sizeof *w->chans);
+    int total = sh->open ? o->max_inflight : o->concurrency;
+    w->n_slots = total / T + (t < total % T);
+    w->slots = calloc((size_t)(w->n_slots ? w->n_slots : 1), sizeof *w->slots);
+    w->free_stack = calloc((size_t)(w->n_slots ? w->n_slots : 1), sizeof *w->free_stack);
+    if (!w->cq || !w->chans || !w->slots || !w->free_stack) return -1;
+    if (C >= T)
+        for (int c = t; c < C; c += T) w->chans[w->n_chans++] = c;
+    else
+        w->chans[w->n_chans++] = t % C;
+    for (int i = 0; i < w->n_slots; i++) w->free_stack[w->n_free++] = w->n_slots - 1 - i;
+    w->next_body = (uint64_t)t;
+    return 0;
+}
+
+/* Starts every worker's thread(s) on one tick and waits for them all. */
+static void run_workers(shared *sh, worker *ws)
+{
+    const lg_run_opts *o = sh->o;
+    const int T = o->threads;
+    sh->start_ns = now_ns() + 20000000; /* every worker starts on the same tick */
+    sh->warm_ns = sh->start_ns + (int64_t)(o->warmup_s * 1e9);
+    sh->end_ns = sh->warm_ns + (int64_t)(o->duration_s * 1e9);
+    for (int t = 0; t < T; t++) {
+        worker *w = &ws[t];
+        if (sh->open) {
+            if (pthread_create(&w->tid, NULL, open_recv_main, w)) break;
+            w->started = 1;
+            if (pthread_create(&w->tid2, NULL, open_send_main, w)) {
+                atomic_store(&w->sender_done, 1);
+                break;
+            }
+            w->started2 = 1;
+        } else {
+            if (pthread_create(&w->tid, NULL, closed_main, w)) break;
+            w->started = 1;
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        if (ws[t].started2) pthread_join(ws[t].tid2, NULL);
+        if (ws[t].started) pthread_join(ws[t].tid, NULL);
+    }
+}
+
+/* Adds worker w's counts and histograms to out. */
+static void merge_stats(lg_stats *out, const worker *w)
+{
+    const lg_stats *s = &w->st;
+    out->sent += w->sent;
+    out->unsent += w->unsent;
+    for (int c = 0; c < LG_N_CODES; c++) {
+        out->codes_all[c] += s->codes_all[c];
+        out->codes[c] += s->codes[c];
+    }
+    out->measured += s->measured;
+    out->invalid += s->invalid;
+    out->invalid_all += s->invalid_all;
+    out->ok_candidates += s->ok_candidates;
+    out->ok_bytes_sent += s->ok_bytes_sent;
+    hist_merge(&out->lat_ok, &s->lat_ok);
+    hist_merge(&out->lat_all, &s->lat_all);
+    hist_merge(&out->send_lag, &w->send_lag);
+    if (!out->first_error[0] && s->first_error[0])
+        memcpy(out->first_error, s->first_error, sizeof out->first_error);
+}
+
+/* Frees what worker_init made (after its threads ended, or never started). */
+static void worker_free(worker *w)
+{
+    if (w->cq) {
+        grpc_completion_queue_shutdown(w->cq);
+        while (grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(w->cq);
+    }
+    if (w->sh) { /* worker_init ran */
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+    }
+    free(w->chans);
+    free(w->slots);
+    free(w->free_stack);
+}
+
 int lg_run(const lg_run_opts *o, lg_stats *out, char *errbuf, size_t n)
 {
     memset(out, 0, sizeof *out);
@@ -348,117 +465,25 @@ int lg_run(const lg_run_opts *o, lg_stats *out, char *errbuf, size_t n)
         goto done;
     }
     out->scheduled = sh.n_sched;
-    for (int c = 0; c < C; c++) {
-        sh.ch[c] = lg_channel_new(o->target, c);
-        if (!sh.ch[c]) {
-            seterr(errbuf, n, "cannot create a channel to", o->target);
-            goto done;
-        }
-        sh.reg[c] = grpc_channel_register_call(sh.ch[c], RANK_METHOD, NULL, NULL);
-    }
-    for (int c = 0; c < C; c++)
-        if (lg_channel_wait_ready(sh.ch[c], 5000)) {
-            char d[300];
-            snprintf(d, sizeof d, "%s (connection %d not READY after 5 s)", o->target, c);
-            seterr(errbuf, n, "cannot connect to", d);
-            goto done;
-        }
-    for (int t = 0; t < T; t++) {
-        worker *w = &ws[t];
-        w->index = t;
-        w->sh = &sh;
-        hist_init(&w->st.lat_ok);
-        hist_init(&w->st.lat_all);
-        hist_init(&w->send_lag);
-        pthread_mutex_init(&w->mu, NULL);
-        pthread_cond_init(&w->cv, NULL);
-        w->cq = grpc_completion_queue_create_for_next(NULL);
-        /* connections: worker t takes c = t, t+T, ...; or shares c = t % C */
-        w->chans = calloc((size_t)(C / T + 1), sizeof *w->chans);
-        int total = sh.open ? o->max_inflight : o->concurrency;
-        w->n_slots = total / T + (t < total % T);
-        w->slots = calloc((size_t)(w->n_slots ? w->n_slots : 1), sizeof *w->slots);
-        w->free_stack = calloc((size_t)(w->n_slots ? w->n_slots : 1), sizeof *w->free_stack);
-        if (!w->cq || !w->chans || !w->slots || !w->free_stack) {
+    if (connect_all(&sh, errbuf, n)) goto done;
+    for (int t = 0; t < T; t++)
+        if (worker_init(&ws[t], &sh, t)) {
             seterr(errbuf, n, "out of memory", NULL);
             goto done;
         }
-        if (C >= T)
-            for (int c = t; c < C; c += T) w->chans[w->n_chans++] = c;
-        else
-            w->chans[w->n_chans++] = t % C;
-        for (int i = 0; i < w->n_slots; i++) w->free_stack[w->n_free++] = w->n_slots - 1 - i;
-        w->next_body = (uint64_t)t;
-    }
-    sh.start_ns = now_ns() + 20000000; /* every worker starts on the same tick */
-    sh.warm_ns = sh.start_ns + (int64_t)(o->warmup_s * 1e9);
-    sh.end_ns = sh.warm_ns + (int64_t)(o->duration_s * 1e9);
-    for (int t = 0; t < T; t++) {
-        worker *w = &ws[t];
-        if (sh.open) {
-            if (pthread_create(&w->tid, NULL, open_recv_main, w)) break;
-            w->started = 1;
-            if (pthread_create(&w->tid2, NULL, open_send_main, w)) {
-                atomic_store(&w->sender_done, 1);
-                break;
-            }
-            w->started2 = 1;
-        } else {
-            if (pthread_create(&w->tid, NULL, closed_main, w)) break;
-            w->started = 1;
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        if (ws[t].started2) pthread_join(ws[t].tid2, NULL);
-        if (ws[t].started) pthread_join(ws[t].tid, NULL);
-    }
+    run_workers(&sh, ws);
     out->elapsed_s = (double)(now_ns() - sh.start_ns) / 1e9;
     out->duration_s = o->duration_s;
     rc = 0;
     for (int t = 0; t < T; t++) {
         worker *w = &ws[t];
-        if (!w->started || (sh.open && !w->started2)) {
-            seterr(errbuf, n, "cannot start worker threads", NULL);
-            rc = -1;
-        }
-        if (w->err[0] && rc == 0) {
-            seterr(errbuf, n, w->err, NULL);
-            rc = -1;
-        }
-        lg_stats *s = &w->st;
-        out->sent += w->sent;
-        out->unsent += w->unsent;
-        for (int c = 0; c < LG_N_CODES; c++) {
-            out->codes_all[c] += s->codes_all[c];
-            out->codes[c] += s->codes[c];
-        }
-        out->measured += s->measured;
-        out->invalid += s->invalid;
-        out->invalid_all += s->invalid_all;
-        out->ok_candidates += s->ok_candidates;
-        out->ok_bytes_sent += s->ok_bytes_sent;
-        hist_merge(&out->lat_ok, &s->lat_ok);
-        hist_merge(&out->lat_all, &s->lat_all);
-        hist_merge(&out->send_lag, &w->send_lag);
-        if (!out->first_error[0] && s->first_error[0])
-            memcpy(out->first_error, s->first_error, sizeof out->first_error);
+        if (!w->started || (sh.open && !w->started2))
+            rc = seterr(errbuf, n, "cannot start worker threads", NULL);
+        if (w->err[0] && rc == 0) rc = seterr(errbuf, n, w->err, NULL);
+        merge_stats(out, w);
     }
 done:
-    for (int t = 0; ws && t < T; t++) {
-        worker *w = &ws[t];
-        if (w->cq) {
-            grpc_completion_queue_shutdown(w->cq);
-            while (grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-                   GRPC_QUEUE_SHUTDOWN) {
-            }
-            grpc_completion_queue_destroy(w->cq);
-            pthread_mutex_destroy(&w->mu);
-            pthread_cond_destroy(&w->cv);
-        }
-        free(w->chans);
-        free(w->slots);
-        free(w->free_stack);
-    }
+    for (int t = 0; ws && t < T; t++) worker_free(&ws[t]);
     for (int c = 0; sh.ch && c < C; c++)
         if (sh.ch[c]) grpc_channel_destroy(sh.ch[c]);
     free(sh.ch);
