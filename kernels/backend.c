@@ -96,6 +96,21 @@ int bk_bad_stride(const char *op, const char *what, int64_t ld, const char *of, 
     return -1;
 }
 
+int bk_bad_copy(const char *op, size_t n, size_t elem, const void *dst, const void *src,
+                bk_err *err)
+{
+    const char *unit = elem == 1 ? (n == 1 ? "byte" : "bytes") : (n == 1 ? "element" : "elements");
+    if (n > SIZE_MAX / elem) {
+        bk_seterr(err, "%s: %zu %s overflow size_t", op, n, unit);
+        return -1;
+    }
+    if (n && (!dst || !src)) {
+        bk_seterr(err, "%s: NULL buffer for %zu %s", op, n, unit);
+        return -1;
+    }
+    return 0;
+}
+
 int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx, int groups,
                      int g, enum bk_act act, int ldy, int64_t gy, bk_err *err)
 {

@@ -400,6 +400,12 @@ int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx,
 int bk_bad_stride(const char *op, const char *what, int64_t ld, const char *of, int64_t width,
                   bk_err *err);
 
+/* A host<->device copy's arguments (both backends): n elements of elem
+ * bytes (counted in bytes when elem is 1) whose size fits size_t, and dst and src
+ * non-NULL when n > 0. 0, or -1 with err "op: ...". */
+int bk_bad_copy(const char *op, size_t n, size_t elem, const void *dst, const void *src,
+                bk_err *err);
+
 /* Backend constructors. device: "cpu", "cuda:N". NULL with err set when the
  * device is unknown or unavailable in this build. bk_backend_new also arms
  * the backend's fault injection from IKBO_FAULT (kernels/fault.h). */

@@ -82,10 +82,8 @@ void cpu_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag)
 static int cpu_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
 {
     (void)s;
-    if (bytes && (!dst || !src)) {
-        bk_seterr(err, "upload: NULL buffer for %zu bytes", bytes);
+    if (bk_bad_copy("upload", bytes, 1, dst, src, err))
         return -1;
-    }
     if (bytes)
         memmove(dst, src, bytes);
     return 0;
@@ -94,10 +92,8 @@ static int cpu_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk
 /* Activations are fp32 on the CPU, so conversion is a copy. */
 static int cpu_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, bk_err *err)
 {
-    if (n > SIZE_MAX / sizeof(float)) {
-        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
+    if (bk_bad_copy("upload_f32", n, sizeof(float), dst, src, err))
         return -1;
-    }
     return cpu_upload(s, dst, src, n * sizeof(float), err);
 }
 
@@ -109,10 +105,8 @@ static void cpu_host_from_f32(bk_backend *be, void *dst, const float *src, size_
 
 static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n, bk_err *err)
 {
-    if (n > SIZE_MAX / sizeof(float)) {
-        bk_seterr(err, "download_f32: %zu elements overflow size_t", n);
+    if (bk_bad_copy("download_f32", n, sizeof(float), dst, src, err))
         return -1;
-    }
     if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
         bk_seterr(err, "download_f32: stream failed" BK_FAULT_INJECTED);
         return -1;

@@ -731,10 +731,8 @@ static int cuda_upload(bk_stream *s, void *dst, const void *src, size_t bytes, b
     prof_.transfer();
     if (!bytes)
         return 0;
-    if (!dst || !src) {
-        bk_seterr(err, "upload: NULL buffer for %zu bytes", bytes);
+    if (bk_bad_copy("upload", bytes, 1, dst, src, err))
         return -1;
-    }
     if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     /* Through pinned staging: asynchronous, and the caller may reuse src at
@@ -773,14 +771,8 @@ static int cuda_upload_f32(bk_stream *s, void *dst, const float *src, size_t n, 
     prof_.transfer();
     if (!n)
         return 0;
-    if (n > SIZE_MAX / sizeof(float)) {
-        bk_seterr(err, "upload_f32: %zu elements overflow size_t", n);
+    if (bk_bad_copy("upload_f32", n, sizeof(float), dst, src, err))
         return -1;
-    }
-    if (!dst || !src) {
-        bk_seterr(err, "upload_f32: NULL buffer for %zu elements", n);
-        return -1;
-    }
     if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
         return -1;
     /* Converted on the host into the staging: one copy, no kernel. */
@@ -804,14 +796,8 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
         host_idle(s);
         return 0;
     }
-    if (n > SIZE_MAX / sizeof(float)) {
-        bk_seterr(err, "download_f32: %zu elements overflow size_t", n);
+    if (bk_bad_copy("download_f32", n, sizeof(float), dst, src, err))
         return -1;
-    }
-    if (!dst || !src) {
-        bk_seterr(err, "download_f32: NULL buffer for %zu elements", n);
-        return -1;
-    }
     /* Raw activations into pinned staging, the stream's one wait, then the
      * conversion on the host. */
     size_t bytes = n * s->be->act_size;

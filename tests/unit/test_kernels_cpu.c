@@ -573,6 +573,20 @@ static void test_weights_and_transfers(void **state)
     memcpy(back, di, sizeof back); /* CPU buffers are host memory */
     assert_memory_equal(ids, back, sizeof ids);
     OK(t, t->be->sync(t->s, &t->err));
+
+    /* Bad copies are errors naming the op, the count and the unit. */
+    float one = 1.0f;
+    assert_int_equal(t->be->upload(t->s, NULL, ids, 8, &t->err), -1);
+    assert_string_equal(t->err.msg, "upload: NULL buffer for 8 bytes");
+    assert_int_equal(t->be->upload_f32(t->s, di, NULL, 2, &t->err), -1);
+    assert_string_equal(t->err.msg, "upload_f32: NULL buffer for 2 elements");
+    assert_int_equal(t->be->upload_f32(t->s, di, &one, SIZE_MAX / 2, &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "upload_f32: "));
+    assert_non_null(strstr(t->err.msg, " elements overflow size_t"));
+    assert_int_equal(t->be->download_f32(t->s, NULL, di, 1, &t->err), -1);
+    assert_string_equal(t->err.msg, "download_f32: NULL buffer for 1 element");
+    OK(t, t->be->upload(t->s, NULL, NULL, 0, &t->err)); /* nothing to copy */
+    OK(t, t->be->download_f32(t->s, NULL, NULL, 0, &t->err));
     free_bufs(t);
 }
 
