@@ -90,6 +90,48 @@ static void test_random_requests(void **s)
     assert_int_equal(agree((const uint8_t *)"", 0), ANSWERED); /* the empty request */
 }
 
+/* Packed varints of every length (1 to 10 bytes) at every distance from
+ * the end of their body: the decoder reads whole words where at least ten
+ * bytes are left and byte by byte in the last ones, so each length must be
+ * met on both sides of that boundary, for int64 ids and int32 actions (a
+ * negative int32 is ten bytes on the wire; a large one is truncated). */
+static void test_varint_lengths(void **s)
+{
+    (void)s;
+    for (int shift = 0; shift < 24; shift++) {
+        Ikbo__V1__User u = IKBO__V1__USER__INIT, *up = &u;
+        Ikbo__V1__RankRequest r = IKBO__V1__RANK_REQUEST__INIT;
+        int64_t ids[40];
+        int32_t acts[40];
+        const size_t n = 20 + (size_t)shift % 20;
+        for (size_t i = 0; i < n; i++) {
+            int len = (int)((i + (size_t)shift) % 10) + 1; /* wire bytes of ids[i] */
+            uint64_t v = len == 10 ? (uint64_t)-1 - i : (1ull << (7 * len - 1)) + i;
+            ids[i] = (int64_t)(i % 2 || len < 9 ? v : ~v + 1);
+            acts[i] = (int32_t)(len == 10 ? -(int32_t)i - 1 : (int64_t)(v & 0xffffffffu));
+        }
+        u.key = "u";
+        u.n_history_ids = n;
+        u.history_ids = ids;
+        u.n_history_actions = n;
+        u.history_actions = acts;
+        r.n_users = 1;
+        r.users = &up;
+        size_t bytes;
+        uint8_t *w = pack(&r, &bytes);
+        assert_int_equal(agree(w, bytes), ANSWERED);
+        pb_arena *a = pb_arena_new(64);
+        rq_status st;
+        Ikbo__V1__RankRequest *f = rank_wire_decode(w, bytes, a, &st);
+        assert_non_null(f);
+        assert_int_equal(f->users[0]->n_history_ids, n);
+        assert_memory_equal(f->users[0]->history_ids, ids, n * sizeof *ids);
+        assert_memory_equal(f->users[0]->history_actions, acts, n * sizeof *acts);
+        pb_arena_free(a);
+        free(w);
+    }
+}
+
 /* The response packer against protobuf-c's, byte for byte, on random
  * responses with every zero and sign case proto3 drops or keeps. */
 static void test_response_pack(void **s)
@@ -763,6 +805,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_requests),
+        cmocka_unit_test(test_varint_lengths),
         cmocka_unit_test(test_other_encodings),
         cmocka_unit_test(test_packed_requests),
         cmocka_unit_test(test_response_pack),
