@@ -32,7 +32,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
-#include "batcher.h"
+#include "batcher_set.h"
 #include "rank.h"
 #include "registry.h"
 

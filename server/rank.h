@@ -18,7 +18,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "batcher.h"
+#include "batcher_set.h"
 #include "metrics.h"
 #include "registry.h"
 #include "request.h"

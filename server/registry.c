@@ -693,11 +693,7 @@ registry *registry_new(const registry_opts *o, ikbo_err *err)
     }
     pthread_rwlock_init(&r->lock, NULL);
     pthread_mutex_init(&r->wmu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->wcv, &ca);
-    pthread_condattr_destroy(&ca);
+    clock_cond_init(&r->wcv);
     atomic_init(&r->stop, 0);
     r->repository = strdup(o->repository ? o->repository : "models");
     r->device = strdup(o->device ? o->device : "cpu");

@@ -200,16 +200,8 @@ static void *worker_main(void *p)
         int64_t due = r->poll_ms > 0 ? last_poll + r->poll_ms : INT64_MAX;
         if (r->next_settle_ms && r->next_settle_ms < due) due = r->next_settle_ms;
         if (!r->rescan && !r->kick && now < due) {
-            if (due == INT64_MAX) {
-                pthread_cond_wait(&r->wcv, &r->wmu);
-            } else {
-                struct timespec ts;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                int64_t ns = ts.tv_nsec + (due - now) * 1000000;
-                ts.tv_sec += ns / 1000000000;
-                ts.tv_nsec = ns % 1000000000;
-                pthread_cond_timedwait(&r->wcv, &r->wmu, &ts);
-            }
+            clock_cond_wait_until(&r->wcv, &r->wmu,
+                                  due == INT64_MAX ? 0 : clock_mono_ns() + (due - now) * 1000000);
             continue;
         }
         int trusted = r->rescan;

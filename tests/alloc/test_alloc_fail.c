@@ -62,6 +62,7 @@
 #include "engine/batch_graph.h"
 #include "engine/ikbo.h"
 #include "server/batcher.h"
+#include "server/batcher_set.h"
 #include "server/config.h"
 #include "server/grpc_server.h"
 #include "server/http.h"
