@@ -583,6 +583,58 @@ static void test_serving_precedence(void **s)
     assert_int_equal(got.max_batch_users, -1);
 }
 
+/* config.json's own faults, each named with the file's path; the
+ * overrides stay unset after each. A missing file is no fault. */
+static void test_model_config_file_errors(void **s)
+{
+    (void)s;
+    char mdir[600], path[700];
+    snprintf(mdir, sizeof mdir, "%s/demo", g_repo);
+    mkdirs(mdir);
+    snprintf(path, sizeof path, "%s/config.json", mdir);
+    ikbo_serving got;
+    ikbo_err err = {{0}};
+    assert_int_equal(repo_read_model_config(mdir, &got, &err), 0); /* none */
+    assert_int_equal(got.instances, -1);
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"{\"serving\": ", "demo/config.json: invalid JSON at line 1"},
+        {"{\"serving\": {}, \"serving\": {}}", "demo/config.json: invalid JSON at line 1 column 25: duplicate object key"},
+        {"[1]", "demo/config.json: expected a JSON object"},
+        {"{\"servng\": {}}", "demo/config.json: servng: unknown key (known: serving)"},
+        {"{\"serving\": [3]}", "demo/config.json: serving: expected object, got array"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        xwrite(path, bad[i].text, strlen(bad[i].text));
+        assert_int_equal(repo_read_model_config(mdir, &got, &err), -1);
+        if (!strstr(err.msg, bad[i].want)) fail_msg("%s: got '%s'", bad[i].text, err.msg);
+        assert_int_equal(got.instances, -1);
+    }
+    /* Larger than 1 MiB, then not a regular file. */
+    char *big = malloc((1u << 20) + 2);
+    assert_non_null(big);
+    memset(big, ' ', (1u << 20) + 2);
+    big[0] = '{';
+    big[(1u << 20) + 1] = '}';
+    xwrite(path, big, (1u << 20) + 2);
+    free(big);
+    assert_int_equal(repo_read_model_config(mdir, &got, &err), -1);
+    assert_non_null(strstr(err.msg, "demo/config.json: not a regular file of at most 1048576 bytes"));
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkdir(path, 0755), 0);
+    assert_int_equal(repo_read_model_config(mdir, &got, &err), -1);
+    assert_non_null(strstr(err.msg, "demo/config.json: not a regular file"));
+    assert_int_equal(rmdir(path), 0);
+
+    /* A repository that cannot be listed names itself and the reason. */
+    char **names = NULL, missing[700];
+    snprintf(missing, sizeof missing, "%s/no-such-dir", g_repo);
+    assert_int_equal(repo_list_models(missing, &names, &err), -1);
+    assert_null(names);
+    assert_non_null(strstr(err.msg, "no-such-dir: No such file or directory"));
+}
+
 static void test_memory_check_refuses(void **s)
 {
     (void)s;
@@ -784,6 +836,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_admin_load_unload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_load_between_scan_and_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_serving_precedence, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_config_file_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_check_refuses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_unload_cycles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_metrics, setup, teardown),
