@@ -378,6 +378,33 @@ static void test_bad_batches(void **state)
     b = h.b;
     b.cand_dense = NULL;
     expect_refused(ctx, &b, "candidate dense");
+    b = h.b;
+    b.map = NULL;
+    expect_refused(ctx, &b, "batch: map missing");
+    b = h.b;
+    b.user_sparse = NULL;
+    expect_refused(ctx, &b, "batch: sparse features missing");
+    /* Jagged lists (sparse bags, history): each fault names its list. */
+    ikbo_jagged bad = h.cs;
+    b = h.b;
+    b.cand_sparse = &bad;
+    bad.offsets = NULL;
+    expect_refused(ctx, &b, "candidate sparse 'item': offsets missing");
+    int64_t off[5] = {1, 2, 3, 4, 5};
+    bad = (ikbo_jagged){h.cs_ids, off};
+    expect_refused(ctx, &b, "candidate sparse 'item': offsets[0] = 1, expected 0");
+    off[0] = 0;
+    off[3] = 1; /* 0 2 3 1 5 */
+    expect_refused(ctx, &b, "candidate sparse 'item': offsets decrease at row 2");
+    off[3] = 4;
+    bad.ids = NULL;
+    expect_refused(ctx, &b, "candidate sparse 'item': ids missing");
+    off[4] = (int64_t)INT32_MAX + 1;
+    bad.ids = h.cs_ids;
+    expect_refused(ctx, &b, "candidate sparse 'item': 2147483648 ids exceed the engine's limit");
+    b = h.b;
+    b.hist.offsets = NULL;
+    expect_refused(ctx, &b, "batch: history: offsets missing");
     /* The context still works after refusals. */
     b = h.b;
     free(score(ctx, &b, NULL));
