@@ -387,6 +387,9 @@ static void test_self_attention_refused(void **state)
                           "\"history\":\"h\",\"shared_with\":\"ce\"}",
              "layer 't': shared_with 'ce' is a embedding_bag layer; it must name a self_attention");
     plan_err(L_H "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
+                          "\"history\":\"h\",\"shared_with\":\"user.dense\"}",
+             "layer 't'", "'shared_with' must name a layer");
+    plan_err(L_H "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
                           "\"history\":\"h\",\"shared_with\":\"sa\"}," L_SA,
              "layer 't'", "shared_with 'sa' is defined later");
     plan_err(L_H "," L_SA "," L_CE ",{\"name\":\"t\",\"op\":\"target_attention\",\"query\":\"ce\","
