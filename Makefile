@@ -305,7 +305,7 @@ golden: $(BUILD)/ikbo-score $(BUILD)/ikbo-plan
 	$(PY) tests/golden/golden_auto.py --score-bin $(BUILD)/ikbo-score --plan-bin $(BUILD)/ikbo-plan \
 	    --work $(BUILD)/golden_auto --require-all
 
-integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-plan $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(GEN_PY)
+integration: $(BUILD)/ikbo-serve $(BUILD)/ikbo-score $(BUILD)/ikbo-plan $(BUILD)/ikbo-loadgen $(BUILD)/echo_server $(BUILD)/host_path $(GEN_PY)
 	@failed=""; for t in $(sort $(wildcard tests/integration/test_*.py)); do \
 	  echo "== $$t"; IKBO_BUILD=$(abspath $(BUILD)) IKBO_ROOT=$(CURDIR) $(PY) $$t || failed="$$failed $$t"; \
 	done; if [ -n "$$failed" ]; then echo "integration: FAILED:$$failed"; exit 1; fi

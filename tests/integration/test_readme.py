@@ -10,7 +10,7 @@ flags only its --help named). Each list here is read from the program
 itself, never written out by hand, so a new name fails this test until the
 README has it:
   1. flags: every --flag in the --help of ikbo-serve, ikbo-score, ikbo-plan,
-     ikbo-loadgen and echo_server;
+     ikbo-loadgen, echo_server, host_path and tools/rank_client.py;
   2. config keys: the lists ikbo-serve gives in its "unknown key (known:
      ...)" refusals, at the top level and in each object section;
   3. metrics: every ikbo_* family the daemon exports (server/metrics.c's
@@ -53,8 +53,12 @@ def run(args, timeout=20):
 
 
 def test_flags():
-    for b in ["ikbo-serve", "ikbo-score", "ikbo-plan", "ikbo-loadgen", "echo_server"]:
-        _, out = run([os.path.join(BUILD, b), "--help"])
+    tools = [[os.path.join(BUILD, b)] for b in
+             ["ikbo-serve", "ikbo-score", "ikbo-plan", "ikbo-loadgen", "echo_server", "host_path"]]
+    tools.append([sys.executable, os.path.join(ROOT, "tools", "rank_client.py")])
+    for t in tools:
+        b = os.path.basename(t[-1])
+        _, out = run(t + ["--help"])  # host_path has no --help: its usage line
         flags = re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out)
         check(len(flags) >= 3, "%s --help lists no flags: %r" % (b, out[:200]))
         gone = missing_words(flags)
