@@ -17,7 +17,9 @@ README has it:
      table is the one list);
   4. ops: the list the loader gives when it refuses an unknown op;
   5. HTTP routes: every path server/http.c routes;
-  6. models: every model directory shipped in models/.
+  6. models: every model directory shipped in models/;
+  7. environment: every IKBO_* variable the server, engine, kernels and
+     tools read.
 Runs the binaries only with --help or with bad input (no daemon stays up);
 well under a second.
 """
@@ -126,6 +128,21 @@ def test_http_routes():
     check(not gone, "README.md does not document routes %s" % ", ".join(gone))
 
 
+def test_env():
+    names = set()
+    for d in ["server", "engine", "kernels", "tools"]:
+        for dirpath, _, files in os.walk(os.path.join(ROOT, d)):
+            for f in files:
+                if f.endswith((".c", ".cu", ".cuh", ".h")):
+                    src = open(os.path.join(dirpath, f), errors="replace").read()
+                    names.update(re.findall(r'getenv\("(IKBO_[A-Z0-9_]+)"\)', src))
+    # config.c reads its variables through its key table, not getenv(NAME)
+    names.update(re.findall(r'"(IKBO_[A-Z0-9_]+)"', open(os.path.join(ROOT, "server", "config.c")).read()))
+    check(len(names) >= 8, "found only %d IKBO_* variables" % len(names))
+    gone = missing(names, "`%s")
+    check(not gone, "README.md does not document environment variables %s" % ", ".join(gone))
+
+
 def test_models():
     d = os.path.join(ROOT, "models")
     names = [n for n in os.listdir(d) if os.path.isdir(os.path.join(d, n))]
@@ -135,7 +152,8 @@ def test_models():
 
 
 def main():
-    tests = [test_flags, test_config_keys, test_metrics, test_ops, test_http_routes, test_models]
+    tests = [test_flags, test_config_keys, test_env, test_metrics, test_ops, test_http_routes,
+             test_models]
     failed, t_all = run_tests(tests)
     sys.exit(summary(len(tests), failed, t_all))
 
