@@ -330,15 +330,19 @@ test: deps
 	@$(MAKE) --no-print-directory integration
 	@echo "make test: all passed"
 
-# ThreadSanitizer: the batcher's unit tests with every object rebuilt under
-# -fsanitize=thread in $(BUILD)/tsan (CPU only; clang when installed, else
-# gcc). CFLAGS goes through the environment so the Makefile's own flags are
-# still appended. Any report fails the run (halt_on_error).
+# ThreadSanitizer: the batcher's and the registry's unit tests (instances,
+# completers, sweeper; the loader thread against admin calls) with every
+# object rebuilt under -fsanitize=thread in $(BUILD)/tsan (CPU only; clang
+# when installed, else gcc). CFLAGS goes through the environment so the
+# Makefile's own flags are still appended. Any report fails the run
+# (halt_on_error).
 TSAN_CC := $(if $(shell command -v clang 2>/dev/null),clang,gcc)
+TSAN_TESTS := test_batcher test_registry
 tsan:
 	@env CFLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" $(MAKE) --no-print-directory \
-	  BUILD=$(BUILD)/tsan CUDA=0 CC=$(TSAN_CC) $(BUILD)/tsan/tests/test_batcher
-	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(BUILD)/tsan/tests/test_batcher
+	  BUILD=$(BUILD)/tsan CUDA=0 CC=$(TSAN_CC) $(TSAN_TESTS:%=$(BUILD)/tsan/tests/%)
+	@set -e; for t in $(TSAN_TESTS); do echo "== $$t (tsan)"; \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(BUILD)/tsan/tests/$$t; done
 
 # Out-of-memory sweeps (tests/alloc/test_alloc_fail.c): the engine and server
 # objects' allocation calls are redirected with --wrap to tests/alloc/
