@@ -82,13 +82,13 @@ static inline int64_t count_varints(rd b)
     return b.p < b.end && (b.end[-1] & 0x80) ? -1 : n;
 }
 
+#define NAME_CACHE 8 /* bag names a decode keeps for reuse (set_bag_name) */
 
 /* One decode: the arena, where in the request it is (for an error's field
  * path), and the first string fault met, if any. A fault does not stop the
  * decode: bytes the decoder then declines go to protobuf-c, whose check
  * (pb_check.h) reports the same first fault, or a malformation the decoder
  * had not reached yet. Either way both paths give the same answer. */
-#define NAME_CACHE 8
 typedef struct dctx {
     pb_arena *a;
     pb_path path; /* at[0]: users[i] / candidates[i]; at[1]: sparse[k] */
