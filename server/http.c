@@ -771,11 +771,13 @@ static void handle(struct evhttp_request *req, void *arg)
         if (is_load || is_unload) {
             route = is_load ? "/v1/models/{name}/load" : "/v1/models/{name}/unload";
             if (!post) goto not_allowed;
-            path[plen + nlen - (is_load ? llen : ulen)] = '\0';
-            if (strchr(name, '/') || strchr(name, ':'))
+            const size_t base = nlen - (is_load ? llen : ulen); /* the name's length */
+            if (memchr(name, '/', base) || memchr(name, ':', base)) {
                 reply_error(h, req, route, 404, RQ_NOT_FOUND, "no route for %.200s", path);
-            else
+            } else {
+                path[plen + base] = '\0';
                 handle_admin(h, req, route, name, is_load);
+            }
         } else if (nlen > slen && strcmp(name + nlen - slen, rank_suffix) == 0) {
             route = "/v1/models/{name}:rank";
             if (!post) goto not_allowed;

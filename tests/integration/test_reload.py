@@ -210,6 +210,9 @@ def test_admin_load_unload():
     check_eq(post(d, "/v1/models/a/load?verzion=1")[0], 400, "unknown parameter")
     check_eq(post(d, "/v1/models/a/unload?version=7")[0], 404, "unload of a version not loaded")
     check_eq(d.http("GET", "/v1/models/a/load")[0], 405, "GET on an admin route")
+    code, body = post(d, "/v1/models/a/b/load")  # a name cannot hold '/': no such route
+    check_eq((code, body["error"]["message"]), (404, "no route for /v1/models/a/b/load"),
+             "a name with '/'")
     close(d, repo)
 
 
