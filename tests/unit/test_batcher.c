@@ -35,54 +35,9 @@
 #include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "engine_fixture.h"
 
-/* ---- the model (test_engine.c's: every op) ------------------------------ */
-
-static const char *MODEL_JSON =
-    "{\"format\": \"ikbo-model/1\","
-    " \"inputs\": {\"user\": {\"dense\": 6, \"sparse\": [\"country\"],"
-    "                        \"history\": {\"max_len\": 5, \"actions\": 3}},"
-    "             \"candidate\": {\"dense\": 3, \"sparse\": [\"item\"]}},"
-    " \"tables\": {\"item\": {\"rows\": 50, \"dim\": 8}, \"country\": {\"rows\": 7, \"dim\": 8}},"
-    " \"layers\": ["
-    "  {\"name\": \"u_country\", \"op\": \"embedding_bag\", \"input\": \"user.sparse.country\","
-    "   \"table\": \"country\", \"pooling\": \"mean\"},"
-    "  {\"name\": \"u_d1\", \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 16, \"activation\": \"relu\"},"
-    "  {\"name\": \"u_d\", \"op\": \"reshape\", \"input\": \"u_d1\", \"tokens\": 2},"
-    "  {\"name\": \"hist\", \"op\": \"history_embedding\", \"input\": \"user.history\", \"table\": \"item\"},"
-    "  {\"name\": \"hist_mean\", \"op\": \"mean_pool\", \"input\": \"hist\"},"
-    "  {\"name\": \"e_user\", \"op\": \"stack\", \"inputs\": [\"u_country\", \"u_d\", \"hist_mean\"]},"
-    "  {\"name\": \"c_item\", \"op\": \"embedding_bag\", \"input\": \"candidate.sparse.item\","
-    "   \"table\": \"item\", \"pooling\": \"sum\"},"
-    "  {\"name\": \"c_d1\", \"op\": \"linear\", \"input\": \"candidate.dense\", \"out\": 8, \"activation\": \"sigmoid\"},"
-    "  {\"name\": \"x_cand\", \"op\": \"stack\", \"inputs\": [\"c_item\", \"c_d1\"]},"
-    "  {\"name\": \"ta\", \"op\": \"target_attention\", \"query\": \"x_cand\", \"history\": \"hist\","
-    "   \"heads\": 2, \"head_dim\": 4},"
-    "  {\"name\": \"e_cand\", \"op\": \"stack\", \"inputs\": [\"x_cand\", \"ta\"]},"
-    "  {\"name\": \"lce\", \"op\": \"lce\", \"user\": \"e_user\", \"candidate\": \"e_cand\", \"out_tokens\": 3},"
-    "  {\"name\": \"flat\", \"op\": \"flatten\", \"input\": \"lce\"},"
-    "  {\"name\": \"top1\", \"op\": \"linear\", \"input\": \"flat\", \"out\": 8, \"activation\": \"relu\"},"
-    "  {\"name\": \"u_vec\", \"op\": \"linear\", \"input\": \"user.dense\", \"out\": 8},"
-    "  {\"name\": \"mix\", \"op\": \"add\", \"inputs\": [\"u_vec\", \"top1\"]},"
-    "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\", \"out\": 2}"
-    " ],"
-    " \"output\": {\"logits\": \"logits\", \"tasks\": [\"click\", \"like\"], \"score_weights\": [1.0, 0.5]}}";
-
-typedef struct tensor_spec {
-    const char *name;
-    int rows, cols; /* rows 0 = 1-D [cols] */
-} tensor_spec;
-
-static const tensor_spec TENSORS[] = {
-    {"tables.item", 50, 8},  {"tables.country", 7, 8}, {"u_d1.weight", 16, 6},
-    {"u_d1.bias", 0, 16},    {"hist.action", 3, 8},    {"hist.position", 5, 8},
-    {"c_d1.weight", 8, 3},   {"c_d1.bias", 0, 8},      {"ta.wq", 8, 8},
-    {"ta.wk", 8, 8},         {"ta.wv", 8, 8},          {"ta.wo", 8, 8},
-    {"lce.w_user", 3, 4},    {"lce.w_cand", 3, 4},     {"top1.weight", 8, 24},
-    {"top1.bias", 0, 8},     {"u_vec.weight", 8, 6},   {"u_vec.bias", 0, 8},
-    {"logits.weight", 2, 8}, {"logits.bias", 0, 2},
-};
-#define N_TENSORS (sizeof(TENSORS) / sizeof(TENSORS[0]))
+/* ---- the model: engine_fixture.h's every-op model ----------------------- */
 
 /* Deterministic generator; one per thread where threads draw. */
 static double frand_s(uint64_t *s) /* uniform in [-1, 1) */
@@ -106,57 +61,10 @@ static ikbo_model *MODEL;
 static const ikbo_model_info *MI;
 static ikbo_ctx *SOLO_CTX;
 
-static void write_file(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
-}
-
-static void write_model(void)
-{
-    snprintf(model_dir, sizeof(model_dir), "/tmp/ikbo_test_batcher_%d", (int)getpid());
-    mkdir(model_dir, 0755);
-    char path[512];
-    snprintf(path, sizeof(path), "%s/model.json", model_dir);
-    write_file(path, MODEL_JSON, strlen(MODEL_JSON));
-    char header[8192];
-    size_t hl = 0, off = 0;
-    hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "{");
-    for (size_t i = 0; i < N_TENSORS; i++) {
-        const tensor_spec *t = &TENSORS[i];
-        size_t n = (size_t)(t->rows ? t->rows : 1) * (size_t)t->cols;
-        char shape[64];
-        if (t->rows) snprintf(shape, sizeof(shape), "[%d, %d]", t->rows, t->cols);
-        else snprintf(shape, sizeof(shape), "[%d]", t->cols);
-        hl += (size_t)snprintf(header + hl, sizeof(header) - hl,
-                               "%s\"%s\": {\"dtype\": \"F32\", \"shape\": %s, \"data_offsets\": [%zu, %zu]}",
-                               i ? ", " : "", t->name, shape, off, off + n * 4);
-        off += n * 4;
-    }
-    hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "}");
-    size_t total = 8 + hl + off;
-    uint8_t *buf = malloc(total);
-    assert_non_null(buf);
-    uint64_t h64 = hl;
-    memcpy(buf, &h64, 8);
-    memcpy(buf + 8, header, hl);
-    float *data = (float *)(buf + 8 + hl);
-    uint64_t s = 42;
-    for (size_t i = 0; i < off / 4; i++) {
-        float v = (float)(frand_s(&s) * 0.5);
-        memcpy(&data[i], &v, 4);
-    }
-    snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
-    write_file(path, buf, total);
-    free(buf);
-}
-
 static int setup(void **state)
 {
     (void)state;
-    write_model();
+    ef_write_model("batcher", model_dir, sizeof model_dir);
     ikbo_err err;
     memset(&err, 0, sizeof err);
     const char *dev = getenv("IKBO_TEST_DEVICE");
@@ -180,12 +88,7 @@ static int teardown(void **state)
                DEVICE, n_bitwise, n_scores, max_diff, max_rel);
     ikbo_ctx_free(SOLO_CTX);
     ikbo_model_free(MODEL);
-    char path[512];
-    snprintf(path, sizeof(path), "%s/model.json", model_dir);
-    unlink(path);
-    snprintf(path, sizeof(path), "%s/weights.safetensors", model_dir);
-    unlink(path);
-    rmdir(model_dir);
+    ef_remove_model(model_dir);
     return 0;
 }
 
