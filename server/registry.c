@@ -531,11 +531,13 @@ static void merge_scan(registry *r, scan_item *items, int n, int trusted, int64_
         if (e->trust)
             for (int j = 0; j < e->n_v; j++)
                 if (e->v[j].state == REGISTRY_FAILED && e->v[j].version > 0) e->v[j].retry = 1;
-        if (e->reload_all) {
-            /* Reload what was loaded before the admin call; a version the
-             * worker picked after it (in the pass that was running then)
-             * already reads today's files and is not loaded twice. */
-            e->reload_all = 0;
+        int asked = 0;
+        for (int j = 0; j < e->n_v; j++) asked |= e->v[j].reload_asked;
+        if (asked) {
+            /* A plain admin load: reload what was loaded before the call; a
+             * version the worker picked after it (in the pass that was
+             * running then) already reads today's files and is not loaded
+             * twice. */
             int64_t t[256];
             int nt = compute_target(e, t, (int)(sizeof t / sizeof t[0]));
             for (int i = 0; i < nt; i++) {
@@ -828,8 +830,7 @@ int registry_admin_load(registry *r, const char *name, int64_t version, rq_statu
         v->pinned = 1;
         if (v->state == REGISTRY_READY) v->reload = 1;
         if (v->state == REGISTRY_FAILED) v->retry = 1;
-    } else {
-        e->reload_all = 1;
+    } else { /* the next scan reloads the READY versions of the target */
         for (int j = 0; j < e->n_v; j++) e->v[j].reload_asked = 1;
     }
     pthread_rwlock_unlock(&r->lock);

@@ -43,7 +43,8 @@ typedef struct vrec {
     int pinned;           /* admin-loaded with this version: served on top of the policy */
     int blocked;          /* admin-unloaded: the policy skips it */
     int reload;           /* READY, but load again and swap (admin load) */
-    int reload_asked;     /* a plain admin load came after this version's last pick */
+    int reload_asked;     /* a plain admin load came after this version's last pick:
+                           * the next scan reloads it if it is READY and targeted */
     int retry;            /* FAILED, but try again though the directory is unchanged */
     int busy;             /* the worker is loading it */
 } vrec;
@@ -70,7 +71,6 @@ typedef struct entry {
     int unloaded;   /* admin unload in effect */
     int trust;      /* this pass: no settle wait, failed versions retried */
     int trust_next; /* the next pass trusts this model (admin load) */
-    int reload_all; /* the next pass reloads READY versions (admin load) */
     uint64_t gen;   /* bumped by an admin unload: older loads are discarded */
     registry_policy policy;
 } entry;
