@@ -208,11 +208,11 @@ static int prepare_target_attention(md_layer *l, bk_err *err)
     memcpy(kv + n, wv->data, n * sizeof(float));
     snprintf(name, nl, "%s|%s", wk->name, wv->name);
     free(wk->name);
+    free(wv->name);
     free(wv->data);
-    md_weight v_old = {.name = wv->name}; /* freed with the layer */
     *wk = (md_weight){.name = name, .rows = 2 * wk->rows, .cols = wk->cols, .data = kv};
     l->w[TA_WO] = l->w[3];
-    l->w[3] = v_old;
+    l->w[3] = (md_weight){0};
     l->n_w = 3;
     return 0;
 }
