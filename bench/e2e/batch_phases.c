@@ -42,27 +42,7 @@
 #include <time.h>
 
 #include "engine/ikbo.h"
-
-static uint64_t rng_state = 0x853c49e6748fea9bull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float frand(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
-
-static void *xcalloc(size_t n, size_t s)
-{
-    void *p = calloc(n ? n : 1, s);
-    if (!p) {
-        fprintf(stderr, "batch_phases: out of host memory\n");
-        exit(2);
-    }
-    return p;
-}
+#include "tests/gpu/gpu_rand.h"
 
 static double now_us(void)
 {
@@ -238,6 +218,7 @@ int main(int argc, char **argv)
         return 2;
     }
     unsetenv("IKBO_CUDA_PROFILE");
+    gr_seed(0x853c49e6748fea9bull); /* the same inputs in every run: builds compare */
     ikbo_err e = {{0}};
     ikbo_load_opts o = {.device = device, .mode = mode};
     ikbo_model *m = ikbo_model_load(dir, &o, &e);

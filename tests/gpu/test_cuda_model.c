@@ -22,27 +22,7 @@
 #include <string.h>
 
 #include "engine/ikbo.h"
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float frand(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
-
-static void *xcalloc(size_t n, size_t s)
-{
-    void *p = calloc(n ? n : 1, s);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(2);
-    }
-    return p;
-}
+#include "tests/gpu/gpu_rand.h"
 
 /* A jagged id list with rows rows, 0..maxlen ids each. */
 static ikbo_jagged rand_jagged(int rows, int maxlen)
@@ -264,6 +244,8 @@ int main(int argc, char **argv)
     }
     const char *dt = getenv("IKBO_CUDA_DTYPE");
     double tol = dt && !strcmp(dt, "fp32") ? 1e-4 : 3e-2;
+    unsigned long long seed = gr_seed_checks();
+    printf("test_cuda_model: inputs from IKBO_TEST_SEED=%llu\n", seed);
     int failures = 0, checks = 0;
     for (int a = 1; a < argc; a++) {
         ikbo_err e = {{0}};
@@ -384,7 +366,7 @@ int main(int argc, char **argv)
         ikbo_model_free(mg);
         ikbo_model_free(mb);
     }
-    printf("test_cuda_model: %s (%d checks, %d failures)\n", failures ? "FAILED" : "passed",
-           checks, failures);
+    printf("test_cuda_model: %s (%d checks, %d failures; IKBO_TEST_SEED=%llu)\n",
+           failures ? "FAILED" : "passed", checks, failures, seed);
     return failures ? 1 : 0;
 }

@@ -40,6 +40,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_paths.h"
+#include "tests/gpu/gpu_rand.h"
 
 static bk_backend *cpu, *gpu;
 static bk_stream *cs, *gs;
@@ -47,17 +48,6 @@ static const char *dtype_name;
 static char variant_label[64];
 static double tol;
 static int failures, checks, quick, ranking_only;
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); } /* [lo, hi] */
-static float frand(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 
 #define DIE(...)                                                              \
     do {                                                                      \
@@ -1544,6 +1534,8 @@ int main(int argc, char **argv)
     if (!nd)
         for (; nd < 3; nd++)
             want[nd] = dtypes[nd];
+    unsigned long long seed = gr_seed_checks();
+    printf("test_cuda_ops: inputs from IKBO_TEST_SEED=%llu\n", seed);
     bk_err e = {{0}};
     if (!(cpu = bk_cpu_new(&e)) || !(cs = cpu->stream_new(cpu, &e)))
         DIE("cpu: %s", e.msg);
@@ -1587,7 +1579,7 @@ int main(int argc, char **argv)
     }
     cpu->stream_free(cs);
     cpu->destroy(cpu);
-    printf("test_cuda_ops: %s (%d checks, %d failures)\n", failures ? "FAILED" : "passed", checks,
-           failures);
+    printf("test_cuda_ops: %s (%d checks, %d failures; IKBO_TEST_SEED=%llu)\n",
+           failures ? "FAILED" : "passed", checks, failures, seed);
     return failures ? 1 : 0;
 }
