@@ -22,7 +22,11 @@
  * batcher hand-off (the worker that took the call answers it; with
  * --send-from thread, one sender thread answers every call instead, as
  * ikbo-serve's batcher threads do, to measure what sending from a thread
- * that does not poll costs). Only Rank
+ * that does not poll costs; with --answer-after-us N the sender answers
+ * each call N us after a worker took it, a stand-in for a forward pass of
+ * that length that keeps as many calls in flight as ikbo-serve does at the
+ * same rate, so the transport's share can be compared at equal
+ * concurrency). Only Rank
  * and ModelInfo are registered (no health, no generic call for other
  * methods: a call to one waits for its deadline).
  *
@@ -61,6 +65,7 @@
 #include "ikbo/v1/ranker.pb-c.h"
 #include "tools/loadgen/client.h" /* lg_unary: --model-info-from */
 #include "server/grpc_args.h"
+#include "server/clock.h"
 #include "server/grpc_server.h" /* GRPCSRV_METADATA_CEILING, RQ_DEFAULT_MAX_MESSAGE_BYTES */
 
 /* The id stride of ikbo-loadgen's requests (tools/loadgen/shape.c). */
@@ -75,7 +80,8 @@ typedef struct echo_opts {
     int threads;
     long cands, tasks, users, distinct;
     long max_message_bytes;
-    int send_thread; /* --send-from thread */
+    int send_thread; /* --send-from thread (or --answer-after-us) */
+    long answer_after_us; /* --answer-after-us */
 } echo_opts;
 
 typedef struct echo_server echo_server;
@@ -114,6 +120,7 @@ struct echo_server {
     pthread_mutex_t send_lock;
     int send_closed;
     atomic_int send_stop;
+    int64_t answer_after_ns; /* --answer-after-us, in ns */
     pthread_t sender;
     int sender_started;
 };
@@ -131,7 +138,8 @@ typedef struct call {
     enum method method;
     call_tag t_request, t_close, t_send;
     atomic_int refs; /* the close op and the send batch */
-    struct call *send_next; /* in echo_server.send_head's stack */
+    struct call *send_next; /* in echo_server.send_head's stack, then the sender's queue */
+    int64_t taken_ns; /* when its worker took it (clock_mono_ns) */
     int close_cancelled;
     grpc_call *call;
     gpr_timespec deadline;
@@ -420,34 +428,57 @@ static void send_push(echo_server *s, call *c)
     if (closed) answer(c);
 }
 
-/* Answers a taken stack of calls in arrival order. */
-static void answer_all(call *l)
+/* The sender's queue: calls in arrival order, each answered once its
+ * answer_after_ns has passed since it was taken. */
+typedef struct send_queue {
+    call *head, *tail;
+} send_queue;
+
+/* Appends a taken stack (newest first) to q in arrival order. */
+static void queue_stack(send_queue *q, call *l)
 {
-    call *fifo = NULL;
+    call *fifo = NULL, *last = l;
     while (l) {
         call *n = l->send_next;
         l->send_next = fifo;
         fifo = l;
         l = n;
     }
-    for (call *n; fifo; fifo = n) {
-        n = fifo->send_next;
-        answer(fifo);
+    if (!fifo) return;
+    if (q->tail) q->tail->send_next = fifo;
+    else q->head = fifo;
+    q->tail = last;
+    last->send_next = NULL;
+}
+
+/* Answers the calls at q's head that were taken at least delay_ns before
+ * now; returns how many. */
+static int answer_due(send_queue *q, int64_t delay_ns, int64_t now)
+{
+    int n = 0;
+    while (q->head && q->head->taken_ns + delay_ns <= now) {
+        call *c = q->head;
+        q->head = c->send_next;
+        if (!q->head) q->tail = NULL;
+        answer(c);
+        n++;
     }
+    return n;
 }
 
 static void *sender_main(void *arg)
 {
     echo_server *s = arg;
+    send_queue q = {0};
     while (!atomic_load_explicit(&s->send_stop, memory_order_relaxed)) {
-        call *l = atomic_exchange(&s->send_head, NULL);
-        if (l) answer_all(l);
-        else __builtin_ia32_pause();
+        queue_stack(&q, atomic_exchange(&s->send_head, NULL));
+        if (!answer_due(&q, s->answer_after_ns, clock_mono_ns())) __builtin_ia32_pause();
     }
     pthread_mutex_lock(&s->send_lock);
     s->send_closed = 1;
     pthread_mutex_unlock(&s->send_lock);
-    answer_all(atomic_exchange(&s->send_head, NULL));
+    queue_stack(&q, atomic_exchange(&s->send_head, NULL));
+    answer_due(&q, 0, INT64_MAX); /* stopping: every call left, at once */
     return NULL;
 }
 
@@ -481,6 +512,7 @@ static void *worker_main(void *arg)
         close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
         if (grpc_call_start_batch(c->call, &close_op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
             atomic_store(&c->refs, 1);
+        c->taken_ns = clock_mono_ns();
         if (w->srv->sender_started) send_push(w->srv, c);
         else answer(c);
     }
@@ -575,6 +607,7 @@ static int echo_start(echo_server *s, const echo_opts *o, int *port, echo_err *e
     *port = grpc_server_add_http2_port(s->server, o->listen, creds);
     grpc_server_credentials_release(creds);
     if (*port <= 0) return fail(e, "cannot listen on %s (address in use or invalid)", o->listen);
+    s->answer_after_ns = o->answer_after_us * 1000;
     if (o->send_thread) {
         if (pthread_create(&s->sender, NULL, sender_main, s))
             return fail(e, "cannot start the sender thread");
@@ -623,6 +656,9 @@ static void usage(FILE *f)
 "  --send-from W        who sends each answer: worker (the gRPC worker that took the\n"
 "                       call, default) or thread (one spinning sender thread, as\n"
 "                       ikbo-serve's batcher threads send theirs)\n"
+"  --answer-after-us N  the sender thread (implied) answers each call N us after a\n"
+"                       worker took it, 0..10000000: a stand-in forward pass of N us,\n"
+"                       so as many calls are in flight as ikbo-serve has (default 0)\n"
 "  --help               this text\n"
 "\n"
 "Prints one line 'echo_server: listening grpc=HOST:PORT ...' on stderr once it\n"
@@ -648,6 +684,7 @@ static int parse_args(echo_opts *o, int argc, char **argv, echo_err *e)
     *o = (echo_opts){.listen = "127.0.0.1:0", .threads = 2, .cands = -1, .tasks = -1,
                      .users = 1, .distinct = 64,
                      .max_message_bytes = (long)RQ_DEFAULT_MAX_MESSAGE_BYTES};
+    int worker_asked = 0; /* --send-from worker given */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return 1;
@@ -668,10 +705,19 @@ static int parse_args(echo_opts *o, int argc, char **argv, echo_err *e)
             if (strcmp(v, "worker") && strcmp(v, "thread"))
                 return fail(e, "--send-from: expected worker or thread, got '%s'", v);
             o->send_thread = !strcmp(v, "thread");
+            worker_asked = !o->send_thread;
+        } else if (!strcmp(f, "--answer-after-us")) {
+            rc = parse_long(f, v, 0, 10000000, &o->answer_after_us, e);
         } else if (!strcmp(f, "--max-message-bytes"))
             rc = parse_long(f, v, 1, INT32_MAX, &o->max_message_bytes, e);
         else return fail(e, "unknown flag '%s' (see --help)", f);
         if (rc) return -1;
+    }
+    if (o->answer_after_us > 0) {
+        if (worker_asked)
+            return fail(e, "--answer-after-us: answers wait in the sender thread, not with "
+                           "--send-from worker");
+        o->send_thread = 1;
     }
     if (!o->model_info == !o->model_info_from)
         return fail(e, "give one of --model-info FILE and --model-info-from ADDR (see --help)");

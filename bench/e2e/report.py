@@ -3,6 +3,8 @@
 results.json beside the inputs.
 
     /usr/bin/python3 bench/e2e/report.py build/e2e/<run> [--compute-metric NAME]
+    /usr/bin/python3 bench/e2e/report.py build/e2e/<run> --forward-mean-us TAG
+        (run.sh --echo-delay: one point's forward mean per request, us)
 
 Per mode and point: throughput at saturation (closed loop), p50/p99 at the
 open-loop rate, mean server time per request (ikbo_request_duration_seconds,
@@ -21,6 +23,14 @@ histogram's buckets, so approximate; the mean is exact), the echo's
 open-loop latency at the same rate with the same request bodies, and the
 ratio (client - forward) / echo at p50, p99 and the mean: 1.0 would be a
 server whose every cost outside the forward pass is the transport's.
+
+With run.sh --echo-delay (TAG.echo-delay-open.json), the floor at equal
+concurrency: the echo again, answering each call after the point's forward
+mean (echo_server --answer-after-us, from its sender thread), so as many
+calls are in flight as ours at the same rate. Its transport = its client
+latency - that delay; the ratio (client - forward) / (its client - delay),
+means. Where this ratio is near 1 and the plain one is not, the gap is
+what the transport costs with more calls in flight, not the server's work.
 
 Right after it, the breakdown of each point's mean open-loop client latency
 (every point, echo or not; each part a /metrics delta sum over the server's
@@ -116,6 +126,23 @@ def detect_compute(types):
     return None
 
 
+def forward_ms(before, after, compute_name, model):
+    """Forward time per request the server counted, ms (None without it)."""
+    _, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
+    if not compute_name:
+        return None
+    csum, ccount = hist_delta(before, after, compute_name, model)
+    return 1e3 * csum / scount if scount and ccount else None
+
+
+def open_snapshots(d, tag):
+    """The /metrics snapshots around a point's open-loop run: before, after, types."""
+    before, types = parse_prom(os.path.join(d, tag + ".open.before.prom"))
+    after, types2 = parse_prom(os.path.join(d, tag + ".open.after.prom"))
+    types.update(types2)
+    return before, after, types
+
+
 def fmt(x, spec="%.2f"):
     return "n/a" if x is None else spec % x
 
@@ -146,6 +173,17 @@ def floor_row(d, tag, before, after, compute_name, model, om, compute_ms):
         # (or too few calls), not a measurement: no ratio then.
         f["ratio_" + stat] = ((client - fwd) / echo if None not in (client, fwd, echo) and echo > 0
                               and fwd < client else None)
+    dpath = os.path.join(d, tag + ".echo-delay-open.json")
+    f["delayed"] = None
+    if os.path.exists(dpath) and compute_ms is not None and f["client_mean"] is not None:
+        dj = json.load(open(dpath))
+        dl = dj["measured"]["latency_ms"]
+        delay = float(open(os.path.join(d, tag + ".echo-delay-us")).read()) / 1e3
+        transport = dl["mean"] - delay if dl["count"] else None
+        f["delayed"] = {"delay_ms": delay, "p50": dl["p50"], "p99": dl["p99"], "mean": dl["mean"],
+                        "transport_ms": transport, "errors": sum(v for k, v in dj["codes"].items() if k != "OK"),
+                        "ratio": ((f["client_mean"] - compute_ms) / transport
+                                  if transport and transport > 0 else None)}
     return f
 
 
@@ -166,6 +204,17 @@ def floor_table(rows):
             trio(f, "echo"), fmt(f["ratio_p50"], "%.2fx"), fmt(f["ratio_p99"], "%.2fx"),
             fmt(f["ratio_mean"], "%.2fx"), fmt(f["echo_sat_rps"], "%.1f")))
     out.append("")
+    dr = [r for r in fr if r["floor"]["delayed"]]
+    if dr:
+        out += ["| mode | users/req | cands/user | echo answers after ms | delayed echo p50 / p99 / mean ms "
+                "| its transport (mean - delay) ms | (client - forward) / that, means |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in dr:
+            g = r["floor"]["delayed"]
+            out.append("| %s | %d | %d | %.3f | %s / %s / %s | %s | %s |" % (
+                r["mode"], r["users"], r["cands"], g["delay_ms"], fmt(g["p50"]), fmt(g["p99"]),
+                fmt(g["mean"]), fmt(g["transport_ms"], "%.3f"), fmt(g["ratio"], "%.2fx")))
+        out.append("")
     return out
 
 
@@ -190,28 +239,32 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--compute-metric", default=None)
+    ap.add_argument("--forward-mean-us", metavar="TAG", default=None)
     a = ap.parse_args()
     run = json.load(open(os.path.join(a.dir, "run.json")))
     model = run["model"]
     rows = []
     compute_name = a.compute_metric or run.get("compute_metric") or None
+    if a.forward_mean_us:
+        before, after, types = open_snapshots(a.dir, a.forward_mean_us)
+        ms = forward_ms(before, after, compute_name or detect_compute(types), model)
+        if ms is None:
+            print("report.py: %s: no forward time in its /metrics snapshots" % a.forward_mean_us,
+                  file=sys.stderr)
+            return 2
+        print("%d" % round(1e3 * ms))
+        return 0
     for closed_path in sorted(glob.glob(os.path.join(a.dir, "*.closed.json"))):
         tag = os.path.basename(closed_path)[:-len(".closed.json")]
         mode, u, c = re.match(r"^(\w+)-u(\d+)-c(\d+)$", tag).groups()
         cj = json.load(open(closed_path))
         oj = json.load(open(os.path.join(a.dir, tag + ".open.json")))
-        before, types = parse_prom(os.path.join(a.dir, tag + ".open.before.prom"))
-        after, types2 = parse_prom(os.path.join(a.dir, tag + ".open.after.prom"))
-        types.update(types2)
+        before, after, types = open_snapshots(a.dir, tag)
         if compute_name is None:
             compute_name = detect_compute(types)
         ssum, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
         server_ms = 1e3 * ssum / scount if scount else None
-        compute_ms = None
-        if compute_name:
-            csum, ccount = hist_delta(before, after, compute_name, model)
-            # per request: the forward time of the calls the server counted
-            compute_ms = 1e3 * csum / scount if scount and ccount else None
+        compute_ms = forward_ms(before, after, compute_name, model)
         qsum, qcount = hist_delta(before, after, "ikbo_queue_seconds", model)
         queue_ms = 1e3 * qsum / scount if scount and qcount else None
         psum, pcount = hist_delta(before, after, "ikbo_request_prepare_seconds", model)

@@ -49,6 +49,9 @@
 #   --server-config FILE the daemon's --config (e.g. a larger batching.max_queue_candidates,
 #                        so a high --concurrency measures throughput, not admission) [none]
 #   --echo BIN           the echo server of step 4; "none" skips the floor [BUILD/echo_server]
+#   --echo-delay 0|1     after the floor, the echo again answering each call after the
+#                        point's forward mean (echo_server --answer-after-us): the floor at
+#                        the concurrency ours has at that rate (report.py's third floor table) [0]
 #   --encoding E         request encoding every loadgen run sends: classic or packed [classic]
 #   --out DIR            where results go [build/e2e/<date>-<device>]
 # Needs: bash, curl, /usr/bin/python3. Exit 0 when every point ran.
@@ -58,7 +61,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$ROOT/build MODELS=$ROOT/models MODEL=demo DEVICE=cpu MODES="ikbo broadcast"
 USERS="1 16" CANDS="10 70 500" HISTORY="" SERVER_THREADS=2 CONCURRENCY="" LG_THREADS=1
 FRACTION=0.5 WARMUP=1 DURATION=3 MIN_OPEN=20 TIMEOUT_MS=60000 COMPUTE_METRIC="" OUT="" SERVER_CONFIG=""
-ECHO="" ENCODING=classic
+ECHO="" ENCODING=classic ECHO_DELAY=0
 CMDLINE="bench/e2e/run.sh$(printf ' %q' "$@")"
 
 die() { echo "run.sh: error: $*" >&2; exit 2; }
@@ -70,7 +73,7 @@ while [ $# -gt 0 ]; do
     --loadgen-threads) LG_THREADS=$2 ;; --fraction) FRACTION=$2 ;; --warmup) WARMUP=$2 ;;
     --duration) DURATION=$2 ;; --min-open-calls) MIN_OPEN=$2 ;; --timeout-ms) TIMEOUT_MS=$2 ;;
     --compute-metric) COMPUTE_METRIC=$2 ;; --out) OUT=$2 ;; --server-config) SERVER_CONFIG=$2 ;;
-    --echo) ECHO=$2 ;; --encoding) ENCODING=$2 ;;
+    --echo) ECHO=$2 ;; --encoding) ENCODING=$2 ;; --echo-delay) ECHO_DELAY=$2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown flag '$1' (see --help)" ;;
   esac
@@ -109,10 +112,10 @@ trap 'stop_echo; stop_daemon' EXIT
 
 # The floor's server for one point: answers of cands scores, the model
 # description asked from the running daemon -> sets ECHO_GRPC, ECHO_PID.
-start_echo() { # tag users cands distinct
+start_echo() { # tag users cands distinct [echo_server flags...]
   local log=$OUT/$1.echo.log
   "$ECHO" --listen 127.0.0.1:0 --model-info-from "$GRPC" --model "$MODEL" --threads "$SERVER_THREADS" \
-    --users "$2" --cands "$3" --distinct "$4" >"$log" 2>&1 &
+    --users "$2" --cands "$3" --distinct "$4" "${@:5}" >"$log" 2>&1 &
   ECHO_PID=$!
   for _ in $(seq 1 100); do  # 10 s
     kill -0 "$ECHO_PID" 2>/dev/null || { cat "$log" >&2; ECHO_PID=""; die "echo_server exited"; }
@@ -222,6 +225,15 @@ PY
         loadgen "$tag.echo-open" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
           --rate "$rate" --max-inflight 10000 --warmup "$WARMUP" --duration "$dur"
         stop_echo
+        if [ "$ECHO_DELAY" = 1 ]; then  # the floor at our concurrency: answers after our forward mean
+          $PY "$ROOT/bench/e2e/report.py" "$OUT" --forward-mean-us "$tag" \
+            ${COMPUTE_METRIC:+--compute-metric "$COMPUTE_METRIC"} >"$OUT/$tag.echo-delay-us" \
+            || die "no forward mean for $tag (--echo-delay needs the compute histogram)"
+          start_echo "$tag.delay" "$u" $(( u * c )) "$distinct" --answer-after-us "$(cat "$OUT/$tag.echo-delay-us")"
+          loadgen "$tag.echo-delay-open" --users "$u" --candidates "$c" "${HIST_ARGS[@]}" --distinct "$distinct" \
+            --rate "$rate" --max-inflight 10000 --warmup "$WARMUP" --duration "$dur"
+          stop_echo
+        fi
       fi
       $PY - "$OUT" "$tag" <<'PY' >&2
 import json, sys

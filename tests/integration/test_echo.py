@@ -21,7 +21,10 @@ CPU (the demo model; no GPU), with every wait bounded:
      is real;
   5. SIGTERM with calls in flight: exit 0 within a bounded time;
   6. --send-from thread (answers sent by one sender thread): the same
-     answers, and the same clean exit under load.
+     answers, and the same clean exit under load;
+  7. --answer-after-us N: the same, and no call answered sooner than N us
+     after it was sent (the client's shortest latency); SIGTERM with calls
+     still waiting for their time answers them and exits 0.
 """
 import json
 import os
@@ -116,7 +119,8 @@ def test_flags():
     out = subprocess.run([ECHO, "--help"], capture_output=True, text=True, timeout=10)
     it.check_eq(out.returncode, 0, "--help exit status")
     for flag in ("--listen", "--threads", "--model-info", "--model-info-from", "--model", "--cands",
-                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--send-from", "--help"):
+                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--send-from",
+                 "--answer-after-us", "--help"):
         it.check(flag in out.stdout, "--help does not list %s" % flag)
     garbage = os.path.join(WORK, "garbage.pb")
     with open(garbage, "wb") as f:
@@ -128,6 +132,9 @@ def test_flags():
            (echo_args(**{"--threads": "0"}), "--threads: expected an integer"),
            (echo_args(**{"--bogus": "1"}), "unknown flag '--bogus'"),
            (echo_args(**{"--send-from": "nobody"}), "--send-from: expected worker or thread, got 'nobody'"),
+           (echo_args(**{"--answer-after-us": "-1"}), "--answer-after-us: expected an integer 0..10000000"),
+           (echo_args(**{"--answer-after-us": "5", "--send-from": "worker"}),
+            "--answer-after-us: answers wait in the sender thread"),
            (echo_args(**{"--model-info": os.path.join(WORK, "absent.pb")}), "absent.pb: No such file"),
            (echo_args(**{"--model-info": garbage}), "not a serialized ikbo.v1.ModelInfoResponse"),
            (echo_args(**{"--model": "nosuch"}), "no model 'nosuch'"),
@@ -142,7 +149,8 @@ def test_flags():
                  % (" ".join(args), want, out.returncode, out.stderr))
     readme = open(os.path.join(it.ROOT, "README.md")).read()
     for flag in ("--listen", "--threads", "--model-info", "--model-info-from", "--model", "--cands",
-                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--send-from"):
+                 "--tasks", "--users", "--distinct", "--max-message-bytes", "--send-from",
+                 "--answer-after-us"):
         it.check("`%s" % flag in readme, "README.md does not document echo_server %s" % flag)
 
 
@@ -213,21 +221,31 @@ def connected(port, pid):
     return any(r[2].endswith(want) and r[3] == "01" for r in rows)
 
 
+ANSWER_AFTER_US = 30000
+
+
 def test_loadgen_accepts():
-    for send_from in ("worker", "thread"):
-        codes, ok_per_s = loadgen_run(send_from)
-        print("     --send-from %s: %d OK calls, %.0f calls/s" % (send_from, codes["OK"], ok_per_s))
+    for label, over in (("--send-from worker", {"--send-from": "worker"}),
+                        ("--send-from thread", {"--send-from": "thread"}),
+                        ("--answer-after-us %d" % ANSWER_AFTER_US, {"--answer-after-us": str(ANSWER_AFTER_US)})):
+        codes, ok_per_s, min_ms = loadgen_run(label, over)
+        print("     %s: %d OK calls, %.0f calls/s, shortest %.2f ms" % (label, codes["OK"], ok_per_s, min_ms))
+        if "--answer-after-us" in over:
+            it.check(min_ms >= ANSWER_AFTER_US / 1e3,
+                     "--answer-after-us %d: a call was answered after %.3f ms" % (ANSWER_AFTER_US, min_ms))
 
 
-def loadgen_run(send_from):
-    echo = Echo(*echo_args(**{"--send-from": send_from}))
+def loadgen_run(label, over):
+    echo = Echo(*echo_args(**over))
+    min_ms = float("inf")
     try:
         for encoding in ("packed", "classic"):
             rc, j = loadgen(echo.target, CANDS_PER_USER, encoding=encoding)
             codes, ok_per_s = j["codes"], j["measured"]["ok_per_s"]
             it.check(rc == 0 and set(codes) == {"OK"} and codes["OK"] > 0,
-                     "ikbo-loadgen --encoding %s against the echo (--send-from %s): exit %d, codes %r, "
-                     "first error %r" % (encoding, send_from, rc, codes, j.get("first_error")))
+                     "ikbo-loadgen --encoding %s against the echo (%s): exit %d, codes %r, "
+                     "first error %r" % (encoding, label, rc, codes, j.get("first_error")))
+            min_ms = min(min_ms, j["measured"]["latency_all_ms"]["min"])
         # One candidate per user more than --cands allows for: verification fails.
         rc, j = loadgen(echo.target, CANDS_PER_USER + 1, duration="0.2")
         it.check(rc == 1 and "verification" in (j.get("first_error") or ""),
@@ -251,7 +269,7 @@ def loadgen_run(send_from):
     finally:
         if echo.proc.poll() is None:
             echo.stop()
-    return codes, ok_per_s
+    return codes, ok_per_s, min_ms
 
 
 if __name__ == "__main__":
