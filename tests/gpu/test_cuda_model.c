@@ -236,6 +236,153 @@ static int check_graphs(const char *dir, const char *mode, const ikbo_model_info
     return failures;
 }
 
+/* The three contexts one model is checked on: CPU (the reference), cuda:0
+ * in IKBO mode and cuda:0 in broadcast mode. */
+typedef struct trio {
+    const char *dir;
+    const ikbo_model_info *in;
+    ikbo_ctx *cc, *cg, *cb;
+    double tol;
+} trio;
+
+/* One batch shape: scored on the CPU, then on both GPU contexts into
+ * NaN-poisoned outputs, compared by relative error (and top-10 agreement,
+ * reported); IKBO mode must allocate no broadcast bytes. Returns the
+ * failures; adds its checks to *checks. */
+static int check_shape(const trio *t, int nu, const int *counts, const char *name, int *checks)
+{
+    ikbo_err e = {{0}};
+    batch_mem bm = make_batch(t->in, nu, counts);
+    int C = bm.b.n_cands, T = t->in->n_tasks, failures = 0;
+    float *tc = xcalloc((size_t)C * T, sizeof(float)), *sc = xcalloc((size_t)C, sizeof(float));
+    float *tgs[2] = {xcalloc((size_t)C * T, sizeof(float)), xcalloc((size_t)C * T, sizeof(float))};
+    float *sgs[2] = {xcalloc((size_t)C, sizeof(float)), xcalloc((size_t)C, sizeof(float))};
+    const char *mode[2] = {"ikbo", "broadcast"};
+    ikbo_ctx *ctx[2] = {t->cg, t->cb};
+    if (ikbo_score(t->cc, &bm.b, tc, sc, &e)) {
+        printf("FAIL %s [%s]: cpu score: %s\n", t->dir, name, e.msg);
+        failures++;
+    }
+    for (int md = 0; md < 2 && !failures; md++) {
+        for (int i = 0; i < C * T; i++)
+            tgs[md][i] = NAN;
+        (*checks)++;
+        if (ikbo_score(ctx[md], &bm.b, tgs[md], sgs[md], &e)) {
+            printf("FAIL %s [%s] %s: cuda score: %s\n", t->dir, name, mode[md], e.msg);
+            failures++;
+            continue;
+        }
+        int nan;
+        double rel = rel_err(tgs[md], tc, (size_t)C * T, &nan);
+        int k = C < 10 ? C : 10, agree = topk_overlap(sc, sgs[md], C, k);
+        int bad = nan || !(rel <= t->tol);
+        if (md == 0) {
+            size_t lb[BK_TAG_COUNT];
+            ikbo_ctx_last_bytes(t->cg, lb);
+            if (lb[BK_TAG_BROADCAST]) {
+                printf("FAIL %s: IKBO mode used %zu broadcast bytes\n", t->dir, lb[BK_TAG_BROADCAST]);
+                bad = 1;
+            }
+        }
+        failures += bad;
+        printf("%s %-28s %-16s %-9s C %5d rel %.2e top%d %d/%d%s\n", bad ? "FAIL" : "ok  ", t->dir,
+               name, mode[md], C, rel, k, agree, k, nan ? " NaN" : "");
+    }
+    free(tc);
+    free(sc);
+    for (int md = 0; md < 2; md++) {
+        free(tgs[md]);
+        free(sgs[md]);
+    }
+    free_batch(&bm);
+    return failures;
+}
+
+/* Batch graphs in both modes, each on a context of its own (graphs = 4)
+ * with the server's waits: sleep at once (ikbo), poll then sleep
+ * (broadcast). */
+static int check_graph_modes(const trio *t, const ikbo_load_opts *og, const ikbo_load_opts *ob,
+                             int *checks)
+{
+    int failures = 0;
+    for (int md = 0; md < 2; md++) {
+        ikbo_err e = {{0}};
+        ikbo_load_opts o = md ? *ob : *og;
+        o.graphs = 4;
+        ikbo_model *mgr = ikbo_model_load(t->dir, &o, &e);
+        ikbo_ctx *cgr = mgr ? ikbo_ctx_new(mgr, &e) : NULL;
+        if (cgr && ikbo_ctx_set_gpu_spin(cgr, md ? 50 : 0, &e)) {
+            ikbo_ctx_free(cgr);
+            cgr = NULL;
+        }
+        if (!cgr) {
+            printf("FAIL %s: graphs: %s\n", t->dir, e.msg);
+            failures++;
+        } else {
+            failures += check_graphs(t->dir, md ? "broadcast" : "ikbo", t->in, t->cc, cgr, t->tol,
+                                     checks);
+        }
+        ikbo_ctx_free(cgr);
+        ikbo_model_free(mgr);
+    }
+    return failures;
+}
+
+/* Every check of one model version directory. Returns the failures. */
+static int check_model(const char *dir, double tol, int *checks)
+{
+    ikbo_err e = {{0}};
+    ikbo_load_opts oc = {.device = "cpu", .mode = IKBO_MODE_IKBO},
+                   og = {.device = "cuda:0", .mode = IKBO_MODE_IKBO},
+                   ob = {.device = "cuda:0", .mode = IKBO_MODE_BROADCAST};
+    ikbo_model *mc = ikbo_model_load(dir, &oc, &e), *mg = NULL, *mb = NULL;
+    trio t = {.dir = dir, .tol = tol};
+    int failures = 0;
+    if (!mc) {
+        printf("FAIL %s: cpu load: %s\n", dir, e.msg);
+        return 1;
+    }
+    mg = ikbo_model_load(dir, &og, &e);
+    mb = mg ? ikbo_model_load(dir, &ob, &e) : NULL;
+    if (!mg || !mb) {
+        printf("FAIL %s: cuda load: %s\n", dir, e.msg);
+        failures++;
+        goto out;
+    }
+    t.in = ikbo_model_get_info(mc);
+    if (!(t.cc = ikbo_ctx_new(mc, &e)) || !(t.cg = ikbo_ctx_new(mg, &e)) ||
+        !(t.cb = ikbo_ctx_new(mb, &e))) {
+        printf("FAIL %s: context: %s\n", dir, e.msg);
+        failures++;
+        goto out;
+    }
+    int c1[] = {1}, c3[] = {1, 7, 2}, c70[15], c1000[] = {1000, 1}, codd[] = {3, 1, 5, 9, 1};
+    for (int i = 0; i < 15; i++)
+        c70[i] = 70;
+    struct { int nu; const int *counts; const char *name; } shapes[] = {
+        {1, c1, "1x1"}, {3, c3, "3 users 1/7/2"}, {5, codd, "5 users odd"},
+        {15, c70, "15 users x70"}, {2, c1000, "1000+1"}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        failures += check_shape(&t, shapes[s].nu, shapes[s].counts, shapes[s].name, checks);
+    ikbo_stats st;
+    ikbo_get_stats(mg, &st);
+    (*checks)++;
+    if (st.bytes_peak[BK_TAG_BROADCAST]) {
+        printf("FAIL %s: IKBO-mode backend peaked at %zu broadcast bytes\n", dir,
+               st.bytes_peak[BK_TAG_BROADCAST]);
+        failures++;
+    }
+    failures += check_graph_modes(&t, &og, &ob, checks);
+out:
+    ikbo_ctx_free(t.cc);
+    ikbo_ctx_free(t.cg);
+    ikbo_ctx_free(t.cb);
+    ikbo_model_free(mc);
+    ikbo_model_free(mg);
+    ikbo_model_free(mb);
+    return failures;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -247,125 +394,8 @@ int main(int argc, char **argv)
     unsigned long long seed = gr_seed_checks();
     printf("test_cuda_model: inputs from IKBO_TEST_SEED=%llu\n", seed);
     int failures = 0, checks = 0;
-    for (int a = 1; a < argc; a++) {
-        ikbo_err e = {{0}};
-        ikbo_load_opts oc = {.device = "cpu", .mode = IKBO_MODE_IKBO},
-                       og = {.device = "cuda:0", .mode = IKBO_MODE_IKBO},
-                       ob = {.device = "cuda:0", .mode = IKBO_MODE_BROADCAST};
-        ikbo_model *mc = ikbo_model_load(argv[a], &oc, &e);
-        if (!mc) {
-            printf("FAIL %s: cpu load: %s\n", argv[a], e.msg);
-            failures++;
-            continue;
-        }
-        ikbo_model *mg = ikbo_model_load(argv[a], &og, &e);
-        ikbo_model *mb = mg ? ikbo_model_load(argv[a], &ob, &e) : NULL;
-        if (!mg || !mb) {
-            printf("FAIL %s: cuda load: %s\n", argv[a], e.msg);
-            failures++;
-            ikbo_model_free(mg);
-            ikbo_model_free(mc);
-            continue;
-        }
-        const ikbo_model_info *in = ikbo_model_get_info(mc);
-        ikbo_ctx *cc = ikbo_ctx_new(mc, &e), *cg = ikbo_ctx_new(mg, &e), *cb = ikbo_ctx_new(mb, &e);
-        if (!cc || !cg || !cb) {
-            printf("FAIL %s: context: %s\n", argv[a], e.msg);
-            return 1;
-        }
-        int c1[] = {1}, c3[] = {1, 7, 2}, c70[15], c1000[] = {1000, 1}, codd[] = {3, 1, 5, 9, 1};
-        for (int i = 0; i < 15; i++)
-            c70[i] = 70;
-        struct { int nu; const int *counts; const char *name; } shapes[] = {
-            {1, c1, "1x1"}, {3, c3, "3 users 1/7/2"}, {5, codd, "5 users odd"},
-            {15, c70, "15 users x70"}, {2, c1000, "1000+1"}};
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            batch_mem bm = make_batch(in, shapes[s].nu, shapes[s].counts);
-            int C = bm.b.n_cands, T = in->n_tasks;
-            float *tc = xcalloc((size_t)C * T, sizeof(float)), *tg = xcalloc((size_t)C * T, sizeof(float)),
-                  *tb = xcalloc((size_t)C * T, sizeof(float));
-            float *sc = xcalloc((size_t)C, sizeof(float)), *sg = xcalloc((size_t)C, sizeof(float)),
-                  *sb = xcalloc((size_t)C, sizeof(float));
-            for (int i = 0; i < C * T; i++)
-                tg[i] = tb[i] = NAN;
-            if (ikbo_score(cc, &bm.b, tc, sc, &e)) {
-                printf("FAIL %s [%s]: cpu score: %s\n", argv[a], shapes[s].name, e.msg);
-                failures++;
-                free_batch(&bm);
-                continue;
-            }
-            const char *mode[2] = {"ikbo", "broadcast"};
-            float *tgs[2] = {tg, tb}, *sgs[2] = {sg, sb};
-            ikbo_ctx *ctx[2] = {cg, cb};
-            for (int md = 0; md < 2; md++) {
-                checks++;
-                if (ikbo_score(ctx[md], &bm.b, tgs[md], sgs[md], &e)) {
-                    printf("FAIL %s [%s] %s: cuda score: %s\n", argv[a], shapes[s].name, mode[md],
-                           e.msg);
-                    failures++;
-                    continue;
-                }
-                int nan;
-                double rel = rel_err(tgs[md], tc, (size_t)C * T, &nan);
-                int k = C < 10 ? C : 10, agree = topk_overlap(sc, sgs[md], C, k);
-                int bad = nan || !(rel <= tol);
-                if (md == 0) {
-                    size_t lb[BK_TAG_COUNT];
-                    ikbo_ctx_last_bytes(cg, lb);
-                    if (lb[BK_TAG_BROADCAST]) {
-                        printf("FAIL %s: IKBO mode used %zu broadcast bytes\n", argv[a],
-                               lb[BK_TAG_BROADCAST]);
-                        bad = 1;
-                    }
-                }
-                failures += bad;
-                printf("%s %-28s %-16s %-9s C %5d rel %.2e top%d %d/%d%s\n", bad ? "FAIL" : "ok  ",
-                       argv[a], shapes[s].name, mode[md], C, rel, k, agree, k,
-                       nan ? " NaN" : "");
-            }
-            free(tc);
-            free(tg);
-            free(tb);
-            free(sc);
-            free(sg);
-            free(sb);
-            free_batch(&bm);
-        }
-        ikbo_stats st;
-        ikbo_get_stats(mg, &st);
-        checks++;
-        if (st.bytes_peak[BK_TAG_BROADCAST]) {
-            printf("FAIL %s: IKBO-mode backend peaked at %zu broadcast bytes\n", argv[a],
-                   st.bytes_peak[BK_TAG_BROADCAST]);
-            failures++;
-        }
-        for (int md = 0; md < 2; md++) {
-            ikbo_load_opts o = md ? ob : og;
-            o.graphs = 4;
-            ikbo_model *mgr = ikbo_model_load(argv[a], &o, &e);
-            ikbo_ctx *cgr = mgr ? ikbo_ctx_new(mgr, &e) : NULL;
-            /* The server's waits: sleep at once (ikbo), poll then sleep (broadcast). */
-            if (cgr && ikbo_ctx_set_gpu_spin(cgr, md ? 50 : 0, &e)) {
-                ikbo_ctx_free(cgr);
-                cgr = NULL;
-            }
-            if (!cgr) {
-                printf("FAIL %s: graphs: %s\n", argv[a], e.msg);
-                failures++;
-            } else {
-                failures += check_graphs(argv[a], md ? "broadcast" : "ikbo", in, cc, cgr, tol,
-                                         &checks);
-            }
-            ikbo_ctx_free(cgr);
-            ikbo_model_free(mgr);
-        }
-        ikbo_ctx_free(cc);
-        ikbo_ctx_free(cg);
-        ikbo_ctx_free(cb);
-        ikbo_model_free(mc);
-        ikbo_model_free(mg);
-        ikbo_model_free(mb);
-    }
+    for (int a = 1; a < argc; a++)
+        failures += check_model(argv[a], tol, &checks);
     printf("test_cuda_model: %s (%d checks, %d failures; IKBO_TEST_SEED=%llu)\n",
            failures ? "FAILED" : "passed", checks, failures, seed);
     return failures ? 1 : 0;
