@@ -370,7 +370,8 @@ def main():
                      "ratio = (client - forward) / echo latency, n/a where the interpolated forward "
                      "quantile is not below the client's (buckets too coarse, or too few calls for a "
                      "p99: see calls)." % (compute_name or "n/a"))
-        bad_echo = [r for r in rows if r["floor"] and r["floor"]["echo_errors"]]
+        bad_echo = [r for r in rows if r["floor"] and (r["floor"]["echo_errors"] or (
+            r["floor"]["delayed"] and r["floor"]["delayed"]["errors"]))]
         if bad_echo:
             notes.append("failed echo calls at: %s (see TAG.echo-*.json)."
                          % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad_echo))

@@ -89,6 +89,7 @@ SERVE=$BUILD/ikbo-serve LOADGEN=$BUILD/ikbo-loadgen PY=/usr/bin/python3
 [ "$ECHO" = none ] && ECHO=""
 [ -z "$ECHO" ] || [ -x "$ECHO" ] || die "$ECHO missing (make build/echo_server, or --echo none)"
 ls -d "$MODELS/$MODEL"/*/ >/dev/null 2>&1 || die "no version of model '$MODEL' in $MODELS (bench: models/bench/make_bench_model.py)"
+case "$ECHO_DELAY" in 0|1) ;; *) die "--echo-delay: expected 0 or 1, got '$ECHO_DELAY'" ;; esac
 [ -n "$CONCURRENCY" ] || CONCURRENCY=$(( SERVER_THREADS * 2 > 4 ? SERVER_THREADS * 2 : 4 ))
 [ -n "$OUT" ] || OUT=$ROOT/build/e2e/$(date -u +%Y%m%d-%H%M%S)-${DEVICE/:/}
 mkdir -p "$OUT"
