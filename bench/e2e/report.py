@@ -246,7 +246,11 @@ def main():
     rows = []
     compute_name = a.compute_metric or run.get("compute_metric") or None
     if a.forward_mean_us:
-        before, after, types = open_snapshots(a.dir, a.forward_mean_us)
+        try:
+            before, after, types = open_snapshots(a.dir, a.forward_mean_us)
+        except OSError as e:
+            print("report.py: %s: %s" % (a.forward_mean_us, e), file=sys.stderr)
+            return 2
         ms = forward_ms(before, after, compute_name or detect_compute(types), model)
         if ms is None:
             print("report.py: %s: no forward time in its /metrics snapshots" % a.forward_mean_us,

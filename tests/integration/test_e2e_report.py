@@ -24,6 +24,9 @@ be checked by hand:
                                    -> gRPC receive 0.010, send 0.030 ms
   loadgen open loop: 800 calls measured, client mean 0.6, p50 0.6, p99 2.5 ms
   echo open loop:    mean 0.2, p50 0.1, p99 0.6 ms
+  delayed echo (run.sh --echo-delay: TAG.echo-delay-us "300", answers after
+  0.3 ms): mean 0.55, p50 0.5, p99 1.5 ms -> its transport 0.55 - 0.3 =
+  0.250 ms, (client - forward) / that = (0.6 - 0.3) / 0.25 = 1.20x
 
 Expected: the breakdown row queue 0.020 (3%), forward 0.300 (50%), rest of
 server 0.400 - 0.020 - 0.300 = 0.080 (13%) of which prepare 0.012 (2%),
@@ -44,6 +47,8 @@ Traps in the same files, each of which would move those numbers:
   - the closed loop's /metrics snapshots (TAG.closed.before/after.prom, a
     window with 2 ms per request), and a TAG.closed-c4.json: only the
     open-loop snapshots count, and only TAG.closed.json is a point.
+report.py --forward-mean-us TAG prints the forward mean per request in
+us, 300, which run.sh passes to echo_server --answer-after-us.
 A second directory without ikbo_queue_seconds, ikbo_request_prepare_seconds
 and the gRPC spans (an older daemon): those print "n/a" and are null in
 results.json, forward and outside are unchanged.
@@ -181,7 +186,7 @@ RUN = {"command": "bench/e2e/run.sh --modes ikbo --users 2 --cands 5 --out X", "
        "echo": "/nowhere/echo_server", "encoding": "classic"}
 
 
-def make_dir(name, queue=True, model="demo"):
+def make_dir(name, queue=True, model="demo", delayed=True):
     """A bench/e2e/run.sh results directory with the one point TAG."""
     d = os.path.join(WORK, name)
     os.makedirs(d)
@@ -209,6 +214,10 @@ def make_dir(name, queue=True, model="demo"):
     put(TAG + ".echo-closed.json", loadgen("closed", 5000.0, latency(20000, 0.7, 0.5, 3.0), concurrency=4))
     put(TAG + ".echo-open.json", loadgen("open", 800.0, latency(800, 0.2, 0.1, 0.6), rate=800.0,
                                          send_lag_p99=0.04))
+    if delayed:
+        put(TAG + ".echo-delay-us", "300\n")
+        put(TAG + ".echo-delay-open.json", loadgen("open", 800.0, latency(800, 0.55, 0.5, 1.5), rate=800.0,
+                                                   send_lag_p99=0.04))
     return d
 
 
@@ -354,6 +363,37 @@ def test_other_model():
                 "model other: floor row")
 
 
+def test_floor_delayed():
+    out, res = report("full")
+    row = one(out, "its transport (mean - delay) ms", "delayed floor table")
+    check_cells(row, {"mode": "ikbo", "users/req": "2", "cands/user": "5", "echo answers after ms": "0.300",
+                      "delayed echo p50 / p99 / mean ms": "0.50 / 1.50 / 0.55",
+                      "its transport (mean - delay) ms": "0.250",
+                      "(client - forward) / that, means": "1.20x"}, "delayed floor row")
+    g = the_row(res, "full")["floor"]["delayed"]
+    want = {"delay_ms": 0.3, "p50": 0.5, "p99": 1.5, "mean": 0.55, "transport_ms": 0.25, "ratio": 1.2}
+    for k, v in want.items():
+        check_near(g[k], v, "results.json floor.delayed " + k)
+    check_eq(g["errors"], 0, "results.json floor.delayed errors")
+    # Without the delayed echo's files: no third table, and null in results.json.
+    out, res = report("nodelay", delayed=False)
+    check_eq(table(out, "its transport (mean - delay) ms"), [], "delayed floor table without its files")
+    check(the_row(res, "nodelay")["floor"]["delayed"] is None, "results.json floor.delayed without its files")
+
+
+def test_forward_mean_us():
+    d = os.path.join(WORK, "full")
+    report("full")
+    p = subprocess.run([sys.executable, REPORT, d, "--forward-mean-us", TAG], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+    check_eq((p.returncode, p.stdout), (0, "300\n"), "report.py --forward-mean-us (stderr %r)" % p.stderr)
+    p = subprocess.run([sys.executable, REPORT, d, "--forward-mean-us", "ikbo-u9-c9"], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+    check(p.returncode == 2 and not p.stdout and p.stderr.startswith("report.py: ikbo-u9-c9: ")
+          and "ikbo-u9-c9.open.before.prom" in p.stderr,
+          "--forward-mean-us of a point that did not run: exit %d, %r, %r" % (p.returncode, p.stdout, p.stderr))
+
+
 def test_no_queue_histogram():
     out, res = report("noqueue", queue=False)
     row = one(out, "queue ms", "breakdown table without queue")
@@ -377,7 +417,7 @@ def main():
     global WORK
     with tempfile.TemporaryDirectory(prefix="ikbo-e2e-report-") as WORK:
         tests = [test_breakdown, test_floor, test_saturation, test_other_model,
-                 test_no_queue_histogram]
+                 test_no_queue_histogram, test_floor_delayed, test_forward_mean_us]
         failed, t_all = run_tests(tests)
         rc = summary(len(tests), failed, t_all)
     sys.exit(rc)
