@@ -3,8 +3,11 @@
  * Each message is read in two passes over its bytes: the first counts the
  * elements of every repeated field (so each array is allocated once, at its
  * size), the second fills them; submessages are decoded in the second pass
- * of their parent, each with its own two passes. Any byte sequence outside
- * the known fields' encodings makes the whole decode return NULL.
+ * of their parent, each with its own two passes. Candidates and their bags,
+ * the messages there are most of, are first tried in one pass (each array
+ * counted from its single occurrence: what encoders write) and take the two
+ * passes only when that does not hold. Any byte sequence outside the known
+ * fields' encodings makes the whole decode return NULL.
  */
 #include "rank_wire.h"
 
@@ -245,8 +248,55 @@ static int rep_scalar(rd *r, int wt, rd body, char kind, int count, size_t *n, v
     return 0;
 }
 
+/* A repeated scalar field met once: counted, allocated and filled from
+ * this one occurrence (*dst NULL when it has no elements). */
+static int rep_scalar_once(rd *it, int wt, rd body, char kind, size_t elem, pb_arena *a, size_t *n,
+                           void **dst)
+{
+    const rd at = *it;
+    size_t k = 0;
+    *n = 0;
+    if (rep_scalar(it, wt, body, kind, 1, n, NULL) || alloc_array(a, dst, *n, elem)) return -1;
+    *it = at;
+    return rep_scalar(it, wt, body, kind, 0, &k, *dst);
+}
+
+/* One-pass decodes. Every encoder writes a repeated scalar field as one
+ * run and a candidate with a few bags; such a message is decoded in one
+ * pass, each array counted from its one occurrence. A message that is not
+ * (a second occurrence, more than ONCE_BAGS bags) returns 1 and is decoded
+ * again by the two-pass loop, which counts every occurrence first; what
+ * the first try took from the arena stays there, at most a few times the
+ * message's own size. -1: malformed (or out of memory), as in the
+ * two-pass loop. */
+#define ONCE_BAGS 8
+
+static int sparse_once(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
+{
+    int ids_seen = 0;
+    while (r.p < r.end) {
+        uint32_t f;
+        int wt;
+        rd b = {0, 0};
+        if (get_field(&r, &f, &wt, &b)) return -1;
+        if (f == 1 && wt == WT_LEN) {
+            if (set_bag_name(d, &m->name, b)) return -1;
+        } else if (f == 2) {
+            if (ids_seen++) return 1;
+            if (rep_scalar_once(&r, wt, b, 'l', sizeof *m->ids, d->a, &m->n_ids, (void **)&m->ids))
+                return -1;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int dec_sparse(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
 {
+    ikbo__v1__sparse_feature__init(m);
+    int once = sparse_once(r, d, m);
+    if (once <= 0) return once;
     ikbo__v1__sparse_feature__init(m);
     for (int pass = 0; pass < 2; pass++) {
         rd it = r;
@@ -332,9 +382,57 @@ static int dec_user(rd r, dctx *d, Ikbo__V1__User *m)
     return 0;
 }
 
+/* A candidate in one pass (see sparse_once): its bags decoded into
+ * `bags`, then copied into their block once their number is known. */
+static int candidate_once(rd r, dctx *d, Ikbo__V1__Candidate *m)
+{
+    Ikbo__V1__SparseFeature bags[ONCE_BAGS];
+    size_t ns = 0;
+    int dense_seen = 0;
+    while (r.p < r.end) {
+        uint32_t f;
+        int wt;
+        rd b = {0, 0};
+        uint64_t v;
+        if (get_field(&r, &f, &wt, &b)) return -1;
+        switch (f) {
+        case 1:
+            if (wt != WT_VARINT || get_varint(&r, &v)) return -1;
+            m->id = (int64_t)v;
+            break;
+        case 2:
+            if (wt != WT_VARINT || get_varint(&r, &v)) return -1;
+            m->user = (uint32_t)v;
+            break;
+        case 3:
+            if (dense_seen++) return 1;
+            if (rep_scalar_once(&r, wt, b, 'f', sizeof *m->dense, d->a, &m->n_dense,
+                                (void **)&m->dense))
+                return -1;
+            break;
+        case 4:
+            if (ns == ONCE_BAGS) return 1;
+            d->path.at[1].name = "sparse";
+            d->path.at[1].index = (int64_t)ns;
+            if (wt != WT_LEN || dec_sparse(b, d, &bags[ns])) return -1;
+            ns++;
+            break;
+        default:
+            return -1;
+        }
+    }
+    if (alloc_bags(d->a, ns, &m->sparse)) return -1;
+    for (size_t i = 0; i < ns; i++) *m->sparse[i] = bags[i];
+    m->n_sparse = ns;
+    return 0;
+}
+
 static int dec_candidate(rd r, dctx *d, Ikbo__V1__Candidate *m)
 {
     pb_arena *a = d->a;
+    ikbo__v1__candidate__init(m);
+    int once = candidate_once(r, d, m);
+    if (once <= 0) return once;
     ikbo__v1__candidate__init(m);
     size_t nd = 0, ns = 0;
     for (int pass = 0; pass < 2; pass++) {

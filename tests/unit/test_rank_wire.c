@@ -352,6 +352,62 @@ static void test_other_encodings(void **s)
     pb_arena_free(a);
 }
 
+/* The decoder's one-pass tries (sparse_once, candidate_once) hand a
+ * candidate or bag back to the two-pass loop when an array comes in more
+ * than one occurrence or there are more than ONCE_BAGS bags: each case
+ * here takes that way, after the one-pass try has already decoded part of
+ * the message, and must come out as protobuf-c's unpack does. */
+static void test_one_pass_fallbacks(void **s)
+{
+    (void)s;
+    float fv[3] = {0.5f, -1.0f, 3.25f};
+    buf c_dense = {{0}, 0}, c_bags = {{0}, 0}, c_ids = {{0}, 0}, sf = {{0}, 0}, split = {{0}, 0};
+    buf run1 = {{0}, 0}, run2 = {{0}, 0}, d1 = {{0}, 0}, r = {{0}, 0};
+    str_field(&sf, 1, "item");
+    varint(&run1, 11);
+    len_field(&sf, 2, &run1);
+    /* Dense values in a packed run and then one unpacked float; a bag first. */
+    len_field(&c_dense, 4, &sf);
+    put(&d1, fv, 8);
+    len_field(&c_dense, 3, &d1);
+    key(&c_dense, 3, 5);
+    put(&c_dense, &fv[2], 4);
+    /* Nine bags, one more than a one-pass candidate holds. */
+    for (int k = 0; k < 9; k++)
+        len_field(&c_bags, 4, &sf);
+    /* A bag whose ids come in two runs, after its name. */
+    str_field(&split, 1, "author");
+    varint(&run2, 5);
+    varint(&run2, (uint64_t)-6);
+    len_field(&split, 2, &run2);
+    key(&split, 2, 0);
+    varint(&split, 7);
+    len_field(&c_ids, 4, &sf);
+    len_field(&c_ids, 4, &split);
+    str_field(&r, 1, "bench");
+    len_field(&r, 4, &c_dense);
+    len_field(&r, 4, &c_bags);
+    len_field(&r, 4, &c_ids);
+    assert_int_equal(agree(r.b, r.n), ANSWERED);
+
+    pb_arena *a = pb_arena_new(0);
+    rq_status st;
+    Ikbo__V1__RankRequest *q = rank_wire_decode(r.b, r.n, a, &st);
+    assert_non_null(q);
+    assert_int_equal(q->n_candidates, 3);
+    assert_int_equal(q->candidates[0]->n_dense, 3);
+    assert_true(q->candidates[0]->dense[2] == fv[2]);
+    assert_int_equal(q->candidates[0]->n_sparse, 1);
+    assert_int_equal(q->candidates[1]->n_sparse, 9);
+    assert_string_equal(q->candidates[1]->sparse[8]->name, "item");
+    assert_int_equal(q->candidates[1]->sparse[8]->ids[0], 11);
+    assert_int_equal(q->candidates[2]->n_sparse, 2);
+    assert_int_equal(q->candidates[2]->sparse[1]->n_ids, 3);
+    assert_int_equal(q->candidates[2]->sparse[1]->ids[1], -6);
+    assert_int_equal(q->candidates[2]->sparse[1]->ids[2], 7);
+    pb_arena_free(a);
+}
+
 static void test_declines(void **s)
 {
     (void)s;
@@ -807,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_random_requests),
         cmocka_unit_test(test_varint_lengths),
         cmocka_unit_test(test_other_encodings),
+        cmocka_unit_test(test_one_pass_fallbacks),
         cmocka_unit_test(test_packed_requests),
         cmocka_unit_test(test_response_pack),
         cmocka_unit_test(test_declines),
