@@ -74,12 +74,23 @@ static int find_name(const char *const *names, int n, const char *s)
 
 /* ---- checking context ------------------------------------------------- */
 
+/* Bag names already matched to a model feature, by pointer: the fast
+ * decoder gives equal names one shared string (rank_wire.c set_bag_name),
+ * so most of a request's bags are found here without a string compare. */
+#define NAME_MEMO 8
+typedef struct name_memo {
+    const char *s[NAME_MEMO];
+    int fi[NAME_MEMO];
+    int n, next;
+} name_memo;
+
 typedef struct vctx {
     const ikbo_model_info *mi;
     const rq_limits *lim; /* NULL = structure only */
     rq_view *v;
     rq_status *st;
     char mname[80];
+    name_memo memo[2]; /* per entity: ENT_USER, ENT_CAND */
 } vctx;
 
 enum { ENT_USER = 0, ENT_CAND = 1 };
@@ -204,6 +215,21 @@ static int classic_dense(vctx *x, int ent, size_t idx, const float *v, size_t n)
 }
 
 /* An entity's features into bags[] in model order; absent ones stay empty. */
+/* find_name over the entity's feature names, through its memo. */
+static int find_bag(vctx *x, int ent, const char *const *names, int n_names, const char *s)
+{
+    name_memo *m = &x->memo[ent];
+    for (int i = 0; i < m->n; i++)
+        if (m->s[i] == s) return m->fi[i];
+    int fi = find_name(names, n_names, s);
+    if (fi >= 0 && s) {
+        int slot = m->n < NAME_MEMO ? m->n++ : m->next++ % NAME_MEMO;
+        m->s[slot] = s;
+        m->fi[slot] = fi;
+    }
+    return fi;
+}
+
 static int classic_sparse(vctx *x, int ent, size_t idx, Ikbo__V1__SparseFeature *const *sp,
                           size_t n, rs_span *bags)
 {
@@ -215,7 +241,7 @@ static int classic_sparse(vctx *x, int ent, size_t idx, Ikbo__V1__SparseFeature 
     for (size_t k = 0; k < n; k++) {
         const Ikbo__V1__SparseFeature *s = sp[k];
         char path[96], nb[80];
-        int fi = find_name(names, n_names, s->name);
+        int fi = find_bag(x, ent, names, n_names, s->name);
         int fault = fi < 0 || bags[fi].p || (x->lim && s->n_ids > x->lim->max_ids_per_bag);
         if (!fault) {
             bags[fi] = (rs_span){s->ids ? (const void *)s->ids : (const void *)"", s->n_ids};
