@@ -17,6 +17,7 @@
 #include "server/pb_check.h"
 #include "server/rank_wire.h"
 #include "server/request.h"
+#include "server/rq_view.h"
 
 static const char *const USER_SPARSE[] = {"country", "lang"};
 static const char *const CAND_SPARSE[] = {"item", "author"};
@@ -962,6 +963,98 @@ static void test_response_ties_and_nan(void **s)
 
 /* A message built by unpacking the wire format goes through the same path
  * and frees the same way (what the gRPC handler does). */
+/* 30 candidates whose bags come in either order, item ids 100 + i and
+ * author ids 200 + i, then (bad != 0) one more whose bag is bad: an unknown
+ * name (bad 1) or item twice (bad 2). Packed to wire bytes in *n. */
+static uint8_t *shared_names_request(int bad, size_t *n)
+{
+    enum { NC = 30 };
+    static const char *const bad_name[3] = {NULL, "nope", "item"};
+    Ikbo__V1__RankRequest r = IKBO__V1__RANK_REQUEST__INIT;
+    Ikbo__V1__User u = IKBO__V1__USER__INIT, *up = &u;
+    Ikbo__V1__Candidate c[NC + 1], *cp[NC + 1];
+    Ikbo__V1__SparseFeature sf[NC + 1][2], *sfp[NC + 1][2];
+    int64_t ids[NC + 1][2];
+    float ud[3] = {1, 2, 3}, cd[2] = {0.5f, 0.25f};
+    u.n_dense = 3;
+    u.dense = ud;
+    for (int i = 0; i <= NC; i++) {
+        ikbo__v1__candidate__init(&c[i]);
+        c[i].id = i;
+        c[i].n_dense = 2;
+        c[i].dense = cd;
+        c[i].n_sparse = 2;
+        c[i].sparse = sfp[i];
+        for (int k = 0; k < 2; k++) {
+            int f = (i % 3 == 1) ? 1 - k : k; /* every third candidate: author first */
+            ikbo__v1__sparse_feature__init(&sf[i][k]);
+            sf[i][k].name = (char *)CAND_SPARSE[f];
+            ids[i][k] = (f ? 200 : 100) + i;
+            sf[i][k].n_ids = 1;
+            sf[i][k].ids = &ids[i][k];
+            sfp[i][k] = &sf[i][k];
+        }
+        cp[i] = &c[i];
+    }
+    if (bad)
+        sf[NC][1].name = (char *)bad_name[bad];
+    r.n_users = 1;
+    r.users = &up;
+    r.n_candidates = bad ? NC + 1 : NC;
+    r.candidates = cp;
+    *n = ikbo__v1__rank_request__get_packed_size(&r);
+    uint8_t *b = malloc(*n);
+    ikbo__v1__rank_request__pack(&r, b);
+    return b;
+}
+
+/* Bag names to model features through validate.c's memo (the fast decoder
+ * shares one string among equal names) and without it (protobuf-c: a string
+ * each): every candidate's bags in model order with its own ids; an unknown
+ * or repeated name after 30 memo hits still refused, naming its place. */
+static void test_bag_names_shared(void **s)
+{
+    (void)s;
+    ikbo_model_info mi = model();
+    rq_limits lim;
+    rq_limits_default(&lim);
+    for (int bad = 0; bad < 3; bad++) {
+        size_t n;
+        uint8_t *wire = shared_names_request(bad, &n);
+        for (int path = 0; path < 2; path++) {
+            pb_arena *a = pb_arena_new(0);
+            rq_status st;
+            Ikbo__V1__RankRequest *r = path ? ikbo__v1__rank_request__unpack(NULL, n, wire)
+                                            : rank_wire_decode(wire, n, a, &st);
+            assert_non_null(r);
+            if (!path)
+                assert_ptr_equal(r->candidates[0]->sparse[0]->name, r->candidates[2]->sparse[0]->name);
+            rq_view v = {0};
+            int rc = rq_view_build(r, &mi, &lim, &v, &st);
+            if (!bad) {
+                assert_int_equal(rc, 0);
+                for (size_t i = 0; i < v.n_cands; i++) {
+                    assert_int_equal(((const int64_t *)v.cands[i].bags[0].p)[0], 100 + (int64_t)i);
+                    assert_int_equal(((const int64_t *)v.cands[i].bags[1].p)[0], 200 + (int64_t)i);
+                }
+            } else {
+                assert_int_equal(rc, -1);
+                assert_int_equal(st.code, RQ_INVALID_ARGUMENT);
+                const char *want = bad == 1 ? "candidates[30].sparse[1].name = \"nope\""
+                                            : "candidates[30].sparse[1].name = \"item\": duplicate feature "
+                                              "(also candidates[30].sparse[0])";
+                if (!strstr(st.msg, want))
+                    fail_msg("path %d: message '%s' lacks '%s'", path, st.msg, want);
+            }
+            rq_view_free(&v);
+            if (path)
+                ikbo__v1__rank_request__free_unpacked(r, NULL);
+            pb_arena_free(a);
+        }
+        free(wire);
+    }
+}
+
 static void test_wire_roundtrip(void **s)
 {
     (void)s;
@@ -1008,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_grouping),
         cmocka_unit_test(test_plan_refuses_bad_request),
         cmocka_unit_test(test_plan_random),
+        cmocka_unit_test(test_bag_names_shared),
         cmocka_unit_test(test_response_order),
         cmocka_unit_test(test_response_ties_and_nan),
         cmocka_unit_test(test_wire_roundtrip),
