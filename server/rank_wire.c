@@ -261,30 +261,41 @@ static int rep_scalar_once(rd *it, int wt, rd body, char kind, size_t elem, pb_a
     return rep_scalar(it, wt, body, kind, 0, &k, *dst);
 }
 
-/* One-pass decodes. Every encoder writes a repeated scalar field as one
- * run and a candidate with a few bags; such a message is decoded in one
- * pass, each array counted from its one occurrence. A message that is not
- * (a second occurrence, more than ONCE_BAGS bags) returns 1 and is decoded
- * again by the two-pass loop, which counts every occurrence first; what
- * the first try took from the arena stays there, at most a few times the
- * message's own size. -1: malformed (or out of memory), as in the
- * two-pass loop. */
+/* The walks over a candidate's or a bag's fields. Every encoder writes a
+ * repeated scalar field as one run and a candidate with a few bags, so such
+ * a message is first walked ONCE, each array counted from its one
+ * occurrence, allocated and filled on the spot. A message that is not (a
+ * second occurrence, more than ONCE_BAGS bags) makes that walk return 1 and
+ * is walked again twice, COUNT (every occurrence counted) then FILL (the
+ * arrays allocated at their sizes); what the first walk took from the
+ * arena stays there, at most a few times the message's own size. -1:
+ * malformed (or out of memory). */
+enum walk { ONCE, COUNT, FILL };
 #define ONCE_BAGS 8
 
-static int sparse_once(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
+/* The walks are inlined at each call, so each walk's mode is a constant
+ * there: not inlined, the decode measured 8% slower than with a loop per
+ * mode (bench/e2e/host_path). */
+#define WALK static inline __attribute__((always_inline)) int
+
+/* A bag's fields; *n: its ids. */
+WALK sparse_walk(rd r, dctx *d, Ikbo__V1__SparseFeature *m, enum walk w, size_t *n)
 {
     int ids_seen = 0;
+    *n = 0;
     while (r.p < r.end) {
         uint32_t f;
         int wt;
         rd b = {0, 0};
         if (get_field(&r, &f, &wt, &b)) return -1;
         if (f == 1 && wt == WT_LEN) {
-            if (set_bag_name(d, &m->name, b)) return -1;
-        } else if (f == 2) {
+            if (w != COUNT && set_bag_name(d, &m->name, b)) return -1;
+        } else if (f == 2 && w == ONCE) {
             if (ids_seen++) return 1;
-            if (rep_scalar_once(&r, wt, b, 'l', sizeof *m->ids, d->a, &m->n_ids, (void **)&m->ids))
+            if (rep_scalar_once(&r, wt, b, 'l', sizeof *m->ids, d->a, n, (void **)&m->ids))
                 return -1;
+        } else if (f == 2) {
+            if (rep_scalar(&r, wt, b, 'l', w == COUNT, n, m->ids)) return -1;
         } else {
             return -1;
         }
@@ -294,29 +305,19 @@ static int sparse_once(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
 
 static int dec_sparse(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
 {
+    size_t n;
     ikbo__v1__sparse_feature__init(m);
-    int once = sparse_once(r, d, m);
-    if (once <= 0) return once;
-    ikbo__v1__sparse_feature__init(m);
-    for (int pass = 0; pass < 2; pass++) {
-        rd it = r;
-        size_t n = 0;
-        while (it.p < it.end) {
-            uint32_t f;
-            int wt;
-            rd b = {0, 0};
-            if (get_field(&it, &f, &wt, &b)) return -1;
-            if (f == 1 && wt == WT_LEN) {
-                if (pass && set_bag_name(d, &m->name, b)) return -1;
-            } else if (f == 2) {
-                if (rep_scalar(&it, wt, b, 'l', !pass, &n, m->ids)) return -1;
-            } else {
-                return -1;
-            }
-        }
-        if (!pass && alloc_array(d->a, (void **)&m->ids, n, sizeof *m->ids)) return -1;
-        m->n_ids = n;
+    int once = sparse_walk(r, d, m, ONCE, &n);
+    if (once == 1) {
+        ikbo__v1__sparse_feature__init(m);
+        if (sparse_walk(r, d, m, COUNT, &n) ||
+            alloc_array(d->a, (void **)&m->ids, n, sizeof *m->ids) ||
+            sparse_walk(r, d, m, FILL, &n))
+            return -1;
+    } else if (once) {
+        return -1;
     }
+    m->n_ids = n;
     return 0;
 }
 
@@ -382,13 +383,14 @@ static int dec_user(rd r, dctx *d, Ikbo__V1__User *m)
     return 0;
 }
 
-/* A candidate in one pass (see sparse_once): its bags decoded into
- * `bags`, then copied into their block once their number is known. */
-static int candidate_once(rd r, dctx *d, Ikbo__V1__Candidate *m)
+/* A candidate's fields (see enum walk); *nd: its dense values, *ns: its
+ * bags, which a ONCE walk decodes into `bags` (the block is allocated only
+ * when their number is known), the FILL walk into m->sparse. */
+WALK candidate_walk(rd r, dctx *d, Ikbo__V1__Candidate *m, enum walk w,
+                   Ikbo__V1__SparseFeature *bags, size_t *nd, size_t *ns)
 {
-    Ikbo__V1__SparseFeature bags[ONCE_BAGS];
-    size_t ns = 0;
     int dense_seen = 0;
+    *nd = *ns = 0;
     while (r.p < r.end) {
         uint32_t f;
         int wt;
@@ -405,70 +407,48 @@ static int candidate_once(rd r, dctx *d, Ikbo__V1__Candidate *m)
             m->user = (uint32_t)v;
             break;
         case 3:
-            if (dense_seen++) return 1;
-            if (rep_scalar_once(&r, wt, b, 'f', sizeof *m->dense, d->a, &m->n_dense,
-                                (void **)&m->dense))
+            if (w != ONCE) {
+                if (rep_scalar(&r, wt, b, 'f', w == COUNT, nd, m->dense)) return -1;
+            } else if (dense_seen++) {
+                return 1;
+            } else if (rep_scalar_once(&r, wt, b, 'f', sizeof *m->dense, d->a, nd,
+                                       (void **)&m->dense)) {
                 return -1;
+            }
             break;
         case 4:
-            if (ns == ONCE_BAGS) return 1;
+            if (w == ONCE && *ns == ONCE_BAGS) return 1;
             d->path.at[1].name = "sparse";
-            d->path.at[1].index = (int64_t)ns;
-            if (wt != WT_LEN || dec_sparse(b, d, &bags[ns])) return -1;
-            ns++;
+            d->path.at[1].index = (int64_t)*ns;
+            if (wt != WT_LEN ||
+                (w != COUNT && dec_sparse(b, d, w == ONCE ? &bags[*ns] : m->sparse[*ns])))
+                return -1;
+            (*ns)++;
             break;
         default:
             return -1;
         }
     }
-    if (alloc_bags(d->a, ns, &m->sparse)) return -1;
-    for (size_t i = 0; i < ns; i++) *m->sparse[i] = bags[i];
-    m->n_sparse = ns;
     return 0;
 }
 
 static int dec_candidate(rd r, dctx *d, Ikbo__V1__Candidate *m)
 {
-    pb_arena *a = d->a;
+    Ikbo__V1__SparseFeature bags[ONCE_BAGS];
+    size_t nd, ns;
     ikbo__v1__candidate__init(m);
-    int once = candidate_once(r, d, m);
-    if (once <= 0) return once;
-    ikbo__v1__candidate__init(m);
-    size_t nd = 0, ns = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        rd it = r;
-        nd = ns = 0;
-        while (it.p < it.end) {
-            uint32_t f;
-            int wt;
-            rd b = {0, 0};
-            uint64_t v;
-            if (get_field(&it, &f, &wt, &b)) return -1;
-            switch (f) {
-            case 1:
-                if (wt != WT_VARINT || get_varint(&it, &v)) return -1;
-                m->id = (int64_t)v;
-                break;
-            case 2:
-                if (wt != WT_VARINT || get_varint(&it, &v)) return -1;
-                m->user = (uint32_t)v;
-                break;
-            case 3:
-                if (rep_scalar(&it, wt, b, 'f', !pass, &nd, m->dense)) return -1;
-                break;
-            case 4:
-                d->path.at[1].name = "sparse";
-                d->path.at[1].index = (int64_t)ns;
-                if (wt != WT_LEN || (pass && dec_sparse(b, d, m->sparse[ns]))) return -1;
-                ns++;
-                break;
-            default:
-                return -1;
-            }
-        }
-        if (!pass && (alloc_array(a, (void **)&m->dense, nd, sizeof *m->dense) ||
-                      alloc_bags(a, ns, &m->sparse)))
+    int once = candidate_walk(r, d, m, ONCE, bags, &nd, &ns);
+    if (once == 0) {
+        if (alloc_bags(d->a, ns, &m->sparse)) return -1;
+        for (size_t i = 0; i < ns; i++) *m->sparse[i] = bags[i];
+    } else if (once == 1) {
+        ikbo__v1__candidate__init(m);
+        if (candidate_walk(r, d, m, COUNT, NULL, &nd, &ns) ||
+            alloc_array(d->a, (void **)&m->dense, nd, sizeof *m->dense) ||
+            alloc_bags(d->a, ns, &m->sparse) || candidate_walk(r, d, m, FILL, NULL, &nd, &ns))
             return -1;
+    } else {
+        return -1;
     }
     m->n_dense = nd;
     m->n_sparse = ns;
