@@ -4,10 +4,10 @@
  * elements of every repeated field (so each array is allocated once, at its
  * size), the second fills them; submessages are decoded in the second pass
  * of their parent, each with its own two passes. Candidates and their bags,
- * the messages there are most of, are first tried in one pass (each array
- * counted from its single occurrence: what encoders write) and take the two
- * passes only when that does not hold. Any byte sequence outside the known
- * fields' encodings makes the whole decode return NULL.
+ * most of a request's messages, are first read in one pass (each array
+ * counted from its single occurrence, as encoders write them) and take the
+ * two passes only when that does not hold. Any byte sequence outside the
+ * known fields' encodings makes the whole decode return NULL.
  */
 #include "rank_wire.h"
 

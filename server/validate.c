@@ -214,7 +214,6 @@ static int classic_dense(vctx *x, int ent, size_t idx, const float *v, size_t n)
     return check_dense_values(x, ent, idx, v, (int)n);
 }
 
-/* An entity's features into bags[] in model order; absent ones stay empty. */
 /* find_name over the entity's feature names, through its memo. */
 static int find_bag(vctx *x, int ent, const char *const *names, int n_names, const char *s)
 {
@@ -230,6 +229,7 @@ static int find_bag(vctx *x, int ent, const char *const *names, int n_names, con
     return fi;
 }
 
+/* An entity's features into bags[] in model order; absent ones stay empty. */
 static int classic_sparse(vctx *x, int ent, size_t idx, Ikbo__V1__SparseFeature *const *sp,
                           size_t n, rs_span *bags)
 {
