@@ -221,12 +221,17 @@ def make_dir(name, queue=True, model="demo", delayed=True):
     return d
 
 
+def run_report(*args):
+    """report.py with args: its CompletedProcess (text stdout and stderr)."""
+    return subprocess.run([sys.executable, REPORT] + list(args), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+
+
 def report(name, **kw):
     """(stdout, results.json) of report.py on make_dir(name, **kw), once."""
     if name not in _reports:
         d = make_dir(name, **kw)
-        p = subprocess.run([sys.executable, REPORT, d], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True, timeout=30)
+        p = run_report(d)
         check(p.returncode == 0, "report.py %s: exit %d\n%s" % (name, p.returncode, p.stderr))
         check(not p.stderr.strip(), "report.py %s wrote to stderr:\n%s" % (name, p.stderr))
         with open(os.path.join(d, "results.json")) as f:
@@ -384,11 +389,9 @@ def test_floor_delayed():
 def test_forward_mean_us():
     d = os.path.join(WORK, "full")
     report("full")
-    p = subprocess.run([sys.executable, REPORT, d, "--forward-mean-us", TAG], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+    p = run_report(d, "--forward-mean-us", TAG)
     check_eq((p.returncode, p.stdout), (0, "300\n"), "report.py --forward-mean-us (stderr %r)" % p.stderr)
-    p = subprocess.run([sys.executable, REPORT, d, "--forward-mean-us", "ikbo-u9-c9"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
+    p = run_report(d, "--forward-mean-us", "ikbo-u9-c9")
     check(p.returncode == 2 and not p.stdout and p.stderr.startswith("report.py: ikbo-u9-c9: ")
           and "ikbo-u9-c9.open.before.prom" in p.stderr,
           "--forward-mean-us of a point that did not run: exit %d, %r, %r" % (p.returncode, p.stdout, p.stderr))
