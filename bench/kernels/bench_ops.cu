@@ -331,7 +331,9 @@ static void bench_linear()
  * backend's linear_grouped (what the engine runs) and cuBLAS's
  * GemmStridedBatchedEx (the baseline). Then K and V as one N = 512 GEMM
  * (what target_attention runs since 73b3ba5; the attention reads K and V
- * with a row stride of 2 H dh) against two of N = 256. */
+ * with a row stride of 2 H dh) against two of N = 256. The backend's rows
+ * at these shapes run linear_wr.cu; the plain ones have cuBLAS's GemmEx
+ * beside them. */
 static void bench_proj()
 {
     const int C = 1120, tq = 64, D = 256, kc = 872, ev = 16 * 1024;
@@ -348,6 +350,19 @@ static void bench_proj()
     snprintf(sh, sizeof sh, "%ld x %d > %d", rows, D, D);
     double lin = median_us([&] { BK(be->linear(bs, x, D, (int)rows, w, NULL, BK_ACT_NONE, y, D, &berr)); });
     report("proj linear", sh, lin, io, flops);
+    float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    /* The baseline of every plain row: y^T (out x rows, col-major) = W x^T. */
+    auto gemm = [&](int n, int out, const bk_weight *wt, const void *xx, void *yy, int ldy) {
+        return median_us([&] {
+            st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, D, &one, wt->data, ty, wt->ld,
+                              xx, ty, D, &zero, yy, ty, ldy, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT);
+        });
+    };
+    double cb = gemm((int)rows, D, w, x, y, D);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        report("  cublas", sh, cb, io, flops);
     double cp = median_us([&] {
         BK(be->copy_rows(bs, y, tq * D, NULL, C, tq * D, (char *)e + (size_t)tq * D * es, kc * D, &berr));
     });
@@ -365,8 +380,6 @@ static void bench_proj()
                               (int64_t)tq * D, &berr));
     });
     report("proj placed in", "linear_grouped from E_cand", pi, io, flops);
-    float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     /* Y_c^T (D x Tq, col-major, ld D) = W x X_c^T, batch stride Kc D in E. */
     pl = median_us([&] {
         st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, D, tq, D, &one, w->data, ty,
@@ -393,6 +406,9 @@ static void bench_proj()
     snprintf(sh, sizeof sh, "%d x %d > %d", ev, D, 2 * D);
     double k1 = median_us([&] { BK(be->linear(bs, hist, D, ev, w2, NULL, BK_ACT_NONE, kv, 2 * D, &berr)); });
     report("K|V one linear", sh, k1, kv_io, kv_fl);
+    cb = gemm(ev, 2 * D, w2, hist, kv, 2 * D);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        report("  cublas", sh, cb, kv_io, kv_fl);
     be->weight_free(be, w);
     be->weight_free(be, w2);
     cublasDestroy(h);

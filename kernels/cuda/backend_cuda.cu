@@ -1838,6 +1838,9 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
                       err, "matmul");
 }
 
+/* linear: with in = 0 a bias pass; else the first kernel that fits of
+ * linear_tk.cu (in <= 64, many outputs), linear_small.cu (<= 16 rows),
+ * linear_wr.cu (in <= 256, many rows) and cuBLASLt. */
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
@@ -1875,6 +1878,10 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         return cu_linear_tk(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else if (cu_linear_small_fits(rows, w)) {
         return cu_linear_small(s, x, ldx, rows, w, bias, act, y, ldy, err);
+    } else if (cu_linear_wr_fits(dt, rows, w, x, ldx, (int64_t)rows * ldx, y, ldy,
+                                 (int64_t)rows * ldy)) {
+        return cu_linear_wr(s, x, ldx, (int64_t)rows * ldx, 1, rows, w, bias, act, y, ldy,
+                            (int64_t)rows * ldy, err);
     } else if (lt_linear(s, x, ldx, 0, rows, 1, w, bias, act, y, ldy, 0, err)) {
         return -1;
     }
@@ -1882,9 +1889,10 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
     return act == BK_ACT_RELU ? 0 : cu_act_rows(s, y, ldy, rows, out, act, err);
 }
 
-/* linear_grouped: plain linear when the groups are evenly spaced, else one
- * cuBLASLt strided batch over the groups (measured against the contiguous
- * GEMM plus the stack's copy it replaces: bench_ops --proj). */
+/* linear_grouped: plain linear when the groups are evenly spaced, else
+ * linear_wr.cu's kernel where it fits, else one cuBLASLt strided batch over
+ * the groups (measured against the contiguous GEMM plus the stack's copy it
+ * replaces: bench_ops --proj). */
 static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups,
                                int g, const bk_weight *w, const bk_weight *bias, enum bk_act act,
                                void *y, int ldy, int64_t gy, bk_err *err)
@@ -1912,6 +1920,8 @@ static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx,
                 return -1;
         return 0;
     }
+    if (cu_linear_wr_fits(cu_dt(s), groups * g, w, x, ldx, gx, y, ldy, gy))
+        return cu_linear_wr(s, x, ldx, gx, groups, g, w, bias, act, y, ldy, gy, err);
     return lt_linear(s, x, ldx, gx, g, groups, w, bias, act, y, ldy, gy, err);
 }
 

@@ -415,33 +415,6 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
 
 /* How many clusters of `cl` CTAs of `kern` fit on the device at once (the
  * persistent grid's size), asked once per kernel. */
-/* A launch of `grid` CTAs in clusters of `cl` (1: no cluster attribute),
- * the programmatic dependent of the stream's previous kernel if pdl; at[2]
- * holds the attributes. */
-static inline cudaLaunchConfig_t cluster_cfg(cudaLaunchAttribute *at, int cl, unsigned grid,
-                                             unsigned threads, size_t smem, cudaStream_t st,
-                                             bool pdl = false)
-{
-    cudaLaunchConfig_t cfg = {};
-    int n = 0;
-    if (cl > 1) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = (unsigned)cl;
-        at[n].val.clusterDim.y = 1;
-        at[n].val.clusterDim.z = 1;
-        n++;
-    }
-    if (pdl)
-        at[n++] = pdl_attr();
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = (unsigned)n;
-    return cfg;
-}
-
 static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
 {
     cudaLaunchAttribute at[2];

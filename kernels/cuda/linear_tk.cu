@@ -73,26 +73,6 @@ __device__ __forceinline__ uint32_t x_pair(const T *x, int ldx, int rows, int in
     return pack2<T>(a, b);
 }
 
-/* Transposes a lane quad's 4 x 4 matrix of 32-bit values: lane t's v[j]
- * becomes lane j's v[t] (two butterfly stages). */
-__device__ __forceinline__ void quad_transpose(uint32_t v[4], int t)
-{
-#pragma unroll
-    for (int s = 1; s <= 2; s <<= 1) {
-        const bool hi = t & s;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (!(k & s)) {
-                uint32_t send = hi ? v[k] : v[k + s];
-                uint32_t got = __shfl_xor_sync(0xffffffffu, send, s);
-                if (hi)
-                    v[k] = got;
-                else
-                    v[k + s] = got;
-            }
-    }
-}
-
 /* One strip's operands: B fragments of its four n8 blocks (lane (g, t)
  * holds W row n0 + 8j + g, k 16ks + 4t .. + 3) and lane t's bias pairs. */
 template <typename T, int KS> struct tk_strip {

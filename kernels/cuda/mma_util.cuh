@@ -183,6 +183,26 @@ template <int N> __device__ __forceinline__ void bulk_wait()
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* Transposes a lane quad's 4 x 4 matrix of 32-bit values: lane t's v[j]
+ * becomes lane j's v[t] (two butterfly stages). */
+__device__ __forceinline__ void quad_transpose(uint32_t v[4], int t)
+{
+#pragma unroll
+    for (int s = 1; s <= 2; s <<= 1) {
+        const bool hi = t & s;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (!(k & s)) {
+                uint32_t send = hi ? v[k] : v[k + s];
+                uint32_t got = __shfl_xor_sync(0xffffffffu, send, s);
+                if (hi)
+                    v[k] = got;
+                else
+                    v[k + s] = got;
+            }
+    }
+}
+
 /* Byte offset of 16-byte chunk c of row r in a 128B-swizzled tile. */
 __device__ __forceinline__ uint32_t sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 

@@ -220,6 +220,33 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void *g, uint32_t bytes)
 
 /* ------------------------------------------------------------------ host */
 
+/* A launch of `grid` CTAs in clusters of `cl` (1: no cluster attribute),
+ * the programmatic dependent of the stream's previous kernel if pdl; at[2]
+ * holds the attributes. */
+static inline cudaLaunchConfig_t cluster_cfg(cudaLaunchAttribute *at, int cl, unsigned grid,
+                                             unsigned threads, size_t smem, cudaStream_t st,
+                                             bool pdl = false)
+{
+    cudaLaunchConfig_t cfg = {};
+    int n = 0;
+    if (cl > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cl;
+        at[n].val.clusterDim.y = 1;
+        at[n].val.clusterDim.z = 1;
+        n++;
+    }
+    if (pdl)
+        at[n++] = pdl_attr();
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = (unsigned)n;
+    return cfg;
+}
+
 /* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
  * runtime so that nothing links libcuda directly). dims/strides innermost
  * first; strides[i] is the byte stride of dimension i + 1 (rank - 1 of
