@@ -1839,8 +1839,9 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
 }
 
 /* linear: with in = 0 a bias pass; else the first kernel that fits of
- * linear_tk.cu (in <= 64, many outputs), linear_small.cu (<= 16 rows),
- * linear_wr.cu (in <= 256, many rows) and cuBLASLt. */
+ * linear_tk.cu (in <= 64, many outputs), linear_small.cu (<= 16 rows) and
+ * cuBLASLt. (linear_wr.cu's kernel lost to cuBLASLt on the plain K|V
+ * projection in the forward, 15.9 against 15.2 us: bench/RESULTS.md.) */
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
@@ -1878,10 +1879,6 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
         return cu_linear_tk(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else if (cu_linear_small_fits(rows, w)) {
         return cu_linear_small(s, x, ldx, rows, w, bias, act, y, ldy, err);
-    } else if (cu_linear_wr_fits(dt, rows, w, x, ldx, (int64_t)rows * ldx, y, ldy,
-                                 (int64_t)rows * ldy)) {
-        return cu_linear_wr(s, x, ldx, (int64_t)rows * ldx, 1, rows, w, bias, act, y, ldy,
-                            (int64_t)rows * ldy, err);
     } else if (lt_linear(s, x, ldx, 0, rows, 1, w, bias, act, y, ldy, 0, err)) {
         return -1;
     }
@@ -1890,9 +1887,10 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
 }
 
 /* linear_grouped: plain linear when the groups are evenly spaced, else
- * linear_wr.cu's kernel where it fits, else one cuBLASLt strided batch over
- * the groups (measured against the contiguous GEMM plus the stack's copy it
- * replaces: bench_ops --proj). */
+ * linear_wr.cu's kernel where it fits (the bench model's Q and Wo, 56.3 ->
+ * 49.9 us in the forward against cuBLASLt's strided batch), else one
+ * cuBLASLt strided batch over the groups (measured against the contiguous
+ * GEMM plus the stack's copy it replaces: bench_ops --proj). */
 static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups,
                                int g, const bk_weight *w, const bk_weight *bias, enum bk_act act,
                                void *y, int ldy, int64_t gy, bk_err *err)

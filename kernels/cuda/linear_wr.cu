@@ -1,21 +1,22 @@
-/* linear_wr.cu - linear with W resident in shared memory: y = act(x W^T + b)
- * for in <= 256 over many rows, the rows optionally in evenly strided groups
- * (linear_grouped).
+/* linear_wr.cu - linear_grouped with W resident in shared memory: y =
+ * act(x W^T + b) for in <= 256 over many rows in evenly strided groups (the
+ * target attention's query read from, and its output written into, their
+ * tokens of E_cand).
  *
  * Why this exists: at in = 256 a linear over tens of thousands of rows does
- * ~0.5 FLOP per byte it moves, so it is bound by HBM, and cuBLASLt's tiles
- * (K = 256 is four 64-deep slices: a prologue, a short mainloop and an
- * epilogue per tile, nothing overlapped across tiles) ran the bench model's
- * attention projections at 1.60x their floors (Q and Wo, two 71680 x 256 >
- * 256 over E_cand's groups: 56.3 us against 35.1) and the joint K/V
- * projection at 2.5x (16384 x 256 > 512: 15.2 us against 6.1) on the H200
+ * ~0.5 FLOP per byte it moves, so it is bound by HBM, and cuBLASLt's
+ * strided batch over the groups (K = 256 is four 64-deep slices: a
+ * prologue, a short mainloop and an epilogue per group, nothing overlapped
+ * across them) ran the bench model's Q and Wo projections (1120 groups of
+ * 64 x 256 > 256) at 1.60x their floors, 56.3 us against 35.1, on the H200
  * (bench/RESULTS.md). Here W (at most 256 outputs x 256 k, 128 KiB) is
  * loaded into shared memory once per persistent CTA, and the rows stream
  * past it:
  * - warpgroup 0 is the producer: one thread loads the CTA's W block, then
  *   (after griddepcontrol.wait: the W load overlaps the previous kernel's
- *   tail, x may be its output) TMA-loads 64-row x tiles, 128B-swizzled,
- *   K-major, into a ring of WR_STAGES slots with full/empty mbarriers;
+ *   tail, x may be its output) TMA-loads 64-row x tiles (3D map: k, row in
+ *   group, group), 128B-swizzled, K-major, into a ring of WR_STAGES slots
+ *   with full/empty mbarriers;
  * - warpgroups 1 and 2 are consumers taking the CTA's tiles in turn: 64
  *   rows x 256 outputs each, both operands from shared memory (two
  *   m64n128k16 wgmmas per 16-deep step), the slot released as soon as its
@@ -25,12 +26,16 @@
  *   epilogue runs under the other's MMAs and the producer's loads.
  * A CTA keeps one 256-output block of W: with more outputs, CTA i serves
  * block i % NB and every NB-th row tile.
+ * Measured (bench/RESULTS.md, 2026-12-05): Q and Wo 56.3 -> 49.9 us in the
+ * forward. The plain joint K/V projection (16384 x 256 > 512, two output
+ * blocks) lost to cuBLASLt there (15.9 against 15.2 us), so plain linear
+ * stays on cuBLASLt.
  *
- * Used by cuda_linear and cuda_linear_grouped (backend_cuda.cu) where
- * cu_linear_wr_fits: bf16/fp16, 0 < in <= 256, out % 8 == 0, at least
- * WR_MIN_ROWS rows in all, x, y, W 16-byte aligned with row and group
- * strides in whole 16-byte units. Accumulation is fp32 in the tensor
- * cores, k in increasing 16-deep steps.
+ * Used by cuda_linear_grouped (backend_cuda.cu) where cu_linear_wr_fits:
+ * bf16/fp16, 0 < in <= 256, out % 8 == 0, at least WR_MIN_ROWS rows in
+ * all, x, y, W 16-byte aligned with row and group strides in whole 16-byte
+ * units; act NONE or RELU (bk_grouped_check). Accumulation is fp32 in the
+ * tensor cores, k in increasing 16-deep steps.
  */
 #include <type_traits>
 
@@ -244,25 +249,19 @@ int cu_linear_wr(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, i
 {
     const int kt = (w->cols + 63) / 64;
     const bool relu = act == BK_ACT_RELU;
-    int rc = -1;
     switch (cu_dt(s)) {
 #define WR_CASE(DT, TY)                                                                       \
     case DT:                                                                                  \
-        rc = kt == 1   ? wr_launch<TY, 1>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err) \
-             : kt == 2 ? wr_launch<TY, 2>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err) \
-             : kt == 3 ? wr_launch<TY, 3>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err) \
-                       : wr_launch<TY, 4>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err); \
-        break;
+        return kt == 1   ? wr_launch<TY, 1>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err) \
+               : kt == 2 ? wr_launch<TY, 2>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err) \
+               : kt == 3 ? wr_launch<TY, 3>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err) \
+                         : wr_launch<TY, 4>(s, x, ldx, gx, groups, g, w, bias, relu, y, ldy, gy, err);
         WR_CASE(CU_BF16, __nv_bfloat16)
         WR_CASE(CU_F16, __half)
 #undef WR_CASE
     case CU_F32:
-        bk_seterr(err, "linear (W resident): fp32 is not served here");
-        return -1;
+        break;
     }
-    if (rc)
-        return -1;
-    /* Other activations as a pass (plain linear only: linear_grouped takes
-     * NONE and RELU, bk_grouped_check). */
-    return act == BK_ACT_NONE || relu ? 0 : cu_act_rows(s, y, ldy, groups * g, w->rows, act, err);
+    bk_seterr(err, "linear (W resident): fp32 is not served here");
+    return -1;
 }

@@ -869,18 +869,6 @@ static void suite_plain(void)
     test_linear(16, 64, 512, 1, 1, 0, 0);
     for (int act = 0; act < BK_ACT_COUNT; act++)
         test_linear(3 + 7 * act, 16, 256 + 8 * act, act % 2, act, act, 8 * (act % 2));
-    /* W resident (linear_wr.cu: bf16/fp16, in <= 256, >= 1024 rows, 16-byte
-     * strides): the bench model's K|V projection at 16 users (two output
-     * blocks, ~4 tiles a CTA: the ring wraps) and at 1 user; partial row
-     * tiles and k slices; outputs ending inside a block's first or second
-     * half; pitched x and y; every activation (all but relu as a pass). */
-    test_linear(16384, 256, 512, 0, 0, 0, 0);
-    test_linear(1024, 256, 512, 1, 1, 0, 0);
-    test_linear(1100, 136, 200, 1, 1, 8, 8);
-    test_linear(2000, 192, 384, 1, 0, 0, 16);
-    for (int act = 0; act < BK_ACT_COUNT; act++)
-        test_linear(1024 + 37 * act, 72 + 32 * act, 128 + 8 * act, act % 2, act, 8 * (act % 2),
-                    act % 3 ? 0 : 8);
     /* Grouped: the bench model's attention output into E_cand's tokens (1 x
      * 70: 70 candidates of Tq 64 at Kc 872), its query read from them, and
      * odd strides with bias and relu. */
@@ -890,11 +878,21 @@ static void suite_plain(void)
     test_linear_grouped(33, 17, 64, 128, 1, 1, 72, 17 * 72 + 64, 128, 20 * 128);
     test_linear_grouped(3, 2, 16, 24, 0, 0, 16, 32, 24, 48); /* uniform: plain linear */
     test_linear_grouped(4, 3, 0, 24, 1, 1, 8, 40, 24, 100);  /* in = 0: relu(bias) per group */
-    /* Grouped on linear_wr.cu: groups of 100 rows (a partial row tile each),
-     * 3 k slices, 384 outputs, pitched; 300 groups of 64 (more tiles than
-     * CTAs) with bias. */
-    test_linear_grouped(40, 100, 192, 384, 1, 1, 200, 100 * 200 + 8, 392, 100 * 392 + 16);
+    /* Grouped on linear_wr.cu (bf16/fp16, in <= 256, >= 1024 rows, 16-byte
+     * strides): 300 and 1120 groups of 64 (more tiles than CTAs: the ring
+     * wraps, both consumers alternate); groups of 100 rows (a partial row
+     * tile each) with 3 k slices and 384 outputs (a second output block,
+     * half of it past out); one to four k slices with partial last slices;
+     * outputs ending inside a block's first or second 128; bias, relu,
+     * pitched rows and groups (pads keep their poison). */
     test_linear_grouped(300, 64, 256, 256, 1, 0, 256, 4 * 64 * 256, 264, 64 * 264 + 8);
+    test_linear_grouped(1120, 64, 256, 256, 0, 0, 256, 64 * 256 + 64, 256, 64 * 256 + 8);
+    test_linear_grouped(40, 100, 192, 384, 1, 1, 200, 100 * 200 + 8, 392, 100 * 392 + 16);
+    test_linear_grouped(20, 64, 256, 512, 1, 1, 256, 64 * 256 + 8, 512, 64 * 512 + 8);
+    for (int k = 0; k < 6; k++)
+        test_linear_grouped(61 + 7 * k, 17 + 9 * k, 40 + 40 * k, 128 + 24 * k, k % 2, k % 3 == 1,
+                            40 + 40 * k + 8 * (k % 2), (17 + 9 * k) * (40 + 40 * k + 8 * (k % 2)) + 16,
+                            128 + 24 * k, (17 + 9 * k) * (128 + 24 * k) + 8 * k);
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);
