@@ -29,6 +29,7 @@
 
 #include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/cuda_internal.h"
+#include "bench/kernels/linear_wr.cu" /* the candidate for linear_grouped, timed in --proj */
 
 
 static bk_err berr;
@@ -322,6 +323,63 @@ static void bench_linear()
     cublasDestroy(h);
 }
 
+/* Relative L2 difference of n values at a and b (device), as fp32. */
+static double rel_diff(const void *a, const void *b, size_t n)
+{
+    std::vector<float> ha(n), hb(n);
+    BK(be->download_f32(bs, ha.data(), a, n, &berr));
+    BK(be->download_f32(bs, hb.data(), b, n, &berr));
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)ha[i] - hb[i]) * ((double)ha[i] - hb[i]);
+        r += (double)hb[i] * hb[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+/* bench/kernels/linear_wr.cu (W resident) on bench_proj's grouped problems:
+ * its times beside the backend's linear_grouped (cuBLASLt), and its output
+ * against the backend's (Q's read from E_cand: all of it; Wo's into E_cand:
+ * the first 16 candidates' tokens). A difference above 1e-2 exits 1. */
+static void bench_wr(int C, int tq, int D, int kc, void *x, void *y, void *e, char *et,
+                     const bk_weight *w, double io, double flops)
+{
+    if (!wr_fits(cu_dt(bs), C * tq, w, e, D, (int64_t)kc * D, y, D, (int64_t)tq * D)) {
+        table.push_back("linear_wr: does not apply to this dtype");
+        return;
+    }
+    bufs b;
+    void *ref = b.act((size_t)C * tq * D), *eref = b.act((size_t)16 * tq * D),
+         *ewr = b.act((size_t)16 * tq * D);
+    BK(be->linear_grouped(bs, e, D, (int64_t)kc * D, C, tq, w, NULL, BK_ACT_NONE, ref, D,
+                          (int64_t)tq * D, &berr));
+    BK(be->linear_grouped(bs, x, D, (int64_t)tq * D, C, tq, w, NULL, BK_ACT_NONE, et, D,
+                          (int64_t)kc * D, &berr));
+    BK(be->copy_rows(bs, et, kc * D, NULL, 16, tq * D, eref, tq * D, &berr));
+    double pl = median_us([&] {
+        BK(linear_wr(bs, x, D, (int64_t)tq * D, C, tq, w, NULL, BK_ACT_NONE, et, D,
+                     (int64_t)kc * D, &berr));
+    });
+    report("linear_wr out", "W resident, into E_cand", pl, io, flops);
+    double pi = median_us([&] {
+        BK(linear_wr(bs, e, D, (int64_t)kc * D, C, tq, w, NULL, BK_ACT_NONE, y, D, (int64_t)tq * D,
+                     &berr));
+    });
+    report("linear_wr in", "W resident, from E_cand", pi, io, flops);
+    BK(be->copy_rows(bs, et, kc * D, NULL, 16, tq * D, ewr, tq * D, &berr));
+    double d_in = rel_diff(y, ref, (size_t)C * tq * D),
+           d_out = rel_diff(ewr, eref, (size_t)16 * tq * D);
+    char line[160];
+    snprintf(line, sizeof line, "linear_wr against linear_grouped: rel diff %.2e (from E_cand), "
+             "%.2e (into E_cand, 16 candidates)", d_in, d_out);
+    printf("%s\n", line);
+    table.push_back(line);
+    if (!(d_in <= 1e-2 && d_out <= 1e-2)) {
+        fprintf(stderr, "bench_ops: linear_wr's output differs from linear_grouped's\n");
+        exit(1);
+    }
+}
+
 /* The target attention's projections at the bench model's 16 x 70 shapes
  * (C 1120, Tq 64, D = H dh = 256, Kc 872, 16 users x L 1024 events), and
  * what placing them costs: Wo's output written straight into its tokens of
@@ -331,9 +389,9 @@ static void bench_linear()
  * backend's linear_grouped (what the engine runs) and cuBLAS's
  * GemmStridedBatchedEx (the baseline). Then K and V as one N = 512 GEMM
  * (what target_attention runs since 73b3ba5; the attention reads K and V
- * with a row stride of 2 H dh) against two of N = 256. The backend's rows
- * at these shapes run linear_wr.cu; the plain ones have cuBLAS's GemmEx
- * beside them. */
+ * with a row stride of 2 H dh) against two of N = 256; the plain rows
+ * have cuBLAS's GemmEx beside them. The grouped ones also run
+ * bench/kernels/linear_wr.cu (bench_wr). */
 static void bench_proj()
 {
     const int C = 1120, tq = 64, D = 256, kc = 872, ev = 16 * 1024;
@@ -396,6 +454,7 @@ static void bench_proj()
     });
     if (st == CUBLAS_STATUS_SUCCESS)
         report("  cublas batched", "over C, from E_cand", pi, io, flops);
+    bench_wr(C, tq, D, kc, x, y, e, et, w, io, flops);
     double kv_io = 3.0 * ev * D * es, kv_fl = 4.0 * ev * D * D;
     snprintf(sh, sizeof sh, "%d x %d > %d, twice", ev, D, D);
     double k2 = median_us([&] {

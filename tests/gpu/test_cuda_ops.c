@@ -878,13 +878,11 @@ static void suite_plain(void)
     test_linear_grouped(33, 17, 64, 128, 1, 1, 72, 17 * 72 + 64, 128, 20 * 128);
     test_linear_grouped(3, 2, 16, 24, 0, 0, 16, 32, 24, 48); /* uniform: plain linear */
     test_linear_grouped(4, 3, 0, 24, 1, 1, 8, 40, 24, 100);  /* in = 0: relu(bias) per group */
-    /* Grouped on linear_wr.cu (bf16/fp16, in <= 256, >= 1024 rows, 16-byte
-     * strides): 300 and 1120 groups of 64 (more tiles than CTAs: the ring
-     * wraps, both consumers alternate); groups of 100 rows (a partial row
-     * tile each) with 3 k slices and 384 outputs (a second output block,
-     * half of it past out); one to four k slices with partial last slices;
-     * outputs ending inside a block's first or second 128; bias, relu,
-     * pitched rows and groups (pads keep their poison). */
+    /* Grouped at many rows (the shapes bench/kernels/linear_wr.cu, the
+     * candidate kernel for linear_grouped, must also pass): 300 and 1120
+     * groups of 64; groups of 100 rows with 192 k and 384 outputs; 512
+     * outputs; k from 40 to 240 and outputs from 128 to 248 in odd groups;
+     * bias, relu, pitched rows and groups (pads keep their poison). */
     test_linear_grouped(300, 64, 256, 256, 1, 0, 256, 4 * 64 * 256, 264, 64 * 264 + 8);
     test_linear_grouped(1120, 64, 256, 256, 0, 0, 256, 64 * 256 + 64, 256, 64 * 256 + 8);
     test_linear_grouped(40, 100, 192, 384, 1, 1, 200, 100 * 200 + 8, 392, 100 * 392 + 16);
