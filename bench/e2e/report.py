@@ -126,13 +126,18 @@ def detect_compute(types):
     return None
 
 
-def forward_ms(before, after, compute_name, model):
-    """Forward time per request the server counted, ms (None without it)."""
-    _, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
-    if not compute_name:
+def request_count(before, after, model):
+    """Requests the server counted between the snapshots."""
+    return hist_delta(before, after, "ikbo_request_duration_seconds", model)[1]
+
+
+def per_request_ms(before, after, name, model, scount):
+    """Histogram `name`'s time per request the server counted (scount), ms;
+    None without the histogram, its samples or requests."""
+    if not name:
         return None
-    csum, ccount = hist_delta(before, after, compute_name, model)
-    return 1e3 * csum / scount if scount and ccount else None
+    hsum, hcount = hist_delta(before, after, name, model)
+    return 1e3 * hsum / scount if scount and hcount else None
 
 
 def open_snapshots(d, tag):
@@ -251,7 +256,8 @@ def main():
         except OSError as e:
             print("report.py: %s: %s" % (a.forward_mean_us, e), file=sys.stderr)
             return 2
-        ms = forward_ms(before, after, compute_name or detect_compute(types), model)
+        ms = per_request_ms(before, after, compute_name or detect_compute(types), model,
+                            request_count(before, after, model))
         if ms is None:
             print("report.py: %s: no forward time in its /metrics snapshots" % a.forward_mean_us,
                   file=sys.stderr)
@@ -268,11 +274,9 @@ def main():
             compute_name = detect_compute(types)
         ssum, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
         server_ms = 1e3 * ssum / scount if scount else None
-        compute_ms = forward_ms(before, after, compute_name, model)
-        qsum, qcount = hist_delta(before, after, "ikbo_queue_seconds", model)
-        queue_ms = 1e3 * qsum / scount if scount and qcount else None
-        psum, pcount = hist_delta(before, after, "ikbo_request_prepare_seconds", model)
-        prepare_ms = 1e3 * psum / scount if scount and pcount else None
+        compute_ms = per_request_ms(before, after, compute_name, model, scount)
+        queue_ms = per_request_ms(before, after, "ikbo_queue_seconds", model, scount)
+        prepare_ms = per_request_ms(before, after, "ikbo_request_prepare_seconds", model, scount)
         # server-wide, unlabelled: the run's model is the only one called
         grpc_ms = {}
         for k in ("receive", "send"):
