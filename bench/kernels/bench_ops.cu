@@ -337,10 +337,53 @@ static double rel_diff(const void *a, const void *b, size_t n)
     return r > 0 ? sqrt(d / r) : sqrt(d);
 }
 
+/* linear_wr against the backend's linear_grouped over the shapes its
+ * generality is for (test_cuda_ops' many-row grouped cases): partial row
+ * tiles, one to four k slices, a second output block, outputs ending inside
+ * a block's halves, bias, relu, pitched rows and groups. Both outputs start
+ * from the same bytes, so writes outside the groups add to the difference. Returns
+ * the largest relative difference. */
+static double wr_check_shapes()
+{
+    struct { int groups, g, in, out, bias, relu, ldx, ldy; long gx, gy; } sh[9] = {
+        {300, 64, 256, 256, 1, 0, 256, 264, 4L * 64 * 256, 64L * 264 + 8},
+        {40, 100, 192, 384, 1, 1, 200, 392, 100L * 200 + 8, 100L * 392 + 16},
+        {20, 64, 256, 512, 1, 1, 256, 512, 64L * 256 + 8, 64L * 512 + 8}};
+    int n = 3;
+    for (int k = 0; k < 6; k++, n++) {
+        int g = 17 + 9 * k, in = 40 + 40 * k, out = 128 + 24 * k, ldx = in + 8 * (k % 2);
+        sh[n] = {61 + 7 * k, g, in, out, k % 2, k % 3 == 1, ldx, out, (long)g * ldx + 16,
+                 (long)g * out + 8 * k};
+    }
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        bufs b;
+        const auto &q = sh[i];
+        void *x = b.act((size_t)q.groups * q.gx), *yr = b.act((size_t)q.groups * q.gy),
+             *yw = b.act((size_t)q.groups * q.gy);
+        bk_weight *w = weight(q.out, q.in, 31 + i), *bias = weight(1, q.out, 41 + i);
+        const bk_act act = q.relu ? BK_ACT_RELU : BK_ACT_NONE;
+        const bk_weight *bp = q.bias ? bias : NULL;
+        if (!wr_fits(cu_dt(bs), q.groups * q.g, w, x, q.ldx, q.gx, yw, q.ldy, q.gy)) {
+            fprintf(stderr, "bench_ops: linear_wr check shape %d does not fit\n", i);
+            exit(1);
+        }
+        CK(cudaMemcpyAsync(yw, yr, (size_t)q.groups * q.gy * es, cudaMemcpyDeviceToDevice, bs->st));
+        BK(be->linear_grouped(bs, x, q.ldx, q.gx, q.groups, q.g, w, bp, act, yr, q.ldy, q.gy, &berr));
+        BK(linear_wr(bs, x, q.ldx, q.gx, q.groups, q.g, w, bp, act, yw, q.ldy, q.gy, &berr));
+        double d = rel_diff(yw, yr, (size_t)q.groups * q.gy);
+        worst = d > worst ? d : worst;
+        be->weight_free(be, w);
+        be->weight_free(be, bias);
+    }
+    return worst;
+}
+
 /* bench/kernels/linear_wr.cu (W resident) on bench_proj's grouped problems:
  * its times beside the backend's linear_grouped (cuBLASLt), and its output
  * against the backend's (Q's read from E_cand: all of it; Wo's into E_cand:
- * the first 16 candidates' tokens). A difference above 1e-2 exits 1. */
+ * the first 16 candidates' tokens; then wr_check_shapes). A difference above
+ * 1e-2 exits 1. */
 static void bench_wr(int C, int tq, int D, int kc, void *x, void *y, void *e, char *et,
                      const bk_weight *w, double io, double flops)
 {
@@ -369,12 +412,14 @@ static void bench_wr(int C, int tq, int D, int kc, void *x, void *y, void *e, ch
     BK(be->copy_rows(bs, et, kc * D, NULL, 16, tq * D, ewr, tq * D, &berr));
     double d_in = rel_diff(y, ref, (size_t)C * tq * D),
            d_out = rel_diff(ewr, eref, (size_t)16 * tq * D);
-    char line[160];
+    double d_sh = wr_check_shapes();
+    char line[200];
     snprintf(line, sizeof line, "linear_wr against linear_grouped: rel diff %.2e (from E_cand), "
-             "%.2e (into E_cand, 16 candidates)", d_in, d_out);
+             "%.2e (into E_cand, 16 candidates), %.2e (worst of 9 other shapes)", d_in, d_out,
+             d_sh);
     printf("%s\n", line);
     table.push_back(line);
-    if (!(d_in <= 1e-2 && d_out <= 1e-2)) {
+    if (!(d_in <= 1e-2 && d_out <= 1e-2 && d_sh <= 1e-2)) {
         fprintf(stderr, "bench_ops: linear_wr's output differs from linear_grouped's\n");
         exit(1);
     }
