@@ -713,6 +713,10 @@ def case_refusals():
                               {"name": "c", "op": "concat", "inputs": ["r"]}, c1], "layer 'c'"),
         ("token_linear jagged", [hist, {"name": "c", "op": "token_linear", "input": "h", "out_tokens": 2}, c1],
          "layer 'c'"),
+        # an op that is not a string: a refusal naming it, not a TypeError (unhashable in the op table)
+        ("op a list", [{"name": "c", "op": ["linear"], "input": "candidate.dense", "out": 2}, c1],
+         "layer 'c': unknown op ['linear']"),
+        ("op an object", [{"name": "c", "op": {}, "input": "candidate.dense"}, c1], "unknown op {}"),
     ]
     oks = [_bad(n, layers, needle, history=(layers[0] is hist)) for n, layers, needle in cases]
 

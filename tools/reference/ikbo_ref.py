@@ -159,151 +159,379 @@ def add_operands(layer):
     return None
 
 
-def _analyze_ranking_op(p, layer, lw, ref, srcs, fail, pos_int):
-    """Shape of one of the ranking-architecture ops (MODEL_FORMAT.md, "Ops for
-    real ranking architectures"); registers its weights in p.param_shapes."""
-    op, name = layer["op"], layer["name"]
+class _Check:
+    """The error helpers of one analyze() call: every message starts with the
+    file (or other source) named `where`."""
 
-    def tokens_of(s, what):
+    def __init__(self, where):
+        self.where = where
+
+    def fail(self, msg):
+        raise ModelError("%s: %s" % (self.where, msg))
+
+    def pos_int(self, v, what):
+        if not _is_int(v) or v <= 0:
+            self.fail("%s must be a positive integer, got %r" % (what, v))
+        return v
+
+    def keys_ok(self, obj, required, optional, what):
+        if not isinstance(obj, dict):
+            self.fail("%s must be an object" % what)
+        unknown = set(obj) - required - optional
+        if unknown:
+            self.fail("%s: unknown key(s) %s" % (what, ", ".join(sorted(unknown))))
+        missing = required - set(obj)
+        if missing:
+            self.fail("%s: missing key(s) %s" % (what, ", ".join(sorted(missing))))
+
+
+class _Layer:
+    """One layer being analyzed: its references resolve against the plan's
+    nodes so far, and every input read is recorded (with its domain) in
+    `srcs` for the domain rule."""
+
+    def __init__(self, ck, p, layer):
+        self.ck, self.p, self.layer = ck, p, layer
+        self.name, self.op = layer["name"], layer["op"]
+        self.lw = "layer %r" % self.name
+        self.srcs = []      # (domain, shape) of every input
+
+    def fail(self, msg):
+        self.ck.fail("%s: %s" % (self.lw, msg))
+
+    def pos_int(self, key):
+        return self.ck.pos_int(self.layer[key], "%s: %s" % (self.lw, key))
+
+    def ref(self, key, value=None):
+        """(domain, shape) of the node named by layer[key] (or by value, an
+        element of that key's list)."""
+        r = self.layer[key] if value is None else value
+        if not isinstance(r, str) or r not in self.p.nodes:
+            self.fail("%s %r is not an input or an earlier layer" % (key, r))
+        node = self.p.nodes[r]
+        self.srcs.append(node)
+        return node
+
+    def names(self, key):
+        """layer[key], a non-empty list of references."""
+        names = self.layer[key]
+        if not isinstance(names, list) or not names:
+            self.fail("%s must be a non-empty list" % key)
+        return names
+
+    def table(self, key="table"):
+        t = self.layer[key]
+        if not isinstance(t, str) or t not in self.p.tables:
+            self.fail("unknown table %r" % (t,))
+        return t
+
+    def choice(self, key, allowed, default=None, what=None):
+        v = self.layer.get(key, default) if default is not None else self.layer[key]
+        if v not in allowed:
+            self.fail("%s must be one of %s, got %r" % (what or key, ", ".join(allowed), v))
+        return v
+
+    def weight(self, suffix, shape):
+        self.p.param_shapes["%s.%s" % (self.name, suffix)] = shape
+
+    def tokens_of(self, s, what):
+        """(K, D) of a [D] vector (one token) or [K, D] tokens."""
         if s[0] == "vec":
             return 1, s[1]
         if s[0] == "tok":
             return s[1], s[2]
-        fail("%s: %s must be [D] or [K, D], got %s" % (lw, what, shape_str(s)))
+        self.fail("%s must be [D] or [K, D], got %s" % (what, shape_str(s)))
 
-    if op == "activation":
-        d, s = ref("input")
-        srcs.append((d, s))
-        if layer["fn"] not in ACTIVATIONS[1:]:
-            fail("%s: fn must be one of %s, got %r" % (lw, ", ".join(ACTIVATIONS[1:]), layer["fn"]))
-        if s[0] not in ("vec", "tok", "jag"):
-            fail("%s: input is %s" % (lw, shape_str(s)))
-        return s
-    if op == "layer_norm":
-        d, s = ref("input")
-        srcs.append((d, s))
-        eps = layer.get("eps", 1e-5)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0) or not math.isfinite(eps):
-            fail("%s: eps must be a positive number, got %r" % (lw, eps))
-        if s[0] not in ("vec", "tok", "jag"):
-            fail("%s: input is %s" % (lw, shape_str(s)))
-        p.param_shapes[name + ".weight"] = (s[-1],)
-        p.param_shapes[name + ".bias"] = (s[-1],)
-        return s
-    if op == "concat":
-        names = layer["inputs"]
-        if not isinstance(names, list) or not names:
-            fail("%s: inputs must be a non-empty list" % lw)
-        f = 0
-        for r in names:
-            d, s = ref("inputs", r)
-            srcs.append((d, s))
-            if s[0] != "vec":
-                fail("%s: input %r is %s; concat takes [F] vectors" % (lw, r, shape_str(s)))
-            f += s[1]
-        return ("vec", f)
-    if op == "token_linear":
-        d, s = ref("input")
-        srcs.append((d, s))
-        k, dim = tokens_of(s, "input")
-        m = pos_int(layer["out_tokens"], "%s: out_tokens" % lw)
-        p.param_shapes[name + ".weight"] = (m, k)
-        return ("tok", m, dim)
-    if op == "dot_interaction":
-        names = layer["inputs"]
-        if not isinstance(names, list) or not names:
-            fail("%s: inputs must be a non-empty list" % lw)
-        self_ = layer.get("self", False)
-        if not isinstance(self_, bool):
-            fail("%s: self must be true or false" % lw)
-        k, dim = 0, None
-        for r in names:
-            d, s = ref("inputs", r)
-            srcs.append((d, s))
-            ki, w = tokens_of(s, "input %r" % r)
-            if dim is not None and w != dim:
-                fail("%s: input %r has width %d, others %d" % (lw, r, w, dim))
-            k, dim = k + ki, w
-        if k > MAX_DOT_TOKENS or k < (1 if self_ else 2):
-            fail("%s: %d tokens (need 2..%d, or 1 with self)" % (lw, k, MAX_DOT_TOKENS))
-        return ("vec", k * (k + 1) // 2 if self_ else k * (k - 1) // 2)
-    if op == "cross":
-        d0, s0 = ref("x0")
-        d1, s1 = ref("input")
-        srcs += [(d0, s0), (d1, s1)]
-        if s0[0] != "vec" or s0 != s1:
-            fail("%s: x0 and input must be [F] vectors of one F, got %s and %s" % (lw, shape_str(s0), shape_str(s1)))
-        f = s0[1]
-        if "rank" in layer:
-            r = pos_int(layer["rank"], "%s: rank" % lw)
-            p.param_shapes[name + ".u"] = (f, r)
-            p.param_shapes[name + ".v"] = (r, f)
-        else:
-            p.param_shapes[name + ".weight"] = (f, f)
-        p.param_shapes[name + ".bias"] = (f,)
-        return s0
-    if op == "mixture":
-        names = layer["experts"]
-        if not isinstance(names, list) or not 1 <= len(names) <= MAX_EXPERTS:
-            fail("%s: experts must list 1..%d layers" % (lw, MAX_EXPERTS))
-        f = None
-        for r in names:
-            d, s = ref("experts", r)
-            srcs.append((d, s))
-            if s[0] != "vec" or (f is not None and s[1] != f):
-                fail("%s: expert %r is %s; experts are [F] vectors of one F" % (lw, r, shape_str(s)))
-            f = s[1]
-        dg, sg = ref("gate")
-        srcs.append((dg, sg))
-        if sg != ("vec", len(names)):
-            fail("%s: gate must be a [%d] vector, got %s" % (lw, len(names), shape_str(sg)))
-        return ("vec", f)
-    if op == "pool":
-        d, s = ref("input")
-        srcs.append((d, s))
-        if layer["fn"] not in POOL_FNS:
-            fail("%s: fn must be one of %s, got %r" % (lw, ", ".join(POOL_FNS), layer["fn"]))
-        if s[0] not in ("tok", "jag"):
-            fail("%s: input must be [K, D] tokens or jagged, got %s" % (lw, shape_str(s)))
-        return ("vec", s[-1])
-    if op == "self_attention":
-        d, s = ref("input")
-        srcs.append((d, s))
-        if d != "user" or s[0] != "jag":
-            fail("%s: input must be a user jagged sequence, got %s %s" % (lw, d, shape_str(s)))
-        heads = pos_int(layer["heads"], "%s: heads" % lw)
-        hd = pos_int(layer["head_dim"], "%s: head_dim" % lw)
-        if not isinstance(layer.get("causal", True), bool):
-            fail("%s: causal must be true or false, got %r" % (lw, layer["causal"]))
-        if layer.get("kind", "softmax") not in ATTENTION_KINDS:
-            fail("%s: kind must be one of %s, got %r" % (lw, ", ".join(ATTENTION_KINDS), layer["kind"]))
-        dim = s[1]
+    def attention_weights(self, dim):
+        heads, hd = self.pos_int("heads"), self.pos_int("head_dim")
         for w in ("wq", "wk", "wv"):
-            p.param_shapes["%s.%s" % (name, w)] = (heads * hd, dim)
-        p.param_shapes[name + ".wo"] = (dim, heads * hd)
-        return s
-    if op == "din_attention":
-        dq, sq = ref("query")
-        dh_, sh = ref("history")
-        srcs += [(dq, sq), (dh_, sh)]
-        if dq != "candidate" or sq[0] != "vec":
-            fail("%s: query must be a candidate [D] vector, got %s %s" % (lw, dq, shape_str(sq)))
-        if dh_ != "user" or sh[0] != "jag":
-            fail("%s: history must be a user jagged sequence, got %s %s" % (lw, dh_, shape_str(sh)))
-        if sh[1] != sq[1]:
-            fail("%s: history width %d differs from query width %d" % (lw, sh[1], sq[1]))
-        h1 = pos_int(layer["hidden"], "%s: hidden" % lw)
-        if layer.get("activation", "relu") not in ACTIVATIONS:
-            fail("%s: activation must be one of %s, got %r" % (lw, ", ".join(ACTIVATIONS), layer["activation"]))
-        if layer.get("normalize", "softmax") not in DIN_NORMALIZE:
-            fail("%s: normalize must be one of %s, got %r" % (lw, ", ".join(DIN_NORMALIZE), layer["normalize"]))
-        dim = sq[1]
-        p.param_shapes[name + ".w1"] = (h1, 4 * dim)
-        p.param_shapes[name + ".b1"] = (h1,)
-        p.param_shapes[name + ".w2"] = (1, h1)
-        p.param_shapes[name + ".b2"] = (1,)
-        return sq
-    raise AssertionError(op)
+            self.weight(w, (heads * hd, dim))
+        self.weight("wo", (dim, heads * hd))
+
+
+# ---- shape rules, one per op (SHAPE_RULES below): each takes the _Layer,
+# ---- checks the op's keys and inputs, registers its weights and returns the
+# ---- output shape.
+
+def _shape_embedding_bag(c):
+    _, s = c.ref("input")
+    if s[0] != "sparse":
+        c.fail("input must be a sparse input (user.sparse.<f> or candidate.sparse.<f>)")
+    t = c.table()
+    if c.layer["pooling"] not in POOLINGS:
+        c.fail("pooling must be sum or mean, got %r" % (c.layer["pooling"],))
+    return ("vec", c.p.tables[t][1])
+
+
+def _shape_history_embedding(c):
+    _, s = c.ref("input")
+    if s[0] != "history":
+        c.fail("input must be user.history")
+    dim = c.p.tables[c.table()][1]
+    c.weight("action", (c.p.history["actions"], dim))
+    c.weight("position", (c.p.history["max_len"], dim))
+    return ("jag", dim)
+
+
+def _shape_mean_pool(c):
+    _, s = c.ref("input")
+    if s[0] != "jag":
+        c.fail("input must be a jagged history sequence, got %s" % shape_str(s))
+    return ("vec", s[1])
+
+
+def _shape_linear(c):
+    _, s = c.ref("input")
+    if s[0] not in ("vec", "tok", "jag"):
+        c.fail("input must be [F], [K, F] or jagged [L, F], got %s" % shape_str(s))
+    n = c.pos_int("out")
+    c.choice("activation", ACTIVATIONS, default="none")
+    c.weight("weight", (n, s[-1]))
+    c.weight("bias", (n,))
+    return s[:-1] + (n,)
+
+
+def _shape_reshape(c):
+    _, s = c.ref("input")
+    if s[0] != "vec":
+        c.fail("input must be a [F] vector, got %s" % shape_str(s))
+    k = c.pos_int("tokens")
+    if s[1] % k:
+        c.fail("%d features do not split into %d tokens" % (s[1], k))
+    return ("tok", k, s[1] // k)
+
+
+def _same_width(c, names, tokens):
+    """(total tokens, width) of the inputs `names` (layer key "inputs"), each
+    read in turn and sized by tokens(name, shape); they must share a width."""
+    k, dim = 0, None
+    for r in names:
+        _, s = c.ref("inputs", r)
+        ki, w = tokens(r, s)
+        if dim is not None and w != dim:
+            c.fail("input %r has width %d, others %d" % (r, w, dim))
+        k, dim = k + ki, w
+    return k, dim
+
+
+def _shape_stack(c):
+    def tokens(r, s):
+        if s[0] not in ("vec", "tok"):
+            c.fail("input %r is %s, not [D] or [K, D]" % (r, shape_str(s)))
+        return c.tokens_of(s, "input %r" % r)
+    k, dim = _same_width(c, c.names("inputs"), tokens)
+    return ("tok", k, dim)
+
+
+def _shape_flatten(c):
+    _, s = c.ref("input")
+    if s[0] != "tok":
+        c.fail("input must be [K, D] tokens, got %s" % shape_str(s))
+    return ("vec", s[1] * s[2])
+
+
+def _shape_target_attention(c):
+    dq, sq = c.ref("query")
+    dh, sh = c.ref("history")
+    if sq[0] == "vec":                      # a [D] query is one token
+        sq = ("tok", 1, sq[1])
+    if dq != "candidate" or sq[0] != "tok":
+        c.fail("query must be candidate [Tq, D] tokens or a [D] vector, got %s %s" % (dq, shape_str(sq)))
+    if dh != "user" or sh[0] != "jag":
+        c.fail("history must be a user jagged sequence, got %s %s" % (dh, shape_str(sh)))
+    if sh[1] != sq[2]:
+        c.fail("history width %d differs from query width %d" % (sh[1], sq[2]))
+    layer = c.layer
+    if "shared_with" in layer:
+        sw = layer["shared_with"]
+        if "heads" in layer or "head_dim" in layer:
+            c.fail("heads and head_dim come from the shared_with layer; remove them")
+        sa = next((l for l in c.p.layers if l["name"] == sw), None) if isinstance(sw, str) else None
+        if sa is None or sa["op"] != "self_attention":
+            c.fail("shared_with %r is not an earlier self_attention layer" % (sw,))
+        if layer["history"] != sa["input"]:
+            c.fail("history %r must be the input of shared_with layer %r (%r)"
+                   % (layer["history"], sw, sa["input"]))
+    else:
+        missing = {"heads", "head_dim"} - set(layer)
+        if missing:
+            c.fail("missing key(s) %s" % ", ".join(sorted(missing)))
+        c.attention_weights(sq[2])
+    return ("tok", sq[1], sq[2])
+
+
+def _shape_lce(c):
+    du, su = c.ref("user")
+    dc, sc = c.ref("candidate")
+    su = ("tok", 1, su[1]) if su[0] == "vec" else su     # a [D] operand is one token
+    sc = ("tok", 1, sc[1]) if sc[0] == "vec" else sc
+    if du != "user" or su[0] != "tok":
+        c.fail("user must be user [Ku, D] tokens or a [D] vector, got %s %s" % (du, shape_str(su)))
+    if dc != "candidate" or sc[0] != "tok":
+        c.fail("candidate must be candidate [Kc, D] tokens or a [D] vector, got %s %s" % (dc, shape_str(sc)))
+    if su[2] != sc[2]:
+        c.fail("user width %d differs from candidate width %d" % (su[2], sc[2]))
+    m = c.pos_int("out_tokens")
+    c.weight("w_user", (m, su[1]))
+    c.weight("w_cand", (m, sc[1]))
+    return ("tok", m, su[2])
+
+
+def _shape_add(c):
+    names = add_operands(c.layer)
+    if names is None:
+        c.fail("%s takes \"a\" and \"b\", or \"inputs\": [a, b] (exactly one form)" % c.op)
+    da, sa = c.ref("a", names[0])
+    db, sb = c.ref("b", names[1])
+    if sa[0] not in ("vec", "tok", "jag") or sa != sb or (sa[0] == "jag" and da != db):
+        c.fail("operands must have equal shapes, got %s and %s" % (shape_str(sa), shape_str(sb)))
+    return sa
+
+
+def _shape_elementwise(c):
+    """activation and layer_norm: any [F], [K, F] or jagged input, same shape out."""
+    _, s = c.ref("input")
+    if c.op == "activation":
+        c.choice("fn", ACTIVATIONS[1:])
+    else:
+        eps = c.layer.get("eps", 1e-5)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps > 0) or not math.isfinite(eps):
+            c.fail("eps must be a positive number, got %r" % (eps,))
+    if s[0] not in ("vec", "tok", "jag"):
+        c.fail("input is %s" % shape_str(s))
+    if c.op == "layer_norm":
+        c.weight("weight", (s[-1],))
+        c.weight("bias", (s[-1],))
+    return s
+
+
+def _shape_concat(c):
+    f = 0
+    for r in c.names("inputs"):
+        _, s = c.ref("inputs", r)
+        if s[0] != "vec":
+            c.fail("input %r is %s; concat takes [F] vectors" % (r, shape_str(s)))
+        f += s[1]
+    return ("vec", f)
+
+
+def _shape_token_linear(c):
+    _, s = c.ref("input")
+    k, dim = c.tokens_of(s, "input")
+    m = c.pos_int("out_tokens")
+    c.weight("weight", (m, k))
+    return ("tok", m, dim)
+
+
+def _shape_dot_interaction(c):
+    names = c.names("inputs")
+    self_ = c.layer.get("self", False)
+    if not isinstance(self_, bool):
+        c.fail("self must be true or false")
+    k, _ = _same_width(c, names, lambda r, s: c.tokens_of(s, "input %r" % r))
+    if k > MAX_DOT_TOKENS or k < (1 if self_ else 2):
+        c.fail("%d tokens (need 2..%d, or 1 with self)" % (k, MAX_DOT_TOKENS))
+    return ("vec", k * (k + 1) // 2 if self_ else k * (k - 1) // 2)
+
+
+def _shape_cross(c):
+    _, s0 = c.ref("x0")
+    _, s1 = c.ref("input")
+    if s0[0] != "vec" or s0 != s1:
+        c.fail("x0 and input must be [F] vectors of one F, got %s and %s" % (shape_str(s0), shape_str(s1)))
+    f = s0[1]
+    if "rank" in c.layer:
+        r = c.pos_int("rank")
+        c.weight("u", (f, r))
+        c.weight("v", (r, f))
+    else:
+        c.weight("weight", (f, f))
+    c.weight("bias", (f,))
+    return s0
+
+
+def _shape_mixture(c):
+    names = c.layer["experts"]
+    if not isinstance(names, list) or not 1 <= len(names) <= MAX_EXPERTS:
+        c.fail("experts must list 1..%d layers" % MAX_EXPERTS)
+    f = None
+    for r in names:
+        _, s = c.ref("experts", r)
+        if s[0] != "vec" or (f is not None and s[1] != f):
+            c.fail("expert %r is %s; experts are [F] vectors of one F" % (r, shape_str(s)))
+        f = s[1]
+    _, sg = c.ref("gate")
+    if sg != ("vec", len(names)):
+        c.fail("gate must be a [%d] vector, got %s" % (len(names), shape_str(sg)))
+    return ("vec", f)
+
+
+def _shape_pool(c):
+    _, s = c.ref("input")
+    c.choice("fn", POOL_FNS)
+    if s[0] not in ("tok", "jag"):
+        c.fail("input must be [K, D] tokens or jagged, got %s" % shape_str(s))
+    return ("vec", s[-1])
+
+
+def _shape_self_attention(c):
+    d, s = c.ref("input")
+    if d != "user" or s[0] != "jag":
+        c.fail("input must be a user jagged sequence, got %s %s" % (d, shape_str(s)))
+    c.pos_int("heads")
+    c.pos_int("head_dim")
+    if not isinstance(c.layer.get("causal", True), bool):
+        c.fail("causal must be true or false, got %r" % (c.layer["causal"],))
+    c.choice("kind", ATTENTION_KINDS, default="softmax")
+    c.attention_weights(s[1])
+    return s
+
+
+def _shape_din_attention(c):
+    dq, sq = c.ref("query")
+    dh, sh = c.ref("history")
+    if dq != "candidate" or sq[0] != "vec":
+        c.fail("query must be a candidate [D] vector, got %s %s" % (dq, shape_str(sq)))
+    if dh != "user" or sh[0] != "jag":
+        c.fail("history must be a user jagged sequence, got %s %s" % (dh, shape_str(sh)))
+    if sh[1] != sq[1]:
+        c.fail("history width %d differs from query width %d" % (sh[1], sq[1]))
+    h1 = c.pos_int("hidden")
+    c.choice("activation", ACTIVATIONS, default="relu")
+    c.choice("normalize", DIN_NORMALIZE, default="softmax")
+    dim = sq[1]
+    c.weight("w1", (h1, 4 * dim))
+    c.weight("b1", (h1,))
+    c.weight("w2", (1, h1))
+    c.weight("b2", (1,))
+    return sq
+
+
+# op -> shape rule; one entry per op of LAYER_KEYS (checked below).
+SHAPE_RULES = {
+    "embedding_bag": _shape_embedding_bag,
+    "history_embedding": _shape_history_embedding,
+    "mean_pool": _shape_mean_pool,
+    "linear": _shape_linear,
+    "reshape": _shape_reshape,
+    "stack": _shape_stack,
+    "flatten": _shape_flatten,
+    "target_attention": _shape_target_attention,
+    "lce": _shape_lce,
+    "add": _shape_add,
+    "activation": _shape_elementwise,
+    "layer_norm": _shape_elementwise,
+    "concat": _shape_concat,
+    "mul": _shape_add,
+    "token_linear": _shape_token_linear,
+    "dot_interaction": _shape_dot_interaction,
+    "cross": _shape_cross,
+    "mixture": _shape_mixture,
+    "pool": _shape_pool,
+    "self_attention": _shape_self_attention,
+    "din_attention": _shape_din_attention,
+}
+assert set(SHAPE_RULES) == set(LAYER_KEYS), "SHAPE_RULES and LAYER_KEYS name different ops"
 
 
 def attention_params(plan, layer):
@@ -315,70 +543,48 @@ def attention_params(plan, layer):
     return layer["name"], layer["heads"], layer["head_dim"]
 
 
-def analyze(spec, where="model.json"):
-    """Validates a parsed model.json against ikbo-model/1 and infers shapes.
-
-    Raises ModelError("<where>: ...") naming the layer and the problem."""
-    def fail(msg):
-        raise ModelError("%s: %s" % (where, msg))
-
-    def pos_int(v, what):
-        if not _is_int(v) or v <= 0:
-            fail("%s must be a positive integer, got %r" % (what, v))
-        return v
-
-    def keys_ok(obj, required, optional, what):
-        if not isinstance(obj, dict):
-            fail("%s must be an object" % what)
-        unknown = set(obj) - required - optional
-        if unknown:
-            fail("%s: unknown key(s) %s" % (what, ", ".join(sorted(unknown))))
-        missing = required - set(obj)
-        if missing:
-            fail("%s: missing key(s) %s" % (what, ", ".join(sorted(missing))))
-
-    p = Plan()
-    keys_ok(spec, TOP_REQUIRED, TOP_KEYS - TOP_REQUIRED, "top level")
+def _analyze_top(ck, p, spec):
+    ck.keys_ok(spec, TOP_REQUIRED, TOP_KEYS - TOP_REQUIRED, "top level")
     if spec["format"] != FORMAT:
-        fail("format is %r, expected %r" % (spec["format"], FORMAT))
+        ck.fail("format is %r, expected %r" % (spec["format"], FORMAT))
     for k in ("name", "description"):
         if k in spec and not isinstance(spec[k], str):
-            fail("%s must be a string" % k)
+            ck.fail("%s must be a string" % k)
     if "serving" in spec and not isinstance(spec["serving"], dict):
-        fail("serving must be an object")
+        ck.fail("serving must be an object")
     if "planning" in spec and spec["planning"] not in PLANNINGS:
-        fail("planning must be %s (or absent), got %r" % (" or ".join('"%s"' % v for v in PLANNINGS),
-                                                         spec["planning"]))
+        ck.fail("planning must be %s (or absent), got %r" % (" or ".join('"%s"' % v for v in PLANNINGS),
+                                                            spec["planning"]))
     p.planning = spec.get("planning")
 
-    # ---- inputs
-    inputs = spec["inputs"]
-    keys_ok(inputs, set(), {"user", "candidate"}, "inputs")
+
+def _analyze_inputs(ck, p, inputs):
+    """inputs: the user's and candidate's dense width, sparse names and
+    history; registers the input references as nodes."""
+    ck.keys_ok(inputs, set(), {"user", "candidate"}, "inputs")
     u = inputs.get("user", {})
     c = inputs.get("candidate", {})
-    keys_ok(u, set(), {"dense", "sparse", "history"}, "inputs.user")
-    keys_ok(c, set(), {"dense", "sparse"}, "inputs.candidate")
+    ck.keys_ok(u, set(), {"dense", "sparse", "history"}, "inputs.user")
+    ck.keys_ok(c, set(), {"dense", "sparse"}, "inputs.candidate")
     for side, obj in (("user", u), ("candidate", c)):
         dense = obj.get("dense", 0)
         if not _is_int(dense) or dense < 0:
-            fail("inputs.%s.dense must be a non-negative integer, got %r" % (side, dense))
+            ck.fail("inputs.%s.dense must be a non-negative integer, got %r" % (side, dense))
         sparse = obj.get("sparse", [])
         if not isinstance(sparse, list) or not all(isinstance(s, str) and s for s in sparse):
-            fail("inputs.%s.sparse must be a list of non-empty names" % side)
+            ck.fail("inputs.%s.sparse must be a list of non-empty names" % side)
         if len(set(sparse)) != len(sparse):
-            fail("inputs.%s.sparse has a duplicate name" % side)
+            ck.fail("inputs.%s.sparse has a duplicate name" % side)
         if side == "user":
             p.user_dense, p.user_sparse = dense, list(sparse)
         else:
             p.cand_dense, p.cand_sparse = dense, list(sparse)
     if "history" in u:
         h = u["history"]
-        keys_ok(h, {"max_len", "actions"}, set(), "inputs.user.history")
-        p.history = {"max_len": pos_int(h["max_len"], "inputs.user.history.max_len"),
+        ck.keys_ok(h, {"max_len", "actions"}, set(), "inputs.user.history")
+        p.history = {"max_len": ck.pos_int(h["max_len"], "inputs.user.history.max_len"),
                      # optional, default 1 (models/README.md, Extensions)
-                     "actions": pos_int(h.get("actions", 1), "inputs.user.history.actions")}
-
-    # Input references and their shapes.
+                     "actions": ck.pos_int(h.get("actions", 1), "inputs.user.history.actions")}
     if p.user_dense:
         p.nodes["user.dense"] = ("user", ("vec", p.user_dense))
     if p.cand_dense:
@@ -390,210 +596,78 @@ def analyze(spec, where="model.json"):
     if p.history:
         p.nodes["user.history"] = ("user", ("history",))
 
-    # ---- tables
-    tables = spec["tables"]
+
+def _analyze_tables(ck, p, tables):
     if not isinstance(tables, dict):
-        fail("tables must be an object")
+        ck.fail("tables must be an object")
     for name, t in tables.items():
-        keys_ok(t, {"rows", "dim"}, set(), "tables.%s" % name)
-        p.tables[name] = (pos_int(t["rows"], "tables.%s.rows" % name),
-                          pos_int(t["dim"], "tables.%s.dim" % name))
+        ck.keys_ok(t, {"rows", "dim"}, set(), "tables.%s" % name)
+        p.tables[name] = (ck.pos_int(t["rows"], "tables.%s.rows" % name),
+                          ck.pos_int(t["dim"], "tables.%s.dim" % name))
         p.param_shapes["tables." + name] = p.tables[name]
 
-    # ---- layers
-    layers = spec["layers"]
-    if not isinstance(layers, list) or not layers:
-        fail("layers must be a non-empty list")
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, dict):
-            fail("layers[%d] must be an object" % i)
-        name = layer.get("name")
-        if not isinstance(name, str) or not name or "." in name:
-            fail("layers[%d]: name must be a non-empty string without '.', got %r" % (i, name))
-        lw = "layer %r" % name
-        if name in p.nodes:
-            fail("%s: duplicate name" % lw)
-        op = layer.get("op")
-        if op not in LAYER_KEYS:
-            fail("%s: unknown op %r" % (lw, op))
-        req, opt = LAYER_KEYS[op]
-        keys_ok(layer, req | {"name", "op"}, opt, lw)
 
-        def ref(key, value=None):
-            r = layer[key] if value is None else value
-            if not isinstance(r, str) or r not in p.nodes:
-                fail("%s: %s %r is not an input or an earlier layer" % (lw, key, r))
-            return p.nodes[r]
+def _analyze_layer(ck, p, i, layer):
+    """layers[i]: its name and keys, its op's shape rule, the domain rule;
+    adds it to the plan."""
+    if not isinstance(layer, dict):
+        ck.fail("layers[%d] must be an object" % i)
+    name = layer.get("name")
+    if not isinstance(name, str) or not name or "." in name:
+        ck.fail("layers[%d]: name must be a non-empty string without '.', got %r" % (i, name))
+    lw = "layer %r" % name
+    if name in p.nodes:
+        ck.fail("%s: duplicate name" % lw)
+    op = layer.get("op")
+    if not isinstance(op, str) or op not in LAYER_KEYS:
+        ck.fail("%s: unknown op %r" % (lw, op))
+    req, opt = LAYER_KEYS[op]
+    ck.keys_ok(layer, req | {"name", "op"}, opt, lw)
+    c = _Layer(ck, p, layer)
+    out = SHAPE_RULES[op](c)
+    domains = {d for d, _ in c.srcs}
+    if len(domains) > 1 and op not in MIXING_OPS and p.planning != "auto":
+        ck.fail("%s: op %s mixes user and candidate inputs (only %s may, or any op in a model with"
+                " \"planning\": \"auto\")" % (lw, op, ", ".join(sorted(MIXING_OPS))))
+    p.nodes[name] = ("candidate" if "candidate" in domains else "user", out)
+    p.layers.append(layer)
 
-        def table(key="table"):
-            t = layer[key]
-            if not isinstance(t, str) or t not in p.tables:
-                fail("%s: unknown table %r" % (lw, t))
-            return t
 
-        srcs = []           # (domain, shape) of every input, for the domain rule
-        if op == "embedding_bag":
-            d, s = ref("input")
-            srcs.append((d, s))
-            if s[0] != "sparse":
-                fail("%s: input must be a sparse input (user.sparse.<f> or candidate.sparse.<f>)" % lw)
-            t = table()
-            if layer["pooling"] not in POOLINGS:
-                fail("%s: pooling must be sum or mean, got %r" % (lw, layer["pooling"]))
-            out = ("vec", p.tables[t][1])
-        elif op == "history_embedding":
-            d, s = ref("input")
-            srcs.append((d, s))
-            if s[0] != "history":
-                fail("%s: input must be user.history" % lw)
-            t = table()
-            dim = p.tables[t][1]
-            p.param_shapes[name + ".action"] = (p.history["actions"], dim)
-            p.param_shapes[name + ".position"] = (p.history["max_len"], dim)
-            out = ("jag", dim)
-        elif op == "mean_pool":
-            d, s = ref("input")
-            srcs.append((d, s))
-            if s[0] != "jag":
-                fail("%s: input must be a jagged history sequence, got %s" % (lw, shape_str(s)))
-            out = ("vec", s[1])
-        elif op == "linear":
-            d, s = ref("input")
-            srcs.append((d, s))
-            if s[0] not in ("vec", "tok", "jag"):
-                fail("%s: input must be [F], [K, F] or jagged [L, F], got %s" % (lw, shape_str(s)))
-            n = pos_int(layer["out"], "%s: out" % lw)
-            act = layer.get("activation", "none")
-            if act not in ACTIVATIONS:
-                fail("%s: activation must be one of %s, got %r" % (lw, ", ".join(ACTIVATIONS), act))
-            fin = s[-1]
-            p.param_shapes[name + ".weight"] = (n, fin)
-            p.param_shapes[name + ".bias"] = (n,)
-            out = s[:-1] + (n,)
-        elif op == "reshape":
-            d, s = ref("input")
-            srcs.append((d, s))
-            if s[0] != "vec":
-                fail("%s: input must be a [F] vector, got %s" % (lw, shape_str(s)))
-            k = pos_int(layer["tokens"], "%s: tokens" % lw)
-            if s[1] % k:
-                fail("%s: %d features do not split into %d tokens" % (lw, s[1], k))
-            out = ("tok", k, s[1] // k)
-        elif op == "stack":
-            names = layer["inputs"]
-            if not isinstance(names, list) or not names:
-                fail("%s: inputs must be a non-empty list" % lw)
-            k, dim = 0, None
-            for r in names:
-                d, s = ref("inputs", r)
-                srcs.append((d, s))
-                if s[0] == "vec":
-                    k, w = k + 1, s[1]
-                elif s[0] == "tok":
-                    k, w = k + s[1], s[2]
-                else:
-                    fail("%s: input %r is %s, not [D] or [K, D]" % (lw, r, shape_str(s)))
-                if dim is not None and w != dim:
-                    fail("%s: input %r has width %d, others %d" % (lw, r, w, dim))
-                dim = w
-            out = ("tok", k, dim)
-        elif op == "flatten":
-            d, s = ref("input")
-            srcs.append((d, s))
-            if s[0] != "tok":
-                fail("%s: input must be [K, D] tokens, got %s" % (lw, shape_str(s)))
-            out = ("vec", s[1] * s[2])
-        elif op == "target_attention":
-            dq, sq = ref("query")
-            dh_, sh = ref("history")
-            srcs += [(dq, sq), (dh_, sh)]
-            if sq[0] == "vec":                      # a [D] query is one token
-                sq = ("tok", 1, sq[1])
-            if dq != "candidate" or sq[0] != "tok":
-                fail("%s: query must be candidate [Tq, D] tokens or a [D] vector, got %s %s"
-                     % (lw, dq, shape_str(sq)))
-            if dh_ != "user" or sh[0] != "jag":
-                fail("%s: history must be a user jagged sequence, got %s %s" % (lw, dh_, shape_str(sh)))
-            if sh[1] != sq[2]:
-                fail("%s: history width %d differs from query width %d" % (lw, sh[1], sq[2]))
-            dim = sq[2]
-            if "shared_with" in layer:
-                sw = layer["shared_with"]
-                if "heads" in layer or "head_dim" in layer:
-                    fail("%s: heads and head_dim come from the shared_with layer; remove them" % lw)
-                sa = next((l for l in p.layers if l["name"] == sw), None) if isinstance(sw, str) else None
-                if sa is None or sa["op"] != "self_attention":
-                    fail("%s: shared_with %r is not an earlier self_attention layer" % (lw, sw))
-                if layer["history"] != sa["input"]:
-                    fail("%s: history %r must be the input of shared_with layer %r (%r)"
-                         % (lw, layer["history"], sw, sa["input"]))
-            else:
-                missing = {"heads", "head_dim"} - set(layer)
-                if missing:
-                    fail("%s: missing key(s) %s" % (lw, ", ".join(sorted(missing))))
-                heads = pos_int(layer["heads"], "%s: heads" % lw)
-                hd = pos_int(layer["head_dim"], "%s: head_dim" % lw)
-                for w in ("wq", "wk", "wv"):
-                    p.param_shapes["%s.%s" % (name, w)] = (heads * hd, dim)
-                p.param_shapes[name + ".wo"] = (dim, heads * hd)
-            out = ("tok", sq[1], dim)
-        elif op == "lce":
-            du, su = ref("user")
-            dc, sc = ref("candidate")
-            srcs += [(du, su), (dc, sc)]
-            su = ("tok", 1, su[1]) if su[0] == "vec" else su     # a [D] operand is one token
-            sc = ("tok", 1, sc[1]) if sc[0] == "vec" else sc
-            if du != "user" or su[0] != "tok":
-                fail("%s: user must be user [Ku, D] tokens or a [D] vector, got %s %s" % (lw, du, shape_str(su)))
-            if dc != "candidate" or sc[0] != "tok":
-                fail("%s: candidate must be candidate [Kc, D] tokens or a [D] vector, got %s %s"
-                     % (lw, dc, shape_str(sc)))
-            if su[2] != sc[2]:
-                fail("%s: user width %d differs from candidate width %d" % (lw, su[2], sc[2]))
-            m = pos_int(layer["out_tokens"], "%s: out_tokens" % lw)
-            p.param_shapes[name + ".w_user"] = (m, su[1])
-            p.param_shapes[name + ".w_cand"] = (m, sc[1])
-            out = ("tok", m, su[2])
-        elif op in ("add", "mul"):
-            names = add_operands(layer)
-            if names is None:
-                fail("%s: %s takes \"a\" and \"b\", or \"inputs\": [a, b] (exactly one form)" % (lw, op))
-            da, sa = ref("a", names[0])
-            db, sb = ref("b", names[1])
-            srcs += [(da, sa), (db, sb)]
-            if sa[0] not in ("vec", "tok", "jag") or sa != sb or (sa[0] == "jag" and da != db):
-                fail("%s: operands must have equal shapes, got %s and %s"
-                     % (lw, shape_str(sa), shape_str(sb)))
-            out = sa
-        else:
-            out = _analyze_ranking_op(p, layer, lw, ref, srcs, fail, pos_int)
-        domains = {d for d, _ in srcs}
-        if len(domains) > 1 and op not in MIXING_OPS and p.planning != "auto":
-            fail("%s: op %s mixes user and candidate inputs (only %s may, or any op in a model with"
-                 " \"planning\": \"auto\")" % (lw, op, ", ".join(sorted(MIXING_OPS))))
-        domain = "candidate" if "candidate" in domains else "user"
-        p.nodes[name] = (domain, out)
-        p.layers.append(layer)
-
-    # ---- output
-    o = spec["output"]
-    keys_ok(o, {"logits", "tasks"}, {"score_weights"}, "output")
+def _analyze_output(ck, p, o):
+    ck.keys_ok(o, {"logits", "tasks"}, {"score_weights"}, "output")
     if not isinstance(o["logits"], str) or o["logits"] not in p.nodes or o["logits"].startswith(("user.", "candidate.")):
-        fail("output.logits %r is not a layer" % (o["logits"],))
+        ck.fail("output.logits %r is not a layer" % (o["logits"],))
     d, s = p.nodes[o["logits"]]
     if d != "candidate" or s[0] != "vec":
-        fail("output.logits %r must be a candidate [T] vector, got %s %s" % (o["logits"], d, shape_str(s)))
+        ck.fail("output.logits %r must be a candidate [T] vector, got %s %s" % (o["logits"], d, shape_str(s)))
     t = s[1]
     tasks = o["tasks"]
     if not isinstance(tasks, list) or len(tasks) != t or not all(isinstance(x, str) and x for x in tasks):
-        fail("output.tasks must list %d task names (logits has %d)" % (t, t))
+        ck.fail("output.tasks must list %d task names (logits has %d)" % (t, t))
     if len(set(tasks)) != len(tasks):
-        fail("output.tasks has a duplicate name")
+        ck.fail("output.tasks has a duplicate name")
     sw = o.get("score_weights", [1.0] * t)
     if (not isinstance(sw, list) or len(sw) != t
             or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in sw)):
-        fail("output.score_weights must be %d finite numbers" % t)
+        ck.fail("output.score_weights must be %d finite numbers" % t)
     p.logits, p.tasks, p.score_weights = o["logits"], list(tasks), [float(x) for x in sw]
+
+
+def analyze(spec, where="model.json"):
+    """Validates a parsed model.json against ikbo-model/1 and infers shapes.
+
+    Raises ModelError("<where>: ...") naming the layer and the problem."""
+    ck = _Check(where)
+    p = Plan()
+    _analyze_top(ck, p, spec)
+    _analyze_inputs(ck, p, spec["inputs"])
+    _analyze_tables(ck, p, spec["tables"])
+    layers = spec["layers"]
+    if not isinstance(layers, list) or not layers:
+        ck.fail("layers must be a non-empty list")
+    for i, layer in enumerate(layers):
+        _analyze_layer(ck, p, i, layer)
+    _analyze_output(ck, p, spec["output"])
     return p
 
 
