@@ -240,6 +240,176 @@ def breakdown_table(rows):
     return out
 
 
+def forward_mean_us(d, tag, compute_name, model):
+    """--forward-mean-us TAG: the forward mean per request of one run, in us,
+    printed for bench/e2e/run.sh (the delayed echo's answer time)."""
+    try:
+        before, after, types = open_snapshots(d, tag)
+    except OSError as e:
+        print("report.py: %s: %s" % (tag, e), file=sys.stderr)
+        return 2
+    ms = per_request_ms(before, after, compute_name or detect_compute(types), model,
+                        request_count(before, after, model))
+    if ms is None:
+        print("report.py: %s: no forward time in its /metrics snapshots" % tag, file=sys.stderr)
+        return 2
+    print("%d" % round(1e3 * ms))
+    return 0
+
+
+def busiest_threads(d, tag):
+    """Server threads over 20% of a core at saturation, then the loadgen's
+    total (bench/e2e/thread_cpu.py's file for the point), or None."""
+    tpath = os.path.join(d, tag + ".closed.threads.json")
+    if not os.path.exists(tpath):
+        return None
+    procs = json.load(open(tpath))["processes"]
+    busiest = ", ".join("%s %.0f%%" % (t["thread"], t["cpu_pct"])
+                        for t in procs[0]["threads"] if t["cpu_pct"] >= 20) or "none over 20%"
+    if len(procs) > 1:
+        busiest += "; loadgen %.0f%%" % procs[1]["cpu_pct"]
+    return busiest
+
+
+def point_row(d, tag, compute_name, model):
+    """One point (TAG = mode-uU-cC): its closed and open loadgen runs and
+    /metrics snapshots as one row of the tables and of results.json."""
+    mode, u, c = re.match(r"^(\w+)-u(\d+)-c(\d+)$", tag).groups()
+    cj = json.load(open(os.path.join(d, tag + ".closed.json")))
+    oj = json.load(open(os.path.join(d, tag + ".open.json")))
+    before, after, _ = open_snapshots(d, tag)
+    ssum, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
+    server_ms = 1e3 * ssum / scount if scount else None
+    compute_ms = per_request_ms(before, after, compute_name, model, scount)
+    queue_ms = per_request_ms(before, after, "ikbo_queue_seconds", model, scount)
+    prepare_ms = per_request_ms(before, after, "ikbo_request_prepare_seconds", model, scount)
+    # server-wide, unlabelled: the run's model is the only one called
+    grpc_ms = {}
+    for k in ("receive", "send"):
+        gsum, gcount = hist_delta(before, after, "ikbo_grpc_%s_seconds" % k, None)
+        grpc_ms[k] = 1e3 * gsum / gcount if gcount else None
+    om = oj["measured"]
+    client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
+    overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
+    outside_server = (1 - server_ms / client_ms) if (server_ms is not None and client_ms) else None
+    server_rest_ms = (server_ms - queue_ms - compute_ms
+                      if None not in (server_ms, queue_ms, compute_ms) else None)
+    outside_server_ms = client_ms - server_ms if None not in (client_ms, server_ms) else None
+    errors = sum(v for k, v in cj["codes"].items() if k != "OK") + \
+        sum(v for k, v in oj["codes"].items() if k != "OK")
+    floor = floor_row(d, tag, before, after, compute_name, model, om, compute_ms)
+    return dict(mode=mode, users=int(u), cands=int(c), cands_per_req=cj["shape"]["mean_candidates"],
+                concurrency=cj["concurrency"], sat_rps=cj["measured"]["ok_per_s"],
+                sat_cps=cj["measured"]["candidates_per_s"],
+                sat_p50=cj["measured"]["latency_ms"]["p50"],
+                open_rate=oj["rate"], open_calls=om["latency_ms"]["count"],
+                p50=om["latency_ms"]["p50"], p99=om["latency_ms"]["p99"],
+                p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
+                server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
+                overhead=overhead, outside_server=outside_server, queue_ms=queue_ms,
+                server_rest_ms=server_rest_ms, prepare_ms=prepare_ms,
+                grpc_receive_ms=grpc_ms["receive"], grpc_send_ms=grpc_ms["send"],
+                outside_server_ms=outside_server_ms, errors=errors,
+                unsent=oj.get("unsent", 0), busiest=busiest_threads(d, tag), floor=floor)
+
+
+def header_lines(run, model):
+    return ["Date %s, commit %s, device %s, model `%s` (%s), host %s (%d CPUs, load average %s at start)."
+            % (run["date"], run["commit"], run["device"], model, run["models"], run["host"], run["cpus"],
+               run["loadavg"]), "",
+            "Command: `%s` (server threads %d, closed loop %s in flight, open loop at %.0f%% of "
+            "saturation, %.1f s warm-up, %.1f s measured per run, %s encoding)."
+            % (run["command"].strip(), run["server_threads"], run["concurrency"], 100 * run["fraction"],
+               run["warmup_s"], run["duration_s"], run.get("encoding", "classic")), ""]
+
+
+def points_table(rows):
+    out = ["| mode | users/req | cands/user | cands/req | in flight | saturation req/s | saturation cands/s "
+           "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | outside server | forward ms "
+           "| overhead |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append("| %s | %d | %d | %.0f | %d | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s | %s |" % (
+            r["mode"], r["users"], r["cands"], r["cands_per_req"], r["concurrency"], r["sat_rps"], r["sat_cps"], r["open_rate"],
+            fmt(r["p50"]), fmt(r["p99"]), r["open_calls"], fmt(r["server_ms"]), fmt(r["client_ms"]),
+            fmt(None if r["outside_server"] is None else 100 * r["outside_server"], "%.0f%%"),
+            fmt(r["compute_ms"]), fmt(None if r["overhead"] is None else 100 * r["overhead"], "%.1f%%")))
+    return out + [""]
+
+
+def modes_table(rows):
+    """IKBO against broadcast at each point that has both."""
+    by = {(r["mode"], r["users"], r["cands"]): r for r in rows}
+    pts = sorted({(r["users"], r["cands"]) for r in rows})
+    if not any(("ikbo",) + p in by and ("broadcast",) + p in by for p in pts):
+        return []
+    out = ["| users/req | cands/user | IKBO cands/s | broadcast cands/s | IKBO / broadcast "
+           "| IKBO p99 ms | broadcast p99 ms |",
+           "|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in pts:
+        i, b = by.get(("ikbo",) + p), by.get(("broadcast",) + p)
+        if i and b:
+            out.append("| %d | %d | %.0f | %.0f | %.2fx | %.2f | %.2f |" % (
+                p[0], p[1], i["sat_cps"], b["sat_cps"], i["sat_cps"] / b["sat_cps"] if b["sat_cps"] else 0,
+                i["p99"], b["p99"]))
+    return out + [""]
+
+
+def threads_table(rows):
+    if not any(r["busiest"] for r in rows):
+        return []
+    out = ["| mode | users/req | cands/user | threads at saturation (CPU % of one core) |",
+           "|---|---:|---:|---|"]
+    for r in rows:
+        out.append("| %s | %d | %d | %s |" % (r["mode"], r["users"], r["cands"], r["busiest"] or "n/a"))
+    return out + [""]
+
+
+def where(rows):
+    return ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in rows)
+
+
+def notes(rows, compute_name):
+    """The notes under the tables: what each column measures, and what went
+    wrong where."""
+    out = []
+    if compute_name is None:
+        out.append("forward ms and overhead n/a: the daemon's /metrics has no forward-pass (compute) time "
+                   "histogram, so the share of latency outside the forward pass cannot be measured from "
+                   "outside. What is measured: \"server ms\" = mean ikbo_request_duration_seconds (receipt "
+                   "to response built, forward pass included), \"client ms\" = loadgen's mean latency "
+                   "from the intended send time, and \"outside server\" = 1 - server / client: the share "
+                   "spent in gRPC transport, waiting for a server worker and the client. The server "
+                   "overhead is at least that share.")
+    else:
+        out.append("forward ms: %s per request (mean); overhead = 1 - forward / client latency (means)."
+                   % compute_name)
+    if any(r["floor"] for r in rows):
+        out.append("floor: build/echo_server (bench/e2e/echo_server.c) on the same host, with the "
+                   "daemon's gRPC threads and an answer of our size, driven by the same loadgen "
+                   "(threads, request bodies, closed-loop concurrency, open-loop rate and length); "
+                   "forward = %s per request, p50/p99 interpolated in its buckets (approximate); "
+                   "ratio = (client - forward) / echo latency, n/a where the interpolated forward "
+                   "quantile is not below the client's (buckets too coarse, or too few calls for a "
+                   "p99: see calls)." % (compute_name or "n/a"))
+        bad_echo = [r for r in rows if r["floor"] and (r["floor"]["echo_errors"] or (
+            r["floor"]["delayed"] and r["floor"]["delayed"]["errors"]))]
+        if bad_echo:
+            out.append("failed echo calls at: %s (see TAG.echo-*.json)." % where(bad_echo))
+    out.append("client latency breakdown (means per request, share of the client's): queue = "
+               "ikbo_queue_seconds, forward = %s, rest of server = ikbo_request_duration_seconds - "
+               "queue - forward (validation, plan, hand-offs, response), of which prepare = "
+               "ikbo_request_prepare_seconds (validation and plan), outside server = client - "
+               "server (transport, gRPC, decode, pack, client, send lag); the server's means "
+               "include the warm-up calls, the client's do not." % (compute_name or "n/a"))
+    bad = [r for r in rows if r["errors"] or r["unsent"]]
+    if bad:
+        out.append("failed or unsent calls at: %s (see the per-run JSON)." % where(bad))
+    lag = max((r["send_lag_p99"] for r in rows), default=0)
+    out.append("client send lag p99 (open loop, worst point): %.2f ms (counted in the latencies)." % lag)
+    return ["- " + n for n in out]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -248,154 +418,20 @@ def main():
     a = ap.parse_args()
     run = json.load(open(os.path.join(a.dir, "run.json")))
     model = run["model"]
-    rows = []
     compute_name = a.compute_metric or run.get("compute_metric") or None
     if a.forward_mean_us:
-        try:
-            before, after, types = open_snapshots(a.dir, a.forward_mean_us)
-        except OSError as e:
-            print("report.py: %s: %s" % (a.forward_mean_us, e), file=sys.stderr)
-            return 2
-        ms = per_request_ms(before, after, compute_name or detect_compute(types), model,
-                            request_count(before, after, model))
-        if ms is None:
-            print("report.py: %s: no forward time in its /metrics snapshots" % a.forward_mean_us,
-                  file=sys.stderr)
-            return 2
-        print("%d" % round(1e3 * ms))
-        return 0
-    for closed_path in sorted(glob.glob(os.path.join(a.dir, "*.closed.json"))):
-        tag = os.path.basename(closed_path)[:-len(".closed.json")]
-        mode, u, c = re.match(r"^(\w+)-u(\d+)-c(\d+)$", tag).groups()
-        cj = json.load(open(closed_path))
-        oj = json.load(open(os.path.join(a.dir, tag + ".open.json")))
-        before, after, types = open_snapshots(a.dir, tag)
-        if compute_name is None:
-            compute_name = detect_compute(types)
-        ssum, scount = hist_delta(before, after, "ikbo_request_duration_seconds", model)
-        server_ms = 1e3 * ssum / scount if scount else None
-        compute_ms = per_request_ms(before, after, compute_name, model, scount)
-        queue_ms = per_request_ms(before, after, "ikbo_queue_seconds", model, scount)
-        prepare_ms = per_request_ms(before, after, "ikbo_request_prepare_seconds", model, scount)
-        # server-wide, unlabelled: the run's model is the only one called
-        grpc_ms = {}
-        for k in ("receive", "send"):
-            gsum, gcount = hist_delta(before, after, "ikbo_grpc_%s_seconds" % k, None)
-            grpc_ms[k] = 1e3 * gsum / gcount if gcount else None
-        om = oj["measured"]
-        client_ms = om["latency_ms"]["mean"] if om["latency_ms"]["count"] else None
-        overhead = (1 - compute_ms / client_ms) if (compute_ms is not None and client_ms) else None
-        outside_server = (1 - server_ms / client_ms) if (server_ms is not None and client_ms) else None
-        server_rest_ms = (server_ms - queue_ms - compute_ms
-                          if None not in (server_ms, queue_ms, compute_ms) else None)
-        outside_server_ms = client_ms - server_ms if None not in (client_ms, server_ms) else None
-        busiest = None
-        tpath = os.path.join(a.dir, tag + ".closed.threads.json")
-        if os.path.exists(tpath):
-            procs = json.load(open(tpath))["processes"]
-            # server threads over 20% of a core, then the loadgen's total
-            busiest = ", ".join("%s %.0f%%" % (t["thread"], t["cpu_pct"])
-                                for t in procs[0]["threads"] if t["cpu_pct"] >= 20) or "none over 20%"
-            if len(procs) > 1:
-                busiest += "; loadgen %.0f%%" % procs[1]["cpu_pct"]
-        errors = sum(v for k, v in cj["codes"].items() if k != "OK") + \
-            sum(v for k, v in oj["codes"].items() if k != "OK")
-        floor = floor_row(a.dir, tag, before, after, compute_name, model, om, compute_ms)
-        rows.append(dict(mode=mode, users=int(u), cands=int(c), cands_per_req=cj["shape"]["mean_candidates"],
-                         concurrency=cj["concurrency"], sat_rps=cj["measured"]["ok_per_s"],
-                         sat_cps=cj["measured"]["candidates_per_s"],
-                         sat_p50=cj["measured"]["latency_ms"]["p50"],
-                         open_rate=oj["rate"], open_calls=om["latency_ms"]["count"],
-                         p50=om["latency_ms"]["p50"], p99=om["latency_ms"]["p99"],
-                         p999=om["latency_ms"]["p999"], send_lag_p99=om["send_lag_ms"]["p99"],
-                         server_ms=server_ms, client_ms=client_ms, compute_ms=compute_ms,
-                         overhead=overhead, outside_server=outside_server, queue_ms=queue_ms,
-                         server_rest_ms=server_rest_ms, prepare_ms=prepare_ms,
-                         grpc_receive_ms=grpc_ms["receive"], grpc_send_ms=grpc_ms["send"],
-                         outside_server_ms=outside_server_ms, errors=errors,
-                         unsent=oj.get("unsent", 0), busiest=busiest, floor=floor))
+        return forward_mean_us(a.dir, a.forward_mean_us, compute_name, model)
+    tags = [os.path.basename(p)[:-len(".closed.json")]
+            for p in sorted(glob.glob(os.path.join(a.dir, "*.closed.json")))]
+    rows = []
+    for tag in tags:
+        if compute_name is None:    # from the first point whose /metrics has one
+            compute_name = detect_compute(open_snapshots(a.dir, tag)[2])
+        rows.append(point_row(a.dir, tag, compute_name, model))
     order = {"ikbo": 0, "broadcast": 1}
     rows.sort(key=lambda r: (order.get(r["mode"], 9), r["users"], r["cands"]))
-    out = []
-    out.append("Date %s, commit %s, device %s, model `%s` (%s), host %s (%d CPUs, load average %s at start)."
-               % (run["date"], run["commit"], run["device"], model, run["models"], run["host"], run["cpus"],
-                  run["loadavg"]))
-    out.append("")
-    out.append("Command: `%s` (server threads %d, closed loop %s in flight, open loop at %.0f%% of "
-               "saturation, %.1f s warm-up, %.1f s measured per run, %s encoding)."
-               % (run["command"].strip(), run["server_threads"], run["concurrency"], 100 * run["fraction"],
-                  run["warmup_s"], run["duration_s"], run.get("encoding", "classic")))
-    out.append("")
-    out.append("| mode | users/req | cands/user | cands/req | in flight | saturation req/s | saturation cands/s "
-               "| open-loop req/s | p50 ms | p99 ms | calls | server ms | client ms | outside server | forward ms "
-               "| overhead |")
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        out.append("| %s | %d | %d | %.0f | %d | %.1f | %.0f | %.2f | %s | %s | %d | %s | %s | %s | %s | %s |" % (
-            r["mode"], r["users"], r["cands"], r["cands_per_req"], r["concurrency"], r["sat_rps"], r["sat_cps"], r["open_rate"],
-            fmt(r["p50"]), fmt(r["p99"]), r["open_calls"], fmt(r["server_ms"]), fmt(r["client_ms"]),
-            fmt(None if r["outside_server"] is None else 100 * r["outside_server"], "%.0f%%"),
-            fmt(r["compute_ms"]), fmt(None if r["overhead"] is None else 100 * r["overhead"], "%.1f%%")))
-    out.append("")
-    by = {(r["mode"], r["users"], r["cands"]): r for r in rows}
-    pts = sorted({(r["users"], r["cands"]) for r in rows})
-    if any(("ikbo",) + p in by and ("broadcast",) + p in by for p in pts):
-        out.append("| users/req | cands/user | IKBO cands/s | broadcast cands/s | IKBO / broadcast "
-                   "| IKBO p99 ms | broadcast p99 ms |")
-        out.append("|---:|---:|---:|---:|---:|---:|---:|")
-        for p in pts:
-            i, b = by.get(("ikbo",) + p), by.get(("broadcast",) + p)
-            if i and b:
-                out.append("| %d | %d | %.0f | %.0f | %.2fx | %.2f | %.2f |" % (
-                    p[0], p[1], i["sat_cps"], b["sat_cps"], i["sat_cps"] / b["sat_cps"] if b["sat_cps"] else 0,
-                    i["p99"], b["p99"]))
-        out.append("")
-    out += floor_table(rows)
-    out += breakdown_table(rows)
-    if any(r["busiest"] for r in rows):
-        out.append("| mode | users/req | cands/user | threads at saturation (CPU % of one core) |")
-        out.append("|---|---:|---:|---|")
-        for r in rows:
-            out.append("| %s | %d | %d | %s |" % (r["mode"], r["users"], r["cands"], r["busiest"] or "n/a"))
-        out.append("")
-    notes = []
-    if compute_name is None:
-        notes.append("forward ms and overhead n/a: the daemon's /metrics has no forward-pass (compute) time "
-                     "histogram, so the share of latency outside the forward pass cannot be measured from "
-                     "outside. What is measured: \"server ms\" = mean ikbo_request_duration_seconds (receipt "
-                     "to response built, forward pass included), \"client ms\" = loadgen's mean latency "
-                     "from the intended send time, and \"outside server\" = 1 - server / client: the share "
-                     "spent in gRPC transport, waiting for a server worker and the client. The server "
-                     "overhead is at least that share.")
-    else:
-        notes.append("forward ms: %s per request (mean); overhead = 1 - forward / client latency (means)."
-                     % compute_name)
-    if any(r["floor"] for r in rows):
-        notes.append("floor: build/echo_server (bench/e2e/echo_server.c) on the same host, with the "
-                     "daemon's gRPC threads and an answer of our size, driven by the same loadgen "
-                     "(threads, request bodies, closed-loop concurrency, open-loop rate and length); "
-                     "forward = %s per request, p50/p99 interpolated in its buckets (approximate); "
-                     "ratio = (client - forward) / echo latency, n/a where the interpolated forward "
-                     "quantile is not below the client's (buckets too coarse, or too few calls for a "
-                     "p99: see calls)." % (compute_name or "n/a"))
-        bad_echo = [r for r in rows if r["floor"] and (r["floor"]["echo_errors"] or (
-            r["floor"]["delayed"] and r["floor"]["delayed"]["errors"]))]
-        if bad_echo:
-            notes.append("failed echo calls at: %s (see TAG.echo-*.json)."
-                         % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad_echo))
-    notes.append("client latency breakdown (means per request, share of the client's): queue = "
-                 "ikbo_queue_seconds, forward = %s, rest of server = ikbo_request_duration_seconds - "
-                 "queue - forward (validation, plan, hand-offs, response), of which prepare = "
-                 "ikbo_request_prepare_seconds (validation and plan), outside server = client - "
-                 "server (transport, gRPC, decode, pack, client, send lag); the server's means "
-                 "include the warm-up calls, the client's do not." % (compute_name or "n/a"))
-    bad = [r for r in rows if r["errors"] or r["unsent"]]
-    if bad:
-        notes.append("failed or unsent calls at: %s (see the per-run JSON)."
-                     % ", ".join("%s u%d c%d" % (r["mode"], r["users"], r["cands"]) for r in bad))
-    lag = max((r["send_lag_p99"] for r in rows), default=0)
-    notes.append("client send lag p99 (open loop, worst point): %.2f ms (counted in the latencies)." % lag)
-    out += ["- " + n for n in notes]
+    out = (header_lines(run, model) + points_table(rows) + modes_table(rows) + floor_table(rows)
+           + breakdown_table(rows) + threads_table(rows) + notes(rows, compute_name))
     print("\n".join(out))
     with open(os.path.join(a.dir, "results.json"), "w") as f:
         json.dump({"run": run, "compute_metric": compute_name, "rows": rows}, f, indent=1)
