@@ -19,7 +19,10 @@ README has it:
   5. HTTP routes: every path server/http.c routes;
   6. models: every model directory shipped in models/;
   7. environment: every IKBO_* variable the server, engine, kernels and
-     tools read.
+     tools read;
+  8. the other way round: every file of the repository the README names
+     (a path under one of its source folders) exists (a test renamed or
+     moved left a README line pointing at nothing).
 Runs the binaries only with --help or with bad input (no daemon stays up);
 well under a second.
 """
@@ -151,9 +154,36 @@ def test_models():
     check(not gone, "README.md does not describe models/%s" % ", models/".join(gone))
 
 
+# The tracked folders a README path may start with; build/ (made by make) is not one.
+SOURCE_DIRS = ("bench", "config", "deploy", "engine", "kernels", "models", "proto", "server", "tests",
+               "tools")
+
+
+# Paths the README names that make writes (not committed), and the
+# placeholder X (tests/fuzz/corpus/X: one folder a fuzz target).
+GENERATED = {"models/bench/1"}
+
+
+def readme_paths(text):
+    """Repository paths (SOURCE_DIRS/...) the text names, less patterns
+    (*, <...>, {...}), placeholders (a component X or *_X) and GENERATED."""
+    found = re.findall(r"(?<![\w./-])((?:%s)/[\w./*<>{}-]*[\w*>}])" % "|".join(SOURCE_DIRS), text)
+    return sorted({p for p in found if not re.search(r"[*<>{}]|(^|/|_)X(/|$)", p)} - GENERATED)
+
+
+def test_paths():
+    paths = readme_paths(README)
+    check(len(paths) >= 30, "found only %d repository paths in README.md" % len(paths))
+    gone = [p for p in paths if not os.path.exists(os.path.join(ROOT, p))]
+    check(not gone, "README.md names files that do not exist: %s" % ", ".join(gone))
+    # the check itself: a path that is not there is reported
+    check(readme_paths("see `tests/unit/no_such_test.c`.") == ["tests/unit/no_such_test.c"],
+          "readme_paths does not find a backticked path")
+
+
 def main():
     tests = [test_flags, test_config_keys, test_env, test_metrics, test_ops, test_http_routes,
-             test_models]
+             test_models, test_paths]
     failed, t_all = run_tests(tests)
     sys.exit(summary(len(tests), failed, t_all))
 
