@@ -122,6 +122,18 @@ static int alloc_array(pb_arena *a, void **out, size_t n, size_t elem)
     return (*out = alloc(a, n * elem)) ? 0 : -1;
 }
 
+/* A repeated message field of n messages (users, candidates, bags): the
+ * pointer array protobuf-c reads, and the n structs of `size` bytes in one
+ * block behind it (each initialized by its decoder). NULL for none. */
+static int alloc_msgs(pb_arena *a, void ***out, size_t n, size_t size)
+{
+    unsigned char *blk;
+    if (alloc_array(a, (void **)out, n, sizeof **out) || alloc_array(a, (void **)&blk, n, size))
+        return -1;
+    for (size_t i = 0; i < n; i++) (*out)[i] = blk + i * size;
+    return 0;
+}
+
 /* A string field at path depth `depth` (the message's own depth), named
  * field (element `index` of a repeated one, else -1): copied NUL-terminated,
  * and checked (pb_str_check). */
@@ -321,17 +333,6 @@ static int dec_sparse(rd r, dctx *d, Ikbo__V1__SparseFeature *m)
     return 0;
 }
 
-/* The sparse bags of a user or candidate: one pointer array, the structs in
- * one block. */
-static int alloc_bags(pb_arena *a, size_t n, Ikbo__V1__SparseFeature ***out)
-{
-    Ikbo__V1__SparseFeature *blk;
-    if (alloc_array(a, (void **)out, n, sizeof **out) ||
-        alloc_array(a, (void **)&blk, n, sizeof *blk))
-        return -1;
-    for (size_t i = 0; i < n; i++) (*out)[i] = blk + i;
-    return 0;
-}
 
 static int dec_user(rd r, dctx *d, Ikbo__V1__User *m)
 {
@@ -370,7 +371,7 @@ static int dec_user(rd r, dctx *d, Ikbo__V1__User *m)
             }
         }
         if (!pass && (alloc_array(a, (void **)&m->dense, nd, sizeof *m->dense) ||
-                      alloc_bags(a, ns, &m->sparse) ||
+                      alloc_msgs(a, (void ***)&m->sparse, ns, sizeof **m->sparse) ||
                       alloc_array(a, (void **)&m->history_ids, nh, sizeof *m->history_ids) ||
                       alloc_array(a, (void **)&m->history_actions, na,
                                   sizeof *m->history_actions)))
@@ -439,13 +440,13 @@ static int dec_candidate(rd r, dctx *d, Ikbo__V1__Candidate *m)
     ikbo__v1__candidate__init(m);
     int once = candidate_walk(r, d, m, ONCE, bags, &nd, &ns);
     if (once == 0) {
-        if (alloc_bags(d->a, ns, &m->sparse)) return -1;
+        if (alloc_msgs(d->a, (void ***)&m->sparse, ns, sizeof **m->sparse)) return -1;
         for (size_t i = 0; i < ns; i++) *m->sparse[i] = bags[i];
     } else if (once == 1) {
         ikbo__v1__candidate__init(m);
         if (candidate_walk(r, d, m, COUNT, NULL, &nd, &ns) ||
             alloc_array(d->a, (void **)&m->dense, nd, sizeof *m->dense) ||
-            alloc_bags(d->a, ns, &m->sparse) || candidate_walk(r, d, m, FILL, NULL, &nd, &ns))
+            alloc_msgs(d->a, (void ***)&m->sparse, ns, sizeof **m->sparse) || candidate_walk(r, d, m, FILL, NULL, &nd, &ns))
             return -1;
     } else {
         return -1;
@@ -476,17 +477,6 @@ static int dec_packed_sparse(rd r, dctx *d, Ikbo__V1__PackedSparse *m)
     return 0;
 }
 
-/* PackedSparse entries of either packed message: one pointer array and one
- * block, as alloc_bags. */
-static int alloc_psparse(pb_arena *a, size_t n, Ikbo__V1__PackedSparse ***out)
-{
-    Ikbo__V1__PackedSparse *blk;
-    if (alloc_array(a, (void **)out, n, sizeof **out) ||
-        alloc_array(a, (void **)&blk, n, sizeof *blk))
-        return -1;
-    for (size_t i = 0; i < n; i++) (*out)[i] = blk + i;
-    return 0;
-}
 
 /* A PackedSparse occurrence at depth 1 (field `sparse`), k-th. */
 static int packed_sparse_at(dctx *d, int wt, rd b, Ikbo__V1__PackedSparse **arr, size_t k,
@@ -532,7 +522,7 @@ static int dec_packed_users(rd r, dctx *d, Ikbo__V1__PackedUsers *m)
             }
         }
         if (!pass && (alloc_array(d->a, (void **)&m->keys, nk, sizeof *m->keys) ||
-                      alloc_psparse(d->a, ns, &m->sparse)))
+                      alloc_msgs(d->a, (void ***)&m->sparse, ns, sizeof **m->sparse)))
             return -1;
     }
     m->n_keys = nk;
@@ -567,7 +557,7 @@ static int dec_packed_cands(rd r, dctx *d, Ikbo__V1__PackedCandidates *m)
             default: return -1;
             }
         }
-        if (!pass && alloc_psparse(d->a, ns, &m->sparse)) return -1;
+        if (!pass && alloc_msgs(d->a, (void ***)&m->sparse, ns, sizeof **m->sparse)) return -1;
     }
     m->n_sparse = ns;
     return 0;
@@ -590,8 +580,6 @@ static Ikbo__V1__RankRequest *dec_request(rd r, dctx *d)
     if (!m) return NULL;
     ikbo__v1__rank_request__init(m);
     size_t nu = 0, nc = 0;
-    Ikbo__V1__User *ublk = NULL;
-    Ikbo__V1__Candidate *cblk = NULL;
     for (int pass = 0; pass < 2; pass++) {
         rd it = r;
         nu = nc = 0;
@@ -613,13 +601,13 @@ static Ikbo__V1__RankRequest *dec_request(rd r, dctx *d)
             case 3:
                 d->path.at[0].name = "users";
                 d->path.at[0].index = (int64_t)nu;
-                if (wt != WT_LEN || (pass && dec_user(b, d, &ublk[nu]))) return NULL;
+                if (wt != WT_LEN || (pass && dec_user(b, d, m->users[nu]))) return NULL;
                 nu++;
                 break;
             case 4:
                 d->path.at[0].name = "candidates";
                 d->path.at[0].index = (int64_t)nc;
-                if (wt != WT_LEN || (pass && dec_candidate(b, d, &cblk[nc]))) return NULL;
+                if (wt != WT_LEN || (pass && dec_candidate(b, d, m->candidates[nc]))) return NULL;
                 nc++;
                 break;
             case 5:
@@ -651,13 +639,9 @@ static Ikbo__V1__RankRequest *dec_request(rd r, dctx *d)
             }
         }
         if (!pass) {
-            if (alloc_array(a, (void **)&m->users, nu, sizeof *m->users) ||
-                alloc_array(a, (void **)&ublk, nu, sizeof *ublk) ||
-                alloc_array(a, (void **)&m->candidates, nc, sizeof *m->candidates) ||
-                alloc_array(a, (void **)&cblk, nc, sizeof *cblk))
+            if (alloc_msgs(a, (void ***)&m->users, nu, sizeof **m->users) ||
+                alloc_msgs(a, (void ***)&m->candidates, nc, sizeof **m->candidates))
                 return NULL;
-            for (size_t i = 0; i < nu; i++) m->users[i] = ublk + i;
-            for (size_t i = 0; i < nc; i++) m->candidates[i] = cblk + i;
         }
     }
     m->n_users = nu;
