@@ -446,6 +446,12 @@ int ikbo_ctx_set_gpu_spin(ikbo_ctx *c, long long spin_us, ikbo_err *err)
     return be->stream_set_spin ? be->stream_set_spin(c->s, spin_us, err) : 0;
 }
 
+int ikbo_ctx_device_lost(const ikbo_ctx *c, ikbo_err *why)
+{
+    bk_backend *be = c->m->be;
+    return be->lost(be, why);
+}
+
 void ikbo_ctx_last_bytes(const ikbo_ctx *c, size_t bytes[BK_TAG_COUNT])
 {
     memcpy(bytes, c->last, sizeof(c->last));

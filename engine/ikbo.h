@@ -161,6 +161,13 @@ int ikbo_ctx_set_gpu_spin(ikbo_ctx *ctx, long long spin_us, ikbo_err *err);
 int ikbo_score(ikbo_ctx *ctx, const ikbo_batch *b, float *task_scores, float *scores,
                ikbo_err *err);
 
+/* After a failed ikbo_score: 1 with *why when the failure left the context's
+ * device unusable for the rest of the process (backend.h lost: a CUDA
+ * kernel fault such as an illegal address, or IKBO_FAULT's lost), so no
+ * batch on it can succeed again until the process restarts; 0 when the
+ * failure was this batch's alone. Does not wait for the device; any thread. */
+int ikbo_ctx_device_lost(const ikbo_ctx *ctx, ikbo_err *why);
+
 /* Byte accounting of the model's backend (live and peak bytes by tag). */
 void ikbo_get_stats(const ikbo_model *m, ikbo_stats *out);
 

@@ -167,6 +167,14 @@ struct bk_backend {
      * leaves the core to other threads (bench/RESULTS.md has the A/B).
      * Optional: NULL where the work runs on the calling thread (the CPU). */
     int (*stream_set_spin)(bk_stream *s, long long spin_us, bk_err *err);
+    /* 1 with why set when the device is lost: a fault left it unusable for
+     * the rest of the process (CUDA's sticky errors: an illegal address or
+     * instruction, a kernel's launch failure, an uncorrectable ECC error;
+     * every later call on the device fails with it), or IKBO_FAULT's lost
+     * fired on this backend; else 0. Does not wait for the device. A caller
+     * asks after a failure: only a new process can use the device again.
+     * Any thread. */
+    int (*lost)(bk_backend *be, bk_err *why);
 
     /* ---- batch graphs (optional: NULL when the backend has none, as on
      * the CPU; the engine's use is in engine/batch_graph.h) ----

@@ -8,7 +8,7 @@
 
 #include "backend.h"
 
-static const char *const point_names[BK_FAULT_POINTS] = {"alloc", "launch", "sync", "graph"};
+static const char *const point_names[BK_FAULT_POINTS] = {"alloc", "launch", "sync", "graph", "lost"};
 
 /* A decimal in [1, LONG_MAX] spanning exactly [s, end); -1 otherwise. */
 static long positive(const char *s, const char *end)
@@ -30,7 +30,7 @@ static int parse_rule(const char *s, size_t len, bk_fault_rule *r, bk_err *err)
         p++;
     if (!colon || p == BK_FAULT_POINTS) {
         bk_seterr(err, "IKBO_FAULT: rule \"%.*s\": expected POINT:N[@B] with POINT alloc, launch, "
-                  "sync or graph", (int)len, s);
+                  "sync, graph or lost", (int)len, s);
         return -1;
     }
     const char *at = memchr(colon + 1, '@', end - colon - 1);
@@ -101,4 +101,29 @@ int bk_fault_next_backend(bk_fault *out, bk_err *err)
         if (g.rules[i].backend == b || (g.rules[i].backend == 0 && !out->fail_at[g.rules[i].point]))
             out->fail_at[g.rules[i].point] = g.rules[i].n;
     return 0;
+}
+
+#define LOST_MSG "the device is lost (a fault left it unusable for the rest of this process)"
+
+int bk_fault_wait(bk_fault *f, const char *what, bk_err *err)
+{
+    if (bk_fault_hit(f, BK_FAULT_LOST))
+        __atomic_store_n(&f->lost, 1, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&f->lost, __ATOMIC_ACQUIRE)) {
+        bk_seterr(err, "%s: " LOST_MSG BK_FAULT_INJECTED, what);
+        return -1;
+    }
+    if (bk_fault_hit(f, BK_FAULT_SYNC)) {
+        bk_seterr(err, "%s: stream failed" BK_FAULT_INJECTED, what);
+        return -1;
+    }
+    return 0;
+}
+
+int bk_fault_lost(bk_fault *f, bk_err *why)
+{
+    if (!__atomic_load_n(&f->lost, __ATOMIC_ACQUIRE))
+        return 0;
+    bk_seterr(why, LOST_MSG BK_FAULT_INJECTED);
+    return 1;
 }

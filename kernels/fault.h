@@ -16,6 +16,10 @@
  *          sync    a stream wait (sync, download_f32)
  *          graph   a batch graph's instantiation or launch (CUDA only); the
  *                  engine then computes that batch without the graph
+ *          lost    a stream wait that fails as on a lost device (a kernel
+ *                  fault that leaves the CUDA context unusable): it and
+ *                  every later wait of that backend fail, and be->lost
+ *                  reports the loss (backend.h)
  *   N      the N-th call at that point fails (1-based, counted per backend
  *          from its creation; calls inside the constructor do not count)
  *   B      only in the B-th backend this process creates (each model version
@@ -37,13 +41,15 @@ enum bk_fault_point {
     BK_FAULT_LAUNCH = 1,
     BK_FAULT_SYNC = 2,
     BK_FAULT_GRAPH = 3,
-    BK_FAULT_POINTS = 4
+    BK_FAULT_LOST = 4,
+    BK_FAULT_POINTS = 5
 };
 
 /* Per-backend state, embedded in bk_backend (zero = disarmed). */
 typedef struct bk_fault {
     long fail_at[BK_FAULT_POINTS]; /* the call number that fails; 0 = never  */
     long calls[BK_FAULT_POINTS];   /* calls so far (only counted when armed) */
+    int lost;                      /* the lost fault has fired (atomic)       */
 } bk_fault;
 
 #define BK_FAULT_INJECTED " (injected by IKBO_FAULT)"
@@ -73,5 +79,13 @@ static inline int bk_fault_hit(bk_fault *f, enum bk_fault_point p)
     long at = f->fail_at[p];
     return at && __atomic_add_fetch(&f->calls[p], 1, __ATOMIC_RELAXED) == at;
 }
+
+/* The hooks of a stream wait (sync, download_f32): 0, or -1 with err
+ * ("<what>: ... (injected by IKBO_FAULT)") when an injected sync fault
+ * fires, or when the lost fault fires or has fired before. */
+int bk_fault_wait(bk_fault *f, const char *what, struct bk_err *err);
+
+/* 1 with why set once the lost fault has fired, else 0 (why untouched). */
+int bk_fault_lost(bk_fault *f, struct bk_err *why);
 
 #endif

@@ -582,6 +582,21 @@ static void finish_segments(batcher *b, bbatch *bt, const rq_status *st, int64_t
 
 /* ---- instances ------------------------------------------------------------ */
 
+/* A failed ikbo_score: INTERNAL for this batch alone, or UNAVAILABLE (a
+ * client retries elsewhere) when the device is lost, which is reported. */
+static void score_failed(batcher *b, instance *in, const ikbo_err *err, rq_status *st)
+{
+    ikbo_err why;
+    memset(&why, 0, sizeof why);
+    if (!ikbo_ctx_device_lost(in->ctx, &why)) {
+        rq_status_set(st, RQ_INTERNAL, "model '%s': scoring failed: %s", b->label, err->msg);
+        return;
+    }
+    rq_status_set(st, RQ_UNAVAILABLE, "model '%s': scoring failed: %s; the server is stopping",
+                  b->label, why.msg);
+    if (b->model.device_lost) b->model.device_lost(b->model.lost_arg, b->label, why.msg);
+}
+
 static void run_batch(batcher *b, instance *in, bbatch *bt)
 {
     ikbo_err err;
@@ -600,7 +615,7 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
     int64_t t0 = clock_mono_ns(), t1 = t0;
     if (st.code == RQ_OK) {
         if (ikbo_score(in->ctx, &bt->batch, bt->task_scores, bt->scores, &err) != 0)
-            rq_status_set(&st, RQ_INTERNAL, "model '%s': scoring failed: %s", b->label, err.msg);
+            score_failed(b, in, &err, &st);
         t1 = clock_mono_ns();
     }
     double dt = (double)(t1 - t0) * 1e-9;

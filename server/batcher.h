@@ -125,11 +125,18 @@ typedef struct batcher_request {
  * instance's own thread, before its first batch. */
 typedef ikbo_ctx *(*batcher_ctx_fn)(void *arg, int instance, ikbo_err *err);
 
+/* A batch failed because the model's device is lost (ikbo_ctx_device_lost):
+ * called on the instance thread with the model's label and the reason, once
+ * per such batch (the batch's calls are answered UNAVAILABLE). */
+typedef void (*batcher_lost_fn)(void *arg, const char *label, const char *why);
+
 typedef struct batcher_model {
     const ikbo_model_info *mi;
     const char *label; /* metrics label "model" and log name (copied) */
     batcher_ctx_fn ctx;
     void *ctx_arg;
+    batcher_lost_fn device_lost; /* NULL: none */
+    void *lost_arg;
 } batcher_model;
 
 /* Test hooks, NULL in the daemon. before_compute: on the instance thread

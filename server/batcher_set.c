@@ -32,6 +32,8 @@ struct batcher_set {
     registry *reg;
     config_batching server;
     metrics_server *mx;
+    batcher_lost_fn lost;
+    void *lost_arg;
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
     int stop;
@@ -57,7 +59,7 @@ static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
     ikbo_err err;
     config_batching lim;
     batcher_resolve(&s->server, registry_model_serving(m), mi->device, &lim);
-    batcher_model bm = {mi, registry_model_name(m), registry_ctx, m};
+    batcher_model bm = {mi, registry_model_name(m), registry_ctx, m, s->lost, s->lost_arg};
     memset(&err, 0, sizeof err);
     batcher *b = batcher_new(&bm, &lim, s->mx, NULL, &err);
     if (!b) {
@@ -158,7 +160,7 @@ static void *reaper_main(void *arg)
 }
 
 batcher_set *batcher_set_new(registry *reg, const config_batching *server, metrics_server *mx,
-                             ikbo_err *err)
+                             batcher_lost_fn lost, void *lost_arg, ikbo_err *err)
 {
     batcher_set *s = calloc(1, sizeof *s);
     if (!s) {
@@ -168,6 +170,8 @@ batcher_set *batcher_set_new(registry *reg, const config_batching *server, metri
     s->reg = reg;
     s->server = *server;
     s->mx = mx;
+    s->lost = lost;
+    s->lost_arg = lost_arg;
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     /* The reaper's write lock must not starve behind a steady stream of submits. */

@@ -22,8 +22,10 @@
  * Thread-safety: submit from any thread; new/free from one thread. */
 typedef struct batcher_set batcher_set;
 
+/* lost (NULL: none) is every batcher's device_lost callback (batcher.h),
+ * called with lost_arg. */
 batcher_set *batcher_set_new(registry *reg, const config_batching *server, metrics_server *mx,
-                             ikbo_err *err);
+                             batcher_lost_fn lost, void *lost_arg, ikbo_err *err);
 
 /* Reserves a place for a request of n_cands candidates in m's batcher (made
  * on first use; m is a handle the caller holds) and returns that batcher,

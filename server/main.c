@@ -12,8 +12,17 @@
  * calls get UNAVAILABLE, in-flight calls finish (up to drain_timeout_ms, then
  * they are cancelled), and the process exits 0.
  *
- * The only global is the draining flag (the signal plumbing); everything else
- * is passed down explicitly.
+ * A lost device (a kernel fault that leaves the CUDA context unusable for
+ * the rest of the process: ikbo_ctx_device_lost) cannot be recovered in
+ * process, and a server that stayed up would answer every call with an
+ * error (a fast failure that least-loaded balancing sends more traffic to).
+ * So the batch that finds it answers UNAVAILABLE, on_device_lost logs
+ * device_lost and signals the main thread (SIGUSR2), which drains as for
+ * SIGTERM and exits EXIT_DEVICE_LOST: systemd's Restart=on-failure and a
+ * Kubernetes pod restart a fresh process.
+ *
+ * The only globals are the draining and device-lost flags (the signal
+ * plumbing); everything else is passed down explicitly.
  */
 #include <errno.h>
 #include <grpc/grpc.h>
@@ -39,6 +48,25 @@
 extern char **environ;
 
 static atomic_int g_draining;
+static atomic_int g_device_lost;
+
+#define EXIT_DEVICE_LOST 3
+
+/* batcher_lost_fn: the first report logs and wakes the main thread's
+ * sigwait; later ones (other batches on the same device) are already
+ * covered. */
+static void on_device_lost(void *arg, const char *label, const char *why)
+{
+    (void)arg;
+    if (atomic_exchange(&g_device_lost, 1)) return;
+    log_line ln;
+    log_begin(&ln, LOG_LEVEL_ERROR, "device_lost");
+    log_str(&ln, "model", label);
+    log_str(&ln, "error", why);
+    log_int(&ln, "exit", EXIT_DEVICE_LOST);
+    log_end(&ln);
+    kill(getpid(), SIGUSR2);
+}
 
 static registry_policy to_policy(const config_version_policy *p)
 {
@@ -220,7 +248,7 @@ static void log_listening(const serve *d)
 static int start_serving(serve *d, ikbo_err *err)
 {
     const config *cfg = &d->cfg;
-    if (!(d->batchers = batcher_set_new(d->reg, &cfg->batching, &d->mx, err)))
+    if (!(d->batchers = batcher_set_new(d->reg, &cfg->batching, &d->mx, on_device_lost, NULL, err)))
         return -1;
     grpc_init();
     d->grpc_inited = 1;
@@ -258,8 +286,8 @@ static int start_serving(serve *d, ikbo_err *err)
     return registry_start(d->reg, err);
 }
 
-/* Until SIGTERM or SIGINT (logged as draining); SIGHUP rescans the
- * repository. */
+/* Until SIGTERM or SIGINT, or SIGUSR2 after on_device_lost (logged as
+ * draining); SIGHUP rescans the repository; any other SIGUSR2 is ignored. */
 static void wait_for_stop(const serve *d, const sigset_t *sigs)
 {
     for (;;) {
@@ -271,9 +299,10 @@ static void wait_for_stop(const serve *d, const sigset_t *sigs)
             registry_rescan(d->reg);
             continue;
         }
+        if (sig == SIGUSR2 && !atomic_load(&g_device_lost)) continue;
         log_line ln;
         log_begin(&ln, LOG_LEVEL_INFO, "draining");
-        log_str(&ln, "signal", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        log_str(&ln, "signal", sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "device lost");
         log_int(&ln, "drain_timeout_ms", d->cfg.drain_timeout_ms);
         log_end(&ln);
         return;
@@ -329,6 +358,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGHUP);
+    sigaddset(&sigs, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -352,6 +382,8 @@ int main(int argc, char **argv)
     wait_for_stop(&d, &sigs);
     drain(&d);
     serve_stop(&d);
-    log_msg(LOG_LEVEL_INFO, "stopped", "exit 0");
-    return 0;
+    rc = atomic_load(&g_device_lost) ? EXIT_DEVICE_LOST : 0;
+    log_msg(rc ? LOG_LEVEL_ERROR : LOG_LEVEL_INFO, "stopped", "exit %d%s", rc,
+            rc ? " (device lost)" : "");
+    return rc;
 }

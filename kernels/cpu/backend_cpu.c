@@ -107,10 +107,8 @@ static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n,
 {
     if (bk_bad_copy("download_f32", n, sizeof(float), dst, src, err))
         return -1;
-    if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
-        bk_seterr(err, "download_f32: stream failed" BK_FAULT_INJECTED);
+    if (bk_fault_wait(&s->be->fault, "download_f32", err))
         return -1;
-    }
     return cpu_upload(s, dst, src, n * sizeof(float), err);
 }
 
@@ -137,14 +135,10 @@ static bk_stream *cpu_stream_new(bk_backend *be, bk_err *err)
 
 static void cpu_stream_free(bk_stream *s) { free(s); }
 
-static int cpu_sync(bk_stream *s, bk_err *err)
-{
-    if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
-        bk_seterr(err, "sync: stream failed" BK_FAULT_INJECTED);
-        return -1;
-    }
-    return 0;
-}
+static int cpu_sync(bk_stream *s, bk_err *err) { return bk_fault_wait(&s->be->fault, "sync", err); }
+
+/* Host memory is never lost; only IKBO_FAULT's lost says otherwise. */
+static int cpu_lost(bk_backend *be, bk_err *why) { return bk_fault_lost(&be->fault, why); }
 
 /* ---- weights ---- */
 
@@ -278,6 +272,7 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->stream_new = cpu_stream_new;
     be->stream_free = cpu_stream_free;
     be->sync = cpu_sync;
+    be->lost = cpu_lost;
     be->weight_new = cpu_weight_new;
     be->weight_free = cpu_weight_free;
     be->embedding_bag = cpu_embedding_bag;

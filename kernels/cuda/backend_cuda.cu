@@ -71,10 +71,8 @@ int cu_check_launch(bk_stream *s, bk_err *err, const char *what)
  * earlier asynchronous failure as cudaStreamSynchronize does. */
 static int stream_wait(bk_stream *s, bk_err *err, const char *what)
 {
-    if (bk_fault_hit(&s->be->fault, BK_FAULT_SYNC)) {
-        bk_seterr(err, "cuda: %s: stream failed" BK_FAULT_INJECTED, what);
+    if (bk_fault_wait(&s->be->fault, what, err))
         return -1;
-    }
     cu_prof_release(s);
     if (s->spin_us < 0)
         return cu_check(cudaStreamSynchronize(s->st), err, what);
@@ -88,6 +86,52 @@ static int stream_wait(bk_stream *s, bk_err *err, const char *what)
         }
     }
     return cu_check(e == cudaErrorNotReady ? cudaEventSynchronize(s->done) : e, err, what);
+}
+
+/* The errors after which the runtime says "the process must be terminated
+ * and relaunched" (driver_types.h): the context is unusable, and every later
+ * call on the device returns the same error. */
+static bool cu_sticky(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorContained:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* backend.h lost: an injected loss, else a call that touches the context
+ * without waiting for it (a sticky error is returned by every such call). */
+static int cuda_lost(bk_backend *be, bk_err *why)
+{
+    if (bk_fault_lost(&be->fault, why))
+        return 1;
+    const int dev = cu_impl(be)->ordinal;
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaSetDevice(dev);
+    if (e == cudaSuccess)
+        e = cudaMemGetInfo(&fr, &tot);
+    if (!cu_sticky(e)) {
+        (void)cudaGetLastError(); /* a non-sticky error is not a loss; start the next call clean */
+        return 0;
+    }
+    bk_seterr(why, "cuda:%d is lost: %s (%s); only a new process can use it", dev,
+              cudaGetErrorString(e), cudaGetErrorName(e));
+    return 1;
 }
 
 static int cuda_stream_set_spin(bk_stream *s, long long spin_us, bk_err *err)
@@ -521,6 +565,12 @@ static void *dev_malloc(bk_backend *be, size_t bytes, bk_err *err)
         return NULL;
     }
     cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess && e != cudaErrorMemoryAllocation) { /* e.g. a lost device (cuda_lost) */
+        (void)cudaGetLastError();
+        bk_seterr(err, "cuda:%d: allocating %zu bytes failed: %s (%s)", cu_impl(be)->ordinal, bytes,
+                  cudaGetErrorString(e), cudaGetErrorName(e));
+        return NULL;
+    }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         size_t fr = 0, tot = 0;
@@ -2154,6 +2204,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->stream_new = cuda_stream_new;
     be->stream_free = cuda_stream_free;
     be->sync = cuda_sync;
+    be->lost = cuda_lost;
     be->stream_set_spin = cuda_stream_set_spin;
     be->weight_new = cuda_weight_new;
     be->weight_free = cuda_weight_free;

@@ -308,7 +308,7 @@ static int world_open(world *w, int configured, char *why)
     ikbo_err err = {{0}};
     w->reg = registry_new(&o, &err);
     if (!w->reg) return failf(why, "registry_new: %s", err.msg), 1;
-    w->bs = batcher_set_new(w->reg, &w->batching, &w->mx, &err);
+    w->bs = batcher_set_new(w->reg, &w->batching, &w->mx, NULL, NULL, &err);
     if (!w->bs) return failf(why, "batcher_set_new: %s", err.msg), 1;
     rq_limits_default(&w->lim);
     w->env = (rank_env){w->reg, &w->lim, &w->mx, w->bs};

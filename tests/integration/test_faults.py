@@ -8,6 +8,10 @@ real daemon:
     INTERNAL, every later call is scored, the server stays ready, and
     /metrics counts the INTERNAL;
   - (CUDA only) a kernel launch that fails mid-batch: the same;
+  - a device lost mid-batch (a fault that leaves it unusable, such as a
+    CUDA kernel's illegal address): that call is answered UNAVAILABLE
+    naming it, none after it is scored, and the server logs device_lost,
+    drains and exits 3 so that its supervisor starts a new process;
   - a malformed IKBO_FAULT: every load fails naming it, /readyz says why.
 On the CPU in `make test`; on the GPU machine with IKBO_TEST_DEVICE=cuda:0
 (tests/gpu/run_faults.sh)."""
@@ -134,6 +138,32 @@ def test_failed_launch_fails_one_batch():
     one_failed_batch("launch:40@1")
 
 
+def test_lost_device_stops_the_server():
+    # As sync:8@1, the 8th stream wait (the 7th request's) finds the device
+    # lost; every later wait would too.
+    with serving("lost:8@1") as (_, d):
+        codes, detail = [], None
+        for seed in range(12):
+            try:
+                d.rank(request(seed), timeout=5)
+                codes.append("OK")
+            except Exception as e:  # grpc.RpcError
+                codes.append(e.code().name)
+                detail = detail or e.details()
+        check_eq(codes[:7], ["OK"] * 6 + ["UNAVAILABLE"], "calls up to the lost one")
+        check(all(c == "UNAVAILABLE" for c in codes[7:]), "calls after the loss: %s" % codes)
+        check("the device is lost" in detail and "injected by IKBO_FAULT" in detail and
+              "the server is stopping" in detail, "lost call's message: %r" % detail)
+        try:
+            rc = d.proc.wait(20)
+        except Exception:
+            raise AssertionError("the server did not exit within 20 s of the loss:\n%s" % d.logs())
+        check_eq(rc, 3, "exit status after a lost device")
+        logs = d.logs()
+        check("device_lost" in logs and "device lost" in logs and "exit 3" in logs,
+              "device_lost, draining and exit 3 logged:\n%s" % logs[-2000:])
+
+
 def test_malformed_fault_spec():
     with serving("alloc:zero", wait_ready=False) as (_, d):
         st = wait_for(lambda: version_state(d, "demo", 1) if (version_state(d, "demo", 1) or ("",))[0]
@@ -146,4 +176,5 @@ def test_malformed_fault_spec():
 
 if __name__ == "__main__":
     run([test_failed_load_keeps_previous_version, test_failed_stream_wait_fails_one_batch,
-         test_failed_launch_fails_one_batch, test_malformed_fault_spec])
+         test_failed_launch_fails_one_batch, test_lost_device_stops_the_server,
+         test_malformed_fault_spec])

@@ -440,7 +440,7 @@ static void callback_hook(void *arg, int instance)
 
 static batcher *new_batcher(const config_batching *lim, metrics_server *mx)
 {
-    batcher_model bm = {MI, "t", make_ctx, NULL};
+    batcher_model bm = {MI, "t", make_ctx, NULL, NULL, NULL};
     batcher_hooks hk = {gate_hook, NULL, callback_hook};
     ikbo_err err;
     memset(&err, 0, sizeof err);

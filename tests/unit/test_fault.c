@@ -37,6 +37,10 @@ static void test_grammar(void **state)
     assert_int_equal(r[0].backend, 2);
     assert_int_equal(r[1].point, BK_FAULT_LAUNCH);
     assert_int_equal(r[2].backend, 1);
+    assert_int_equal(parse("lost:4@2", r, &err), 1);
+    assert_int_equal(r[0].point, BK_FAULT_LOST);
+    assert_int_equal(r[0].n, 4);
+    assert_int_equal(r[0].backend, 2);
     assert_int_equal(parse("graph:2@3", r, &err), 1);
     assert_int_equal(r[0].point, BK_FAULT_GRAPH);
     assert_int_equal(r[0].n, 2);
@@ -65,6 +69,7 @@ static void test_grammar_errors(void **state)
         {"alloc:1,,sync:2", "rule \"\""},
         {"sync:1@2,sync:4@2", "two rules for sync@2"},
         {"launch:1,launch:2", "two rules for launch@0"},
+        {"lose:1", "with POINT alloc, launch, sync, graph or lost"},
     };
     bk_fault_rule r[BK_FAULT_MAX_RULES];
     bk_err err;
@@ -84,7 +89,7 @@ static void test_grammar_errors(void **state)
 static void test_backends_and_counts(void **state)
 {
     (void)state;
-    setenv("IKBO_FAULT", "sync:3,alloc:2@2,sync:5@2", 1);
+    setenv("IKBO_FAULT", "sync:3,alloc:2@2,sync:5@2,lost:2@5", 1);
     bk_fault f[3];
     bk_err err;
     for (int i = 0; i < 3; i++)
@@ -121,6 +126,30 @@ static void test_backends_and_counts(void **state)
     assert_non_null(strstr(err.msg, "stream failed" BK_FAULT_INJECTED));
     assert_int_equal(be->download_f32(s, &y, buf, 1, &err), 0);
     assert_true(y == 1.0f);
+    assert_int_equal(be->lost(be, &err), 0);
+
+    /* The 5th backend also gets "lost:2": its 1st wait passes, the 2nd and
+     * every later one fail as on a lost device (the sync:3 rule never gets
+     * its turn), and lost reports it; the 4th backend is not lost. */
+    bk_backend *gone = bk_backend_new("cpu", &err);
+    assert_non_null(gone);
+    bk_stream *gs = gone->stream_new(gone, &err);
+    assert_non_null(gs);
+    bk_err why = {{0}};
+    assert_int_equal(gone->lost(gone, &why), 0);
+    assert_int_equal(gone->sync(gs, &err), 0);
+    for (int i = 0; i < 3; i++) {
+        memset(&err, 0, sizeof err);
+        int rc = i == 1 ? gone->download_f32(gs, &y, buf, 1, &err) : gone->sync(gs, &err);
+        assert_int_equal(rc, -1);
+        assert_non_null(strstr(err.msg, "the device is lost"));
+        assert_non_null(strstr(err.msg, BK_FAULT_INJECTED));
+    }
+    assert_int_equal(gone->lost(gone, &why), 1);
+    assert_non_null(strstr(why.msg, "the device is lost"));
+    assert_int_equal(be->lost(be, &err), 0);
+    gone->stream_free(gs);
+    gone->destroy(gone);
     be->free(be, buf, sizeof x, BK_TAG_CAND);
     be->stream_free(s);
     be->destroy(be);
