@@ -181,6 +181,32 @@ static double rel_err(const float *got, const float *ref, size_t n, int *nan)
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+static unsigned long long g_seed; /* this run's IKBO_TEST_SEED (main) */
+
+/* After a failed GPU score: when the device is lost (ikbo_ctx_device_lost:
+ * the CUDA context is unusable for the rest of the process), says so with
+ * the batch's shape (users, candidates each, history events each: what a
+ * repro needs beside the seed) and exits 1, since every later check would
+ * fail for the same reason and hide which one was first. */
+static void stop_if_lost(ikbo_ctx *ctx, const ikbo_batch *b, const char *dir, const char *what)
+{
+    ikbo_err why = {{0}};
+    if (!ikbo_ctx_device_lost(ctx, &why))
+        return;
+    printf("FAIL %s %s: %s\n     batch: %d users, %d candidates; per user (first 8) candidates / "
+           "history events:", dir, what, why.msg, b->n_users, b->n_cands);
+    for (int u = 0, c = 0; u < b->n_users && u < 8; u++) {
+        int n = 0;
+        while (c < b->n_cands && b->map[c] == u)
+            c++, n++;
+        long ev = b->hist.offsets ? (long)(b->hist.offsets[u + 1] - b->hist.offsets[u]) : 0;
+        printf(" %d/%ld", n, ev);
+    }
+    printf("\ntest_cuda_model: stopped: the device is lost, no later check can run "
+           "(IKBO_TEST_SEED=%llu)\n", g_seed);
+    exit(1);
+}
+
 /* Batch graphs (engine/batch_graph.h) on a context that has them: batches
  * sharing one key (1 user, 65..72 candidates -> bucket 72, full-length
  * history, 1 id per candidate and feature, 0..6 per user), a larger batch
@@ -207,6 +233,7 @@ static int check_graphs(const char *dir, const char *mode, const ikbo_model_info
         (*checks)++;
         if (ikbo_score(cc, &bm.b, tc, NULL, &e) || ikbo_score(cg, &bm.b, tg, NULL, &e)) {
             printf("FAIL %s graphs %s batch %d: %s\n", dir, mode, i, e.msg);
+            stop_if_lost(cg, &bm.b, dir, mode);
             failures++;
         } else {
             int nan;
@@ -269,6 +296,7 @@ static int check_shape(const trio *t, int nu, const int *counts, const char *nam
         (*checks)++;
         if (ikbo_score(ctx[md], &bm.b, tgs[md], sgs[md], &e)) {
             printf("FAIL %s [%s] %s: cuda score: %s\n", t->dir, name, mode[md], e.msg);
+            stop_if_lost(ctx[md], &bm.b, t->dir, mode[md]);
             failures++;
             continue;
         }
@@ -391,7 +419,7 @@ int main(int argc, char **argv)
     }
     const char *dt = getenv("IKBO_CUDA_DTYPE");
     double tol = dt && !strcmp(dt, "fp32") ? 1e-4 : 3e-2;
-    unsigned long long seed = gr_seed_checks();
+    unsigned long long seed = g_seed = gr_seed_checks();
     printf("test_cuda_model: inputs from IKBO_TEST_SEED=%llu\n", seed);
     int failures = 0, checks = 0;
     for (int a = 1; a < argc; a++)
