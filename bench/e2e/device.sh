@@ -16,7 +16,8 @@
 #            "classic packed" runs both request encodings)
 #   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
 #            failing cudaMalloc while a version loads, a failing stream wait
-#            and a failing launch mid-batch (kernels/fault.h); faults-memcheck
+#            and a failing launch mid-batch, and a lost device (the daemon
+#            must answer UNAVAILABLE and exit 3) (kernels/fault.h); faults-memcheck
 #            runs the same with the daemon under compute-sanitizer memcheck
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
