@@ -118,6 +118,7 @@ typedef struct ikbo_serving {
     long long graphs; /* batch graphs per instance (ikbo_load_opts.graphs) */
     long long idle_spin_us; /* how long an idle instance or completer polls before sleeping */
     long long gpu_spin_us;  /* how long an instance polls for its batch's end (ikbo_ctx_set_gpu_spin) */
+    long long batch_timeout_ms; /* a batch computing longer means a hung device (server only) */
     char mode[16];   /* "", "ikbo", "broadcast" */
     char device[32]; /* "", "cpu", "cuda:N" */
 } ikbo_serving;

@@ -64,6 +64,9 @@ const serving_key serving_keys[] = {
     INT_KEY(gpu_spin_us, 0, 10000000, SERVING_DEF_GPU_SPIN_US, BOTH,
             "how long an instance polls the GPU for its batch's end before it sleeps until the "
             "GPU signals; 0 = sleep at once (cuda only)"),
+    INT_KEY(batch_timeout_ms, 0, 3600000, SERVING_DEF_BATCH_TIMEOUT_MS, SERVING_BATCHING,
+            "a batch still computing after this long means the device is hung: the server "
+            "exits 3 for its supervisor to restart it; 0 = never"),
     STR_KEY(mode, SERVING_MODE, SERVING_MODEL | SERVING_TOP, "\"ikbo\" or \"broadcast\""),
     STR_KEY(device, SERVING_DEVICE, SERVING_MODEL | SERVING_TOP, "\"cpu\" or \"cuda:N\""),
 };

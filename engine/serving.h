@@ -69,6 +69,7 @@ extern const int serving_n_keys;
 #define SERVING_DEF_GRAPHS 16
 #define SERVING_DEF_IDLE_SPIN_US 0
 #define SERVING_DEF_GPU_SPIN_US 10000000
+#define SERVING_DEF_BATCH_TIMEOUT_MS 30000
 #define SERVING_MAX_INSTANCES 64
 
 /* The key called name that may appear in scope; NULL if none. */

@@ -5,10 +5,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 
-static const char *const point_names[BK_FAULT_POINTS] = {"alloc", "launch", "sync", "graph", "lost"};
+static const char *const point_names[BK_FAULT_POINTS] = {"alloc", "launch", "sync", "graph", "lost",
+                                                          "hang"};
 
 /* A decimal in [1, LONG_MAX] spanning exactly [s, end); -1 otherwise. */
 static long positive(const char *s, const char *end)
@@ -30,7 +32,7 @@ static int parse_rule(const char *s, size_t len, bk_fault_rule *r, bk_err *err)
         p++;
     if (!colon || p == BK_FAULT_POINTS) {
         bk_seterr(err, "IKBO_FAULT: rule \"%.*s\": expected POINT:N[@B] with POINT alloc, launch, "
-                  "sync, graph or lost", (int)len, s);
+                  "sync, graph, lost or hang", (int)len, s);
         return -1;
     }
     const char *at = memchr(colon + 1, '@', end - colon - 1);
@@ -107,6 +109,9 @@ int bk_fault_next_backend(bk_fault *out, bk_err *err)
 
 int bk_fault_wait(bk_fault *f, const char *what, bk_err *err)
 {
+    if (bk_fault_hit(f, BK_FAULT_HANG))
+        for (;;)
+            sleep(3600); /* a kernel that never finishes; the process ends around it */
     if (bk_fault_hit(f, BK_FAULT_LOST))
         __atomic_store_n(&f->lost, 1, __ATOMIC_RELEASE);
     if (__atomic_load_n(&f->lost, __ATOMIC_ACQUIRE)) {

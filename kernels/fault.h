@@ -20,6 +20,8 @@
  *                  fault that leaves the CUDA context unusable): it and
  *                  every later wait of that backend fail, and be->lost
  *                  reports the loss (backend.h)
+ *          hang    a stream wait that never returns, as on a kernel that
+ *                  never finishes (the server's batch_timeout_ms watchdog)
  *   N      the N-th call at that point fails (1-based, counted per backend
  *          from its creation; calls inside the constructor do not count)
  *   B      only in the B-th backend this process creates (each model version
@@ -42,7 +44,8 @@ enum bk_fault_point {
     BK_FAULT_SYNC = 2,
     BK_FAULT_GRAPH = 3,
     BK_FAULT_LOST = 4,
-    BK_FAULT_POINTS = 5
+    BK_FAULT_HANG = 5,
+    BK_FAULT_POINTS = 6
 };
 
 /* Per-backend state, embedded in bk_backend (zero = disarmed). */
@@ -82,7 +85,8 @@ static inline int bk_fault_hit(bk_fault *f, enum bk_fault_point p)
 
 /* The hooks of a stream wait (sync, download_f32): 0, or -1 with err
  * ("<what>: ... (injected by IKBO_FAULT)") when an injected sync fault
- * fires, or when the lost fault fires or has fired before. */
+ * fires, or when the lost fault fires or has fired before; when the hang
+ * fault fires it does not return. */
 int bk_fault_wait(bk_fault *f, const char *what, struct bk_err *err);
 
 /* 1 with why set once the lost fault has fired, else 0 (why untouched). */

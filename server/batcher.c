@@ -76,6 +76,10 @@ typedef struct instance {
     /* On the idle stack. Written under the lock; read without it (atomic)
      * by the instance while it polls (idle_spin_us). */
     unsigned idle;
+    /* clock_mono_ns() when its current batch began computing (context,
+     * ikbo_score), 0 otherwise; written by the instance, read by
+     * batcher_busy_ms on any thread (atomic). */
+    int64_t busy_since;
 } instance;
 
 struct batcher {
@@ -157,6 +161,16 @@ void batcher_resolve(const ikbo_serving *server, const ikbo_serving *sv, const c
 }
 
 void batcher_get_limits(const batcher *b, config_batching *out) { *out = b->lim; }
+
+long long batcher_busy_ms(const batcher *b)
+{
+    int64_t now = clock_mono_ns(), oldest = 0;
+    for (int i = 0; i < b->n_inst; i++) {
+        int64_t t = __atomic_load_n(&b->inst[i].busy_since, __ATOMIC_ACQUIRE);
+        if (t && (!oldest || t < oldest)) oldest = t;
+    }
+    return oldest && now > oldest ? (long long)((now - oldest) / 1000000) : 0;
+}
 
 /* ---- completing requests ------------------------------------------------ */
 
@@ -594,7 +608,7 @@ static void score_failed(batcher *b, instance *in, const ikbo_err *err, rq_statu
     }
     rq_status_set(st, RQ_UNAVAILABLE, "model '%s': scoring failed: %s; the server is stopping",
                   b->label, why.msg);
-    if (b->model.device_lost) b->model.device_lost(b->model.lost_arg, b->label, why.msg);
+    if (b->model.device_lost) b->model.device_lost(b->model.lost_arg, b->label, why.msg, 0);
 }
 
 static void run_batch(batcher *b, instance *in, bbatch *bt)
@@ -603,6 +617,7 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
     memset(&err, 0, sizeof err);
     rq_status st;
     rq_status_ok(&st);
+    __atomic_store_n(&in->busy_since, clock_mono_ns(), __ATOMIC_RELEASE);
     if (!in->ctx) { /* the registry's; how it waits for the GPU is this batcher's setting */
         ikbo_ctx *c = b->model.ctx(b->model.ctx_arg, in->index, &err);
         if (c && ikbo_ctx_set_gpu_spin(c, b->lim.gpu_spin_us, &err) == 0)
@@ -618,6 +633,7 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
             score_failed(b, in, &err, &st);
         t1 = clock_mono_ns();
     }
+    __atomic_store_n(&in->busy_since, 0, __ATOMIC_RELEASE);
     double dt = (double)(t1 - t0) * 1e-9;
     if (st.code == RQ_OK) {
         const int U = bt->batch.n_users, C = bt->batch.n_cands, T = b->n_tasks;

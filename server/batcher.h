@@ -125,10 +125,13 @@ typedef struct batcher_request {
  * instance's own thread, before its first batch. */
 typedef ikbo_ctx *(*batcher_ctx_fn)(void *arg, int instance, ikbo_err *err);
 
-/* A batch failed because the model's device is lost (ikbo_ctx_device_lost):
- * called on the instance thread with the model's label and the reason, once
- * per such batch (the batch's calls are answered UNAVAILABLE). */
-typedef void (*batcher_lost_fn)(void *arg, const char *label, const char *why);
+/* The model's device is unusable for the rest of the process, with the
+ * model's label and the reason. hung 0: a batch failed on a lost device
+ * (ikbo_ctx_device_lost), called on its instance thread once per such batch,
+ * whose calls are answered UNAVAILABLE. hung 1: a batch has computed past
+ * batch_timeout_ms (batcher_set's watchdog, from its own thread); that
+ * batch's instance thread may never return. */
+typedef void (*batcher_lost_fn)(void *arg, const char *label, const char *why, int hung);
 
 typedef struct batcher_model {
     const ikbo_model_info *mi;
@@ -183,6 +186,12 @@ int batcher_idle(batcher *b);
 
 /* The limits it runs with. */
 void batcher_get_limits(const batcher *b, config_batching *out);
+
+/* How long the longest-running batch of its instances has been computing
+ * (from its context and ikbo_score on), in ms; 0 when none computes. A
+ * batch that never ends (a hung device) grows without bound: batcher_set
+ * compares it with batch_timeout_ms. Any thread. */
+long long batcher_busy_ms(const batcher *b);
 
 /* Current queue depth (requests, candidates admitted and not computing). */
 void batcher_queue_depth(batcher *b, long long *requests, long long *candidates);

@@ -4,11 +4,13 @@
  * Why this exists apart from batcher.c: a batcher knows a model only
  * through batcher_model's callbacks; this file is where the registry's
  * versions meet them (which version has which batcher, with which limits,
- * and when a retired version's batcher goes).
+ * and when a retired version's batcher goes), and where a batch that never
+ * ends is noticed (the watchdog, in the reaper's rounds).
  */
 #include "batcher_set.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +36,7 @@ struct batcher_set {
     metrics_server *mx;
     batcher_lost_fn lost;
     void *lost_arg;
+    int hung_reported; /* the reaper's own (watch) */
     pthread_mutex_t rmu;
     pthread_cond_t rcv;
     int stop;
@@ -76,6 +79,7 @@ static batcher *set_make(batcher_set *s, registry_model *m, rq_status *st)
     log_int(&ln, "instances", lim.instances);
     log_int(&ln, "idle_spin_us", lim.idle_spin_us);
     log_int(&ln, "gpu_spin_us", lim.gpu_spin_us);
+    log_int(&ln, "batch_timeout_ms", lim.batch_timeout_ms);
     log_int(&ln, "max_queue_candidates", lim.max_queue_candidates);
     log_int(&ln, "max_queue_requests", lim.max_queue_requests);
     log_end(&ln);
@@ -142,6 +146,27 @@ static void reap(batcher_set *s, int all)
     }
 }
 
+/* The watchdog, once per reaper round: the first batcher whose oldest
+ * batch has computed past its batch_timeout_ms is reported hung (the GPU
+ * never signals its end: a kernel that does not finish), once. */
+static void watch(batcher_set *s)
+{
+    if (!s->lost || s->hung_reported) return;
+    pthread_rwlock_rdlock(&s->lock);
+    for (bs_entry *e = s->head; e && !s->hung_reported; e = e->next) {
+        config_batching lim;
+        batcher_get_limits(e->b, &lim);
+        long long ms = batcher_busy_ms(e->b);
+        if (lim.batch_timeout_ms <= 0 || ms <= lim.batch_timeout_ms) continue;
+        char why[200];
+        snprintf(why, sizeof why, "a batch has been computing for %lld ms, past "
+                 "batching.batch_timeout_ms %lld: the device is hung", ms, lim.batch_timeout_ms);
+        s->hung_reported = 1;
+        s->lost(s->lost_arg, registry_model_name(e->m), why, 1);
+    }
+    pthread_rwlock_unlock(&s->lock);
+}
+
 static void *reaper_main(void *arg)
 {
     batcher_set *s = arg;
@@ -153,6 +178,7 @@ static void *reaper_main(void *arg)
         if (s->stop) break;
         pthread_mutex_unlock(&s->rmu);
         reap(s, 0);
+        watch(s);
         pthread_mutex_lock(&s->rmu);
     }
     pthread_mutex_unlock(&s->rmu);

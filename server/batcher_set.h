@@ -18,7 +18,9 @@
  * holds its own registry reference to its version. Once a second, a reaper
  * frees every idle batcher whose version the registry has retired (swapped
  * out or unloaded), which releases that reference: queued and in-flight
- * requests on an old version finish on it.
+ * requests on an old version finish on it. In the same rounds a watchdog
+ * reports, once, the first batcher whose oldest batch has computed past its
+ * batch_timeout_ms (batcher_busy_ms) to the lost callback with hung 1.
  * Thread-safety: submit from any thread; new/free from one thread. */
 typedef struct batcher_set batcher_set;
 

@@ -31,7 +31,8 @@
  *                     {max_batch_candidates 1024, max_batch_users 64,
  *                      max_queue_delay_us 0, instances 0 (auto: cpu 1, cuda 4),
  *                      max_queue_candidates 32768, max_queue_requests 1024,
- *                      graphs 16, idle_spin_us 0, gpu_spin_us 10000000}
+ *                      graphs 16, idle_spin_us 0, gpu_spin_us 10000000,
+ *                      batch_timeout_ms 30000 (server only)}
  *                     (ranges and meanings: engine/serving.h's key table,
  *                     the same for model.json's "serving"). A model's
  *                     model.json "serving" block (then its config.json)

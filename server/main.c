@@ -19,7 +19,11 @@
  * So the batch that finds it answers UNAVAILABLE, on_device_lost logs
  * device_lost and signals the main thread (SIGUSR2), which drains as for
  * SIGTERM and exits EXIT_DEVICE_LOST: systemd's Restart=on-failure and a
- * Kubernetes pod restart a fresh process.
+ * Kubernetes pod restart a fresh process. A hung device (a batch computing
+ * past batching.batch_timeout_ms, batcher_set's watchdog) is reported the
+ * same way, but its instance thread may never return, so nothing can be
+ * joined or drained to the end: the process logs and exits at once
+ * (_exit), and the clients of its calls in flight see the connection go.
  *
  * The only globals are the draining and device-lost flags (the signal
  * plumbing); everything else is passed down explicitly.
@@ -48,23 +52,35 @@
 extern char **environ;
 
 static atomic_int g_draining;
-static atomic_int g_device_lost;
+static atomic_int g_device_lost, g_device_hung;
 
 #define EXIT_DEVICE_LOST 3
 
+/* A hung device: no thread can be joined, no call drained; the log is
+ * flushed and the process ends (its supervisor starts a new one). */
+static void exit_hung(void)
+{
+    log_msg(LOG_LEVEL_ERROR, "stopped", "exit %d (device hung)", EXIT_DEVICE_LOST);
+    fflush(NULL);
+    _exit(EXIT_DEVICE_LOST);
+}
+
 /* batcher_lost_fn: the first report logs and wakes the main thread's
  * sigwait; later ones (other batches on the same device) are already
- * covered. */
-static void on_device_lost(void *arg, const char *label, const char *why)
+ * covered, except that a hang after a loss still ends the drain. */
+static void on_device_lost(void *arg, const char *label, const char *why, int hung)
 {
     (void)arg;
-    if (atomic_exchange(&g_device_lost, 1)) return;
+    if (hung) atomic_store(&g_device_hung, 1);
+    if (atomic_exchange(&g_device_lost, 1) && !hung) return;
     log_line ln;
     log_begin(&ln, LOG_LEVEL_ERROR, "device_lost");
     log_str(&ln, "model", label);
     log_str(&ln, "error", why);
+    log_str(&ln, "then", hung ? "exit at once" : "drain");
     log_int(&ln, "exit", EXIT_DEVICE_LOST);
     log_end(&ln);
+    if (hung) exit_hung();
     kill(getpid(), SIGUSR2);
 }
 

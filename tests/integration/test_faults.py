@@ -12,6 +12,9 @@ real daemon:
     CUDA kernel's illegal address): that call is answered UNAVAILABLE
     naming it, none after it is scored, and the server logs device_lost,
     drains and exits 3 so that its supervisor starts a new process;
+  - a hung device (a stream wait that never returns): the watchdog finds
+    the batch past batching.batch_timeout_ms and the process exits 3 at
+    once (the hung call's client sees the connection go);
   - a malformed IKBO_FAULT: every load fails naming it, /readyz says why.
 On the CPU in `make test`; on the GPU machine with IKBO_TEST_DEVICE=cuda:0
 (tests/gpu/run_faults.sh)."""
@@ -43,15 +46,16 @@ def install(repo, version):
 
 
 @contextlib.contextmanager
-def serving(fault, wait_ready=True):
+def serving(fault, wait_ready=True, **cfg):
     """(repo, daemon): a repository with demo/1 and a daemon with
-    IKBO_FAULT=fault in its environment only; the daemon's log tail is
-    printed when the body fails, and both are cleaned up."""
+    IKBO_FAULT=fault in its environment only (and cfg in its config); the
+    daemon's log tail is printed when the body fails, and both are cleaned
+    up."""
     repo = repo_with(1)
     old = os.environ.get("IKBO_FAULT")
     os.environ["IKBO_FAULT"] = fault
     try:
-        d = Daemon(repo, device=DEVICE, repository_poll_ms=100, wait_ready=wait_ready)
+        d = Daemon(repo, device=DEVICE, repository_poll_ms=100, wait_ready=wait_ready, **cfg)
     finally:
         if old is None:
             del os.environ["IKBO_FAULT"]
@@ -164,6 +168,31 @@ def test_lost_device_stops_the_server():
               "device_lost, draining and exit 3 logged:\n%s" % logs[-2000:])
 
 
+def test_hung_device_exits():
+    # The 8th stream wait (the 7th request's) never returns. The watchdog
+    # looks once a second (the reaper's rounds), so the exit comes 0.3 to
+    # ~1.3 s after the hang; the bounds below only catch a server that
+    # never exits.
+    with serving("hang:8@1", batching={"batch_timeout_ms": 300}) as (_, d):
+        for seed in range(6):
+            d.rank(request(seed), timeout=5)
+        try:
+            d.rank(request(6), timeout=30)
+            raise AssertionError("the hung call was answered")
+        except AssertionError:
+            raise
+        except Exception as e:  # grpc.RpcError: the connection went with the process
+            check_eq(e.code().name, "UNAVAILABLE", "the hung call's code (%s)" % e.details())
+        try:
+            rc = d.proc.wait(20)
+        except Exception:
+            raise AssertionError("the server did not exit after the hang:\n%s" % d.logs())
+        check_eq(rc, 3, "exit status after a hung device")
+        logs = d.logs()
+        check("device_lost" in logs and "the device is hung" in logs and "exit 3 (device hung)" in logs,
+              "device_lost (hung) and exit 3 logged:\n%s" % logs[-2000:])
+
+
 def test_malformed_fault_spec():
     with serving("alloc:zero", wait_ready=False) as (_, d):
         st = wait_for(lambda: version_state(d, "demo", 1) if (version_state(d, "demo", 1) or ("",))[0]
@@ -177,4 +206,4 @@ def test_malformed_fault_spec():
 if __name__ == "__main__":
     run([test_failed_load_keeps_previous_version, test_failed_stream_wait_fails_one_batch,
          test_failed_launch_fails_one_batch, test_lost_device_stops_the_server,
-         test_malformed_fault_spec])
+         test_hung_device_exits, test_malformed_fault_spec])

@@ -951,6 +951,36 @@ static void test_leader_delay_and_deadline(void **state)
     leader_delay_and_deadline(10000);
 }
 
+/* batcher_busy_ms (the hung-device watchdog's input): 0 while nothing
+ * computes; while a batch is held at the gate (it has begun computing) it
+ * grows past 50 ms (waited for, bounded); 0 again once it finished. */
+static void test_busy_ms(void **state)
+{
+    (void)state;
+    config_batching lim = limits(16, 100000, 0, 1);
+    gate_reset(0);
+    reset_done();
+    batcher *b = new_batcher(&lim, NULL);
+    assert_int_equal(batcher_busy_ms(b), 0);
+    uint64_t s = 5;
+    slot a;
+    int c4[1] = {4};
+    slot_init(&a, make_request(&s, 1, c4, 0), 1);
+    rq_status st;
+    assert_int_equal(submit(b, &a, 0, &st), 0);
+    gate_wait_arrived(1);
+    int64_t until = mono_ns() + WAIT_MS * 1000000LL;
+    while (batcher_busy_ms(b) <= 50 && mono_ns() < until) sleep_ms(5);
+    assert_true(batcher_busy_ms(b) > 50);
+    gate_open();
+    assert_int_equal(wait_done_ms(1, WAIT_MS), 0);
+    check_bitwise(&a, 0);
+    assert_int_equal(batcher_busy_ms(b), 0);
+    batcher_free(b);
+    slot_free(&a);
+    free_ctxs();
+}
+
 /* An instance that pops part of the queue wakes the next idle instance for
  * the rest: a request cut into two chunks computes on both at once. */
 static void test_next_idle_takes_rest(void **state)
@@ -1028,6 +1058,7 @@ int main(void)
     pthread_cond_init(&G.cv, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resolve),
+        cmocka_unit_test(test_busy_ms),
         cmocka_unit_test(test_bitwise_random_mixes),
         cmocka_unit_test(test_chunking),
         cmocka_unit_test(test_dedup_across_requests),

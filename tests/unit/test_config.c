@@ -280,7 +280,8 @@ static void test_batching(void **s)
     assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
                               "\"max_queue_delay_us\":250,\"instances\":3,"
                               "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
-                              "\"graphs\":16,\"idle_spin_us\":0,\"gpu_spin_us\":10000000}"));
+                              "\"graphs\":16,\"idle_spin_us\":0,\"gpu_spin_us\":10000000,"
+                              "\"batch_timeout_ms\":30000}"));
     free(j);
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
@@ -350,7 +351,14 @@ static void test_serving_table(void **s)
                 "max_batch_users, max_queue_delay_us, instances, graphs, idle_spin_us, gpu_spin_us, mode, device)");
     apply_err("{\"batching\":{\"mode\":\"ikbo\"}}",
               "batching.mode: unknown key (known: max_batch_candidates, max_batch_users, "
-              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, idle_spin_us, gpu_spin_us)");
+              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, idle_spin_us, gpu_spin_us, "
+              "batch_timeout_ms)");
+    /* batch_timeout_ms: the server's only (a model cannot set it), 0..3600000. */
+    serving_err("{\"batch_timeout_ms\":5}", SERVING_MODEL, "serving",
+                "serving.batch_timeout_ms: unknown key (known: max_batch_candidates, "
+                "max_batch_users, max_queue_delay_us, instances, graphs, idle_spin_us, gpu_spin_us, mode, device)");
+    apply_err("{\"batching\":{\"batch_timeout_ms\":3600001}}",
+              "batching.batch_timeout_ms: expected integer 0..3600000, got 3600001");
     apply_err("{\"batching\":{\"max_queue_candidates\":0}}",
               "batching.max_queue_candidates: expected integer 1..1000000000, got 0");
 

@@ -8,9 +8,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels/backend.h"
 #include "kernels/fault.h"
@@ -41,6 +43,9 @@ static void test_grammar(void **state)
     assert_int_equal(r[0].point, BK_FAULT_LOST);
     assert_int_equal(r[0].n, 4);
     assert_int_equal(r[0].backend, 2);
+    assert_int_equal(parse("hang:3", r, &err), 1);
+    assert_int_equal(r[0].point, BK_FAULT_HANG);
+    assert_int_equal(r[0].n, 3);
     assert_int_equal(parse("graph:2@3", r, &err), 1);
     assert_int_equal(r[0].point, BK_FAULT_GRAPH);
     assert_int_equal(r[0].n, 2);
@@ -69,7 +74,7 @@ static void test_grammar_errors(void **state)
         {"alloc:1,,sync:2", "rule \"\""},
         {"sync:1@2,sync:4@2", "two rules for sync@2"},
         {"launch:1,launch:2", "two rules for launch@0"},
-        {"lose:1", "with POINT alloc, launch, sync, graph or lost"},
+        {"lose:1", "with POINT alloc, launch, sync, graph, lost or hang"},
     };
     bk_fault_rule r[BK_FAULT_MAX_RULES];
     bk_err err;
@@ -85,11 +90,28 @@ static void test_grammar_errors(void **state)
     assert_non_null(strstr(err.msg, "more than 16 rules"));
 }
 
+static int wait_returned;
+
+typedef struct waiter {
+    bk_backend *be;
+    bk_stream *s;
+} waiter;
+
+/* A stream wait on its own thread; sets wait_returned when it returns. */
+static void *wait_once(void *arg)
+{
+    waiter *w = arg;
+    bk_err err = {{0}};
+    (void)w->be->sync(w->s, &err);
+    __atomic_store_n(&wait_returned, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 /* IKBO_FAULT is read once per process: this test owns it. */
 static void test_backends_and_counts(void **state)
 {
     (void)state;
-    setenv("IKBO_FAULT", "sync:3,alloc:2@2,sync:5@2,lost:2@5", 1);
+    setenv("IKBO_FAULT", "sync:3,alloc:2@2,sync:5@2,lost:2@5,hang:2@6", 1);
     bk_fault f[3];
     bk_err err;
     for (int i = 0; i < 3; i++)
@@ -150,6 +172,24 @@ static void test_backends_and_counts(void **state)
     assert_int_equal(be->lost(be, &err), 0);
     gone->stream_free(gs);
     gone->destroy(gone);
+
+    /* The 6th backend gets "hang:2": its 2nd wait never returns. A thread
+     * makes it and is left blocked (the process ends around it); a wait
+     * that returned would set the flag at once, so 200 ms is only how long
+     * a wrong implementation has to show itself. */
+    bk_backend *hung = bk_backend_new("cpu", &err);
+    assert_non_null(hung);
+    bk_stream *hs = hung->stream_new(hung, &err);
+    assert_non_null(hs);
+    assert_int_equal(hung->sync(hs, &err), 0);
+    static waiter w;
+    w = (waiter){hung, hs};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_once, &w), 0);
+    pthread_detach(th);
+    struct timespec ts = {0, 200 * 1000000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(__atomic_load_n(&wait_returned, __ATOMIC_ACQUIRE), 0);
     be->free(be, buf, sizeof x, BK_TAG_CAND);
     be->stream_free(s);
     be->destroy(be);
