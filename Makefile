@@ -32,7 +32,7 @@ CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # GPU checks and the kernel benchmark: built (not run) wherever nvcc is, run
 # on a GPU machine by bench/kernels/run.sh.
 GPU_BINS  := $(BUILD)/gpu/test_cuda_ops $(BUILD)/gpu/test_cuda_model $(BUILD)/gpu/bench_kernels \
-             $(BUILD)/gpu/bench_ops $(BUILD)/gpu/write_patterns
+             $(BUILD)/gpu/bench_ops $(BUILD)/gpu/write_patterns $(BUILD)/gpu/test_cuda_lost
 endif
 
 # Debian packages: what building needs, and what the tests need on top.
@@ -238,6 +238,12 @@ $(BUILD)/gpu/bench_kernels: bench/kernels/bench_kernels.cu $(BENCH_VARIANTS) $(L
 	    -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublasLt -lcublas
 
 $(BUILD)/gpu/bench_ops: bench/kernels/bench_ops.cu $(LIBIKBO)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
+	    -lcublasLt -lcublas
+
+# backend.h lost() against real device errors (a sticky one ends its context).
+$(BUILD)/gpu/test_cuda_lost: tests/gpu/test_cuda_lost.cu $(LIBIKBO)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
 	    -lcublasLt -lcublas

@@ -17,7 +17,9 @@
 #   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
 #            failing cudaMalloc while a version loads, a failing stream wait
 #            and a failing launch mid-batch, and a lost device (the daemon
-#            must answer UNAVAILABLE and exit 3) (kernels/fault.h); faults-memcheck
+#            must answer UNAVAILABLE and exit 3) (kernels/fault.h), after
+#            build/gpu/test_cuda_lost (carry build/gpu: a real illegal address
+#            must read as lost, an invalid launch must not); faults-memcheck
 #            runs the same with the daemon under compute-sanitizer memcheck
 #   phases   bench/e2e/batch_phases.c (built by tests/gpu/build.sh, carry
 #            build/gpu): one batch's time split into host work, uploads,
@@ -247,6 +249,7 @@ for s in $stages; do
   grpc)
     stage grpc grpc.log grpc_check ;;
   faults)
+    stage lost lost.log build/gpu/test_cuda_lost
     stage faults faults.log env IKBO_BUILD=$B IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 \
         $PY tests/integration/test_faults.py ;;
   faults-memcheck)

@@ -20,6 +20,10 @@ CFLAGS="-O2 -g -std=gnu11 -Wall -Wextra -Werror -I. -DIKBO_CUDA"
 gcc $CFLAGS -o $B/test_cuda_ops tests/gpu/test_cuda_ops.c build/libikbo.a $CUDA_LIBS -lm -lpthread -lstdc++
 gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c build/libikbo.a \
     -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+# backend.h lost() against a real illegal address (bench/e2e/device.sh faults).
+"$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
+    -o $B/test_cuda_lost tests/gpu/test_cuda_lost.cu build/libikbo.a \
+    -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
 # Where a batch's time goes (bench/e2e/batch_phases.c, run by bench/e2e/device.sh phases).
 gcc $CFLAGS -o $B/batch_phases bench/e2e/batch_phases.c build/libikbo.a \
     -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
