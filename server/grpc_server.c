@@ -99,6 +99,10 @@ static const char *const method_path[M_COUNT] = {
 /* Drain: how long no call must arrive before shutdown proper (see
  * grpcsrv_shutdown). */
 #define LAME_DUCK_QUIET_MS 200
+/* After shutdown starts, how long core gets to settle streams that raced it
+ * (they end UNAVAILABLE that way; closing their connection would cancel
+ * them) before idle connections are closed (shutdown_wait). */
+#define SHUTDOWN_SETTLE_MS 1000
 
 /* The metadata limit a config may ask for stays well under core's ceiling. */
 _Static_assert(CONFIG_MAX_METADATA_BYTES_CAP <= GRPCSRV_METADATA_CEILING / 4,
@@ -150,6 +154,7 @@ typedef struct call {
     /* Rank calls: when a worker took the call off its queue, and when its
      * answer was handed to finish (ikbo_grpc_receive/send_seconds). */
     int64_t arrived_ns, answered_ns;
+    int counted; /* in grpcsrv.live until freed */
 } call;
 
 struct worker {
@@ -194,6 +199,10 @@ struct grpcsrv {
     pthread_cond_t idle;
     int stopping;
     int busy;
+    /* Calls that arrived and whose records are not freed yet (answered or
+     * not, their send batch and close op not both done): 0 during the drain
+     * means what keeps gRPC core's shutdown waiting is idle connections. */
+    atomic_int live;
 };
 
 /* ---- requests ----------------------------------------------------------- */
@@ -232,6 +241,7 @@ static int request_call(worker *w, enum method m)
 
 static void call_free(call *c)
 {
+    if (c->counted) atomic_fetch_sub(&c->w->srv->live, 1);
     if (c->payload) grpc_byte_buffer_destroy(c->payload);
     if (c->response) grpc_byte_buffer_destroy(c->response);
     if (c->have_status_details) grpc_slice_unref(c->status_details);
@@ -544,7 +554,11 @@ static void *worker_main(void *arg)
         grpcsrv *s = w->srv;
         pthread_mutex_lock(&s->mu);
         int stopping = s->stopping;
-        if (!stopping) s->busy++;
+        if (!stopping) {
+            s->busy++;
+            c->counted = 1;
+            atomic_fetch_add(&s->live, 1);
+        }
         pthread_mutex_unlock(&s->mu);
         if (stopping) {
             grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
@@ -761,6 +775,43 @@ fail_unstarted:
 int grpcsrv_port(const grpcsrv *s) { return s->port; }
 
 
+/* After grpc_server_shutdown_and_notify: waits for core's shutdown tag until
+ * end_ms. Core also waits for every client connection to go, and a client
+ * that keeps an idle channel open holds it (~5 s, until a core timer: every
+ * deploy's drain took that long). So once no call is live and
+ * SHUTDOWN_SETTLE_MS have passed, the connections still open are closed
+ * (grpc_server_cancel_all_calls, with no call of ours left to cancel). At
+ * end_ms with calls still live they are cancelled. 0, or -1 when calls
+ * were cancelled. */
+static int shutdown_wait(grpcsrv *s, int64_t end_ms, int drain_timeout_ms)
+{
+    const int64_t settled = clock_mono_ms() + SHUTDOWN_SETTLE_MS;
+    int closed = 0;
+    for (;;) {
+        int64_t now = clock_mono_ms(), step = end_ms - now < 20 ? end_ms - now : 20;
+        gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                          gpr_time_from_millis(step > 0 ? step : 0, GPR_TIMESPAN));
+        if (grpc_completion_queue_next(s->shutdown_cq, until, NULL).type != GRPC_QUEUE_TIMEOUT)
+            return 0;
+        int live = atomic_load(&s->live);
+        if (clock_mono_ms() >= end_ms) {
+            if (live)
+                log_msg(LOG_LEVEL_WARN, "drain_timeout",
+                        "%d calls still running after %d ms: cancelling them", live,
+                        drain_timeout_ms);
+            grpc_server_cancel_all_calls(s->server);
+            grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+            return live ? -1 : 0;
+        }
+        if (!live && !closed && clock_mono_ms() >= settled) {
+            log_msg(LOG_LEVEL_INFO, "drain_connections",
+                    "no call in flight: closing the client connections still open");
+            grpc_server_cancel_all_calls(s->server);
+            closed = 1;
+        }
+    }
+}
+
 int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
 {
     if (s->shutdown_started) return 0;
@@ -780,22 +831,11 @@ int grpcsrv_shutdown(grpcsrv *s, int drain_timeout_ms)
         struct timespec ts = {0, 5 * 1000000};
         nanosleep(&ts, NULL);
     }
-    int64_t lame_ms = clock_mono_ms() - t0;
 
     static int shutdown_tag;
     grpc_server_shutdown_and_notify(s->server, s->shutdown_cq, &shutdown_tag);
-    int64_t left = drain_timeout_ms - lame_ms;
-    gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                      gpr_time_from_millis(left > 0 ? left : 0, GPR_TIMESPAN));
-    grpc_event ev = grpc_completion_queue_next(s->shutdown_cq, until, NULL);
-    int result = (int)(clock_mono_ms() - t0);
-    if (ev.type == GRPC_QUEUE_TIMEOUT) {
-        log_msg(LOG_LEVEL_WARN, "drain_timeout",
-                "calls still running after %d ms: cancelling them", drain_timeout_ms);
-        grpc_server_cancel_all_calls(s->server);
-        grpc_completion_queue_next(s->shutdown_cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-        result = -1;
-    }
+    int result = shutdown_wait(s, t0 + drain_timeout_ms, drain_timeout_ms);
+    if (result >= 0) result = (int)(clock_mono_ms() - t0);
     s->shutdown_done = 1;
     return result;
 }

@@ -43,7 +43,9 @@
  * gRPC core answers CANCELLED, not UNAVAILABLE, to a stream that reaches it
  * after grpc_server_shutdown_and_notify, and the C API cannot send GOAWAY
  * first. Then it stops accepting, lets in-flight calls finish for the rest of
- * drain_timeout_ms, and cancels what is left. A client that ignores
+ * drain_timeout_ms, and cancels what is left; once none is in flight, client
+ * connections still open (idle channels) are closed after a 1 s settle
+ * rather than left to hold core's shutdown until its own timer. A client that ignores
  * UNAVAILABLE and keeps sending until the very end can still see CANCELLED
  * for a call racing the shutdown.
  *

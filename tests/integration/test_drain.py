@@ -2,8 +2,9 @@
 """Graceful shutdown: SIGTERM while 8 client threads send Rank requests.
 Every call either succeeds or gets UNAVAILABLE (none lost, none with another
 error), in-flight calls finish, and the daemon exits 0 within the drain
-timeout. Also: SIGINT drains the same way, and a drain that cannot finish
-in drain_timeout_ms cancels what is left and still exits 0."""
+timeout. Also: SIGINT drains the same way, a drain that cannot finish
+in drain_timeout_ms cancels what is left and still exits 0, and a client's
+idle channel does not hold the shutdown."""
 import collections
 import signal
 import threading
@@ -130,6 +131,30 @@ def test_drain_timeout_cancels():
         d.close()
 
 
+def test_idle_connection_closed():
+    """A client that keeps an idle channel open (every client does) held
+    gRPC core's shutdown until a core timer (~5 s, on every deploy): once no
+    call is in flight the server closes such connections itself, logs
+    drain_connections, and exits 0 without cancelling anything."""
+    d = Daemon(REPO, threads=2, drain_timeout_ms=20000)
+    try:
+        req = to_proto(make_request(DEMO, users=2, cands_per_user=5, seed=3, history_len=10))
+        ch = grpc.insecure_channel("127.0.0.1:%d" % d.grpc_port)
+        check_eq(len(d.rank_stub(ch)(req, timeout=10).scores), 10, "a call on the channel")
+        d.proc.send_signal(signal.SIGTERM)
+        rc = d.proc.wait(30)  # the channel stays open and idle meanwhile
+        logs = d.logs()
+        check_eq(rc, 0, "exit status")
+        check("drain_connections" in logs, "the idle connection closed by the server:\n%s" % logs[-1500:])
+        check(" drained ms=" in logs and " drain_timeout msg=" not in logs, "drained without cancelling")
+        ch.close()
+    except Exception:
+        print(d.logs()[-4000:])
+        raise
+    finally:
+        d.close()
+
+
 if __name__ == "__main__":
-    run([test_sigterm_under_load, test_sigint_under_load_big_requests, test_drain_timeout_cancels],
-        repo=REPO)
+    run([test_sigterm_under_load, test_sigint_under_load_big_requests, test_drain_timeout_cancels,
+         test_idle_connection_closed], repo=REPO)
