@@ -52,7 +52,7 @@
 extern char **environ;
 
 static atomic_int g_draining;
-static atomic_int g_device_lost, g_device_hung;
+static atomic_int g_device_lost;
 
 #define EXIT_DEVICE_LOST 3
 
@@ -67,11 +67,11 @@ static void exit_hung(void)
 
 /* batcher_lost_fn: the first report logs and wakes the main thread's
  * sigwait; later ones (other batches on the same device) are already
- * covered, except that a hang after a loss still ends the drain. */
+ * covered, except that a hang after a loss still ends the drain (a hang
+ * exits here, on the watchdog's thread). */
 static void on_device_lost(void *arg, const char *label, const char *why, int hung)
 {
     (void)arg;
-    if (hung) atomic_store(&g_device_hung, 1);
     if (atomic_exchange(&g_device_lost, 1) && !hung) return;
     log_line ln;
     log_begin(&ln, LOG_LEVEL_ERROR, "device_lost");
