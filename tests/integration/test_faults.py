@@ -142,6 +142,19 @@ def test_failed_launch_fails_one_batch():
     one_failed_batch("launch:40@1")
 
 
+def exits_3(d, after, logged):
+    """The daemon exits by itself with status 3 (bounded wait: only a server
+    that never exits fails it), its log holding every string of logged."""
+    try:
+        rc = d.proc.wait(20)
+    except Exception:
+        raise AssertionError("the server did not exit within 20 s of %s:\n%s" % (after, d.logs()))
+    check_eq(rc, 3, "exit status after %s" % after)
+    logs = d.logs()
+    missing = [s for s in logged if s not in logs]
+    check(not missing, "not logged after %s: %s\n%s" % (after, missing, logs[-2000:]))
+
+
 def test_lost_device_stops_the_server():
     # As sync:8@1, the 8th stream wait (the 7th request's) finds the device
     # lost; every later wait would too.
@@ -158,14 +171,7 @@ def test_lost_device_stops_the_server():
         check(all(c == "UNAVAILABLE" for c in codes[7:]), "calls after the loss: %s" % codes)
         check("the device is lost" in detail and "injected by IKBO_FAULT" in detail and
               "the server is stopping" in detail, "lost call's message: %r" % detail)
-        try:
-            rc = d.proc.wait(20)
-        except Exception:
-            raise AssertionError("the server did not exit within 20 s of the loss:\n%s" % d.logs())
-        check_eq(rc, 3, "exit status after a lost device")
-        logs = d.logs()
-        check("device_lost" in logs and "device lost" in logs and "exit 3" in logs,
-              "device_lost, draining and exit 3 logged:\n%s" % logs[-2000:])
+        exits_3(d, "a lost device", ("device_lost", "device lost", "exit 3"))
 
 
 def test_hung_device_exits():
@@ -183,14 +189,7 @@ def test_hung_device_exits():
             raise
         except Exception as e:  # grpc.RpcError: the connection went with the process
             check_eq(e.code().name, "UNAVAILABLE", "the hung call's code (%s)" % e.details())
-        try:
-            rc = d.proc.wait(20)
-        except Exception:
-            raise AssertionError("the server did not exit after the hang:\n%s" % d.logs())
-        check_eq(rc, 3, "exit status after a hung device")
-        logs = d.logs()
-        check("device_lost" in logs and "the device is hung" in logs and "exit 3 (device hung)" in logs,
-              "device_lost (hung) and exit 3 logged:\n%s" % logs[-2000:])
+        exits_3(d, "a hung device", ("device_lost", "the device is hung", "exit 3 (device hung)"))
 
 
 def test_malformed_fault_spec():
