@@ -30,6 +30,7 @@
 #include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/cuda_internal.h"
 #include "bench/kernels/linear_wr.cu" /* the candidate for linear_grouped, timed in --proj */
+#include "tests/gpu/grouped_shapes.h"
 
 
 static bk_err berr;
@@ -338,25 +339,15 @@ static double rel_diff(const void *a, const void *b, size_t n)
 }
 
 /* linear_wr against the backend's linear_grouped over the shapes its
- * generality is for (test_cuda_ops' many-row grouped cases): partial row
- * tiles, one to four k slices, a second output block, outputs ending inside
- * a block's halves, bias, relu, pitched rows and groups. Both outputs start
- * from the same bytes, so writes outside the groups add to the difference. Returns
- * the largest relative difference. */
+ * generality is for (tests/gpu/grouped_shapes.h, which test_cuda_ops also
+ * runs). Both outputs start from the same bytes, so writes outside the
+ * groups add to the difference. Returns the largest relative difference. */
 static double wr_check_shapes()
 {
-    struct { int groups, g, in, out, bias, relu, ldx, ldy; long gx, gy; } sh[9] = {
-        {300, 64, 256, 256, 1, 0, 256, 264, 4L * 64 * 256, 64L * 264 + 8},
-        {40, 100, 192, 384, 1, 1, 200, 392, 100L * 200 + 8, 100L * 392 + 16},
-        {20, 64, 256, 512, 1, 1, 256, 512, 64L * 256 + 8, 64L * 512 + 8}};
-    int n = 3;
-    for (int k = 0; k < 6; k++, n++) {
-        int g = 17 + 9 * k, in = 40 + 40 * k, out = 128 + 24 * k, ldx = in + 8 * (k % 2);
-        sh[n] = {61 + 7 * k, g, in, out, k % 2, k % 3 == 1, ldx, out, (long)g * ldx + 16,
-                 (long)g * out + 8 * k};
-    }
+    grouped_shape sh[GROUPED_SHAPES];
+    grouped_shapes(sh);
     double worst = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < GROUPED_SHAPES; i++) {
         bufs b;
         const auto &q = sh[i];
         void *x = b.act((size_t)q.groups * q.gx), *yr = b.act((size_t)q.groups * q.gy),

@@ -41,6 +41,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_paths.h"
 #include "tests/gpu/gpu_rand.h"
+#include "tests/gpu/grouped_shapes.h"
 
 static bk_backend *cpu, *gpu;
 static bk_stream *cs, *gs;
@@ -878,19 +879,17 @@ static void suite_plain(void)
     test_linear_grouped(33, 17, 64, 128, 1, 1, 72, 17 * 72 + 64, 128, 20 * 128);
     test_linear_grouped(3, 2, 16, 24, 0, 0, 16, 32, 24, 48); /* uniform: plain linear */
     test_linear_grouped(4, 3, 0, 24, 1, 1, 8, 40, 24, 100);  /* in = 0: relu(bias) per group */
-    /* Grouped at many rows (the shapes bench/kernels/linear_wr.cu, the
-     * candidate kernel for linear_grouped, must also pass): 300 and 1120
-     * groups of 64; groups of 100 rows with 192 k and 384 outputs; 512
-     * outputs; k from 40 to 240 and outputs from 128 to 248 in odd groups;
-     * bias, relu, pitched rows and groups (pads keep their poison). */
-    test_linear_grouped(300, 64, 256, 256, 1, 0, 256, 4 * 64 * 256, 264, 64 * 264 + 8);
+    /* Grouped at many rows: 1120 groups of 64 (the bench model's 16 x 70),
+     * then grouped_shapes.h's table, which bench_ops --proj also runs
+     * bench/kernels/linear_wr.cu (the candidate kernel for linear_grouped)
+     * over (pads keep their poison). */
     test_linear_grouped(1120, 64, 256, 256, 0, 0, 256, 64 * 256 + 64, 256, 64 * 256 + 8);
-    test_linear_grouped(40, 100, 192, 384, 1, 1, 200, 100 * 200 + 8, 392, 100 * 392 + 16);
-    test_linear_grouped(20, 64, 256, 512, 1, 1, 256, 64 * 256 + 8, 512, 64 * 512 + 8);
-    for (int k = 0; k < 6; k++)
-        test_linear_grouped(61 + 7 * k, 17 + 9 * k, 40 + 40 * k, 128 + 24 * k, k % 2, k % 3 == 1,
-                            40 + 40 * k + 8 * (k % 2), (17 + 9 * k) * (40 + 40 * k + 8 * (k % 2)) + 16,
-                            128 + 24 * k, (17 + 9 * k) * (128 + 24 * k) + 8 * k);
+    grouped_shape gs[GROUPED_SHAPES];
+    grouped_shapes(gs);
+    for (int i = 0; i < GROUPED_SHAPES; i++)
+        test_linear_grouped(gs[i].groups, gs[i].g, gs[i].in, gs[i].out, gs[i].bias,
+                            gs[i].relu ? BK_ACT_RELU : BK_ACT_NONE, gs[i].ldx, gs[i].gx, gs[i].ldy,
+                            gs[i].gy);
     test_add(1, 1, 1, 0, 0);
     test_add(100, 16, 7, 1, 0);
     test_add(333, 33, 333, 0, 1);
