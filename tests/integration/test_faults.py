@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 from ikbo_itest import ROOT, Daemon, check, check_eq, make_request, run, to_proto
 from reload_common import version_state, wait_for
@@ -142,13 +143,15 @@ def test_failed_launch_fails_one_batch():
     one_failed_batch("launch:40@1")
 
 
-def exits_3(d, after, logged):
+def exits_3(d, after, logged, t0):
     """The daemon exits by itself with status 3 (bounded wait: only a server
-    that never exits fails it), its log holding every string of logged."""
+    that never exits fails it), its log holding every string of logged;
+    prints how long after t0 (time.time()) it was gone (bench/RESULTS.md)."""
     try:
         rc = d.proc.wait(20)
     except Exception:
         raise AssertionError("the server did not exit within 20 s of %s:\n%s" % (after, d.logs()))
+    print("     exit %.2f s after %s" % (time.time() - t0, after))
     check_eq(rc, 3, "exit status after %s" % after)
     logs = d.logs()
     missing = [s for s in logged if s not in logs]
@@ -159,7 +162,7 @@ def test_lost_device_stops_the_server():
     # As sync:8@1, the 8th stream wait (the 7th request's) finds the device
     # lost; every later wait would too.
     with serving("lost:8@1") as (_, d):
-        codes, detail = [], None
+        codes, detail, t_lost = [], None, None
         for seed in range(12):
             try:
                 d.rank(request(seed), timeout=5)
@@ -167,11 +170,12 @@ def test_lost_device_stops_the_server():
             except Exception as e:  # grpc.RpcError
                 codes.append(e.code().name)
                 detail = detail or e.details()
+                t_lost = t_lost or time.time()
         check_eq(codes[:7], ["OK"] * 6 + ["UNAVAILABLE"], "calls up to the lost one")
         check(all(c == "UNAVAILABLE" for c in codes[7:]), "calls after the loss: %s" % codes)
         check("the device is lost" in detail and "injected by IKBO_FAULT" in detail and
               "the server is stopping" in detail, "lost call's message: %r" % detail)
-        exits_3(d, "a lost device", ("device_lost", "device lost", "exit 3"))
+        exits_3(d, "a lost device", ("device_lost", "device lost", "exit 3"), t_lost)
 
 
 def test_hung_device_exits():
@@ -182,6 +186,7 @@ def test_hung_device_exits():
     with serving("hang:8@1", batching={"batch_timeout_ms": 300}) as (_, d):
         for seed in range(6):
             d.rank(request(seed), timeout=5)
+        t_hung = time.time()
         try:
             d.rank(request(6), timeout=30)
             raise AssertionError("the hung call was answered")
@@ -189,7 +194,8 @@ def test_hung_device_exits():
             raise
         except Exception as e:  # grpc.RpcError: the connection went with the process
             check_eq(e.code().name, "UNAVAILABLE", "the hung call's code (%s)" % e.details())
-        exits_3(d, "a hung device", ("device_lost", "the device is hung", "exit 3 (device hung)"))
+            print("     the hung call's error %.2f s after it was sent" % (time.time() - t_hung))
+        exits_3(d, "a hung device", ("device_lost", "the device is hung", "exit 3 (device hung)"), t_hung)
 
 
 def test_malformed_fault_spec():
