@@ -14,7 +14,9 @@ real daemon:
     drains and exits 3 so that its supervisor starts a new process;
   - a hung device (a stream wait that never returns): the watchdog finds
     the batch past batching.batch_timeout_ms and the process exits 3 at
-    once (the hung call's client sees the connection go);
+    once (the hung call's client sees the connection go), also when a
+    SIGTERM's drain has already begun (its teardown would wait on the hung
+    batch for good);
   - a malformed IKBO_FAULT: every load fails naming it, /readyz says why.
 On the CPU in `make test`; on the GPU machine with IKBO_TEST_DEVICE=cuda:0
 (tests/gpu/run_faults.sh)."""
@@ -198,6 +200,25 @@ def test_hung_device_exits():
         exits_3(d, "a hung device", ("device_lost", "the device is hung", "exit 3 (device hung)"), t_hung)
 
 
+def test_sigterm_while_hung_exits():
+    # SIGTERM once the 7th call is in flight (it hangs whether the drain
+    # finds it queued or computing: queued work is answered before the
+    # batchers stop). The drain gives up on it after 300 ms; the watchdog
+    # must still end the process once the batch is past 1.5 s.
+    import signal
+    from ikbo_itest import metric
+    with serving("hang:8@1", batching={"batch_timeout_ms": 1500}, drain_timeout_ms=300) as (_, d):
+        for seed in range(6):
+            d.rank(request(seed), timeout=5)
+        hung = d.rank_stub().future(request(6), timeout=30)
+        wait_for(lambda: metric(d.metrics(), "ikbo_inflight_requests") >= 1, 10, "the 7th call in flight")
+        t_term = time.time()
+        d.proc.send_signal(signal.SIGTERM)
+        exits_3(d, "SIGTERM with a hung batch", ("draining", "the device is hung", "exit 3 (device hung)"),
+                t_term)
+        check(hung.exception(timeout=10) is not None, "the hung call was answered")
+
+
 def test_malformed_fault_spec():
     with serving("alloc:zero", wait_ready=False) as (_, d):
         st = wait_for(lambda: version_state(d, "demo", 1) if (version_state(d, "demo", 1) or ("",))[0]
@@ -211,4 +232,4 @@ def test_malformed_fault_spec():
 if __name__ == "__main__":
     run([test_failed_load_keeps_previous_version, test_failed_stream_wait_fails_one_batch,
          test_failed_launch_fails_one_batch, test_lost_device_stops_the_server,
-         test_hung_device_exits, test_malformed_fault_spec])
+         test_hung_device_exits, test_sigterm_while_hung_exits, test_malformed_fault_spec])
