@@ -112,8 +112,11 @@ def internal_count(d):
 def one_failed_batch(fault):
     """Sequential calls (one batch each) on a daemon with `fault` armed on
     its only backend: exactly one INTERNAL naming the injection, every call
-    after it scored."""
-    with serving(fault) as (_, d):
+    after it scored. Batch graphs off: on CUDA a failed graph replay or
+    recording falls back to running the batch normally (engine.c
+    score_graphed), which succeeds, so with graphs on the failure would
+    never reach a call."""
+    with serving(fault, batching={"graphs": 0}) as (_, d):
         codes = []
         for seed in range(24):
             req = request(seed)
