@@ -29,8 +29,6 @@
 
 #include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/cuda_internal.h"
-#include "bench/kernels/linear_wr.cu" /* the candidate for linear_grouped, timed in --proj */
-#include "tests/gpu/grouped_shapes.h"
 
 
 static bk_err berr;
@@ -324,110 +322,17 @@ static void bench_linear()
     cublasDestroy(h);
 }
 
-/* Relative L2 difference of n values at a and b (device), as fp32. */
-static double rel_diff(const void *a, const void *b, size_t n)
-{
-    std::vector<float> ha(n), hb(n);
-    BK(be->download_f32(bs, ha.data(), a, n, &berr));
-    BK(be->download_f32(bs, hb.data(), b, n, &berr));
-    double d = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += ((double)ha[i] - hb[i]) * ((double)ha[i] - hb[i]);
-        r += (double)hb[i] * hb[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
-/* linear_wr against the backend's linear_grouped over the shapes its
- * generality is for (tests/gpu/grouped_shapes.h, which test_cuda_ops also
- * runs). Both outputs start from the same bytes, so writes outside the
- * groups add to the difference. Returns the largest relative difference. */
-static double wr_check_shapes()
-{
-    grouped_shape sh[GROUPED_SHAPES];
-    grouped_shapes(sh);
-    double worst = 0;
-    for (int i = 0; i < GROUPED_SHAPES; i++) {
-        bufs b;
-        const auto &q = sh[i];
-        void *x = b.act((size_t)q.groups * q.gx), *yr = b.act((size_t)q.groups * q.gy),
-             *yw = b.act((size_t)q.groups * q.gy);
-        bk_weight *w = weight(q.out, q.in, 31 + i), *bias = weight(1, q.out, 41 + i);
-        const bk_act act = q.relu ? BK_ACT_RELU : BK_ACT_NONE;
-        const bk_weight *bp = q.bias ? bias : NULL;
-        if (!wr_fits(cu_dt(bs), q.groups * q.g, w, x, q.ldx, q.gx, yw, q.ldy, q.gy)) {
-            fprintf(stderr, "bench_ops: linear_wr check shape %d does not fit\n", i);
-            exit(1);
-        }
-        CK(cudaMemcpyAsync(yw, yr, (size_t)q.groups * q.gy * es, cudaMemcpyDeviceToDevice, bs->st));
-        BK(be->linear_grouped(bs, x, q.ldx, q.gx, q.groups, q.g, w, bp, act, yr, q.ldy, q.gy, &berr));
-        BK(linear_wr(bs, x, q.ldx, q.gx, q.groups, q.g, w, bp, act, yw, q.ldy, q.gy, &berr));
-        double d = rel_diff(yw, yr, (size_t)q.groups * q.gy);
-        worst = d > worst ? d : worst;
-        be->weight_free(be, w);
-        be->weight_free(be, bias);
-    }
-    return worst;
-}
-
-/* bench/kernels/linear_wr.cu (W resident) on bench_proj's grouped problems:
- * its times beside the backend's linear_grouped (cuBLASLt), and its output
- * against the backend's (Q's read from E_cand: all of it; Wo's into E_cand:
- * the first 16 candidates' tokens; then wr_check_shapes). A difference above
- * 1e-2 exits 1. */
-static void bench_wr(int C, int tq, int D, int kc, void *x, void *y, void *e, char *et,
-                     const bk_weight *w, double io, double flops)
-{
-    if (!wr_fits(cu_dt(bs), C * tq, w, e, D, (int64_t)kc * D, y, D, (int64_t)tq * D)) {
-        table.push_back("linear_wr: does not apply to this dtype");
-        return;
-    }
-    bufs b;
-    void *ref = b.act((size_t)C * tq * D), *eref = b.act((size_t)16 * tq * D),
-         *ewr = b.act((size_t)16 * tq * D);
-    BK(be->linear_grouped(bs, e, D, (int64_t)kc * D, C, tq, w, NULL, BK_ACT_NONE, ref, D,
-                          (int64_t)tq * D, &berr));
-    BK(be->linear_grouped(bs, x, D, (int64_t)tq * D, C, tq, w, NULL, BK_ACT_NONE, et, D,
-                          (int64_t)kc * D, &berr));
-    BK(be->copy_rows(bs, et, kc * D, NULL, 16, tq * D, eref, tq * D, &berr));
-    double pl = median_us([&] {
-        BK(linear_wr(bs, x, D, (int64_t)tq * D, C, tq, w, NULL, BK_ACT_NONE, et, D,
-                     (int64_t)kc * D, &berr));
-    });
-    report("linear_wr out", "W resident, into E_cand", pl, io, flops);
-    double pi = median_us([&] {
-        BK(linear_wr(bs, e, D, (int64_t)kc * D, C, tq, w, NULL, BK_ACT_NONE, y, D, (int64_t)tq * D,
-                     &berr));
-    });
-    report("linear_wr in", "W resident, from E_cand", pi, io, flops);
-    BK(be->copy_rows(bs, et, kc * D, NULL, 16, tq * D, ewr, tq * D, &berr));
-    double d_in = rel_diff(y, ref, (size_t)C * tq * D),
-           d_out = rel_diff(ewr, eref, (size_t)16 * tq * D);
-    double d_sh = wr_check_shapes();
-    char line[200];
-    snprintf(line, sizeof line, "linear_wr against linear_grouped: rel diff %.2e (from E_cand), "
-             "%.2e (into E_cand, 16 candidates), %.2e (worst of 9 other shapes)", d_in, d_out,
-             d_sh);
-    printf("%s\n", line);
-    table.push_back(line);
-    if (!(d_in <= 1e-2 && d_out <= 1e-2 && d_sh <= 1e-2)) {
-        fprintf(stderr, "bench_ops: linear_wr's output differs from linear_grouped's\n");
-        exit(1);
-    }
-}
-
 /* The target attention's projections at the bench model's 16 x 70 shapes
  * (C 1120, Tq 64, D = H dh = 256, Kc 872, 16 users x L 1024 events), and
  * what placing them costs: Wo's output written straight into its tokens of
  * E_cand (a strided batch over candidates: Tq rows each, batch stride Kc D)
  * against the contiguous GEMM plus the stack's copy it replaced; Q read
  * from X's tokens inside E_cand the same way. Each placed row twice: the
- * backend's linear_grouped (what the engine runs) and cuBLAS's
- * GemmStridedBatchedEx (the baseline). Then K and V as one N = 512 GEMM
+ * backend's linear_grouped (what the engine runs: linear_wr.cu at these
+ * shapes) and cuBLAS's GemmStridedBatchedEx (the baseline). Then K and V as one N = 512 GEMM
  * (what target_attention runs since 73b3ba5; the attention reads K and V
  * with a row stride of 2 H dh) against two of N = 256; the plain rows
- * have cuBLAS's GemmEx beside them. The grouped ones also run
- * bench/kernels/linear_wr.cu (bench_wr). */
+ * have cuBLAS's GemmEx beside them. */
 static void bench_proj()
 {
     const int C = 1120, tq = 64, D = 256, kc = 872, ev = 16 * 1024;
@@ -490,7 +395,6 @@ static void bench_proj()
     });
     if (st == CUBLAS_STATUS_SUCCESS)
         report("  cublas batched", "over C, from E_cand", pi, io, flops);
-    bench_wr(C, tq, D, kc, x, y, e, et, w, io, flops);
     double kv_io = 3.0 * ev * D * es, kv_fl = 4.0 * ev * D * D;
     snprintf(sh, sizeof sh, "%d x %d > %d, twice", ev, D, D);
     double k2 = median_us([&] {

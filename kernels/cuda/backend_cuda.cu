@@ -1890,7 +1890,8 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
 
 /* linear: with in = 0 a bias pass; else the first kernel that fits of
  * linear_tk.cu (in <= 64, many outputs), linear_small.cu (<= 16 rows) and
- * cuBLASLt. */
+ * cuBLASLt. (linear_wr.cu's kernel lost to cuBLASLt on the plain K|V
+ * projection in the forward, 15.9 against 15.2 us: bench/RESULTS.md.) */
 static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                        const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
@@ -1935,10 +1936,11 @@ static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_
     return act == BK_ACT_RELU ? 0 : cu_act_rows(s, y, ldy, rows, out, act, err);
 }
 
-/* linear_grouped: plain linear when the groups are evenly spaced, else one
+/* linear_grouped: plain linear when the groups are evenly spaced, else
+ * linear_wr.cu's kernel where it fits (the bench model's Q and Wo, 56.3 ->
+ * 49.9 us in the forward against cuBLASLt's strided batch), else one
  * cuBLASLt strided batch over the groups (measured against the contiguous
- * GEMM plus the stack's copy it replaces: bench_ops --proj, which also
- * times bench/kernels/linear_wr.cu, the candidate to replace it). */
+ * GEMM plus the stack's copy it replaces: bench_ops --proj). */
 static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups,
                                int g, const bk_weight *w, const bk_weight *bias, enum bk_act act,
                                void *y, int ldy, int64_t gy, bk_err *err)
@@ -1966,6 +1968,8 @@ static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx,
                 return -1;
         return 0;
     }
+    if (cu_linear_wr_fits(cu_dt(s), groups * g, w, x, ldx, gx, y, ldy, gy))
+        return cu_linear_wr(s, x, ldx, gx, groups, g, w, bias, act, y, ldy, gy, err);
     return lt_linear(s, x, ldx, gx, g, groups, w, bias, act, y, ldy, gy, err);
 }
 

@@ -5,7 +5,8 @@
  * cuBLASLt; lce.cu: the IKBO linear compression; attention.cu: the IKBO
  * target attention; lce_kern.cuh and att_wg.cuh: the kernel templates that
  * bench/kernels also instantiates; linear_small.cu: linear at a few rows;
- * linear_tk.cu: linear with short input rows on tensor cores;
+ * linear_tk.cu: linear with short input rows on tensor cores; linear_wr.cu:
+ * linear_grouped with W resident in shared memory;
  * graph.cu: recording and replaying a batch as a CUDA graph). They share the private structs, the
  * dtype dispatch and the error helpers declared here; the engine only ever
  * sees kernels/backend.h (tests and benches also cuda_paths.h).
@@ -366,6 +367,17 @@ int cu_linear_small(bk_stream *s, const void *x, int ldx, int rows, const bk_wei
 int cu_linear_tk_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *y, int ldy);
 int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                  const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+
+/* linear_grouped with W resident in shared memory (in <= 256) over many
+ * rows in groups of g rows gx/gy elements apart (linear_wr.cu):
+ * cuda_linear_grouped takes it where cu_linear_wr_fits (total rows, W,
+ * operands and strides). act NONE or RELU; arguments already checked
+ * (bk_grouped_check). */
+int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *x, int ldx,
+                      int64_t gx, const void *y, int ldy, int64_t gy);
+int cu_linear_wr(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
+                 const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
+                 int64_t gy, bk_err *err);
 
 /* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
 unsigned cu_grid_for(size_t n, unsigned block);

@@ -1,10 +1,9 @@
-/* grouped_shapes.h - the many-row grouped-linear shapes that both
- * test_cuda_ops (the backend's linear_grouped against the CPU) and
- * bench_ops --proj (bench/kernels/linear_wr.cu against linear_grouped) run:
- * the generality a W-resident kernel must have before it may serve
- * linear_grouped (partial row tiles, one to four 64-deep k slices, a second
- * 256-output block, outputs ending inside a block's halves, bias, relu,
- * pitched rows and groups). One table, so the two cannot drift apart.
+/* grouped_shapes.h - the many-row grouped-linear shapes test_cuda_ops runs
+ * the backend's linear_grouped over (against the CPU): the generality
+ * kernels/cuda/linear_wr.cu (W resident) must have to serve it (partial
+ * row tiles, one to four 64-deep k slices, a second 256-output block,
+ * outputs ending inside a block's halves, bias, relu, pitched rows and
+ * groups). A table apart from the test, so a bench can time the same.
  * Header-only (C and C++); nothing is allocated.
  */
 #ifndef IKBO_TESTS_GPU_GROUPED_SHAPES_H

@@ -880,9 +880,8 @@ static void suite_plain(void)
     test_linear_grouped(3, 2, 16, 24, 0, 0, 16, 32, 24, 48); /* uniform: plain linear */
     test_linear_grouped(4, 3, 0, 24, 1, 1, 8, 40, 24, 100);  /* in = 0: relu(bias) per group */
     /* Grouped at many rows: 1120 groups of 64 (the bench model's 16 x 70),
-     * then grouped_shapes.h's table, which bench_ops --proj also runs
-     * bench/kernels/linear_wr.cu (the candidate kernel for linear_grouped)
-     * over (pads keep their poison). */
+     * then grouped_shapes.h's table: linear_wr.cu's partial tiles, k slices,
+     * second output block, bias and relu (pads keep their poison). */
     test_linear_grouped(1120, 64, 256, 256, 0, 0, 256, 64 * 256 + 64, 256, 64 * 256 + 8);
     grouped_shape gs[GROUPED_SHAPES];
     grouped_shapes(gs);

