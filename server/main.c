@@ -202,6 +202,9 @@ static int open_registry(serve *d)
         .device = cfg->device,
         .mode = cfg->mode,
         .n_slots = CONFIG_BATCH_MAX_INSTANCES, /* batcher instance i scores with slot i */
+        /* The keys a version's load reads (graphs) come from here too, under
+         * model.json's and config.json's serving blocks. */
+        .serving_defaults = &cfg->batching,
     };
     ro.default_policy = to_policy(&cfg->version_policy);
     ro.poll_ms = cfg->repository_poll_ms;

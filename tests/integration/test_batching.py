@@ -188,5 +188,20 @@ def test_tiny_limits_chunk():
     check(n_b > 0, "batches ran")
 
 
+def test_server_keys_reach_the_load():
+    # graphs is read when a version loads (its contexts record graphs), not
+    # by the batcher: the server config's batching block must reach the
+    # registry too (it did not: the load saw graphs -1 and used 16). A
+    # version's serving block in /v1/models is what its load resolved.
+    d = Daemon(REPO, threads=2, batching={"graphs": 5, "gpu_spin_us": 7})
+    try:
+        code, body = d.http("GET", "/v1/models/demo")
+        check_eq(code, 200, "/v1/models/demo")
+        serving = json.loads(body)["versions"][0]["serving"]
+        check_eq((serving["graphs"], serving["gpu_spin_us"]), (5, 7), "the loaded version's serving")
+    finally:
+        d.close()
+
+
 if __name__ == "__main__":
-    run([test_default_limits, test_tiny_limits_chunk], repo=REPO)
+    run([test_default_limits, test_tiny_limits_chunk, test_server_keys_reach_the_load], repo=REPO)
