@@ -16,7 +16,8 @@
  *   (after griddepcontrol.wait: the W load overlaps the previous kernel's
  *   tail, x may be its output) TMA-loads 64-row x tiles (3D map: k, row in
  *   group, group), 128B-swizzled, K-major, into a ring of WR_STAGES slots
- *   with full/empty mbarriers;
+ *   with full/empty mbarriers; a slot's full barrier is one of two, by
+ *   the consumer that takes the tile (below);
  * - warpgroups 1 and 2 are consumers taking the CTA's tiles in turn: 64
  *   rows x 256 outputs each, both operands from shared memory (two
  *   m64n128k16 wgmmas per 16-deep step), the slot released as soon as its
@@ -51,8 +52,9 @@
 #define WR_MIN_ROWS 1024 /* below, a launch of persistent CTAs is mostly W */
 #define WR_W_BYTES (WR_BN * WR_KMAX * 2)
 #define WR_X_BYTES (WR_BM * WR_KMAX * 2)
+#define WR_FULL (2 * WR_STAGES) /* full barriers: one per (slot, consumer) pair  */
 #define WR_BAR_OFF (WR_W_BYTES + WR_STAGES * WR_X_BYTES)
-#define WR_SMEM (1024 + WR_BAR_OFF + (2 * WR_STAGES + 1) * 8)
+#define WR_SMEM (1024 + WR_BAR_OFF + (WR_FULL + WR_STAGES + 1) * 8)
 
 int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void *x, int ldx,
                       int64_t gx, const void *y, int ldy, int64_t gy)
@@ -62,6 +64,18 @@ int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void
            w->rows % 8 == 0 && w->ld % 8 == 0 && ldx % 8 == 0 && ldy % 8 == 0 && gx % 8 == 0 &&
            gy % 8 == 0 && (al & 15) == 0;
 }
+
+/* Why a full barrier per (slot, consumer) pair: the consumers alternate
+ * tiles and the slots rotate by WR_STAGES (odd), so with one full barrier per
+ * slot, consecutive phases of it belong to different consumers. A consumer
+ * waiting for tile i (phase k) while the other one's tile i - 3 (phase k - 1)
+ * had not landed saw parity k & 1 as already complete (a parity wait cannot
+ * tell phase k - 1 pending from phase k + 1 done), read the slot early and
+ * released it, and the barriers' phases drifted apart; under the daemon's
+ * concurrent batches (HBM contended, loads landing out of order) the device
+ * was lost within seconds ("unspecified launch failure", H100, 2026-12-05,
+ * bench/RESULTS.md). Barrier i % (2 WR_STAGES) is only ever waited on by
+ * consumer i % 2, which has seen its previous phase, so its parity is exact. */
 
 /* Tile t of the CTA's row tiles: group t / rb, rows 64 (t % rb) ..; tile i
  * of this CTA is t = blockIdx.x / nb + i * (gridDim.x / nb). */
@@ -74,7 +88,7 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     unsigned char *Ws = smem, *Xs = smem + WR_W_BYTES;
-    uint64_t *full = (uint64_t *)(smem + WR_BAR_OFF), *empty = full + WR_STAGES,
+    uint64_t *full = (uint64_t *)(smem + WR_BAR_OFF), *empty = full + WR_FULL,
              *wbar = empty + WR_STAGES;
     const int tid = threadIdx.x, lane = tid & 31;
     const int nblk = (int)blockIdx.x % nb, per = (int)gridDim.x / nb, t0 = (int)blockIdx.x / nb;
@@ -85,10 +99,10 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
     const bool two = n0 + 128 < out;
 
     if (tid == 0) {
-        for (int i = 0; i < WR_STAGES; i++) {
+        for (int i = 0; i < WR_FULL; i++)
             mbar_init(&full[i], 1);
+        for (int i = 0; i < WR_STAGES; i++)
             mbar_init(&empty[i], 4); /* lane 0 of each warp of the consuming warpgroup */
-        }
         mbar_init(wbar, 1);
         mbar_fence_init();
     }
@@ -109,9 +123,10 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
         for (int i = 0; i < mine; i++) {
             const int slot = i % WR_STAGES, t = t0 + i * per;
             mbar_wait(&empty[slot], ((i / WR_STAGES) & 1) ^ 1);
-            mbar_expect_tx(&full[slot], KT * WR_BM * 128);
+            uint64_t *f = &full[i % WR_FULL];
+            mbar_expect_tx(f, KT * WR_BM * 128);
             for (int ks = 0; ks < KT; ks++)
-                tma_load_3d(Xs + slot * WR_X_BYTES + ks * WR_BM * 128, &tx, &full[slot], ks * 64,
+                tma_load_3d(Xs + slot * WR_X_BYTES + ks * WR_BM * 128, &tx, f, ks * 64,
                             (t % rb) * WR_BM, t / rb);
         }
         return;
@@ -127,7 +142,7 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
 #pragma unroll
         for (int q = 0; q < 128; q++)
             acc[q] = 0.0f;
-        mbar_wait(&full[slot], (i / WR_STAGES) & 1);
+        mbar_wait(&full[i % WR_FULL], (i / WR_FULL) & 1);
         const unsigned char *As = Xs + slot * WR_X_BYTES;
         wg_fence();
         wg_fence_regs<128>(acc);
