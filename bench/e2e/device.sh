@@ -14,6 +14,13 @@
 #            each point against the echo floor (.devrun/echo_server)
 #            (E2E_CONCURRENCY, E2E_ARGS: e.g. E2E_ARGS="--cands 70"; E2E_ENCODINGS:
 #            "classic packed" runs both request encodings)
+#   load     the daemon on cuda:0 (bench model, 6 gRPC threads, 4 instances) under the
+#            closed loops that merge many requests into large batches on every
+#            instance at once (1 x 70 at 256 in flight, 16 x 70 at 32, 4 x 70 at 64;
+#            LOAD_SECONDS each, default 5): every call OK and the daemon alive after
+#            each. A kernel race that only concurrent batches expose (linear_wr's
+#            barriers, 2026-12-05) lost the device here within seconds while every
+#            single-stream check passed
 #   faults   tests/integration/test_faults.py on cuda:0: IKBO_FAULT injects a
 #            failing cudaMalloc while a version loads, a failing stream wait
 #            and a failing launch mid-batch, and a lost device (the daemon
@@ -50,7 +57,7 @@
 #   host     build/host_path on the GPU host's CPU: the server's own work per
 #            request (decode, validate + plan, response), classic and packed,
 #            at 1 x 70 and 16 x 70
-# Usage (device): bench/e2e/device.sh [golden] [grpc] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [att-bench] [auto] [host] [grpcargs]
+# Usage (device): bench/e2e/device.sh [golden] [grpc] [load] [faults] [faults-memcheck] [e2e] [phases] [ops] [zoo] [zoo-bench] [seq] [seq-bench] [att-bench] [auto] [host] [grpcargs]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ikbo-e2e-out}
@@ -94,6 +101,34 @@ print("%s: grpcio on cuda:0: %d scores equal ikbo-score --device cuda:0 (max rel
 EOF
   done
   kill -TERM $pid; wait $pid; local drc=$?
+  [ $rc = 0 ] && [ $drc = 0 ]
+}
+
+load_check() {
+  [ -f models/bench/1/model.json ] || $PY models/bench/make_bench_model.py >/dev/null || return 1
+  local port=50552 http=8582 rc=0 spec
+  printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000}}\n' > "$OUT/load-server.json"
+  $B/ikbo-serve --config "$OUT/load-server.json" --grpc 127.0.0.1:$port --http 127.0.0.1:$http \
+      --models models --device cuda:0 --threads 6 > "$OUT/daemon_load.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 600); do curl -sf http://127.0.0.1:$http/readyz >/dev/null && break; sleep 0.2; done
+  for spec in "1 256" "16 32" "4 64"; do
+    set -- $spec
+    if ! kill -0 $pid 2>/dev/null; then echo "load: the daemon is gone before ${1} x 70"; rc=1; break; fi
+    $B/ikbo-loadgen --target 127.0.0.1:$port --model bench --json --timeout-ms 20000 --threads 4 \
+        --encoding packed --users $1 --candidates 70 --distinct 64 --concurrency $2 --warmup 1 \
+        --duration "${LOAD_SECONDS:-5}" > "$OUT/load_u$1.json" 2>/dev/null
+    $PY - "$OUT/load_u$1.json" "$1 x 70 at $2 in flight" <<'EOF' || rc=1
+import json, sys
+j = json.load(open(sys.argv[1])); c = j["codes"]; bad = sum(v for k, v in c.items() if k != "OK")
+print("load %s: %d OK, %d failed, %.0f candidates/s%s" % (sys.argv[2], c.get("OK", 0), bad,
+      j["measured"]["candidates_per_s"], "; first error: %s" % j["first_error"] if bad else ""))
+sys.exit(1 if bad or not c.get("OK") else 0)
+EOF
+  done
+  kill -0 $pid 2>/dev/null || { echo "load: the daemon exited under load:"; tail -n 5 "$OUT/daemon_load.log"; rc=1; }
+  kill -TERM $pid 2>/dev/null; wait $pid; local drc=$?
+  echo "load: daemon exit status $drc"
   [ $rc = 0 ] && [ $drc = 0 ]
 }
 
@@ -248,6 +283,8 @@ for s in $stages; do
         --score-bin /tmp/score-cuda --plan-bin $B/ikbo-plan --work /tmp/golden_auto --tol 1e-5 ;;
   grpc)
     stage grpc grpc.log grpc_check ;;
+  load)
+    stage load load.log load_check ;;
   faults)
     stage lost lost.log build/gpu/test_cuda_lost
     stage faults faults.log env IKBO_BUILD=$B IKBO_ROOT=$PWD IKBO_TEST_DEVICE=cuda:0 \

@@ -168,6 +168,10 @@ loadgen() {
   fi
   wait "$lpid" || rc=$?
   [ -z "$spid" ] || wait "$spid" || true
+  if [ -z "$ECHO_GRPC" ] && ! kill -0 "$SERVE_PID" 2>/dev/null; then
+    tail -n 5 "$OUT/serve-$mode.log" >&2
+    die "ikbo-serve exited during $tag (its log above; exit status 3: device lost or hung)"
+  fi
   [ -n "$ECHO_GRPC" ] || curl -fs "http://$HTTP/metrics" >"$OUT/$tag.after.prom"
   if [ $rc -ge 2 ]; then cat "$OUT/$tag.err" >&2; die "ikbo-loadgen failed for $tag"; fi
   [ $rc -eq 0 ] || echo "  note: $tag had failed calls: $($PY -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["codes"], j["first_error"])' "$OUT/$tag.json")" >&2
