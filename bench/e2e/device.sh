@@ -65,7 +65,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=$PWD/.devrun
 PY=${PY:-python3}
-stages=${*:-golden grpc e2e}
+stages=${*:-golden grpc load e2e}
 summary=()
 stage() { # name log cmd...
   local name=$1 log=$2; shift 2
