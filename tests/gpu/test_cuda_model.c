@@ -11,11 +11,13 @@
  *   top-10 agreement (same candidates among the 10 best)     reported
  * tol: 1e-4 (fp32), 3e-2 (bf16/fp16; the activation dtype is the backend's,
  * IKBO_CUDA_DTYPE). It also checks that IKBO mode on the GPU allocates no
- * broadcast bytes.
+ * broadcast bytes, and that instances scoring at once on their own threads
+ * (as the daemon's do) agree with one scoring alone.
  *
  *   test_cuda_model MODEL_VERSION_DIR...
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,6 +358,116 @@ static int check_graph_modes(const trio *t, const ikbo_load_opts *og, const ikbo
     return failures;
 }
 
+/* Instances at once, as the daemon runs them: CC_THREADS contexts of one
+ * loaded model, each on its own thread (and CUDA stream), score one merged
+ * batch (58 users x 70 candidates) CC_ROUNDS times, each into a NaN-poisoned
+ * buffer, against the same batch scored alone on the model's own context.
+ * Every element must agree to tol of the largest score (a stale tile in one
+ * candidate's rows moves that candidate, not the norm). The single-stream
+ * checks above passed while linear_wr's barrier race lost the device under
+ * the daemon's concurrent batches (bench/RESULTS.md, 2026-12-05). */
+#define CC_THREADS 4
+#define CC_ROUNDS 30
+typedef struct cc_job {
+    ikbo_ctx *ctx;
+    const ikbo_batch *b;
+    const float *ref;
+    size_t n;
+    double tol;
+    int bad, round;
+    char err[sizeof(ikbo_err) + 64];
+} cc_job;
+
+static void *cc_run(void *arg)
+{
+    cc_job *j = arg;
+    float *got = xcalloc(j->n, sizeof(float));
+    double top = 0;
+    for (size_t i = 0; i < j->n; i++)
+        top = fabs(j->ref[i]) > top ? fabs(j->ref[i]) : top;
+    for (int r = 0; r < CC_ROUNDS && !j->bad; r++) {
+        ikbo_err e = {{0}};
+        j->round = r;
+        for (size_t i = 0; i < j->n; i++)
+            got[i] = NAN;
+        if (ikbo_score(j->ctx, j->b, got, NULL, &e)) {
+            snprintf(j->err, sizeof j->err, "%s", e.msg);
+            j->bad = 1;
+            break;
+        }
+        double worst = 0;
+        for (size_t i = 0; i < j->n; i++) {
+            double d = fabs((double)got[i] - j->ref[i]);
+            if (isnan(d))
+                d = INFINITY;
+            if (d > worst)
+                worst = d;
+        }
+        if (!(worst <= j->tol * (top > 0 ? top : 1))) {
+            snprintf(j->err, sizeof j->err, "worst element off by %.3g (largest score %.3g)", worst,
+                     top);
+            j->bad = 1;
+        }
+    }
+    free(got);
+    return NULL;
+}
+
+static int check_concurrent(const char *dir, ikbo_model *mg, ikbo_ctx *cg,
+                            const ikbo_model_info *in, double tol, int *checks)
+{
+    int counts[58];
+    for (int u = 0; u < 58; u++)
+        counts[u] = 70;
+    batch_mem bm = make_batch(in, 58, counts);
+    size_t n = (size_t)bm.b.n_cands * in->n_tasks;
+    float *ref = xcalloc(n, sizeof(float));
+    ikbo_err e = {{0}};
+    cc_job jobs[CC_THREADS];
+    pthread_t th[CC_THREADS];
+    int failures = 0, started = 0;
+    (*checks)++;
+    if (ikbo_score(cg, &bm.b, ref, NULL, &e)) {
+        printf("FAIL %s concurrent: the batch alone: %s\n", dir, e.msg);
+        stop_if_lost(cg, &bm.b, dir, "concurrent");
+        failures++;
+        goto out;
+    }
+    int made = 0;
+    for (; made < CC_THREADS; made++) { /* every context before any thread, as at a load */
+        jobs[made] = (cc_job){.b = &bm.b, .ref = ref, .n = n, .tol = tol};
+        if (!(jobs[made].ctx = ikbo_ctx_new(mg, &e))) {
+            printf("FAIL %s concurrent: context %d: %s\n", dir, made, e.msg);
+            failures++;
+            break;
+        }
+    }
+    for (; started < made && !failures; started++)
+        if (pthread_create(&th[started], NULL, cc_run, &jobs[started])) {
+            printf("FAIL %s concurrent: thread %d not started\n", dir, started);
+            failures++;
+            break;
+        }
+    for (int k = 0; k < made; k++) {
+        if (k < started)
+            pthread_join(th[k], NULL);
+        if (jobs[k].bad) {
+            printf("FAIL %s concurrent: instance %d, round %d: %s\n", dir, k, jobs[k].round,
+                   jobs[k].err);
+            stop_if_lost(jobs[k].ctx, &bm.b, dir, "concurrent");
+            failures++;
+        }
+        ikbo_ctx_free(jobs[k].ctx);
+    }
+    if (!failures)
+        printf("ok   %-28s concurrent: %d instances x %d rounds of C %d agree with one alone\n",
+               dir, CC_THREADS, CC_ROUNDS, bm.b.n_cands);
+out:
+    free(ref);
+    free_batch(&bm);
+    return failures;
+}
+
 /* Every check of one model version directory. Returns the failures. */
 static int check_model(const char *dir, double tol, int *checks)
 {
@@ -401,6 +513,7 @@ static int check_model(const char *dir, double tol, int *checks)
         failures++;
     }
     failures += check_graph_modes(&t, &og, &ob, checks);
+    failures += check_concurrent(dir, mg, t.cg, t.in, tol, checks);
 out:
     ikbo_ctx_free(t.cc);
     ikbo_ctx_free(t.cg);
