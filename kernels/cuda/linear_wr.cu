@@ -44,15 +44,15 @@
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/cuda/tma_util.cuh"
 #include "kernels/cuda/wgmma_gen.cuh"
+#include "kernels/cuda/wr_ring.h"
 
 #define WR_BM 64         /* rows per tile (one consumer warpgroup)        */
 #define WR_BN 256        /* outputs per CTA (W rows resident)             */
 #define WR_KMAX 256      /* in at most: four 64-deep slices               */
-#define WR_STAGES 3      /* x tiles in flight                             */
 #define WR_MIN_ROWS 1024 /* below, a launch of persistent CTAs is mostly W */
 #define WR_W_BYTES (WR_BN * WR_KMAX * 2)
 #define WR_X_BYTES (WR_BM * WR_KMAX * 2)
-#define WR_FULL (2 * WR_STAGES) /* full barriers: one per (slot, consumer) pair  */
+static_assert(WR_CONSUMERS == 2, "k_linear_wr: warpgroups 1 and 2 consume (384 threads a CTA)");
 #define WR_BAR_OFF (WR_W_BYTES + WR_STAGES * WR_X_BYTES)
 #define WR_SMEM (1024 + WR_BAR_OFF + (WR_FULL + WR_STAGES + 1) * 8)
 
@@ -65,17 +65,15 @@ int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void
            gy % 8 == 0 && (al & 15) == 0;
 }
 
-/* Why a full barrier per (slot, consumer) pair: the consumers alternate
- * tiles and the slots rotate by WR_STAGES (odd), so with one full barrier per
- * slot, consecutive phases of it belong to different consumers. A consumer
- * waiting for tile i (phase k) while the other one's tile i - 3 (phase k - 1)
- * had not landed saw parity k & 1 as already complete (a parity wait cannot
- * tell phase k - 1 pending from phase k + 1 done), read the slot early and
- * released it, and the barriers' phases drifted apart; under the daemon's
- * concurrent batches (HBM contended, loads landing out of order) the device
- * was lost within seconds ("unspecified launch failure", H100, 2026-12-05,
- * bench/RESULTS.md). Barrier i % (2 WR_STAGES) is only ever waited on by
- * consumer i % 2, which has seen its previous phase, so its parity is exact. */
+/* The ring's schedule (slot, barrier and parity of each tile) is wr_ring.h's,
+ * checked on the CPU against every order the loads can land in
+ * (tests/unit/test_wr_ring.c). It has a full barrier per (slot, consumer)
+ * pair. With one per slot, consecutive phases of a slot's barrier belonged to
+ * different consumers. A consumer waiting for tile i (phase k) while the
+ * other's tile i - 3 (phase k - 1) had not landed then saw parity k & 1 as
+ * complete, read the slot early, and the ring's phases drifted. Under the
+ * daemon's concurrent batches that lost the device within seconds
+ * ("unspecified launch failure", H100, 2026-12-05, bench/RESULTS.md). */
 
 /* Tile t of the CTA's row tiles: group t / rb, rows 64 (t % rb) ..; tile i
  * of this CTA is t = blockIdx.x / nb + i * (gridDim.x / nb). */
@@ -121,9 +119,9 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
             tma_load_2d(Ws + ks * WR_BN * 128, &tw, wbar, ks * 64, n0);
         pdl_wait(); /* x may be the previous kernel's output */
         for (int i = 0; i < mine; i++) {
-            const int slot = i % WR_STAGES, t = t0 + i * per;
-            mbar_wait(&empty[slot], ((i / WR_STAGES) & 1) ^ 1);
-            uint64_t *f = &full[i % WR_FULL];
+            const int slot = wr_slot(i), t = t0 + i * per;
+            mbar_wait(&empty[slot], wr_empty_parity(i));
+            uint64_t *f = &full[wr_full_bar(i)];
             mbar_expect_tx(f, KT * WR_BM * 128);
             for (int ks = 0; ks < KT; ks++)
                 tma_load_3d(Xs + slot * WR_X_BYTES + ks * WR_BM * 128, &tx, f, ks * 64,
@@ -137,12 +135,12 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
     const int cw = (tid - 128) >> 7, wq = ((tid - 128) >> 5) & 3, gq = lane >> 2, tq = lane & 3;
     float acc[128];
     mbar_wait(wbar, 0);
-    for (int i = cw; i < mine; i += 2) {
-        const int slot = i % WR_STAGES, t = t0 + i * per;
+    for (int i = cw; i < mine; i += WR_CONSUMERS) { /* wr_consumer(i) == cw */
+        const int slot = wr_slot(i), t = t0 + i * per;
 #pragma unroll
         for (int q = 0; q < 128; q++)
             acc[q] = 0.0f;
-        mbar_wait(&full[i % WR_FULL], (i / WR_FULL) & 1);
+        mbar_wait(&full[wr_full_bar(i)], wr_full_parity(i));
         const unsigned char *As = Xs + slot * WR_X_BYTES;
         wg_fence();
         wg_fence_regs<128>(acc);
