@@ -107,10 +107,15 @@ struct echo_server {
     atomic_long next_rank;
     grpc_slice info_resp;
     /* Shutdown: once stopping is set (under req_lock), no worker requests
-     * another call, so none can publish on a completion queue being shut
-     * down (gRPC core aborts on that). */
+     * another call or takes one on, so none can publish on a completion
+     * queue being shut down (gRPC core aborts on that: seen in CI when a
+     * worker started a call's batches after its queue was shut down). busy
+     * counts calls taken on whose answer has not been started; echo_free
+     * waits for it to reach zero (idle) before it shuts the queues down, as
+     * ikbo-serve's grpcsrv_free does. */
     pthread_mutex_t req_lock;
-    int stopping;
+    pthread_cond_t idle;
+    int stopping, busy;
     /* --send-from thread: calls taken by the workers wait in a stack for the
      * sender, which polls it (a spinning thread: a hand-off of about a
      * microsecond, so the measurement is the send, not a wake-up). Pushes
@@ -396,9 +401,11 @@ static grpc_slice answer_for(call *c)
     return s->rank_resp[r % s->n_rank_resp];
 }
 
-/* Initial metadata, the answer and OK in one batch, as ikbo-serve sends. */
+/* Initial metadata, the answer and OK in one batch, as ikbo-serve sends;
+ * the call is then no longer busy. */
 static void answer(call *c)
 {
+    echo_server *s = c->w->srv; /* c may be freed once its batch is started */
     grpc_slice body = answer_for(c);
     c->response = grpc_raw_byte_buffer_create(&body, 1); /* a ref, not a copy */
     grpc_op ops[3];
@@ -411,6 +418,9 @@ static void answer(call *c)
     c->status_details = grpc_empty_slice();
     ops[2].data.send_status_from_server.status_details = &c->status_details;
     if (grpc_call_start_batch(c->call, ops, 3, &c->t_send, NULL) != GRPC_CALL_OK) call_unref(c);
+    pthread_mutex_lock(&s->req_lock);
+    if (--s->busy == 0) pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->req_lock);
 }
 
 /* --send-from thread: hands the call to the sender, or answers it here once
@@ -503,8 +513,18 @@ static void *worker_main(void *arg)
         /* Keep accepting (until shutdown). A failed re-request (out of
          * memory) leaves this worker one slot short; the other slots serve. */
         pthread_mutex_lock(&w->srv->req_lock);
-        if (!w->srv->stopping) request_call(w, c->method);
+        int stopping = w->srv->stopping;
+        if (!stopping) {
+            w->srv->busy++;
+            request_call(w, c->method);
+        }
         pthread_mutex_unlock(&w->srv->req_lock);
+        if (stopping) { /* no batch may start now: the queues are going */
+            grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, "echo server is stopping",
+                                         NULL);
+            call_free(c);
+            continue;
+        }
         atomic_init(&c->refs, 2);
         grpc_op close_op;
         memset(&close_op, 0, sizeof close_op);
@@ -546,6 +566,9 @@ static void echo_free(echo_server *s)
         atomic_store(&s->send_stop, 1);
         pthread_join(s->sender, NULL);
     }
+    pthread_mutex_lock(&s->req_lock); /* calls a worker took on get their answer started */
+    while (s->busy > 0) pthread_cond_wait(&s->idle, &s->req_lock);
+    pthread_mutex_unlock(&s->req_lock);
     for (int i = 0; s->workers && i < s->n_workers; i++) {
         worker *w = &s->workers[i];
         if (!w->cq) continue;
@@ -563,6 +586,7 @@ static void echo_free(echo_server *s)
     }
     if (s->server) grpc_server_destroy(s->server);
     pthread_mutex_destroy(&s->req_lock);
+    pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->send_lock);
     for (long r = 0; r < s->n_rank_resp; r++) grpc_slice_unref(s->rank_resp[r]);
     free(s->rank_resp);
@@ -757,6 +781,7 @@ int main(int argc, char **argv)
     echo_server s;
     memset(&s, 0, sizeof s);
     pthread_mutex_init(&s.req_lock, NULL);
+    pthread_cond_init(&s.idle, NULL);
     pthread_mutex_init(&s.send_lock, NULL);
     int port = 0, rc = build_answers(&s, &o, &e);
     if (rc == 0) rc = echo_start(&s, &o, &port, &e);
