@@ -104,10 +104,18 @@ EOF
   [ $rc = 0 ] && [ $drc = 0 ]
 }
 
+# The daemon's config for throughput runs (e2e, load): queue limits raised so
+# that many large requests in flight measure throughput, not admission
+# (bench/overload.sh measures admission). $2: more batching keys.
+throughput_config() { # file [keys]
+  printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000%s}}\n' \
+      "${2:+, $2}" > "$1"
+}
+
 load_check() {
   [ -f models/bench/1/model.json ] || $PY models/bench/make_bench_model.py >/dev/null || return 1
   local port=50552 http=8582 rc=0 spec
-  printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000}}\n' > "$OUT/load-server.json"
+  throughput_config "$OUT/load-server.json"
   $B/ikbo-serve --config "$OUT/load-server.json" --grpc 127.0.0.1:$port --http 127.0.0.1:$http \
       --models models --device cuda:0 --threads 6 > "$OUT/daemon_load.log" 2>&1 &
   local pid=$!
@@ -321,10 +329,9 @@ for s in $stages; do
     # the GPU when enough of them queue to merge into large batches (H200:
     # IKBO 1 x 70 844k candidates/s at 32 in flight, 1.20M at 256). The
     # queue limits are raised so that many large requests in flight measure
-    # throughput, not admission (bench/overload.sh measures admission).
+    # throughput, not admission (throughput_config).
     # E2E_BATCHING: more batching keys for the daemon, e.g. '"instances": 4'.
-    printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000%s}}\n' \
-        "${E2E_BATCHING:+, $E2E_BATCHING}" > "$OUT/e2e-server.json"
+    throughput_config "$OUT/e2e-server.json" "${E2E_BATCHING:-}"
     # E2E_ENCODINGS: one run per request encoding (run.sh --encoding), each
     # in its own folder: e2e (classic) and e2e-packed.
     for enc in ${E2E_ENCODINGS:-classic}; do
