@@ -22,10 +22,11 @@
 # (.devlibs on the GPU machine).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$ROOT/bench/e2e/lib.sh" # throughput_config
 [ $# -ge 2 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 A=$1 B=$2
 shift 2
-REPS=2 USERS="1 16" CANDS=70 ENCODING=packed DEVICE=cuda:0 OUT=${OUT:-/tmp/ab} AB='{}' BB='{}'
+REPS=2 USERS="1 16" CANDS=70 ENCODING=packed DEVICE=cuda:0 OUT=${OUT:-/tmp/ab} AB= BB=
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) REPS=$2 ;; --users) USERS=$2 ;; --cands) CANDS=$2 ;; --encoding) ENCODING=$2 ;;
@@ -39,10 +40,7 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 for tag in A B; do
   extra=$AB; [ $tag = B ] && extra=$BB
-  $PY -c 'import json, sys
-b = {"max_queue_candidates": 4000000, "max_queue_requests": 100000}
-b.update(json.loads(sys.argv[1]))
-print(json.dumps({"batching": b}))' "$extra" > "$OUT/server$tag.json"
+  throughput_config "$OUT/server$tag.json" "$extra" || exit 2
 done
 for rep in $(seq 1 "$REPS"); do
   for tag in A B; do

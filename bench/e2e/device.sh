@@ -64,6 +64,7 @@ OUT=${OUT:-/tmp/ikbo-e2e-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=$PWD/.devrun
+. bench/e2e/lib.sh # throughput_config, wait_ready
 PY=${PY:-python3}
 stages=${*:-golden grpc load e2e}
 summary=()
@@ -83,7 +84,7 @@ grpc_check() {
   $B/ikbo-serve --grpc 127.0.0.1:$port --http 127.0.0.1:$http --models models --device cuda:0 \
       --threads 2 > "$OUT/daemon_gpu.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 100); do curl -sf http://127.0.0.1:$http/readyz >/dev/null && break; sleep 0.2; done
+  wait_ready $pid 127.0.0.1:$http 60 || { tail -n 5 "$OUT/daemon_gpu.log"; kill $pid 2>/dev/null; return 1; }
   for m in demo dlrm dcn mmoe; do
     local ex=models/$m/example_request.json
     IKBO_BUILD=$B $PY tools/rank_client.py --target 127.0.0.1:$port $ex > "$OUT/grpc_resp_$m.json" || { rc=1; break; }
@@ -104,14 +105,6 @@ EOF
   [ $rc = 0 ] && [ $drc = 0 ]
 }
 
-# The daemon's config for throughput runs (e2e, load): queue limits raised so
-# that many large requests in flight measure throughput, not admission
-# (bench/overload.sh measures admission). $2: more batching keys.
-throughput_config() { # file [keys]
-  printf '{"batching": {"max_queue_candidates": 4000000, "max_queue_requests": 100000%s}}\n' \
-      "${2:+, $2}" > "$1"
-}
-
 load_check() {
   [ -f models/bench/1/model.json ] || $PY models/bench/make_bench_model.py >/dev/null || return 1
   local port=50552 http=8582 rc=0 spec
@@ -119,7 +112,7 @@ load_check() {
   $B/ikbo-serve --config "$OUT/load-server.json" --grpc 127.0.0.1:$port --http 127.0.0.1:$http \
       --models models --device cuda:0 --threads 6 > "$OUT/daemon_load.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 600); do curl -sf http://127.0.0.1:$http/readyz >/dev/null && break; sleep 0.2; done
+  wait_ready $pid 127.0.0.1:$http || { tail -n 5 "$OUT/daemon_load.log"; kill $pid 2>/dev/null; return 1; }
   for spec in "1 256" "16 32" "4 64"; do
     set -- $spec
     if ! kill -0 $pid 2>/dev/null; then echo "load: the daemon is gone before ${1} x 70"; rc=1; break; fi

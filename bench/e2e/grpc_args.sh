@@ -17,6 +17,7 @@
 # p99 and mean ms and requests/s. Exit 0 when every run answered.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+. "$ROOT/bench/e2e/lib.sh" # wait_ready
 BUILD=$ROOT/build MODELS=$ROOT/models DURATION=2 CONC="1 8" SHAPES="1x70 16x70"
 VARIANTS="default;grpc.http2.lookahead_bytes=1048576;grpc.http2.lookahead_bytes=4194304"
 VARIANTS+=";grpc.http2.max_frame_size=4194304"
@@ -40,8 +41,7 @@ port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0
 SP=$(port) HP=$(port)
 "$BUILD/ikbo-serve" --grpc 127.0.0.1:$SP --http 127.0.0.1:$HP --models "$MODELS" --log-level warn \
     > "$TMP/serve.log" 2>&1 &
-for _ in $(seq 600); do curl -sf http://127.0.0.1:$HP/readyz >/dev/null && break; sleep 0.1; done
-curl -sf http://127.0.0.1:$HP/readyz >/dev/null || { cat "$TMP/serve.log" >&2; exit 1; }
+wait_ready $! 127.0.0.1:$HP 60 || { cat "$TMP/serve.log" >&2; exit 1; }
 
 rc=0
 IFS=';' read -r -a vs <<< "$VARIANTS"
