@@ -413,20 +413,6 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
     return 0;
 }
 
-/* How many clusters of `cl` CTAs of `kern` fit on the device at once (the
- * persistent grid's size), asked once per kernel. */
-static inline int max_clusters(const void *kern, size_t smem, int sms, int cl)
-{
-    cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg = cluster_cfg(at, cl, (unsigned)(sms / cl * cl), 384, smem, 0);
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
-        n = 0;
-    }
-    return n;
-}
-
 /* The instantiation of k_lce_ws for cl CTAs per cluster (cl <= CLMAX). */
 template <typename T, int MODE, int BNM, int EPI, int CLMAX, typename YT>
 static void *ws_kernel(int cl)
@@ -479,7 +465,7 @@ static int launch_ws(bk_stream *s, const T *w, int ldw, const T *e, int nb, int 
     if (cl > 1) {
         static int fit[5]; /* per instantiation and cluster size; benign race, same value */
         if (!fit[cl])
-            fit[cl] = max_clusters((const void *)kern, smem, sms, cl);
+            fit[cl] = max_clusters((const void *)kern, lcews_cfg<BNM>::THREADS, smem, sms, cl);
         if (fit[cl] <= 0) {
             bk_seterr(err, "lce: no cluster of %d %zu-byte CTAs fits on the device", cl, smem);
             return -1;

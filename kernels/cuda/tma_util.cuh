@@ -247,6 +247,21 @@ static inline cudaLaunchConfig_t cluster_cfg(cudaLaunchAttribute *at, int cl, un
     return cfg;
 }
 
+/* How many clusters of `cl` CTAs of `kern` (threads, smem each) fit on the
+ * device at once: a persistent grid's size, asked once per kernel; 0 if the
+ * query fails. */
+static inline int max_clusters(const void *kern, unsigned threads, size_t smem, int sms, int cl)
+{
+    cudaLaunchAttribute at[2];
+    cudaLaunchConfig_t cfg = cluster_cfg(at, cl, (unsigned)(sms / cl * cl), threads, smem, 0);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    return n;
+}
+
 /* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
  * runtime so that nothing links libcuda directly). dims/strides innermost
  * first; strides[i] is the byte stride of dimension i + 1 (rank - 1 of
