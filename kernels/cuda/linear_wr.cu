@@ -26,7 +26,8 @@
  *   W and the ring take the SM's shared memory), so one consumer's
  *   epilogue runs under the other's MMAs and the producer's loads.
  * A CTA keeps one 256-output block of W: with more outputs, cluster c
- * serves block c % NB and every NB-th cluster's row tiles. With clusters
+ * serves block c % NB, its CTAs taking that block's row tiles in strides
+ * of the CTAs serving it (wr_ring.h's grid functions). With clusters
  * of WR_CL = 2 CTAs, the two load W once between them: each loads half of
  * the k slices and multicasts them (TMA) to both, halving W's traffic
  * through L2 (132 CTAs x 128 KiB, all at the start, before the first MMA).
@@ -279,14 +280,18 @@ static int wr_launch(bk_stream *s, const void *x, int ldx, int64_t gx, int group
     }
     const long per = wr_grid_per(sms, fit, WR_CL, nb, ntiles);
     if (ntiles >= (1L << 30) || per < WR_CL || (WR_CL > 1 && fit <= 0)) {
+        char why[64] = "";
+        if (WR_CL > 1)
+            snprintf(why, sizeof why, ", %d clusters of %d resident", fit, WR_CL);
         bk_seterr(err, "linear (W resident): %d groups of %d rows x %d outputs does not fit one "
-                  "launch (%d SMs, %d clusters of %d resident)", groups, g, w->rows, sms, fit,
-                  WR_CL);
+                  "launch (%d SMs%s)", groups, g, w->rows, sms, why);
         return -1;
     }
     cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg = cluster_cfg(at, WR_CL, (unsigned)(per * nb), 384, WR_SMEM, s->st, true);
-    const char *what = WR_CL > 1 ? "linear (W resident, wgmma, clusters)" : "linear (W resident, wgmma)";
+    cudaLaunchConfig_t cfg =
+        cluster_cfg(at, WR_CL, (unsigned)(per * nb), 384, WR_SMEM, s->st, true);
+    const char *what =
+        WR_CL > 1 ? "linear (W resident, wgmma, clusters)" : "linear (W resident, wgmma)";
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, tx, g, rb, (int)ntiles, nb, w->rows,
                               bias ? (const T *)bias->data : (const T *)nullptr, (T *)y, ldy, gy),
            what);
