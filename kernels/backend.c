@@ -24,19 +24,44 @@ void bk_seterr(bk_err *err, const char *fmt, ...)
     va_end(ap);
 }
 
-void bk_stats_account(bk_stats *s, enum bk_tag tag, size_t add, size_t sub)
+void bk_ledger_init(bk_ledger *l)
 {
-    size_t *live = &s->bytes_live[tag];
-    *live += add;
-    *live -= sub < *live ? sub : *live;
-    if (*live > s->bytes_peak[tag])
-        s->bytes_peak[tag] = *live;
+    pthread_mutex_init(&l->lock, NULL);
+    memset(&l->stats, 0, sizeof l->stats);
 }
 
-void bk_stats_weights(bk_stats *s, size_t add, size_t sub)
+void bk_ledger_destroy(bk_ledger *l)
 {
-    s->weight_bytes += add;
-    s->weight_bytes -= sub < s->weight_bytes ? sub : s->weight_bytes;
+    pthread_mutex_destroy(&l->lock);
+}
+
+static void take(size_t *count, size_t add, size_t sub)
+{
+    *count += add;
+    *count -= sub < *count ? sub : *count;
+}
+
+void bk_ledger_account(bk_ledger *l, enum bk_tag tag, size_t add, size_t sub)
+{
+    pthread_mutex_lock(&l->lock);
+    take(&l->stats.bytes_live[tag], add, sub);
+    if (l->stats.bytes_live[tag] > l->stats.bytes_peak[tag])
+        l->stats.bytes_peak[tag] = l->stats.bytes_live[tag];
+    pthread_mutex_unlock(&l->lock);
+}
+
+void bk_ledger_weights(bk_ledger *l, size_t add, size_t sub)
+{
+    pthread_mutex_lock(&l->lock);
+    take(&l->stats.weight_bytes, add, sub);
+    pthread_mutex_unlock(&l->lock);
+}
+
+void bk_ledger_get(bk_ledger *l, bk_stats *out)
+{
+    pthread_mutex_lock(&l->lock);
+    *out = l->stats;
+    pthread_mutex_unlock(&l->lock);
 }
 
 static bk_backend *backend_create(const char *device, bk_err *err)

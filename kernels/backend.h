@@ -26,6 +26,7 @@
 #ifndef IKBO_BACKEND_H
 #define IKBO_BACKEND_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -125,11 +126,20 @@ typedef struct bk_stats {
     size_t weight_bytes;             /* device bytes held by weights */
 } bk_stats;
 
-/* Every backend's accounting (backend.c), the caller holding the lock that
- * guards s: add bytes and take away sub (never below zero) from tag's live
- * count, raising its peak; the same for the weights' count. */
-void bk_stats_account(bk_stats *s, enum bk_tag tag, size_t add, size_t sub);
-void bk_stats_weights(bk_stats *s, size_t add, size_t sub);
+/* Every backend's byte accounting (backend.c), behind its own lock: alloc
+ * and free run on any thread. account adds add bytes to tag's live count and
+ * takes away sub (never below zero: a caller freeing more than is live
+ * clamps), raising its peak; weights does the same for the weights' count;
+ * get copies the counts. The owner inits it once and destroys it last. */
+typedef struct bk_ledger {
+    pthread_mutex_t lock;
+    bk_stats stats;
+} bk_ledger;
+void bk_ledger_init(bk_ledger *l);
+void bk_ledger_destroy(bk_ledger *l);
+void bk_ledger_account(bk_ledger *l, enum bk_tag tag, size_t add, size_t sub);
+void bk_ledger_weights(bk_ledger *l, size_t add, size_t sub);
+void bk_ledger_get(bk_ledger *l, bk_stats *out);
 
 struct bk_backend {
     const char *name;       /* "cpu", "cuda"                         */

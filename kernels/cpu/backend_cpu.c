@@ -31,24 +31,6 @@ static void *aligned_bytes(size_t bytes)
     return aligned_alloc(CPU_ALIGN, rounded);
 }
 
-/* A free of more than is live (a caller passing the wrong size) clamps at
- * zero rather than wrapping to a huge count. */
-static void account(bk_backend *be, enum bk_tag tag, size_t add, size_t sub)
-{
-    cpu_backend *cb = impl_of(be);
-    pthread_mutex_lock(&cb->lock);
-    bk_stats_account(&cb->stats, tag, add, sub);
-    pthread_mutex_unlock(&cb->lock);
-}
-
-static void account_weights(bk_backend *be, size_t add, size_t sub)
-{
-    cpu_backend *cb = impl_of(be);
-    pthread_mutex_lock(&cb->lock);
-    bk_stats_weights(&cb->stats, add, sub);
-    pthread_mutex_unlock(&cb->lock);
-}
-
 void *cpu_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err)
 {
     if ((unsigned)tag >= BK_TAG_COUNT) {
@@ -64,7 +46,7 @@ void *cpu_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err)
         bk_seterr(err, "out of host memory allocating %zu bytes", bytes);
         return NULL;
     }
-    account(be, tag, bytes, 0);
+    bk_ledger_account(&impl_of(be)->ledger, tag, bytes, 0);
     return p;
 }
 
@@ -76,7 +58,7 @@ void cpu_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag)
         return;
     free(p);
     if ((unsigned)tag < BK_TAG_COUNT)
-        account(be, tag, 0, bytes);
+        bk_ledger_account(&impl_of(be)->ledger, tag, 0, bytes);
 }
 
 static int cpu_upload(bk_stream *s, void *dst, const void *src, size_t bytes, bk_err *err)
@@ -114,10 +96,7 @@ static int cpu_download_f32(bk_stream *s, float *dst, const void *src, size_t n,
 
 static void cpu_get_stats(bk_backend *be, bk_stats *out)
 {
-    cpu_backend *cb = impl_of(be);
-    pthread_mutex_lock(&cb->lock);
-    *out = cb->stats;
-    pthread_mutex_unlock(&cb->lock);
+    bk_ledger_get(&impl_of(be)->ledger, out);
 }
 
 /* ---- streams: ops run synchronously, so a stream only names its backend ---- */
@@ -184,7 +163,7 @@ static bk_weight *cpu_weight_new(bk_backend *be, const float *w, int rows, int c
     h->data = data;
     h->packed = NULL;
     pthread_mutex_init(&h->pack_lock, NULL);
-    account_weights(be, n * sizeof(float), 0);
+    bk_ledger_weights(&impl_of(be)->ledger, n * sizeof(float), 0);
     return h;
 }
 
@@ -214,7 +193,7 @@ const float *cpu_weight_packed(const bk_weight *cw, bk_err *err)
                     panel[k * GEMM_NR + j] = r < (size_t)w->rows ? w->data[r * K + k] : 0.0f;
                 }
         }
-        account_weights(w->be, n * sizeof(float), 0);
+        bk_ledger_weights(&impl_of(w->be)->ledger, n * sizeof(float), 0);
         w->packed = p;
     }
     pthread_mutex_unlock(&w->pack_lock);
@@ -227,7 +206,8 @@ static void cpu_weight_free(bk_backend *be, bk_weight *w)
         return;
     size_t n = (size_t)w->rows * (size_t)w->cols;
     float *p = w->packed; /* the caller owns w now: no other user */
-    account_weights(be, 0, n * sizeof(float) + (p ? panel_floats(w) * sizeof(float) : 0));
+    size_t held = n * sizeof(float) + (p ? panel_floats(w) * sizeof(float) : 0);
+    bk_ledger_weights(&impl_of(be)->ledger, 0, held);
     free(p);
     free(w->data);
     pthread_mutex_destroy(&w->pack_lock);
@@ -241,7 +221,7 @@ static void cpu_destroy(bk_backend *be)
     if (!be)
         return;
     cpu_backend *cb = impl_of(be);
-    pthread_mutex_destroy(&cb->lock);
+    bk_ledger_destroy(&cb->ledger);
     free(cb);
     free(be);
 }
@@ -257,7 +237,7 @@ bk_backend *bk_cpu_new(bk_err *err)
                   sizeof *be + sizeof *cb);
         return NULL;
     }
-    pthread_mutex_init(&cb->lock, NULL);
+    bk_ledger_init(&cb->ledger);
     be->name = "cpu";
     be->act_size = sizeof(float);
     be->impl = cb;

@@ -46,8 +46,7 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 #define CPU_ALIGN 64
 
 typedef struct cpu_backend {
-    pthread_mutex_t lock; /* guards stats: alloc/free run on any thread */
-    bk_stats stats;
+    bk_ledger ledger; /* byte counts; alloc/free run on any thread */
 } cpu_backend;
 
 struct bk_stream {

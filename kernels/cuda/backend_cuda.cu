@@ -538,22 +538,6 @@ static void prof_report(bk_stream *s)
 
 /* ------------------------------------------------------------ memory */
 
-static void account(bk_backend *be, enum bk_tag tag, size_t add, size_t sub)
-{
-    cuda_backend *cb = cu_impl(be);
-    pthread_mutex_lock(&cb->lock);
-    bk_stats_account(&cb->stats, tag, add, sub);
-    pthread_mutex_unlock(&cb->lock);
-}
-
-static void account_weights(bk_backend *be, size_t add, size_t sub)
-{
-    cuda_backend *cb = cu_impl(be);
-    pthread_mutex_lock(&cb->lock);
-    bk_stats_weights(&cb->stats, add, sub);
-    pthread_mutex_unlock(&cb->lock);
-}
-
 /* cudaMalloc with the message a load error needs: device, bytes, free memory. */
 static void *dev_malloc(bk_backend *be, size_t bytes, bk_err *err)
 {
@@ -593,7 +577,7 @@ static void *cuda_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *e
         return NULL;
     void *p = dev_malloc(be, bytes, err);
     if (p)
-        account(be, tag, bytes, 0);
+        bk_ledger_account(&cu_impl(be)->ledger, tag, bytes, 0);
     return p;
 }
 
@@ -605,7 +589,7 @@ static void cuda_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag)
     cudaFree(p);
     (void)cudaGetLastError();
     if ((unsigned)tag < BK_TAG_COUNT)
-        account(be, tag, 0, bytes);
+        bk_ledger_account(&cu_impl(be)->ledger, tag, 0, bytes);
 }
 
 int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
@@ -865,10 +849,7 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
 
 static void cuda_get_stats(bk_backend *be, bk_stats *out)
 {
-    cuda_backend *cb = cu_impl(be);
-    pthread_mutex_lock(&cb->lock);
-    *out = cb->stats;
-    pthread_mutex_unlock(&cb->lock);
+    bk_ledger_get(&cu_impl(be)->ledger, out);
 }
 
 /* ------------------------------------------------------------ streams */
@@ -1081,7 +1062,7 @@ static bk_weight *cuda_weight_new(bk_backend *be, const float *w, int rows, int 
         free(h);
         return NULL;
     }
-    account_weights(be, bytes, 0);
+    bk_ledger_weights(&cu_impl(be)->ledger, bytes, 0);
     return h;
 }
 
@@ -1091,7 +1072,7 @@ static void cuda_weight_free(bk_backend *be, bk_weight *w)
         return;
     cudaSetDevice(cu_impl(be)->ordinal);
     wblock_put(be, w->data);
-    account_weights(be, 0, w->bytes);
+    bk_ledger_weights(&cu_impl(be)->ledger, 0, w->bytes);
     free(w);
 }
 
@@ -2116,6 +2097,7 @@ static void cuda_destroy(bk_backend *be)
         return;
     cuda_backend *cb = cu_impl(be);
     pthread_mutex_destroy(&cb->lock);
+    bk_ledger_destroy(&cb->ledger);
     free(cb);
     free(be);
 }
@@ -2188,6 +2170,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
         return NULL;
     }
     pthread_mutex_init(&cb->lock, NULL);
+    bk_ledger_init(&cb->ledger);
     cb->ordinal = ordinal;
     cb->dtype = dt;
     cb->sm_count = prop.multiProcessorCount;

@@ -53,8 +53,8 @@ typedef struct cuda_backend {
      * (0/1 = the heuristic's first, no timing). A tuning switch for
      * cuBLASLt's algorithm, not a choice among our kernels. */
     int lt_tune;
-    pthread_mutex_t lock; /* guards stats, smem_fn and wblocks */
-    bk_stats stats;
+    pthread_mutex_t lock; /* guards smem_fn and wblocks */
+    bk_ledger ledger;     /* byte counts; alloc/free run on any thread */
     /* The blocks weights are sub-allocated from (backend_cuda.cu, "weight
      * blocks"); newest first. */
     struct cu_wblock *wblocks;
