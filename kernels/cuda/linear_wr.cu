@@ -25,12 +25,8 @@
  *   quad, and 16-byte stores straight from registers (no shared staging:
  *   W and the ring take the SM's shared memory), so one consumer's
  *   epilogue runs under the other's MMAs and the producer's loads.
- * A CTA keeps one 256-output block of W: with more outputs, cluster c
- * serves block c % NB, its CTAs taking that block's row tiles in strides
- * of the CTAs serving it (wr_ring.h's grid functions). With clusters
- * of WR_CL = 2 CTAs, the two load W once between them: each loads half of
- * the k slices and multicasts them (TMA) to both, halving W's traffic
- * through L2 (132 CTAs x 128 KiB, all at the start, before the first MMA).
+ * A CTA keeps one 256-output block of W: with more outputs, CTA i serves
+ * block i % NB and every NB-th row tile.
  * Measured (bench/RESULTS.md, 2026-12-05): Q and Wo 56.3 -> 49.9 us in the
  * forward. The plain joint K/V projection (16384 x 256 > 512, two output
  * blocks) lost to cuBLASLt there (15.9 against 15.2 us), so plain linear
@@ -54,13 +50,6 @@
 #define WR_BN 256        /* outputs per CTA (W rows resident)             */
 #define WR_KMAX 256      /* in at most: four 64-deep slices               */
 #define WR_MIN_ROWS 1024 /* below, a launch of persistent CTAs is mostly W */
-/* CTAs per cluster sharing W's load. 1 (no clusters) ships: 2 is built
- * and checked on the CPU (test_wr_ring's grids) but not yet measured on the
- * GPU; `make NVCCFLAGS="-O3 -lineinfo -DWR_CL=2"` builds it
- * (bench/kernels/NOTES.md, "W shared by a cluster of two"). */
-#ifndef WR_CL
-#define WR_CL 1
-#endif
 #define WR_W_BYTES (WR_BN * WR_KMAX * 2)
 #define WR_X_BYTES (WR_BM * WR_KMAX * 2)
 static_assert(WR_CONSUMERS == 2, "k_linear_wr: warpgroups 1 and 2 consume (384 threads a CTA)");
@@ -86,10 +75,9 @@ int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void
  * daemon's concurrent batches that lost the device within seconds
  * ("unspecified launch failure", H100, 2026-12-05, bench/RESULTS.md). */
 
-/* Tile t of a W block's row tiles: group t / rb, rows 64 (t % rb) ..; tile
- * i of this CTA is t = t0 + i * per, per = gridDim.x / nb CTAs serving each
- * block (a multiple of CL). */
-template <typename T, int KT, bool RELU, int CL>
+/* Tile t of the CTA's row tiles: group t / rb, rows 64 (t % rb) ..; tile i
+ * of this CTA is t = blockIdx.x / nb + i * (gridDim.x / nb). */
+template <typename T, int KT, bool RELU>
 __global__ void __launch_bounds__(384, 1)
 k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, int g,
             int rb, int ntiles, int nb, int out, const T *__restrict__ bias, T *__restrict__ y,
@@ -101,9 +89,7 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
     uint64_t *full = (uint64_t *)(smem + WR_BAR_OFF), *empty = full + WR_FULL,
              *wbar = empty + WR_STAGES;
     const int tid = threadIdx.x, lane = tid & 31;
-    /* Which block and tiles: wr_ring.h (rank == blockIdx.x % CL). */
-    const int rank = CL > 1 ? (int)cluster_rank() : 0, b = (int)blockIdx.x;
-    const int nblk = wr_block(b, CL, nb), per = (int)gridDim.x / nb, t0 = wr_stream(b, CL, nb);
+    const int nblk = (int)blockIdx.x % nb, per = (int)gridDim.x / nb, t0 = (int)blockIdx.x / nb;
     const int mine = t0 < ntiles ? (ntiles - 1 - t0) / per + 1 : 0;
     const int n0 = nblk * WR_BN;
     /* Whether the block's second 128 outputs exist (its MMAs run anyway, on
@@ -118,12 +104,7 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
         mbar_init(wbar, 1);
         mbar_fence_init();
     }
-    /* With CL > 1 the peer's W multicast completes on this CTA's wbar: it
-     * must be initialised cluster-wide first. */
-    if (CL > 1)
-        cluster_sync();
-    else
-        __syncthreads();
+    __syncthreads();
     pdl_trigger();
 
     if (tid < 128) {
@@ -133,17 +114,9 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
             return;
         tma_prefetch_desc(&tw);
         tma_prefetch_desc(&tx);
-        /* Every CTA receives all of W; with CL > 1 each loads the k slices
-         * ks % CL == rank and multicasts them to the cluster, so W crosses
-         * L2 once per cluster. */
         mbar_expect_tx(wbar, KT * WR_BN * 128);
-        for (int ks = rank; ks < KT; ks += CL) {
-            if (CL > 1)
-                tma_load_2d_mc(Ws + ks * WR_BN * 128, &tw, wbar, ks * 64, n0,
-                               (uint16_t)((1u << CL) - 1));
-            else
-                tma_load_2d(Ws + ks * WR_BN * 128, &tw, wbar, ks * 64, n0);
-        }
+        for (int ks = 0; ks < KT; ks++)
+            tma_load_2d(Ws + ks * WR_BN * 128, &tw, wbar, ks * 64, n0);
         pdl_wait(); /* x may be the previous kernel's output */
         for (int i = 0; i < mine; i++) {
             const int slot = wr_slot(i), t = t0 + i * per;
@@ -224,10 +197,6 @@ k_linear_wr(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
             }
         }
     }
-    /* No CTA leaves while its peer's W multicast may still land in it (its
-     * consumers waited on wbar above) or the peer may still wait. */
-    if (CL > 1)
-        cluster_sync();
 }
 
 /* Tensor maps: W [out, ld] K-major in 64 k x 256 row boxes; x [groups, g,
@@ -262,36 +231,25 @@ static int wr_launch(bk_stream *s, const void *x, int ldx, int64_t gx, int group
                      const bk_weight *w, const bk_weight *bias, bool relu, void *y, int ldy,
                      int64_t gy, bk_err *err)
 {
-    auto kern = relu ? k_linear_wr<T, KT, true, WR_CL> : k_linear_wr<T, KT, false, WR_CL>;
+    auto kern = relu ? k_linear_wr<T, KT, true> : k_linear_wr<T, KT, false>;
     CUtensorMap tw, tx;
     if (wr_tmaps<T>(w, x, ldx, gx, groups, g, &tw, &tx, err) ||
         cu_smem_limit(s, (const void *)kern, WR_SMEM, err))
         return -1;
     const int rb = (g + WR_BM - 1) / WR_BM, nb = (w->rows + WR_BN - 1) / WR_BN;
     const long ntiles = (long)groups * rb;
-    const int sms = cu_impl(s->be)->sm_count;
-    int fit = 0;
-    if (WR_CL > 1) {
-        static int fits[2][5]; /* per instantiation; benign race, same value */
-        int &f = fits[relu][KT];
-        if (!f)
-            f = max_clusters((const void *)kern, 384, WR_SMEM, sms, WR_CL);
-        fit = f;
-    }
-    const long per = wr_grid_per(sms, fit, WR_CL, nb, ntiles);
-    if (ntiles >= (1L << 30) || per < WR_CL || (WR_CL > 1 && fit <= 0)) {
-        char why[64] = "";
-        if (WR_CL > 1)
-            snprintf(why, sizeof why, ", %d clusters of %d resident", fit, WR_CL);
-        bk_seterr(err, "linear (W resident): %d groups of %d rows x %d outputs does not fit one "
-                  "launch (%d SMs%s)", groups, g, w->rows, sms, why);
+    if (ntiles >= (1L << 30) || nb > cu_impl(s->be)->sm_count) {
+        bk_seterr(err, "linear (W resident): %d groups of %d rows x %d outputs is too large for "
+                  "one launch", groups, g, w->rows);
         return -1;
     }
+    const int sms = cu_impl(s->be)->sm_count;
+    long per = sms / nb;
+    if (per > ntiles)
+        per = ntiles;
     cudaLaunchAttribute at[2];
-    cudaLaunchConfig_t cfg =
-        cluster_cfg(at, WR_CL, (unsigned)(per * nb), 384, WR_SMEM, s->st, true);
-    const char *what =
-        WR_CL > 1 ? "linear (W resident, wgmma, clusters)" : "linear (W resident, wgmma)";
+    cudaLaunchConfig_t cfg = cluster_cfg(at, 1, (unsigned)(per * nb), 384, WR_SMEM, s->st, true);
+    const char *what = "linear (W resident, wgmma)";
     CU_TRY(cudaLaunchKernelEx(&cfg, kern, tw, tx, g, rb, (int)ntiles, nb, w->rows,
                               bias ? (const T *)bias->data : (const T *)nullptr, (T *)y, ldy, gy),
            what);

@@ -15,13 +15,6 @@
  * the slot on empty[wr_slot(i)], whose parity the producer waits with
  * wr_empty_parity(i). A barrier's k-th phase completes with the k-th tile
  * that uses it. Header-only, pure functions (C and CUDA).
- *
- * Which CTA takes which tiles (the grid), checked by the same test for
- * every tile being taken exactly once: nb W blocks of 256 outputs, each
- * served by per CTAs (wr_grid_per); CTAs come in clusters of cl that share
- * W's load, so per is a multiple of cl and a cluster serves one block. CTA
- * b serves block wr_block(b) and takes that block's row tiles
- * wr_stream(b), + per, + 2 per, ...
  */
 #ifndef IKBO_KERNELS_CUDA_WR_RING_H
 #define IKBO_KERNELS_CUDA_WR_RING_H
@@ -45,24 +38,5 @@ WR_FN unsigned wr_full_parity(int i) { return (unsigned)(i / WR_FULL) & 1u; }
 /* The producer waits for the previous use of the slot (tile i - WR_STAGES)
  * to be released; the first round passes at once. */
 WR_FN unsigned wr_empty_parity(int i) { return ((unsigned)(i / WR_STAGES) & 1u) ^ 1u; }
-
-/* CTAs per W block: all SMs' worth (at most fit clusters resident, fit 0:
- * no limit), no more than ntiles rounded up to a whole cluster, a multiple
- * of cl; 0 when not even one cluster a block fits. */
-WR_FN long wr_grid_per(int sms, int fit, int cl, int nb, long ntiles)
-{
-    long per = (long)sms / nb;
-    if (fit > 0 && per > (long)fit * cl / nb)
-        per = (long)fit * cl / nb;
-    if (per > ntiles)
-        per = ntiles + cl - 1;
-    return per / cl * cl;
-}
-
-/* CTA b (blockIdx.x) of cluster rank b % cl: cluster b / cl serves block
- * (b / cl) % nb, and its CTAs are that block's streams ((b / cl) / nb) cl +
- * rank. */
-WR_FN int wr_block(int b, int cl, int nb) { return (b / cl) % nb; }
-WR_FN int wr_stream(int b, int cl, int nb) { return (b / cl / nb) * cl + b % cl; }
 
 #endif

@@ -15,8 +15,6 @@
  * can pass before its own tile has landed in the slot, or if the ring can
  * stall. The walk must also find the race in the schedule that shipped
  * before the fix (one full barrier per slot), or the model proves nothing.
- * Also here: the grid (which CTA takes which tiles, in clusters), checked
- * for every tile taken exactly once.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -204,57 +202,12 @@ static void test_model_finds_the_old_race(void **state)
     assert_true(w.early > 0);
 }
 
-/* The grid: for SM counts, cluster sizes, resident-cluster limits, W
- * blocks and tile counts around every boundary, each block's row tiles are
- * taken exactly once, a cluster's CTAs serve one block, and the grid stays
- * within the SMs and the resident clusters. per == 0 only where not even
- * one cluster a block fits (the launch refuses then). */
-static void test_grid_covers_every_tile(void **state)
-{
-    (void)state;
-    static const int smss[] = {1, 7, 114, 132};
-    static const long tiles[] = {1, 2, 3, 63, 64, 65, 113, 131, 132, 133, 264, 1120, 4097};
-    int launches = 0;
-    for (size_t si = 0; si < sizeof smss / sizeof *smss; si++)
-        for (int cl = 1; cl <= 2; cl++)
-            for (int nb = 1; nb <= 4; nb++)
-                for (int fi = 0; fi < 3; fi++) {
-                    const int sms = smss[si], fit = fi == 0 ? 0 : fi == 1 ? sms / cl : sms / (3 * cl);
-                    for (size_t ti = 0; ti < sizeof tiles / sizeof *tiles; ti++) {
-                        const long nt = tiles[ti], per = wr_grid_per(sms, fit, cl, nb, nt);
-                        const long cap = fit > 0 && (long)fit * cl < sms ? (long)fit * cl : sms;
-                        if (per == 0) {
-                            assert_true(cap / nb < cl);
-                            continue;
-                        }
-                        assert_int_equal(per % cl, 0);
-                        assert_true(per * nb <= cap);
-                        assert_true(per <= nt + cl - 1);
-                        int *seen = calloc((size_t)(nb * nt), sizeof *seen);
-                        assert_non_null(seen);
-                        for (int b = 0; b < per * nb; b++) {
-                            const int blk = wr_block(b, cl, nb), st = wr_stream(b, cl, nb);
-                            assert_true(blk >= 0 && blk < nb && st >= 0 && st < per);
-                            assert_int_equal(blk, wr_block(b - b % cl, cl, nb));
-                            for (long t = st; t < nt; t += per)
-                                seen[blk * nt + t]++;
-                        }
-                        for (long k = 0; k < nb * nt; k++)
-                            assert_int_equal(seen[k], 1);
-                        free(seen);
-                        launches++;
-                    }
-                }
-    printf("%d grids checked\n", launches);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schedule_is_consistent),
         cmocka_unit_test(test_no_early_read_in_any_order),
         cmocka_unit_test(test_model_finds_the_old_race),
-        cmocka_unit_test(test_grid_covers_every_tile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
