@@ -5,10 +5,18 @@
 # these binaries are built here, carried there (`carry: ["build/gpu"]`) and
 # run by bench/kernels/run.sh. CI (no GPU) may run this too: it only
 # compiles. Also writes the random test models (tools/reference) once;
-# --no-models skips that (no PyTorch needed, e.g. a compile-only CI step).
+# --no-models skips that (no PyTorch needed, e.g. a compile-only CI step);
+# --checks-only builds test_cuda_ops, test_cuda_model and batch_phases alone,
+# no models (what bench/kernels/ab_pack.sh carries).
 set -euo pipefail
-models=1
-[ "${1:-}" = "--no-models" ] && models=0
+models=1 bench=1
+for a in "$@"; do
+  case $a in
+  --no-models) models=0 ;;
+  --checks-only) bench=0 ;;
+  *) echo "build.sh: unknown argument $a (expected --no-models, --checks-only)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
@@ -20,13 +28,14 @@ CFLAGS="-O2 -g -std=gnu11 -Wall -Wextra -Werror -I. -DIKBO_CUDA"
 gcc $CFLAGS -o $B/test_cuda_ops tests/gpu/test_cuda_ops.c build/libikbo.a $CUDA_LIBS -lm -lpthread -lstdc++
 gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c build/libikbo.a \
     -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+# Where a batch's time goes (bench/e2e/batch_phases.c, run by bench/e2e/device.sh phases).
+gcc $CFLAGS -o $B/batch_phases bench/e2e/batch_phases.c build/libikbo.a \
+    -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+[ $bench = 1 ] || { du -sh $B; exit 0; }
 # backend.h lost() against a real illegal address (bench/e2e/device.sh faults).
 "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
     -o $B/test_cuda_lost tests/gpu/test_cuda_lost.cu build/libikbo.a \
     -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
-# Where a batch's time goes (bench/e2e/batch_phases.c, run by bench/e2e/device.sh phases).
-gcc $CFLAGS -o $B/batch_phases bench/e2e/batch_phases.c build/libikbo.a \
-    -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
 # The benchmark links the bench-only kernel variants (bench/kernels/variants.cuh).
 "$NVCC" -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
     -o $B/bench_kernels bench/kernels/bench_kernels.cu bench/kernels/lce_v*.cu \

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# ab_pack.sh - two git refs' GPU checks and forward timer in one tarball,
+# for bench/kernels/ab_device.sh to run against each other on the GPU.
+#
+# Why this exists: device time is short and a machine may not start when
+# asked (bench/RESULTS.md counts refused calls), so a kernel change should
+# be ready to decide in one call the moment one does. This builds, here,
+# each ref in a worktree of its own (tests/gpu/build.sh --checks-only:
+# batch_phases, test_cuda_ops, test_cuda_model), strips them, and packs
+# them with the random models test_cuda_model checks and the refs' commits:
+#
+#   bench/kernels/ab_pack.sh REF_A REF_B [OUT]      (OUT: .carry/ab.tar.xz)
+#   then, on the device: bash bench/kernels/ab_device.sh OUT
+#   (run's carry: [OUT]; .carry/ is in .git/info/exclude)
+#
+# The models come from this checkout's build/gpu/models (tests/gpu/build.sh
+# without --no-models writes them; PyTorch needed). A ref older than
+# --checks-only builds everything there, models too (slower, same result).
+# Exit 2 on bad usage, 1 on a failed build (its log named).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+[ $# -ge 2 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
+REF_A=$1 REF_B=$2 OUT=${3:-$ROOT/.carry/ab.tar.xz}
+MODELS="r0 r1 r3 r5 f_seq41 f_hstu51 demo f_dlrm11"
+for m in $MODELS; do
+  [ -f "$ROOT/build/gpu/models/$m/1/model.json" ] ||
+    { echo "ab_pack: build/gpu/models/$m is missing (run tests/gpu/build.sh first)" >&2; exit 2; }
+done
+for ref in "$REF_A" "$REF_B"; do
+  git -C "$ROOT" rev-parse -q --verify "$ref^{commit}" > /dev/null ||
+    { echo "ab_pack: $ref is not a commit" >&2; exit 2; }
+done
+STG=$(mktemp -d /tmp/ikbo-ab-stage.XXXXXX)
+trap 'rm -rf "$STG"' EXIT
+mkdir -p "$STG/v" "$STG/build/gpu/models"
+for tag in A B; do
+  ref=$REF_A; [ $tag = B ] && ref=$REF_B
+  sha=$(git -C "$ROOT" rev-parse --verify "$ref^{commit}")
+  wt=/tmp/ikbo-ab-$tag
+  git -C "$ROOT" worktree remove --force "$wt" 2>/dev/null || rm -rf "$wt"
+  git -C "$ROOT" worktree prune
+  git -C "$ROOT" worktree add -q --detach "$wt" "$sha"
+  log=/tmp/ikbo-ab-$tag.log
+  echo "ab_pack: $tag = $ref ($sha), building in $wt"
+  (cd "$wt" && bash tests/gpu/build.sh --checks-only) > "$log" 2>&1 ||
+    { echo "ab_pack: building $ref failed (log $log)" >&2; exit 1; }
+  mkdir -p "$STG/v/$tag"
+  for b in batch_phases test_cuda_ops test_cuda_model; do
+    cp "$wt/build/gpu/$b" "$STG/v/$tag/"
+    strip "$STG/v/$tag/$b"
+  done
+  echo "$tag $ref $sha" >> "$STG/v/REFS"
+  git -C "$ROOT" worktree remove --force "$wt"
+done
+for m in $MODELS; do cp -r "$ROOT/build/gpu/models/$m" "$STG/build/gpu/models/"; done
+mkdir -p "$(dirname "$OUT")"
+(cd "$STG" && tar cf - . | xz -T0 -6) > "$OUT.tmp" && mv "$OUT.tmp" "$OUT"
+echo "ab_pack: $OUT ($(du -h "$OUT" | cut -f1)): $(paste -sd';' "$STG/v/REFS")"
