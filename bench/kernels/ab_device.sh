@@ -13,9 +13,10 @@
 # start (a skipped step is named in the table):
 #   1. batch_phases models/bench/1 --shapes "16x70 1x70" --iters 100
 #      --warmup 10, A B A B A B: ops GPU us and ratio to floors at 16 x 70,
-#      and score[0] of each shape, equal across A and B unless
-#      AB_SAME_SCORES=0 (a change that reorders a sum may move them; the
-#      checks of step 4 then judge its numerics);
+#      and score[0] of each shape, equal across A and B to the five
+#      decimals batch_phases prints (a sanity check, not a bitwise one)
+#      unless AB_SAME_SCORES=0 (a change that reorders a sum may move them;
+#      the checks of step 4 judge numerics either way);
 #   2. 1 x 70 with batch graphs (--graphs 16 --no-profile), A then B;
 #   3. with AB_NCU=REGEX, ncu of the kernels matching it in the 16 x 70
 #      forward, A then B (time, grid, registers, DRAM bytes);
