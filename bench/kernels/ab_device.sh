@@ -22,8 +22,9 @@
 #      forward, A then B (time, grid, registers, DRAM bytes);
 #   4. B's test_cuda_ops --quick bf16, test_cuda_model bf16 over the eight
 #      packed models, test_cuda_ops --quick fp16.
-# Logs go to $OUT (the device tool's folder) or /tmp/ikbo-ab-out; a table is
-# printed last. Exit 1 if a check failed or the scores differ. PY: the
+# Logs go to $OUT (the device tool's folder, which returns at most 8 files:
+# each run's log is appended to one file per step) or /tmp/ikbo-ab-out; a
+# table is printed last. Exit 1 if a check failed or the scores differ. PY: the
 # Python with torch that makes the bench model (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,6 +38,9 @@ mkdir -p "$OUT"
 xz -dc "$TAR" | tar xf - || { echo "ab_device: cannot unpack $TAR" >&2; exit 2; }
 rows=() rc=0
 note() { rows+=("$(printf '%-24s %s' "$1" "$2")"); }
+RUN_LOG=$(mktemp)
+trap 'rm -f "$RUN_LOG"' EXIT
+keep() { { echo "=== $2"; cat "$RUN_LOG"; } >> "$OUT/$1"; } # file run: RUN_LOG appended
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 cat v/REFS
 [ -f models/bench/1/model.json ] || ${PY:-python3} models/bench/make_bench_model.py > /dev/null 2>&1 ||
@@ -47,10 +51,11 @@ declare -A score
 for run in A1 B1 A2 B2 A3 B3; do
   v=${run:0:1}
   left || { note "phases $run" "skipped (budget)"; continue; }
-  log=$OUT/phases_$run.log
+  log=$RUN_LOG
   timeout 60 v/$v/batch_phases models/bench/1 --device cuda:0 --shapes "16x70 1x70" \
       --iters 100 --warmup 10 > "$log" 2>&1
   r=$?
+  keep phases.log "$run"
   s=$(grep -o 'score\[0\] [-0-9.e]*' "$log" | awk '{print $2}' | paste -sd' ')
   if [ $r = 0 ]; then
     note "phases $run" "$(grep -m1 'sum of floors' "$log" | sed 's/ | ceilings.*//; s/^ *//') scores $s"
@@ -73,10 +78,11 @@ fi
 # 2. 1 x 70 with batch graphs.
 for v in A B; do
   left || { note "graphs 1x70 $v" "skipped (budget)"; continue; }
-  log=$OUT/graphs_$v.log
+  log=$RUN_LOG
   timeout 60 v/$v/batch_phases models/bench/1 --device cuda:0 --shapes 1x70 --iters 400 \
       --warmup 20 --no-profile --graphs 16 > "$log" 2>&1
   r=$?
+  keep graphs.log "$v"
   [ $r = 0 ] || rc=1
   note "graphs 1x70 $v" "rc=$r $( (grep -m1 'graphs 16' "$log" || tail -n 1 "$log") | sed 's/^ *//' | cut -c1-90)"
 done

@@ -95,14 +95,14 @@ __global__ void k_fill_positive(uint16_t *p, size_t n)
 
 /* linear_tk at c_r1's shape: k_linear_tk<bf16, KS 1, MI, ReLU, MINB>, with
  * production's grid (4 warps, 4 strips a warp, 16 x MI rows a block). */
-template <int MI, int MINB, int STR = TK_STRIPS, int OPT = 0>
+template <int MI, int MINB, int STR = TK_SPW_HOME, int OPT = 0>
 static void tk_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                     const __nv_bfloat16 *b, uint16_t *y, int rows, int cols, long ldy)
 {
     const int strips = (cols + 31) / 32, per = TK_WARPS * STR;
     dim3 grid((unsigned)((strips + per - 1) / per), (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
-    k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, STR, OPT><<<grid, TK_WARPS * 32, 0, st>>>(
-        x, 16, rows, w, 16, 16, cols, b, (__nv_bfloat16 *)y, (int)ldy);
+    k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, OPT><<<grid, TK_WARPS * 32, 0, st>>>(
+        x, 16, rows, w, 16, 16, cols, b, (__nv_bfloat16 *)y, (int)ldy, STR);
 }
 
 /* "tma tiles" (lost, 2026-12-04): at many rows linear_tk's register-stored kernel writes at ~2.7 TB/s (c_r1,
@@ -283,25 +283,25 @@ int main(int argc, char **argv)
         {"mma MI2 B4 S16", [&] { tk_math<2, 4, 16>(st, x, w, bias, y, rows, cols, pitch); }},
         {"mma MI2 B4 S64", [&] { tk_math<2, 4, 64>(st, x, w, bias, y, rows, cols, pitch); }},
         {"tma tiles", [&] { tma_math(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI2 B4 no W", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI2 B4 no x", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_X>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI2 B4 no mma", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_MMA>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI2 B4 no W x", [&] { tk_math<2, 4, TK_STRIPS, TK_DIAG_NO_W | TK_DIAG_NO_X>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI2 B4 stores only", [&] { tk_math<2, 4, TK_STRIPS, 7>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI4 B4 cs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI2 B4 cs", [&] { tk_math<2, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI4 B5 cs", [&] { tk_math<4, 5, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI4 B4 no W cs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM | TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
-        {"MI4 B4 cs signed", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
-        {"MI4 B4 cs y+64K", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y + yoff, rows, cols, pitch); }},
-        {"MI4 B4 cs signed y+64K", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, sx, sw, sb, y + yoff, rows, cols, pitch); }},
+        {"MI2 B4 no W", [&] { tk_math<2, 4, TK_SPW_HOME, TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no x", [&] { tk_math<2, 4, TK_SPW_HOME, TK_DIAG_NO_X>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no mma", [&] { tk_math<2, 4, TK_SPW_HOME, TK_DIAG_NO_MMA>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 no W x", [&] { tk_math<2, 4, TK_SPW_HOME, TK_DIAG_NO_W | TK_DIAG_NO_X>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 stores only", [&] { tk_math<2, 4, TK_SPW_HOME, 7>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI2 B4 cs", [&] { tk_math<2, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B5 cs", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 no W cs", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM | TK_DIAG_NO_W>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs signed", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs y+64K", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, bias, y + yoff, rows, cols, pitch); }},
+        {"MI4 B4 cs signed y+64K", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, sx, sw, sb, y + yoff, rows, cols, pitch); }},
         {"MI4 B4 signed (no cs)", [&] { tk_math<4, 4>(st, sx, sw, sb, y, rows, cols, pitch); }},
-        {"MI4 B4 cs signed one alloc", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, s1, s1 + nx, s1 + nx + (size_t)cols * 16, y, rows, cols, pitch); }},
-        {"MI4 B4 cs positive own allocs", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, px, pw, pb, y, rows, cols, pitch); }},
-        {"MI4 B4 cs x own", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, px, w, bias, y, rows, cols, pitch); }},
-        {"MI4 B4 cs W own", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, pw, bias, y, rows, cols, pitch); }},
-        {"MI4 B4 cs bias own", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, pb, y, rows, cols, pitch); }},
-        {"MI4 B4 cs one alloc again", [&] { tk_math<4, 4, TK_STRIPS, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs signed one alloc", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, s1, s1 + nx, s1 + nx + (size_t)cols * 16, y, rows, cols, pitch); }},
+        {"MI4 B4 cs positive own allocs", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, px, pw, pb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs x own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, px, w, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs W own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, pw, bias, y, rows, cols, pitch); }},
+        {"MI4 B4 cs bias own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, pb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs one alloc again", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
     };
     printf("write_patterns: %d rows x %d bf16 columns, pitch %ld (%.0f MB written)\n", rows, cols,
            pitch, bytes / 1e6);

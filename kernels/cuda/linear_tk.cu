@@ -12,7 +12,9 @@
  * straight into mma.sync B fragments (8-byte loads, a warp reading one
  * contiguous span of W), and writes each row's 32 columns as four 16-byte
  * stores after a transpose inside each lane quad: no shared memory, no
- * barrier, every byte of y written once in whole sectors.
+ * barrier, every byte of y written once in whole sectors. How many strips
+ * a warp takes is chosen per launch so the grid's last wave is not nearly
+ * empty (tk_grid.h).
  *
  * The k order inside a 16-deep step is permuted (lane t takes k 4t .. 4t+3
  * of both x and W, where mma.m16n8k16's layout says 2t, 2t+1, 2t+8, 2t+9):
@@ -36,9 +38,8 @@
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/tk_grid.h" /* TK_WARPS, the strips a warp takes */
 
-#define TK_WARPS 4    /* warps per block, each its own strips           */
-#define TK_STRIPS 4   /* strips of 32 columns per warp (x loaded once)  */
 #define TK_MAX_LD 64  /* W's row length at most (4 mma k-steps)         */
 #define TK_MIN_OUT 256
 #define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
@@ -109,17 +110,17 @@ enum { TK_DIAG_NO_W = 1, TK_DIAG_NO_X = 2, TK_DIAG_NO_MMA = 4 };
 enum { TK_STREAM = 8 };
 
 /* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps;
+ * each warp takes spw strips of 32 columns, TK_WARPS apart (tk_grid.h);
  * RELU fused, other activations run as a pass afterwards. (The first
  * version inlined every activation at each site of a fully unrolled strip
  * loop, ~12k PTX lines a kernel, and took ~13 us per strip: c_r1 467 us.
  * With ReLU alone and the loop rolled, 159 us; the instruction cache was
- * the suspect, not profiled.) MINB (blocks an SM, so registers) and STRIPS
- * default to production's; bench/kernels/write_patterns.cu times others. */
-template <typename T, int KS, int MI, bool RELU, int MINB = 4, int STRIPS = TK_STRIPS,
-          int OPT = 0>
+ * the suspect, not profiled.) MINB (blocks an SM, so registers) defaults to
+ * production's; bench/kernels/write_patterns.cu times others. */
+template <typename T, int KS, int MI, bool RELU, int MINB = 4, int OPT = 0>
 __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     k_linear_tk(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
-                int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy)
+                int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy, int spw)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int r0 = blockIdx.y * 16 * MI, strips = (out + 31) / 32;
@@ -142,7 +143,6 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
      * stores (at 64 k the registers go to x's fragments instead). */
     constexpr bool PF = KS <= 2;
     tk_strip<T, KS> cur, nxt;
-    const int strip0 = blockIdx.x * STRIPS * TK_WARPS + warp;
     auto load = [&](tk_strip<T, KS> &o, int n0) {
         if constexpr (!(OPT & TK_DIAG_NO_W)) {
             tk_load(o, w, ldw, bias, out, n0, g, t);
@@ -157,16 +157,16 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
             }
         }
     };
-    load(cur, strip0 * 32);
+    load(cur, (int)tk_strip_of(blockIdx.x, warp, 0, spw) * 32);
 #pragma unroll 1
-    for (int sp = 0; sp < STRIPS; sp++) {
-        const int strip = strip0 + sp * TK_WARPS;
+    for (int sp = 0; sp < spw; sp++) {
+        const int strip = (int)tk_strip_of(blockIdx.x, warp, sp, spw);
         if (strip >= strips)
             break;
         if (!PF && sp > 0)
             load(cur, strip * 32);
-        if (PF && sp + 1 < STRIPS)
-            load(nxt, (strip + TK_WARPS) * 32);
+        if (PF && sp + 1 < spw)
+            load(nxt, (int)tk_strip_of(blockIdx.x, warp, sp + 1, spw) * 32);
         const int n0 = strip * 32;
 #pragma unroll
         for (int i = 0; i < MI; i++) {
@@ -215,18 +215,34 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     }
 }
 
+/* Resident blocks an SM of kern (its registers decide: no shared memory),
+ * asked once per instantiation; 1 if the query fails (the grid is then
+ * sized as if one block fit, which only costs speed). */
+static int tk_blocks_per_sm(const void *kern)
+{
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, TK_WARPS * 32, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 1;
+    }
+    return n > 0 ? n : 1;
+}
+
 template <typename T, int KS, int MI, int OPT = 0>
 static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                    const bk_weight *bias, bool relu, void *y, int ldy)
 {
-    const int strips = (w->rows + 31) / 32, per_block = TK_WARPS * TK_STRIPS;
-    dim3 grid((unsigned)((strips + per_block - 1) / per_block),
-              (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
+    auto k0 = k_linear_tk<T, KS, MI, false, 4, OPT>, k1 = k_linear_tk<T, KS, MI, true, 4, OPT>;
+    auto k = relu ? k1 : k0;
+    static const int per_sm[2] = {tk_blocks_per_sm((const void *)k0),
+                                  tk_blocks_per_sm((const void *)k1)};
+    const long strips = (w->rows + 31) / 32, row_tiles = (rows + 16 * MI - 1) / (16 * MI);
+    const int spw = tk_strips_per_warp(strips, row_tiles,
+                                       (long)cu_impl(s->be)->sm_count * per_sm[relu]);
+    dim3 grid((unsigned)tk_col_blocks(strips, spw), (unsigned)row_tiles);
     const T *b = bias ? (const T *)bias->data : NULL;
-    auto k = relu ? k_linear_tk<T, KS, MI, true, 4, TK_STRIPS, OPT>
-                  : k_linear_tk<T, KS, MI, false, 4, TK_STRIPS, OPT>;
     k<<<grid, TK_WARPS * 32, 0, s->st>>>((const T *)x, ldx, rows, (const T *)w->data, w->ld,
-                                         w->cols, w->rows, b, (T *)y, ldy);
+                                         w->cols, w->rows, b, (T *)y, ldy, spw);
 }
 
 /* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles

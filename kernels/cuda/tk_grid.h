@@ -1,0 +1,85 @@
+/* tk_grid.h - how many 32-column strips each warp of kernels/cuda/
+ * linear_tk.cu's kernel takes, so that its grid does not end in a nearly
+ * empty wave.
+ *
+ * Why this exists: with a fixed 4 strips a warp (16 a block), a small
+ * launch is a few large blocks on a mostly idle GPU (the bench model's 1 x
+ * 70 token linears: 62 blocks on 132 SMs), and a grid just over a whole
+ * number of waves ends in a nearly empty one. Each block's time grows with
+ * its strips, so a launch costs about waves x strips a warp. This picks
+ * the strips a warp from 1 to TK_MAX_SPW by that cost; among those within
+ * TK_SPW_SLACK of the least it keeps the one nearest TK_SPW_HOME (the
+ * measured default: x's fragments are loaded once a warp and amortized
+ * over its strips), so a grid that already fills its waves evenly (c_r1)
+ * is left as it was.
+ *
+ * Measured (H100, 2026-12-06, bench/RESULTS.md): 1 x 70 with batch graphs
+ * 183.0 -> 176.2 us a batch; the 16 x 70 forward -2.5 us. The prediction
+ * (-10 us at 16 x 70) assumed 4 resident blocks an SM; the fixed-4 kernel
+ * had 94 registers, so 5, and its 558-block launches already fit one wave.
+ * The runtime strip count costs registers (120: 4 blocks an SM, which
+ * linear_tk.cu's occupancy query sees); under ncu c_r1 (still 4 strips)
+ * went 172 -> 167 us and the 16 x 70 token linear (5 strips, 450 blocks)
+ * 0.5-1.4 us slower than the old 558.
+ *
+ * Kept apart from the kernel so tests/unit/test_tk_grid.c runs the same
+ * functions on the CPU: the choice, and which strip each warp takes.
+ * Header-only, pure functions (C and CUDA).
+ */
+#ifndef IKBO_KERNELS_CUDA_TK_GRID_H
+#define IKBO_KERNELS_CUDA_TK_GRID_H
+
+#ifdef __CUDACC__
+#define TK_FN static __host__ __device__ __forceinline__
+#else
+#define TK_FN static inline
+#endif
+
+#define TK_WARPS 4     /* warps a block, each its own strips     */
+#define TK_SPW_HOME 4  /* strips a warp unless another is cheaper */
+#define TK_MAX_SPW 8   /* the most strips a warp                 */
+#define TK_SPW_SLACK 0.05
+
+/* Blocks along the columns for spw strips a warp. */
+TK_FN long tk_col_blocks(long strips, int spw)
+{
+    const long per = (long)TK_WARPS * spw;
+    return (strips + per - 1) / per;
+}
+
+/* The sp-th strip (0 <= sp < spw) of warp `warp` in column block bx: a
+ * block's TK_WARPS x spw strips are consecutive, its warps interleaved
+ * (strips past the last are skipped by the kernel). */
+TK_FN long tk_strip_of(long bx, int warp, int sp, int spw)
+{
+    return bx * spw * TK_WARPS + warp + (long)sp * TK_WARPS;
+}
+
+/* Strips a warp for strips column strips and row_tiles row tiles, slots =
+ * SMs x resident blocks an SM (at least 1). The cost of a choice is
+ * ceil(blocks / slots) x spw; ties and near-ties (within TK_SPW_SLACK of
+ * the least) go to the choice nearest TK_SPW_HOME, then to fewer strips. */
+TK_FN int tk_strips_per_warp(long strips, long row_tiles, long slots)
+{
+    double cost[TK_MAX_SPW + 1], least = 0;
+    if (slots < 1)
+        slots = 1;
+    for (int spw = 1; spw <= TK_MAX_SPW; spw++) {
+        const long blocks = tk_col_blocks(strips, spw) * row_tiles;
+        cost[spw] = (double)((blocks + slots - 1) / slots) * spw;
+        if (spw == 1 || cost[spw] < least)
+            least = cost[spw];
+    }
+    int best = 0;
+    for (int spw = 1; spw <= TK_MAX_SPW; spw++) {
+        if (cost[spw] > least * (1.0 + TK_SPW_SLACK))
+            continue;
+        const int d = spw > TK_SPW_HOME ? spw - TK_SPW_HOME : TK_SPW_HOME - spw;
+        const int db = best > TK_SPW_HOME ? best - TK_SPW_HOME : TK_SPW_HOME - best;
+        if (!best || d < db)
+            best = spw;
+    }
+    return best;
+}
+
+#endif
