@@ -58,7 +58,8 @@ SERVER_OBJS := $(SERVER_SRCS:%.c=$(BUILD)/obj/%.o)
 # which needs neither library. The rest is an archive, so a binary gets only
 # the objects it calls into (ikbo-score: the request path; the unit tests:
 # their subject) and only the libraries of its layers.
-SERVER_TRANSPORT_SRCS := server/grpc_server.c server/grpc_args.c server/http.c server/http_chunked.c
+SERVER_TRANSPORT_SRCS := server/grpc_server.c server/grpc_call.c server/grpc_args.c server/http.c \
+                         server/http_chunked.c
 SERVER_TRANSPORT_OBJS := $(SERVER_TRANSPORT_SRCS:%.c=$(BUILD)/obj/%.o)
 SERVER_CORE_OBJS := $(filter-out $(SERVER_TRANSPORT_OBJS),$(SERVER_OBJS))
 PROTOS      := proto/ikbo/v1/ranker.proto $(wildcard proto/grpc/health/v1/health.proto)
@@ -181,10 +182,12 @@ $(BUILD)/host_path: $(BUILD)/obj/bench/e2e/host_path.o $(BUILD)/obj/tools/loadge
 	$(CC) $(CFLAGS) -o $@ $(filter %.o,$^) $(CORE_LINK)
 
 # The transport floor bench/e2e/run.sh compares ikbo-serve with
-# (bench/e2e/echo_server.c): gRPC core, the generated messages and
+# (bench/e2e/echo_server.c): gRPC core, the server's channel arguments and
+# call bookkeeping (grpc_args.c, grpc_call.c), the generated messages and
 # loadgen's client call (for --model-info-from) only.
 $(BUILD)/echo_server: $(BUILD)/obj/bench/e2e/echo_server.o $(BUILD)/obj/tools/loadgen/client.o \
-                      $(BUILD)/obj/server/grpc_args.o $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
+                      $(BUILD)/obj/server/grpc_args.o $(BUILD)/obj/server/grpc_call.o \
+                      $(BUILD)/obj/gen/ikbo/v1/ranker.pb-c.o
 	$(CC) $(CFLAGS) -o $@ $^ -lgrpc -lgpr -lprotobuf-c $(LDLIBS)
 
 # Unit tests exercise the engine and the server core; none needs a transport.

@@ -1,20 +1,20 @@
 /* grpc_server.c - the gRPC front end on gRPC core's C API (see grpc_server.h).
  *
- * A `call` record is made when a call is requested; its completion-queue
- * tags are three embedded `call_tag`s: the request (the call arrived), the
- * close op (GRPC_OP_RECV_CLOSE_ON_SERVER, started as soon as the call
- * arrives, so a client that goes away is seen while its request is still
- * queued) and the one send batch (initial metadata, message, status). When a
- * call arrives the worker re-requests the method at once, starts the close
- * op, and hands a Rank call to rank_submit; the answer is sent by whichever
- * thread finishes it (a batcher instance or completion thread, see
- * batcher.h, or the worker itself for an early error). The record is freed
- * when both the close op and the send
- * batch have completed (refs). `busy` counts calls that arrived and whose
- * send batch has not been started yet; grpcsrv_free waits for it to reach
- * zero and sets `stopping` before it destroys the server and shuts the queues
- * down, so no request or batch is ever started on a destroyed server or a
- * shut-down queue.
+ * A `call` record is made when a call is requested; it embeds the call's
+ * bookkeeping shared with the echo floor (grpc_call.h): three completion-queue
+ * tags, for the request (the call arrived), the close op
+ * (GRPC_OP_RECV_CLOSE_ON_SERVER, started as soon as the call arrives, so a
+ * client that goes away is seen while its request is still queued) and the
+ * one send batch (initial metadata, message, status). When a call arrives
+ * the worker re-requests the method at once, starts the close op, and hands
+ * a Rank call to rank_submit; the answer is sent by whichever thread
+ * finishes it (a batcher instance or completion thread, see batcher.h, or
+ * the worker itself for an early error). The record is freed when both the
+ * close op and the send batch have completed (refs). The gate's `busy`
+ * counts calls that arrived and whose send batch has not been started yet;
+ * grpcsrv_free stops the gate and waits for `busy` to reach zero before it
+ * destroys the server and shuts the queues down, so no request or batch is
+ * ever started on a destroyed server or a shut-down queue.
  *
  * Which thread writes an answer to the socket, from gRPC core's sources
  * (surface/call.cc, iomgr/exec_ctx.h, iomgr/combiner.cc and chttp2_transport.cc
@@ -57,6 +57,7 @@
 #include "grpc_server.h"
 
 #include "grpc_args.h"
+#include "grpc_call.h"
 
 #include <errno.h>
 #include <grpc/byte_buffer.h>
@@ -121,36 +122,20 @@ extern uint32_t core_message_flags(grpc_call *call)
     __asm__("_Z37grpc_call_test_only_get_message_flagsP9grpc_call");
 #define CORE_WRITE_INTERNAL_COMPRESS 0x80000000u
 
-enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
-
 typedef struct worker worker;
-struct call;
-
-typedef struct call_tag {
-    struct call *c;
-    enum tag_kind kind;
-} call_tag;
 
 typedef struct call {
+    /* The core call, its tags, refs (the close op and the send batch),
+     * request and answer (grpc_call.h; M_UNKNOWN calls are its generic
+     * requests). */
+    gcall gc;
     worker *w;
     enum method method;
-    call_tag t_request, t_close, t_send;
-    /* Outstanding: the close op and the answer (the send batch). */
-    atomic_int refs;
     /* Set when the close op reports the call cancelled (client gone,
      * deadline passed): a queued Rank is then not computed. */
     atomic_int gone;
-    int close_cancelled; /* written by gRPC core for the close op */
     pb_arena *rank_arena; /* a Rank call's request (all its memory), until answered */
     grpc_slice rank_bytes; /* its wire bytes, which the packed columns point into */
-    grpc_call *call;
-    gpr_timespec deadline;
-    grpc_call_details details; /* M_UNKNOWN only */
-    grpc_metadata_array md;
-    grpc_byte_buffer *payload;
-    grpc_byte_buffer *response;
-    grpc_slice status_details;
-    int have_status_details;
     /* Rank calls: when a worker took the call off its queue, and when its
      * answer was handed to finish (ikbo_grpc_receive/send_seconds). */
     int64_t arrived_ns, answered_ns;
@@ -190,15 +175,12 @@ struct grpcsrv {
     /* CLOCK_MONOTONIC ms of the last Rank/ModelInfo/unknown call to reach a
      * worker: the drain's lame-duck phase waits for it to go quiet. */
     atomic_llong last_call_ms;
-    /* Set by grpcsrv_free before the queues shut down: from then on no
+    /* Stopped by grpcsrv_free before the queues shut down: from then on no
      * worker starts a batch (a batch on a shut-down queue aborts), and a call
-     * still found in a queue is cancelled UNAVAILABLE. busy counts calls
-     * that arrived and are not answered yet (their send batch not started:
-     * a Rank waiting in the batcher counts); mu/idle guard both. */
-    pthread_mutex_t mu;
-    pthread_cond_t idle;
-    int stopping;
-    int busy;
+     * still found in a queue is cancelled UNAVAILABLE. Its busy count is of
+     * calls that arrived and are not answered yet (their send batch not
+     * started: a Rank waiting in the batcher counts). */
+    gcall_gate gate;
     /* Calls that arrived and whose records are not freed yet (answered or
      * not, their send batch and close op not both done): 0 during the drain
      * means what keeps gRPC core's shutdown waiting is idle connections. */
@@ -207,63 +189,40 @@ struct grpcsrv {
 
 /* ---- requests ----------------------------------------------------------- */
 
+static void call_free(call *c)
+{
+    if (c->counted) atomic_fetch_sub(&c->w->srv->live, 1);
+    gcall_destroy(&c->gc);
+    pb_arena_free(c->rank_arena); /* the request, if still held */
+    grpc_slice_unref(c->rank_bytes);
+    free(c);
+}
+
+/* gcall_drain's free_record. */
+static void record_free(gcall *g) { call_free(GCALL_OWNER(g, call, gc)); }
+
 static int request_call(worker *w, enum method m)
 {
     grpcsrv *s = w->srv;
     call *c = calloc(1, sizeof *c);
     if (!c) return -1;
+    gcall_init(&c->gc);
     c->w = w;
     c->method = m;
-    c->t_request = (call_tag){c, T_REQUEST};
-    c->t_close = (call_tag){c, T_CLOSE};
-    c->t_send = (call_tag){c, T_SEND};
     c->rank_bytes = grpc_empty_slice();
-    grpc_metadata_array_init(&c->md);
-    grpc_call_error e;
-    if (m == M_UNKNOWN) {
-        grpc_call_details_init(&c->details);
-        e = grpc_server_request_call(s->server, &c->call, &c->details, &c->md, w->cq, w->cq,
-                                     &c->t_request);
-    } else {
-        e = grpc_server_request_registered_call(s->server, s->registered[m], &c->call,
-                                                &c->deadline, &c->md, &c->payload, w->cq,
-                                                w->cq, &c->t_request);
-    }
+    grpc_call_error e =
+        gcall_request(&c->gc, s->server, m == M_UNKNOWN ? NULL : s->registered[m], w->cq);
     if (e != GRPC_CALL_OK) {
-        if (m == M_UNKNOWN) grpc_call_details_destroy(&c->details);
-        grpc_metadata_array_destroy(&c->md);
-        free(c);
+        call_free(c);
         log_msg(LOG_LEVEL_ERROR, "grpc", "request_call(%s) failed: %d", method_path[m], (int)e);
         return -1;
     }
     return 0;
 }
 
-static void call_free(call *c)
-{
-    if (c->counted) atomic_fetch_sub(&c->w->srv->live, 1);
-    if (c->payload) grpc_byte_buffer_destroy(c->payload);
-    if (c->response) grpc_byte_buffer_destroy(c->response);
-    if (c->have_status_details) grpc_slice_unref(c->status_details);
-    if (c->method == M_UNKNOWN) grpc_call_details_destroy(&c->details);
-    grpc_metadata_array_destroy(&c->md);
-    if (c->call) grpc_call_unref(c->call);
-    pb_arena_free(c->rank_arena); /* the request, if still held */
-    grpc_slice_unref(c->rank_bytes);
-    free(c);
-}
-
 static void call_unref(call *c)
 {
-    if (atomic_fetch_sub(&c->refs, 1) == 1) call_free(c);
-}
-
-/* The call has been answered (its send batch started or abandoned). */
-static void not_busy(grpcsrv *s)
-{
-    pthread_mutex_lock(&s->mu);
-    if (--s->busy == 0) pthread_cond_broadcast(&s->idle);
-    pthread_mutex_unlock(&s->mu);
+    if (gcall_unref(&c->gc)) call_free(c);
 }
 
 /* ---- answering ---------------------------------------------------------- */
@@ -284,40 +243,21 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
         grpc_slice slice = grpc_slice_malloc(n);
         if (rr) rank_wire_pack_response(rr, GRPC_SLICE_START_PTR(slice));
         else protobuf_c_message_pack(resp, GRPC_SLICE_START_PTR(slice));
-        c->response = grpc_raw_byte_buffer_create(&slice, 1);
+        c->gc.response = grpc_raw_byte_buffer_create(&slice, 1);
         grpc_slice_unref(slice);
     }
-    c->status_details = grpc_slice_from_copied_string(code == RQ_OK ? "" : msg);
-    c->have_status_details = 1;
-
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[n].data.send_initial_metadata.count = 0;
-    n++;
-    if (c->response) {
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n].data.send_message.send_message = c->response;
-        n++;
-    }
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
-    ops[n].data.send_status_from_server.status = (grpc_status_code)code;
-    ops[n].data.send_status_from_server.status_details = &c->status_details;
-    n++;
 
     const char *const labels[] = {method_path[c->method], rq_code_name(code)};
     metrics_add_l(s->metrics->grpc_requests_total, labels, 1);
 
     enum method method = c->method;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+    grpc_call_error e = gcall_send(&c->gc, (grpc_status_code)code, code == RQ_OK ? "" : msg);
     if (e != GRPC_CALL_OK) {
         log_msg(LOG_LEVEL_ERROR, "grpc", "start_batch(%s) failed: %d", method_path[method],
                 (int)e);
         call_unref(c);
     }
-    not_busy(s);
+    gcall_gate_leave(&s->gate); /* answered: its send batch started or abandoned */
 }
 
 /* Reads the whole request message and unpacks it; NULL with *st set. With
@@ -328,10 +268,10 @@ static void finish(call *c, int code, const char *msg, const ProtobufCMessage *r
 static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb_arena **arena,
                                 grpc_slice *keep, rq_status *st)
 {
-    if (!c->payload)
+    if (!c->gc.payload)
         return rq_status_set(st, RQ_INVALID_ARGUMENT, "%s: no request message", d->name), NULL;
     grpc_byte_buffer_reader rd;
-    if (!grpc_byte_buffer_reader_init(&rd, c->payload))
+    if (!grpc_byte_buffer_reader_init(&rd, c->gc.payload))
         return rq_status_set(st, RQ_INTERNAL, "cannot read the request message"), NULL;
     grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
     grpc_byte_buffer_reader_destroy(&rd);
@@ -345,7 +285,7 @@ static ProtobufCMessage *unpack(call *c, const ProtobufCMessageDescriptor *d, pb
 /* The call's deadline on CLOCK_MONOTONIC in ns (rank.h's clock); 0 = none. */
 static int64_t deadline_ns(const call *c)
 {
-    gpr_timespec d = c->deadline;
+    gpr_timespec d = c->gc.deadline;
     if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0) return 0;
     gpr_timespec left = gpr_time_sub(d, gpr_now(d.clock_type));
     int64_t now = clock_mono_ns();
@@ -438,7 +378,7 @@ static void handle_health(call *c)
 
 static void handle_unknown(call *c)
 {
-    char *m = grpc_slice_to_c_string(c->details.method);
+    char *m = grpc_slice_to_c_string(c->gc.details.method);
     char msg[600];
     snprintf(msg, sizeof msg, "unknown method %.500s", m ? m : "?");
     log_line ln;
@@ -482,7 +422,7 @@ static int check_call(call *c)
 {
     grpcsrv *s = c->w->srv;
     char msg[300];
-    size_t md = metadata_bytes(&c->md);
+    size_t md = metadata_bytes(&c->gc.md);
     if (md > s->max_metadata_bytes) {
         snprintf(msg, sizeof msg,
                  "request metadata is %zu bytes, over the limit of %u (limits.max_metadata_bytes; "
@@ -491,7 +431,7 @@ static int check_call(call *c)
         refuse(c, RQ_RESOURCE_EXHAUSTED, msg);
         return 1;
     }
-    if (c->payload && (core_message_flags(c->call) & CORE_WRITE_INTERNAL_COMPRESS)) {
+    if (c->gc.payload && (core_message_flags(c->gc.call) & CORE_WRITE_INTERNAL_COMPRESS)) {
         snprintf(msg, sizeof msg,
                  "the message's compressed flag is set, but the call's grpc-encoding is absent, "
                  "identity or not one this server decodes (%s)",
@@ -519,6 +459,14 @@ static void rerequest(worker *w)
         while (w->owed[m] > 0 && request_call(w, (enum method)m) == 0) w->owed[m]--;
 }
 
+/* gcall_gate_take's hook: the call counts as live until its record goes. */
+static void count_live(void *arg)
+{
+    call *c = arg;
+    c->counted = 1;
+    atomic_fetch_add(&c->w->srv->live, 1);
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -533,17 +481,17 @@ static void *worker_main(void *arg)
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (owed) rerequest(w);
         if (ev.type != GRPC_OP_COMPLETE) continue;
-        call_tag *t = ev.tag;
-        call *c = t->c;
-        if (t->kind == T_SEND) {
+        const gcall_tag *t = ev.tag;
+        call *c = GCALL_OWNER(t->g, call, gc);
+        if (t->kind == GCALL_SEND) {
             if (c->method == M_RANK && ev.success)
                 metrics_observe(w->srv->metrics->grpc_send,
                                 (double)(clock_mono_ns() - c->answered_ns) * 1e-9);
             call_unref(c);
             continue;
         }
-        if (t->kind == T_CLOSE) {
-            if (c->close_cancelled || !ev.success) atomic_store(&c->gone, 1);
+        if (t->kind == GCALL_CLOSE) {
+            if (c->gc.close_cancelled || !ev.success) atomic_store(&c->gone, 1);
             call_unref(c);
             continue;
         }
@@ -552,17 +500,7 @@ static void *worker_main(void *arg)
             continue;
         }
         grpcsrv *s = w->srv;
-        pthread_mutex_lock(&s->mu);
-        int stopping = s->stopping;
-        if (!stopping) {
-            s->busy++;
-            c->counted = 1;
-            atomic_fetch_add(&s->live, 1);
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (stopping) {
-            grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE,
-                                         "server is shutting down", NULL);
+        if (!gcall_gate_take(&s->gate, &c->gc, "server is shutting down", count_live, c)) {
             call_free(c);
             continue;
         }
@@ -571,13 +509,7 @@ static void *worker_main(void *arg)
         /* Keep accepting: the next call of this method may arrive while this
          * one waits in the batcher. */
         if (request_call(w, c->method)) w->owed[c->method]++;
-        atomic_init(&c->refs, 2);
-        grpc_op close_op;
-        memset(&close_op, 0, sizeof close_op);
-        close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-        close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
-        if (grpc_call_start_batch(c->call, &close_op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
-            atomic_store(&c->refs, 1);
+        gcall_start_close(&c->gc);
         if (check_call(c)) continue;
         switch (c->method) {
         case M_RANK: handle_rank(c); break;
@@ -680,30 +612,26 @@ grpcsrv *grpcsrv_start(const grpcsrv_opts *o, ikbo_err *err)
         snprintf(s->encodings + used, sizeof s->encodings - used, "%s%s", used ? ", " : "",
                  name);
     }
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->idle, NULL);
+    gcall_gate_init(&s->gate);
 
     grpc_args ga;
     char aerr[160];
     if (grpc_args_server(&ga, o->max_message_bytes, (int)GRPCSRV_METADATA_CEILING, aerr,
                          sizeof aerr)) {
         bk_seterr(err, "grpc: %s", aerr);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->idle);
+        gcall_gate_destroy(&s->gate);
         free(s);
         return NULL;
     }
     s->server = grpc_server_create(&ga.ch, NULL);
     if (!s->server) {
         bk_seterr(err, "grpc: cannot create the server");
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->idle);
+        gcall_gate_destroy(&s->gate);
         free(s);
         return NULL;
     }
     for (int m = 0; m < M_UNKNOWN; m++) {
-        s->registered[m] = grpc_server_register_method(s->server, method_path[m], NULL,
-                                                       GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        s->registered[m] = gcall_register(s->server, method_path[m]);
         if (!s->registered[m]) {
             bk_seterr(err, "grpc: cannot register %s", method_path[m]);
             goto fail_unstarted;
@@ -765,8 +693,7 @@ fail_unstarted:
         grpc_completion_queue_destroy(s->workers[i].cq);
     }
     if (s->shutdown_cq) grpc_completion_queue_destroy(s->shutdown_cq);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->idle);
+    gcall_gate_destroy(&s->gate);
     free(s->workers);
     free(s);
     return NULL;
@@ -845,10 +772,8 @@ void grpcsrv_free(grpcsrv *s)
     if (!s) return;
     if (!s->shutdown_done) grpcsrv_shutdown(s, 0);
     /* Wait out handlers still running (scoring cannot be interrupted). */
-    pthread_mutex_lock(&s->mu);
-    s->stopping = 1;
-    while (s->busy > 0) pthread_cond_wait(&s->idle, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    gcall_gate_stop(&s->gate);
+    gcall_gate_wait_idle(&s->gate);
     grpc_server_destroy(s->server);
     for (int i = 0; i < s->n_workers; i++) grpc_completion_queue_shutdown(s->workers[i].cq);
     for (int i = 0; i < s->n_workers; i++) {
@@ -857,12 +782,8 @@ void grpcsrv_free(grpcsrv *s)
             pthread_join(w->thread, NULL);
         } else {
             /* Never ran: drain its queue here (the requested calls, each
-             * completing as failed; the tag is the call's t_request). */
-            grpc_event ev;
-            do {
-                ev = grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-                if (ev.type == GRPC_OP_COMPLETE) call_free(((call_tag *)ev.tag)->c);
-            } while (ev.type != GRPC_QUEUE_SHUTDOWN);
+             * completing as failed). */
+            gcall_drain(w->cq, record_free);
         }
         grpc_completion_queue_destroy(w->cq);
     }
@@ -871,8 +792,7 @@ void grpcsrv_free(grpcsrv *s)
                .type != GRPC_QUEUE_SHUTDOWN) {
     }
     grpc_completion_queue_destroy(s->shutdown_cq);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->idle);
+    gcall_gate_destroy(&s->gate);
     free(s->workers);
     free(s);
 }

@@ -12,7 +12,8 @@
  * ikbo-serve fills them, so the answer has the same size as ours within a
  * few bytes and ikbo-loadgen accepts it (one finite score per candidate).
  *
- * The server setup is ikbo-serve's (server/grpc_server.c): one grpc_server,
+ * The server setup is ikbo-serve's (server/grpc_server.c), and each call
+ * goes through the same code (server/grpc_call.h): one grpc_server,
  * --threads workers, each with its own completion queue on which it requests
  * calls of the registered methods with the payload read up front; a close op
  * (GRPC_OP_RECV_CLOSE_ON_SERVER) started when each call arrives; one send
@@ -65,6 +66,7 @@
 #include "ikbo/v1/ranker.pb-c.h"
 #include "tools/loadgen/client.h" /* lg_unary: --model-info-from */
 #include "server/grpc_args.h"
+#include "server/grpc_call.h"
 #include "server/clock.h"
 #include "server/grpc_server.h" /* GRPCSRV_METADATA_CEILING, RQ_DEFAULT_MAX_MESSAGE_BYTES */
 
@@ -106,16 +108,15 @@ struct echo_server {
     size_t n_tasks; /* task scores per score */
     atomic_long next_rank;
     grpc_slice info_resp;
-    /* Shutdown: once stopping is set (under req_lock), no worker requests
-     * another call or takes one on, so none can publish on a completion
-     * queue being shut down (gRPC core aborts on that: seen in CI when a
-     * worker started a call's batches after its queue was shut down). busy
-     * counts calls taken on whose answer has not been started; echo_free
-     * waits for it to reach zero (idle) before it shuts the queues down, as
-     * ikbo-serve's grpcsrv_free does. */
-    pthread_mutex_t req_lock;
-    pthread_cond_t idle;
-    int stopping, busy;
+    /* Shutdown: once the gate is stopped, no worker requests another call
+     * (that is done under the gate's lock, in gcall_gate_take) or takes one
+     * on, so none can publish on a completion queue being shut down (gRPC
+     * core aborts on that: seen in CI when a worker started a call's batches
+     * after its queue was shut down). Its busy count is of calls taken on
+     * whose answer has not been started; echo_free waits for it to reach
+     * zero before it shuts the queues down, as ikbo-serve's grpcsrv_free
+     * does (server/grpc_call.h). */
+    gcall_gate gate;
     /* --send-from thread: calls taken by the workers wait in a stack for the
      * sender, which polls it (a spinning thread: a hand-off of about a
      * microsecond, so the measurement is the send, not a wake-up). Pushes
@@ -130,27 +131,15 @@ struct echo_server {
     int sender_started;
 };
 
-enum tag_kind { T_REQUEST = 0, T_CLOSE = 1, T_SEND = 2 };
-struct call;
-typedef struct call_tag {
-    struct call *c;
-    enum tag_kind kind;
-} call_tag;
-
 /* One call, from request to both the close op and the send batch done. */
 typedef struct call {
+    /* The core call, its tags, refs (the close op and the send batch),
+     * request and answer: ikbo-serve's (server/grpc_call.h). */
+    gcall gc;
     worker *w;
     enum method method;
-    call_tag t_request, t_close, t_send;
-    atomic_int refs; /* the close op and the send batch */
     struct call *send_next; /* in echo_server.send_head's stack, then the sender's queue */
     int64_t taken_ns; /* when its worker took it (clock_mono_ns) */
-    int close_cancelled;
-    grpc_call *call;
-    gpr_timespec deadline;
-    grpc_metadata_array md;
-    grpc_byte_buffer *payload, *response;
-    grpc_slice status_details; /* empty; lives until the send batch is done */
 } call;
 
 /* ---- errors -------------------------------------------------------------- */
@@ -349,38 +338,32 @@ static int build_answers(echo_server *s, const echo_opts *o, echo_err *e)
 
 /* ---- calls -------------------------------------------------------------- */
 
+static void call_free(call *c)
+{
+    gcall_destroy(&c->gc);
+    free(c);
+}
+
+/* gcall_drain's free_record. */
+static void record_free(gcall *g) { call_free(GCALL_OWNER(g, call, gc)); }
+
 static int request_call(worker *w, enum method m)
 {
     call *c = calloc(1, sizeof *c);
     if (!c) return -1;
+    gcall_init(&c->gc);
     c->w = w;
     c->method = m;
-    c->t_request = (call_tag){c, T_REQUEST};
-    c->t_close = (call_tag){c, T_CLOSE};
-    c->t_send = (call_tag){c, T_SEND};
-    grpc_metadata_array_init(&c->md);
-    if (grpc_server_request_registered_call(w->srv->server, w->srv->registered[m], &c->call,
-                                            &c->deadline, &c->md, &c->payload, w->cq, w->cq,
-                                            &c->t_request) != GRPC_CALL_OK) {
-        grpc_metadata_array_destroy(&c->md);
-        free(c);
+    if (gcall_request(&c->gc, w->srv->server, w->srv->registered[m], w->cq) != GRPC_CALL_OK) {
+        call_free(c);
         return -1;
     }
     return 0;
 }
 
-static void call_free(call *c)
-{
-    if (c->payload) grpc_byte_buffer_destroy(c->payload);
-    if (c->response) grpc_byte_buffer_destroy(c->response);
-    grpc_metadata_array_destroy(&c->md);
-    if (c->call) grpc_call_unref(c->call);
-    free(c);
-}
-
 static void call_unref(call *c)
 {
-    if (atomic_fetch_sub(&c->refs, 1) == 1) call_free(c);
+    if (gcall_unref(&c->gc)) call_free(c);
 }
 
 /* Reads the request whole, as ikbo-serve does before it decodes, and drops
@@ -388,9 +371,9 @@ static void call_unref(call *c)
 static grpc_slice answer_for(call *c)
 {
     echo_server *s = c->w->srv;
-    if (c->payload) {
+    if (c->gc.payload) {
         grpc_byte_buffer_reader rd;
-        if (grpc_byte_buffer_reader_init(&rd, c->payload)) {
+        if (grpc_byte_buffer_reader_init(&rd, c->gc.payload)) {
             grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
             grpc_byte_buffer_reader_destroy(&rd);
             grpc_slice_unref(all);
@@ -407,20 +390,9 @@ static void answer(call *c)
 {
     echo_server *s = c->w->srv; /* c may be freed once its batch is started */
     grpc_slice body = answer_for(c);
-    c->response = grpc_raw_byte_buffer_create(&body, 1); /* a ref, not a copy */
-    grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = c->response;
-    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[2].data.send_status_from_server.status = GRPC_STATUS_OK;
-    c->status_details = grpc_empty_slice();
-    ops[2].data.send_status_from_server.status_details = &c->status_details;
-    if (grpc_call_start_batch(c->call, ops, 3, &c->t_send, NULL) != GRPC_CALL_OK) call_unref(c);
-    pthread_mutex_lock(&s->req_lock);
-    if (--s->busy == 0) pthread_cond_broadcast(&s->idle);
-    pthread_mutex_unlock(&s->req_lock);
+    c->gc.response = grpc_raw_byte_buffer_create(&body, 1); /* a ref, not a copy */
+    if (gcall_send(&c->gc, GRPC_STATUS_OK, NULL) != GRPC_CALL_OK) call_unref(c);
+    gcall_gate_leave(&s->gate);
 }
 
 /* --send-from thread: hands the call to the sender, or answers it here once
@@ -492,6 +464,15 @@ static void *sender_main(void *arg)
     return NULL;
 }
 
+/* gcall_gate_take's hook: keep accepting (until shutdown). A failed
+ * re-request (out of memory) leaves this worker one slot short; the other
+ * slots serve. */
+static void rerequest(void *arg)
+{
+    call *c = arg;
+    request_call(c->w, c->method);
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -500,9 +481,9 @@ static void *worker_main(void *arg)
             grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
-        call_tag *t = ev.tag;
-        call *c = t->c;
-        if (t->kind != T_REQUEST) {
+        const gcall_tag *t = ev.tag;
+        call *c = GCALL_OWNER(t->g, call, gc);
+        if (t->kind != GCALL_REQUEST) {
             call_unref(c);
             continue;
         }
@@ -510,28 +491,11 @@ static void *worker_main(void *arg)
             call_free(c);
             continue;
         }
-        /* Keep accepting (until shutdown). A failed re-request (out of
-         * memory) leaves this worker one slot short; the other slots serve. */
-        pthread_mutex_lock(&w->srv->req_lock);
-        int stopping = w->srv->stopping;
-        if (!stopping) {
-            w->srv->busy++;
-            request_call(w, c->method);
-        }
-        pthread_mutex_unlock(&w->srv->req_lock);
-        if (stopping) { /* no batch may start now: the queues are going */
-            grpc_call_cancel_with_status(c->call, GRPC_STATUS_UNAVAILABLE, "echo server is stopping",
-                                         NULL);
+        if (!gcall_gate_take(&w->srv->gate, &c->gc, "echo server is stopping", rerequest, c)) {
             call_free(c);
             continue;
         }
-        atomic_init(&c->refs, 2);
-        grpc_op close_op;
-        memset(&close_op, 0, sizeof close_op);
-        close_op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-        close_op.data.recv_close_on_server.cancelled = &c->close_cancelled;
-        if (grpc_call_start_batch(c->call, &close_op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
-            atomic_store(&c->refs, 1);
+        gcall_start_close(&c->gc);
         c->taken_ns = clock_mono_ns();
         if (w->srv->sender_started) send_push(w->srv, c);
         else answer(c);
@@ -547,9 +511,7 @@ static void *worker_main(void *arg)
  * is destroyed, when nothing can reach it any more. */
 static void echo_free(echo_server *s)
 {
-    pthread_mutex_lock(&s->req_lock);
-    s->stopping = 1;
-    pthread_mutex_unlock(&s->req_lock);
+    gcall_gate_stop(&s->gate);
     if (s->started) { /* workers still run: they free the calls cancelled here */
         grpc_completion_queue *scq = grpc_completion_queue_create_for_next(NULL);
         static int shutdown_tag;
@@ -566,9 +528,7 @@ static void echo_free(echo_server *s)
         atomic_store(&s->send_stop, 1);
         pthread_join(s->sender, NULL);
     }
-    pthread_mutex_lock(&s->req_lock); /* calls a worker took on get their answer started */
-    while (s->busy > 0) pthread_cond_wait(&s->idle, &s->req_lock);
-    pthread_mutex_unlock(&s->req_lock);
+    gcall_gate_wait_idle(&s->gate); /* calls a worker took on get their answer started */
     for (int i = 0; s->workers && i < s->n_workers; i++) {
         worker *w = &s->workers[i];
         if (!w->cq) continue;
@@ -576,17 +536,12 @@ static void echo_free(echo_server *s)
         if (w->started) {
             pthread_join(w->thread, NULL);
         } else { /* never ran: its requested calls complete as failed here */
-            grpc_event ev;
-            do {
-                ev = grpc_completion_queue_next(w->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-                if (ev.type == GRPC_OP_COMPLETE) call_free(((call_tag *)ev.tag)->c);
-            } while (ev.type != GRPC_QUEUE_SHUTDOWN);
+            gcall_drain(w->cq, record_free);
         }
         grpc_completion_queue_destroy(w->cq);
     }
     if (s->server) grpc_server_destroy(s->server);
-    pthread_mutex_destroy(&s->req_lock);
-    pthread_cond_destroy(&s->idle);
+    gcall_gate_destroy(&s->gate);
     pthread_mutex_destroy(&s->send_lock);
     for (long r = 0; r < s->n_rank_resp; r++) grpc_slice_unref(s->rank_resp[r]);
     free(s->rank_resp);
@@ -615,8 +570,7 @@ static int echo_start(echo_server *s, const echo_opts *o, int *port, echo_err *e
     s->server = server_new(o, e);
     if (!s->server) return -1;
     for (int m = 0; m < M_COUNT; m++) {
-        s->registered[m] = grpc_server_register_method(s->server, method_path[m], NULL,
-                                                       GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        s->registered[m] = gcall_register(s->server, method_path[m]);
         if (!s->registered[m]) return fail(e, "cannot register %s", method_path[m]);
     }
     s->n_workers = o->threads;
@@ -780,8 +734,7 @@ int main(int argc, char **argv)
     grpc_init();
     echo_server s;
     memset(&s, 0, sizeof s);
-    pthread_mutex_init(&s.req_lock, NULL);
-    pthread_cond_init(&s.idle, NULL);
+    gcall_gate_init(&s.gate);
     pthread_mutex_init(&s.send_lock, NULL);
     int port = 0, rc = build_answers(&s, &o, &e);
     if (rc == 0) rc = echo_start(&s, &o, &port, &e);
