@@ -65,17 +65,11 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=$PWD/.devrun
 . bench/e2e/lib.sh # throughput_config, wait_ready
+STAGE_NAME_WIDTH=10 STAGE_TAIL_WIDTH=100
+. bench/stage_lib.sh # stage: a log under $OUT and a row of summary
 PY=${PY:-python3}
 stages=${*:-golden grpc load e2e}
 summary=()
-stage() { # name log cmd...
-  local name=$1 log=$2; shift 2
-  local t0=$SECONDS
-  echo "== $name: $*" >> "$OUT/$log"
-  "$@" >> "$OUT/$log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$log" | cut -c1-100)")")
-}
 { date -u; cat .devrun/COMMIT 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 

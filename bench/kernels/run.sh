@@ -24,17 +24,10 @@ mkdir -p "$OUT"
 B=${B:-build/gpu}
 stages=${*:-ops sanitize model bench}
 summary=()
+STAGE_NAME_WIDTH=26 STAGE_TAIL_WIDTH=110
+. bench/stage_lib.sh # stage: a log under $OUT and a row of summary
 { date -u; git log -1 --format='commit %H' 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv; } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"
-
-stage() { # name log cmd...
-  local name=$1 log=$2; shift 2
-  local t0=$SECONDS
-  echo "== $name: $*" >> "$OUT/$log"
-  "$@" >> "$OUT/$log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-26s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -n 1 "$OUT/$log" | cut -c1-110)")")
-}
 
 models=$(ls -d $B/models/*/1 2>/dev/null)
 for s in $stages; do
