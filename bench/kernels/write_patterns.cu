@@ -24,8 +24,11 @@
  * and written by a TMA tensor store (production for one commit, 8316ea0;
  * lost: 193.6 us in bench_ops against cuBLASLt's 159.6), and linear_tk
  * MI 2 B 4 with parts of its work taken out (k_linear_tk's OPT bits: no
- * W loads, no x loads, no MMAs, and combinations; same stores).
- * Prints TB/s (median of 20 after 3 warm-ups). Outcomes: bench/kernels/
+ * W loads, no x loads, no MMAs, and combinations; same stores), and the
+ * "occ" rows: the production kernel (evict-first stores, the model's
+ * operands in allocations of their own) held to 3, 4 or 5 blocks an SM by
+ * unused shared memory, built for 4 and for 5 (registers), beside the same
+ * two uncapped ("own"). Prints TB/s (median of 20 after 3 warm-ups). Outcomes: bench/kernels/
  * NOTES.md ("Where c_r1's write rate goes").
  *
  *   write_patterns [--rows N] [--cols N] [--pitch N]   (bf16 elements)
@@ -93,16 +96,37 @@ __global__ void k_fill_positive(uint16_t *p, size_t n)
         p[i] = (uint16_t)(0x3c00 ^ ((uint32_t)i * 2654435761u >> 7 & 0x83ff)) & 0xbbff;
 }
 
+/* Unused dynamic shared memory a block so that at most `blocks` fit an SM
+ * (each block also holds 1 KiB of the SM's 228 for the system); 0: none. */
+static int cap_smem(int blocks) { return blocks ? ((228 << 10) / blocks - (1 << 10)) & ~1023 : 0; }
+
 /* linear_tk at c_r1's shape: k_linear_tk<bf16, KS 1, MI, ReLU, MINB>, with
- * production's grid (4 warps, 4 strips a warp, 16 x MI rows a block). */
-template <int MI, int MINB, int STR = TK_SPW_HOME, int OPT = 0>
+ * production's grid (4 warps, 4 strips a warp, 16 x MI rows a block);
+ * CAP > 0 holds it to at most CAP blocks an SM with unused shared memory
+ * (the "occ" rows: occupancy apart from the registers' code). */
+template <int MI, int MINB, int STR = TK_SPW_HOME, int OPT = 0, int CAP = 0>
 static void tk_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                     const __nv_bfloat16 *b, uint16_t *y, int rows, int cols, long ldy)
 {
-    const int strips = (cols + 31) / 32, per = TK_WARPS * STR;
+    const int strips = (cols + 31) / 32, per = TK_WARPS * STR, smem = cap_smem(CAP);
     dim3 grid((unsigned)((strips + per - 1) / per), (unsigned)((rows + 16 * MI - 1) / (16 * MI)));
-    k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, OPT><<<grid, TK_WARPS * 32, 0, st>>>(
-        x, 16, rows, w, 16, 16, cols, b, (__nv_bfloat16 *)y, (int)ldy, STR);
+    auto k = k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, OPT>;
+    if (smem)
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    k<<<grid, TK_WARPS * 32, smem, st>>>(x, 16, rows, w, 16, 16, cols, b, (__nv_bfloat16 *)y,
+                                         (int)ldy, STR);
+}
+
+/* Blocks an SM the occupancy API gives tk_math<MI, MINB, .., OPT, CAP>. */
+template <int MI, int MINB, int OPT, int CAP>
+static int tk_occupancy()
+{
+    int n = 0, smem = cap_smem(CAP);
+    auto k = k_linear_tk<__nv_bfloat16, 1, MI, true, MINB, OPT>;
+    if (smem)
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, TK_WARPS * 32, smem));
+    return n;
 }
 
 /* "tma tiles" (lost, 2026-12-04): at many rows linear_tk's register-stored kernel writes at ~2.7 TB/s (c_r1,
@@ -302,7 +326,22 @@ int main(int argc, char **argv)
         {"MI4 B4 cs W own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, pw, bias, y, rows, cols, pitch); }},
         {"MI4 B4 cs bias own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, pb, y, rows, cols, pitch); }},
         {"MI4 B4 cs one alloc again", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, x, w, bias, y, rows, cols, pitch); }},
+        /* occupancy apart from the code (c_r1 took 172 -> 167 us in the
+         * forward when the runtime strip count took its registers 94 ->
+         * 120, 5 -> 4 blocks an SM; NOTES.md 2026-12-06) */
+        {"MI4 B4 cs occ3", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM, 3>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs occ4", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM, 4>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B5 cs occ3", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM, 3>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B5 cs occ4", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM, 4>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B5 cs occ5", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM, 5>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B4 cs own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"MI4 B5 cs own", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
     };
+    printf("occupancy (blocks an SM): B4 cs %d, B4 cs occ3 %d, occ4 %d; B5 cs %d, B5 cs occ3 %d, occ4 %d, occ5 %d\n",
+           tk_occupancy<4, 4, TK_STREAM, 0>(), tk_occupancy<4, 4, TK_STREAM, 3>(),
+           tk_occupancy<4, 4, TK_STREAM, 4>(), tk_occupancy<4, 5, TK_STREAM, 0>(),
+           tk_occupancy<4, 5, TK_STREAM, 3>(), tk_occupancy<4, 5, TK_STREAM, 4>(),
+           tk_occupancy<4, 5, TK_STREAM, 5>());
     printf("write_patterns: %d rows x %d bf16 columns, pitch %ld (%.0f MB written)\n", rows, cols,
            pitch, bytes / 1e6);
     for (auto &q : p) {
