@@ -13,8 +13,10 @@
  * over its strips), so a grid that already fills its waves evenly (c_r1)
  * is left as it was.
  *
- * Measured (H100, 2026-12-06, bench/RESULTS.md): 1 x 70 with batch graphs
- * 183.0 -> 176.2 us a batch; the 16 x 70 forward -2.5 us. The prediction
+ * Measured (H100, 2026-12-06, two calls, bench/RESULTS.md): 1 x 70 with
+ * batch graphs 183.0 -> 176.2 and 178.2 -> 172.6 us a batch (the token
+ * linear 12.8 -> 8.7 us); the 16 x 70 forward within noise (-2.5 us, then
+ * +1.2). The prediction
  * (-10 us at 16 x 70) assumed 4 resident blocks an SM; the fixed-4 kernel
  * had 94 registers, so 5, and its 558-block launches already fit one wave.
  * The runtime strip count costs registers (120: 4 blocks an SM, which
