@@ -30,52 +30,47 @@ w("template <typename T, int N, int TB> struct wgmma_rs;")
 w("template <typename T, int N, int TB> struct wgmma_ss;")
 w("template <typename T, int N> struct wgmma_ss_ta;")
 w("")
+
+def emit(head, sig, N, ptx, operands, inputs):
+    """One specialization, `template <> struct head`, whose run(sig) is one
+    wgmma m64nNk16 asm statement. Its asm operands are the N/2 accumulators
+    d[], then `inputs` (a comma-separated list whose last entry is the
+    scale-d flag, turned into the predicate p by setp). `operands` is the
+    instruction's text after the accumulator list: A, B, p and the
+    immediates."""
+    nd = N // 2
+    pred = nd + inputs.count('"(') - 1
+    w("template <> struct %s {" % head)
+    w("    static __device__ __forceinline__ void run(%s)" % sig)
+    w("    {")
+    w("        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % pred)
+    w("                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (N, ptx, ptx))
+    acc = ",".join("%%%d" % i for i in range(nd))
+    w("                     \"{%s}, %s;\\n}\\n\"" % (acc, operands))
+    w("                     : %s" % ", ".join('"+f"(d[%d])' % i for i in range(nd)))
+    w("                     : %s);" % inputs)
+    w("    }")
+    w("};")
+
+
+RS_SIG = "float *d, const uint32_t *a, uint64_t db"
+RS_IN = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)'
+SS_SIG = "float *d, uint64_t da, uint64_t db"
+SS_IN = '"l"(da), "l"(db), "r"(1)'
 for T, ptx in TYPES:
     for N in SHAPES_RS:
+        nd = N // 2
+        a = ",".join("%%%d" % (nd + i) for i in range(4))
         for TB in (0, 1):
-            nd = N // 2
-            dl = ",".join("%%%d" % i for i in range(nd))
-            al = ",".join("%%%d" % (nd + i) for i in range(4))
-            w("template <> struct wgmma_rs<%s, %d, %d> {" % (T, N, TB))
-            w("    static __device__ __forceinline__ void run(float *d, const uint32_t *a, uint64_t db)")
-            w("    {")
-            w("        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (nd + 5))
-            w("                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (N, ptx, ptx))
-            w("                     \"{%s}, {%s}, %%%d, p, 1, 1, %d;\\n}\\n\"" % (dl, al, nd + 4, TB))
-            outs = ", ".join('"+f"(d[%d])' % i for i in range(nd))
-            w("                     : %s" % outs)
-            w("                     : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(1));")
-            w("    }")
-            w("};")
+            emit("wgmma_rs<%s, %d, %d>" % (T, N, TB), RS_SIG, N, ptx,
+                 "{%s}, %%%d, p, 1, 1, %d" % (a, nd + 4, TB), RS_IN)
     for N in SHAPES_SS:
         for TB in (0, 1):
-            nd = N // 2
-            dl = ",".join("%%%d" % i for i in range(nd))
-            w("template <> struct wgmma_ss<%s, %d, %d> {" % (T, N, TB))
-            w("    static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db)")
-            w("    {")
-            w("        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (nd + 2))
-            w("                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (N, ptx, ptx))
-            w("                     \"{%s}, %%%d, %%%d, p, 1, 1, 0, %d;\\n}\\n\"" % (dl, nd, nd + 1, TB))
-            outs = ", ".join('"+f"(d[%d])' % i for i in range(nd))
-            w("                     : %s" % outs)
-            w("                     : \"l\"(da), \"l\"(db), \"r\"(1));")
-            w("    }")
-            w("};")
+            emit("wgmma_ss<%s, %d, %d>" % (T, N, TB), SS_SIG, N, ptx,
+                 "%%%d, %%%d, p, 1, 1, 0, %d" % (N // 2, N // 2 + 1, TB), SS_IN)
     for N in SHAPES_SS_TA:
-        nd = N // 2
-        dl = ",".join("%%%d" % i for i in range(nd))
-        w("template <> struct wgmma_ss_ta<%s, %d> {" % (T, N))
-        w("    static __device__ __forceinline__ void run(float *d, uint64_t da, uint64_t db)")
-        w("    {")
-        w("        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"" % (nd + 2))
-        w("                     \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s \"" % (N, ptx, ptx))
-        w("                     \"{%s}, %%%d, %%%d, p, 1, 1, 1, 0;\\n}\\n\"" % (dl, nd, nd + 1))
-        outs = ", ".join('"+f"(d[%d])' % i for i in range(nd))
-        w("                     : %s" % outs)
-        w("                     : \"l\"(da), \"l\"(db), \"r\"(1));")
-        w("    }")
-        w("};")
+        emit("wgmma_ss_ta<%s, %d>" % (T, N), SS_SIG, N, ptx,
+             "%%%d, %%%d, p, 1, 1, 1, 0" % (N // 2, N // 2 + 1), SS_IN)
 w("")
 w("#endif")
 print("\n".join(out))
