@@ -449,6 +449,37 @@ static batcher *new_batcher(const config_batching *lim, metrics_server *mx)
     return b;
 }
 
+/* The gate open or shut, no callback counted yet. */
+static void reset_round(int open)
+{
+    gate_reset(open);
+    reset_done();
+}
+
+/* A batcher under lim for one test, its gate open or shut; mx (when given)
+ * is initialised here and freed by stop_batcher. */
+static batcher *start_batcher(const config_batching *lim, int open, metrics_server *mx)
+{
+    if (mx) assert_int_equal(metrics_server_init(mx, "test"), 0);
+    reset_round(open);
+    return new_batcher(lim, mx);
+}
+
+/* Frees b (it answers what is still queued), then mx and the contexts. */
+static void stop_batcher(batcher *b, metrics_server *mx)
+{
+    batcher_free(b);
+    if (mx) metrics_server_free(mx);
+    free_ctxs();
+}
+
+/* sl: a request of one user (none shared) with n candidates; solo: score it
+ * alone too. */
+static void one_user_slot(slot *sl, uint64_t *s, int n, int solo)
+{
+    slot_init(sl, make_request(s, 1, &n, 0), solo);
+}
+
 static metrics_series *series(metrics_family *f, const char *l0, const char *l1)
 {
     const char *const v[] = {l0, l1};
@@ -509,7 +540,6 @@ static void test_bitwise_random_mixes(void **state)
     uint64_t s = 7;
     for (size_t k = 0; k < sizeof cfgs / sizeof *cfgs; k++) {
         metrics_server mx;
-        assert_int_equal(metrics_server_init(&mx, "test"), 0);
         slot *slots = calloc(N, sizeof *slots);
         for (int i = 0; i < N; i++) {
             int nu = 1 + irand_s(&s, 5), counts[8];
@@ -518,9 +548,7 @@ static void test_bitwise_random_mixes(void **state)
         }
         config_batching lim = limits(cfgs[k].max_c, cfgs[k].max_u, cfgs[k].delay_us, cfgs[k].inst);
         lim.idle_spin_us = cfgs[k].spin_us;
-        gate_reset(1);
-        reset_done();
-        batcher *b = new_batcher(&lim, &mx);
+        batcher *b = start_batcher(&lim, 1, &mx);
         pthread_t th[4];
         submitter sm[4];
         for (int t = 0; t < 4; t++) {
@@ -547,11 +575,9 @@ static void test_bitwise_random_mixes(void **state)
         for (int i = 0; i < N; i++) rows += slots[i].plan->batch.n_users;
         /* chunks can repeat a row; dedup across requests can only remove rows */
         if (cfgs[k].max_c >= 1024) assert_true(metrics_hist_sum(bu) <= rows);
-        batcher_free(b);
+        stop_batcher(b, &mx);
         for (int i = 0; i < N; i++) slot_free(&slots[i]);
         free(slots);
-        metrics_server_free(&mx);
-        free_ctxs();
     }
 }
 
@@ -565,18 +591,15 @@ static void test_chunking(void **state)
     slot sl;
     slot_init(&sl, make_request(&s, 4, counts, 0), 1);
     config_batching lim = limits(32, 2, 0, 2);
-    gate_reset(1);
-    reset_done();
-    batcher *b = new_batcher(&lim, NULL);
+    batcher *b = start_batcher(&lim, 1, NULL);
     rq_status st;
     assert_int_equal(submit(b, &sl, 0, &st), 0);
     wait_done(1);
     check_bitwise(&sl, 0);
     /* rows by first reference are interleaved; at least ceil(355 / 32) chunks */
     assert_true(sl.batches >= 12);
-    batcher_free(b);
+    stop_batcher(b, NULL);
     slot_free(&sl);
-    free_ctxs();
 }
 
 /* Five requests share one user (same key and content) and each has one own
@@ -586,15 +609,11 @@ static void test_dedup_across_requests(void **state)
 {
     (void)state;
     metrics_server mx;
-    assert_int_equal(metrics_server_init(&mx, "test"), 0);
     config_batching lim = limits(100000, 100000, 0, 1);
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, &mx);
+    batcher *b = start_batcher(&lim, 0, &mx);
     uint64_t s = 5;
     slot first, sl[6];
-    int one[1] = {3};
-    slot_init(&first, make_request(&s, 1, one, 0), 1);
+    one_user_slot(&first, &s, 3, 1);
     rq_status st;
     assert_int_equal(submit(b, &first, 0, &st), 0);
     gate_wait_arrived(1); /* the instance holds the first batch at the gate */
@@ -628,11 +647,9 @@ static void test_dedup_across_requests(void **state)
     assert_int_equal((int)(metrics_hist_sum(bu) - users_before), 1 + (1 + 1 + 6));
     metrics_series *ratio = metrics_series_get(mx.batch_candidates_per_user, ml);
     assert_int_equal(metrics_hist_count(ratio), 2);
-    batcher_free(b);
+    stop_batcher(b, &mx);
     slot_free(&first);
     for (int i = 0; i < 6; i++) slot_free(&sl[i]);
-    metrics_server_free(&mx);
-    free_ctxs();
 }
 
 /* Admission: requests and candidates limits, exact messages, counted as
@@ -642,20 +659,16 @@ static void test_queue_limits(void **state)
 {
     (void)state;
     metrics_server mx;
-    assert_int_equal(metrics_server_init(&mx, "test"), 0);
     config_batching lim = limits(100000, 100000, 0, 1);
     lim.max_queue_requests = 3;
     lim.max_queue_candidates = 100;
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, &mx);
+    batcher *b = start_batcher(&lim, 0, &mx);
     uint64_t s = 11;
     slot sl[7];
-    int c30[1] = {30}, c20[1] = {20}, c5[1] = {5}, c500[1] = {500};
-    for (int i = 0; i < 4; i++) slot_init(&sl[i], make_request(&s, 1, c30, 0), 1);
-    slot_init(&sl[4], make_request(&s, 1, c20, 0), 1);
-    slot_init(&sl[5], make_request(&s, 1, c5, 0), 1);
-    slot_init(&sl[6], make_request(&s, 1, c500, 0), 1);
+    for (int i = 0; i < 4; i++) one_user_slot(&sl[i], &s, 30, 1);
+    one_user_slot(&sl[4], &s, 20, 1);
+    one_user_slot(&sl[5], &s, 5, 1);
+    one_user_slot(&sl[6], &s, 500, 1);
     const char *const ml[] = {"t"};
     rq_status st;
 
@@ -679,8 +692,7 @@ static void test_queue_limits(void **state)
     assert_int_equal(metrics_value(metrics_series_get(mx.queue_candidates, ml)), 0);
 
     /* by candidates */
-    gate_reset(0);
-    reset_done();
+    reset_round(0);
     assert_int_equal(submit(b, &sl[5], 0, &st), 0);
     gate_wait_arrived(1);
     assert_int_equal(submit(b, &sl[0], 0, &st), 0);
@@ -696,16 +708,13 @@ static void test_queue_limits(void **state)
     assert_int_equal(metrics_value(series(mx.rejected_total, "t", "queue_full")), 2);
 
     /* an oversize request alone */
-    gate_reset(1);
-    reset_done();
+    reset_round(1);
     assert_int_equal(submit(b, &sl[6], 0, &st), 0);
     wait_done(1);
     check_bitwise(&sl[6], 6);
     check_bitwise(&sl[5], 5);
-    batcher_free(b);
+    stop_batcher(b, &mx);
     for (int i = 0; i < 7; i++) slot_free(&sl[i]);
-    metrics_server_free(&mx);
-    free_ctxs();
 }
 
 /* A queued request whose deadline passes gets DEADLINE_EXCEEDED at its
@@ -714,17 +723,13 @@ static void test_deadline_in_queue(void **state)
 {
     (void)state;
     metrics_server mx;
-    assert_int_equal(metrics_server_init(&mx, "test"), 0);
     config_batching lim = limits(100000, 100000, 0, 1);
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, &mx);
+    batcher *b = start_batcher(&lim, 0, &mx);
     uint64_t s = 21;
     slot a, d, e;
-    int c4[1] = {4};
-    slot_init(&a, make_request(&s, 1, c4, 0), 1);
-    slot_init(&d, make_request(&s, 1, c4, 0), 0);
-    slot_init(&e, make_request(&s, 1, c4, 0), 1);
+    one_user_slot(&a, &s, 4, 1);
+    one_user_slot(&d, &s, 4, 0);
+    one_user_slot(&e, &s, 4, 1);
     rq_status st;
     assert_int_equal(submit(b, &a, 0, &st), 0);
     gate_wait_arrived(1);
@@ -745,12 +750,10 @@ static void test_deadline_in_queue(void **state)
     check_bitwise(&e, 2);
     assert_int_equal(G.requests, 2); /* a, then e: d was never computed */
     assert_int_equal(metrics_value(series(mx.rejected_total, "t", "deadline")), 1);
-    batcher_free(b);
+    stop_batcher(b, &mx);
     slot_free(&a);
     slot_free(&d);
     slot_free(&e);
-    metrics_server_free(&mx);
-    free_ctxs();
 }
 
 /* A request whose client went away while queued is answered CANCELLED and
@@ -759,19 +762,16 @@ static void test_cancel(void **state)
 {
     (void)state;
     metrics_server mx;
-    assert_int_equal(metrics_server_init(&mx, "test"), 0);
     config_batching lim = limits(16, 100000, 0, 1);
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, &mx);
+    batcher *b = start_batcher(&lim, 0, &mx);
     uint64_t s = 31;
     slot a, f, c, big, e;
-    int c4[1] = {4}, c16[1] = {16}, c64[2] = {30, 34};
-    slot_init(&a, make_request(&s, 1, c4, 0), 1);
-    slot_init(&f, make_request(&s, 1, c16, 0), 1);
-    slot_init(&c, make_request(&s, 1, c4, 0), 0);
+    int c64[2] = {30, 34};
+    one_user_slot(&a, &s, 4, 1);
+    one_user_slot(&f, &s, 16, 1);
+    one_user_slot(&c, &s, 4, 0);
     slot_init(&big, make_request(&s, 2, c64, 0), 0);
-    slot_init(&e, make_request(&s, 1, c4, 0), 1);
+    one_user_slot(&e, &s, 4, 1);
     rq_status st;
     assert_int_equal(submit(b, &a, 0, &st), 0);
     gate_wait_arrived(1);
@@ -793,14 +793,12 @@ static void test_cancel(void **state)
     assert_non_null(strstr(c.msg, "client went away"));
     assert_true(big.code == RQ_CANCELLED || big.code == RQ_OK);
     assert_true(metrics_value(series(mx.rejected_total, "t", "cancelled")) >= 1);
-    batcher_free(b);
+    stop_batcher(b, &mx);
     slot_free(&a);
     slot_free(&f);
     slot_free(&c);
     slot_free(&big);
     slot_free(&e);
-    metrics_server_free(&mx);
-    free_ctxs();
 }
 
 /* batcher_free answers everything still queued (computed, not dropped). */
@@ -808,9 +806,7 @@ static void test_free_finishes_queue(void **state)
 {
     (void)state;
     config_batching lim = limits(50, 100000, 100000, 2); /* 0.1 s delay: still queued */
-    gate_reset(1);
-    reset_done();
-    batcher *b = new_batcher(&lim, NULL);
+    batcher *b = start_batcher(&lim, 1, NULL);
     uint64_t s = 41;
     enum { N = 12 };
     slot sl[N];
@@ -835,25 +831,21 @@ static void test_idle_instance_answers(void **state)
 {
     (void)state;
     config_batching lim = limits(1024, 64, 0, 2);
-    gate_reset(1);
-    reset_done();
-    batcher *b = new_batcher(&lim, NULL);
+    batcher *b = start_batcher(&lim, 1, NULL);
     uint64_t s = 51;
     enum { N = 8 };
     slot sl[N];
-    int c7[1] = {7};
     rq_status st;
     for (int i = 0; i < N; i++) {
-        slot_init(&sl[i], make_request(&s, 1, c7, 0), 1);
+        one_user_slot(&sl[i], &s, 7, 1);
         assert_int_equal(submit(b, &sl[i], 0, &st), 0);
         assert_int_equal(wait_done_ms(i + 1, WAIT_MS), 0);
         check_bitwise(&sl[i], i);
         assert_true(sl[i].cb_instance >= 0);
         assert_int_equal(sl[i].cb_computed, sl[i].cb_instance);
     }
-    batcher_free(b);
+    stop_batcher(b, NULL);
     for (int i = 0; i < N; i++) slot_free(&sl[i]);
-    free_ctxs();
 }
 
 /* An instance that finishes a batch while a request waits for it (and no
@@ -863,14 +855,11 @@ static void busy_instance_hands_off(long long spin_us)
 {
     config_batching lim = limits(1024, 64, 0, 1);
     lim.idle_spin_us = spin_us;
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, NULL);
+    batcher *b = start_batcher(&lim, 0, NULL);
     uint64_t s = 61;
     slot a, w;
-    int c5[1] = {5};
-    slot_init(&a, make_request(&s, 1, c5, 0), 1);
-    slot_init(&w, make_request(&s, 1, c5, 0), 1);
+    one_user_slot(&a, &s, 5, 1);
+    one_user_slot(&w, &s, 5, 1);
     rq_status st;
     assert_int_equal(submit(b, &a, 0, &st), 0);
     assert_int_equal(gate_wait_arrived_ms(1, WAIT_MS), 0); /* a computing, held */
@@ -883,10 +872,9 @@ static void busy_instance_hands_off(long long spin_us)
     assert_int_equal(a.cb_computed, -1); /* a thread that never computed */
     assert_int_equal(w.cb_instance, 0);
     assert_int_equal(w.cb_computed, 0);
-    batcher_free(b);
+    stop_batcher(b, NULL);
     slot_free(&a);
     slot_free(&w);
-    free_ctxs();
 }
 
 /* The same with polling: the completer that polls takes the hand-off. */
@@ -904,18 +892,14 @@ static void test_busy_instance_hands_off(void **state)
 static void leader_delay_and_deadline(long long spin_us)
 {
     metrics_server mx;
-    assert_int_equal(metrics_server_init(&mx, "test"), 0);
     config_batching lim = limits(8, 100000, 10 * 1000 * 1000, 1);
     lim.idle_spin_us = spin_us;
-    gate_reset(1);
-    reset_done();
-    batcher *b = new_batcher(&lim, &mx);
+    batcher *b = start_batcher(&lim, 1, &mx);
     uint64_t s = 71;
     slot a, f, d;
-    int c4[1] = {4};
-    slot_init(&a, make_request(&s, 1, c4, 0), 1);
-    slot_init(&f, make_request(&s, 1, c4, 0), 1);
-    slot_init(&d, make_request(&s, 1, c4, 0), 0);
+    one_user_slot(&a, &s, 4, 1);
+    one_user_slot(&f, &s, 4, 1);
+    one_user_slot(&d, &s, 4, 0);
     rq_status st;
     assert_int_equal(submit(b, &a, 0, &st), 0);
     assert_int_equal(submit(b, &f, 0, &st), 0); /* 8 candidates: full */
@@ -934,12 +918,10 @@ static void leader_delay_and_deadline(long long spin_us)
      * after d was queued, so saw its deadline too: the test cannot tell.) */
     assert_int_equal(G.arrived, 1);  /* d was never computed */
     assert_int_equal(metrics_value(series(mx.rejected_total, "t", "deadline")), 1);
-    batcher_free(b);
+    stop_batcher(b, &mx);
     slot_free(&a);
     slot_free(&f);
     slot_free(&d);
-    metrics_server_free(&mx);
-    free_ctxs();
 }
 
 /* With polling too: the leader polls (10 ms, the most) and then sleeps
@@ -958,14 +940,11 @@ static void test_busy_ms(void **state)
 {
     (void)state;
     config_batching lim = limits(16, 100000, 0, 1);
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, NULL);
+    batcher *b = start_batcher(&lim, 0, NULL);
     assert_int_equal(batcher_busy_ms(b), 0);
     uint64_t s = 5;
     slot a;
-    int c4[1] = {4};
-    slot_init(&a, make_request(&s, 1, c4, 0), 1);
+    one_user_slot(&a, &s, 4, 1);
     rq_status st;
     assert_int_equal(submit(b, &a, 0, &st), 0);
     gate_wait_arrived(1);
@@ -976,9 +955,8 @@ static void test_busy_ms(void **state)
     assert_int_equal(wait_done_ms(1, WAIT_MS), 0);
     check_bitwise(&a, 0);
     assert_int_equal(batcher_busy_ms(b), 0);
-    batcher_free(b);
+    stop_batcher(b, NULL);
     slot_free(&a);
-    free_ctxs();
 }
 
 /* An instance that pops part of the queue wakes the next idle instance for
@@ -987,13 +965,10 @@ static void test_next_idle_takes_rest(void **state)
 {
     (void)state;
     config_batching lim = limits(16, 100000, 0, 2);
-    gate_reset(0);
-    reset_done();
-    batcher *b = new_batcher(&lim, NULL);
+    batcher *b = start_batcher(&lim, 0, NULL);
     uint64_t s = 81;
     slot big;
-    int c32[1] = {32};
-    slot_init(&big, make_request(&s, 1, c32, 0), 1);
+    one_user_slot(&big, &s, 32, 1);
     rq_status st;
     assert_int_equal(submit(b, &big, 0, &st), 0);
     assert_int_equal(gate_wait_arrived_ms(2, WAIT_MS), 0); /* both chunks held at once */
@@ -1001,9 +976,8 @@ static void test_next_idle_takes_rest(void **state)
     assert_int_equal(wait_done_ms(1, WAIT_MS), 0);
     check_bitwise(&big, 0);
     assert_int_equal(big.batches, 2);
-    batcher_free(b);
+    stop_batcher(b, NULL);
     slot_free(&big);
-    free_ctxs();
 }
 
 /* batcher_resolve: server config < model.json serving; auto instances. */
