@@ -18,6 +18,7 @@
 #include "server/rank_wire.h"
 #include "server/request.h"
 #include "server/rq_view.h"
+#include "request_fixture.h"
 
 static const char *const USER_SPARSE[] = {"country", "lang"};
 static const char *const CAND_SPARSE[] = {"item", "author"};
@@ -46,26 +47,8 @@ static ikbo_model_info model(void)
     return mi;
 }
 
-static Ikbo__V1__RankRequest *parse_ok(const char *json)
-{
-    rq_status st;
-    Ikbo__V1__RankRequest *r = rq_request_from_json(json, strlen(json), &st);
-    if (!r)
-        fail_msg("parse failed: %s: %s\n  json: %s", rq_code_name(st.code), st.msg, json);
-    assert_int_equal(st.code, RQ_OK);
-    return r;
-}
-
-static void parse_err(const char *json, const char *substr)
-{
-    rq_status st;
-    Ikbo__V1__RankRequest *r = rq_request_from_json(json, strlen(json), &st);
-    if (r)
-        fail_msg("expected parse error containing '%s' for %s", substr, json);
-    assert_int_equal(st.code, RQ_INVALID_ARGUMENT);
-    if (!strstr(st.msg, substr))
-        fail_msg("message '%s' lacks '%s'", st.msg, substr);
-}
+/* The message must contain substr. */
+static void parse_err(const char *json, const char *substr) { rf_parse_err(json, substr, 0); }
 
 /* A valid request body around the given users/candidates arrays. */
 #define U0 "{\"dense\":[1,2,3]}"

@@ -32,29 +32,11 @@
 #include <jansson.h>
 
 #include "server/request.h"
+#include "request_fixture.h"
 #include "wire_fixture.h"
 
-static Ikbo__V1__RankRequest *parse_ok(const char *json)
-{
-    rq_status st;
-    Ikbo__V1__RankRequest *r = rq_request_from_json(json, strlen(json), &st);
-    if (!r)
-        fail_msg("parse failed: %s: %s\n  json: %s", rq_code_name(st.code), st.msg, json);
-    assert_int_equal(st.code, RQ_OK);
-    return r;
-}
-
 /* The message must be exactly `want`. */
-static void parse_err(const char *json, const char *want)
-{
-    rq_status st;
-    Ikbo__V1__RankRequest *r = rq_request_from_json(json, strlen(json), &st);
-    if (r)
-        fail_msg("expected the error '%s' for %s", want, json);
-    assert_int_equal(st.code, RQ_INVALID_ARGUMENT);
-    if (strcmp(st.msg, want))
-        fail_msg("message '%s', want '%s'\n  json: %s", st.msg, want, json);
-}
+static void parse_err(const char *json, const char *want) { rf_parse_err(json, want, 1); }
 
 static void bytes_equal(const ProtobufCBinaryData *b, const void *want, size_t n)
 {
