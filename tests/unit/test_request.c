@@ -140,6 +140,15 @@ static void test_error_json(void **s)
 
 /* ---------------- JSON mapping ---------------- */
 
+/* The top-level scalars, whichever spelling (camelCase or snake_case) set them. */
+static void expect_top_fields(const Ikbo__V1__RankRequest *r, int64_t version, uint32_t top_k,
+                              const char *request_id)
+{
+    assert_int_equal(r->model_version, version);
+    assert_int_equal(r->top_k, top_k);
+    assert_string_equal(r->request_id, request_id);
+}
+
 static void test_json_camel(void **s)
 {
     (void)s;
@@ -151,9 +160,7 @@ static void test_json_camel(void **s)
         "\"candidates\":[{\"id\":\"123456789012345678\",\"user\":0,\"dense\":[0.5,\"1.5\"],"
         "\"sparse\":[{\"name\":\"item\",\"ids\":[4]}]}]}");
     assert_string_equal(r->model, "demo");
-    assert_int_equal(r->model_version, 7);
-    assert_int_equal(r->top_k, 5);
-    assert_string_equal(r->request_id, "r-1");
+    expect_top_fields(r, 7, 5, "r-1");
     assert_int_equal(r->n_users, 1);
     Ikbo__V1__User *u = r->users[0];
     assert_string_equal(u->key, "u");
@@ -182,9 +189,7 @@ static void test_json_snake(void **s)
         "{\"model\":\"demo\",\"model_version\":3,\"top_k\":2,\"request_id\":\"x\","
         "\"users\":[{\"history_ids\":[5,6],\"history_actions\":[0,1]}],"
         "\"candidates\":[{\"id\":-4,\"user\":0}]}");
-    assert_int_equal(r->model_version, 3);
-    assert_int_equal(r->top_k, 2);
-    assert_string_equal(r->request_id, "x");
+    expect_top_fields(r, 3, 2, "x");
     assert_int_equal(r->users[0]->n_history_ids, 2);
     assert_int_equal(r->users[0]->n_history_actions, 2);
     assert_true(r->candidates[0]->id == -4);
