@@ -20,11 +20,19 @@
 
 #include "server/config.h"
 
+/* c at the defaults; fails the test if config_defaults does. */
+static void defaults_ok(config *c)
+{
+    ikbo_err err = {{0}};
+    if (config_defaults(c, &err))
+        fail_msg("config_defaults: %s", err.msg);
+}
+
 static void apply_err(const char *json, const char *substr)
 {
     config c;
     ikbo_err err = {{0}};
-    assert_int_equal(config_defaults(&c, &err), 0);
+    defaults_ok(&c);
     int rc = config_apply_json(&c, json, strlen(json), &err);
     if (rc == 0)
         fail_msg("accepted %s (wanted error '%s')", json, substr);
@@ -36,9 +44,19 @@ static void apply_err(const char *json, const char *substr)
 static void apply_ok(config *c, const char *json)
 {
     ikbo_err err = {{0}};
-    assert_int_equal(config_defaults(c, &err), 0);
+    defaults_ok(c);
     if (config_apply_json(c, json, strlen(json), &err))
         fail_msg("rejected %s: %s", json, err.msg);
+}
+
+/* config_to_json(c) contains want. */
+static void json_has(const config *c, const char *want)
+{
+    char *j = config_to_json(c);
+    assert_non_null(j);
+    if (!strstr(j, want))
+        fail_msg("config_to_json lacks %s:\n%s", want, j);
+    free(j);
 }
 
 /* Writes text to a temp file; returns its malloc'd path. */
@@ -56,8 +74,7 @@ static void test_defaults(void **s)
 {
     (void)s;
     config c;
-    ikbo_err err;
-    assert_int_equal(config_defaults(&c, &err), 0);
+    defaults_ok(&c);
     assert_string_equal(c.grpc_listen, "127.0.0.1:50051");
     assert_string_equal(c.http_listen, "127.0.0.1:8080");
     assert_string_equal(c.model_repository, "models");
@@ -138,9 +155,7 @@ static void test_good_config(void **s)
     config_free(&c);
     apply_ok(&c, "{\"tls\":null}");
     assert_null(c.tls_cert_file);
-    j = config_to_json(&c);
-    assert_non_null(strstr(j, "\"tls\":null"));
-    free(j);
+    json_has(&c, "\"tls\":null");
     config_free(&c);
 }
 
@@ -258,8 +273,7 @@ static void test_batching(void **s)
 {
     (void)s;
     config c;
-    ikbo_err err;
-    assert_int_equal(config_defaults(&c, &err), 0);
+    defaults_ok(&c);
     assert_int_equal(c.batching.max_batch_candidates, CONFIG_BATCH_MAX_CANDIDATES);
     assert_int_equal(c.batching.max_batch_users, CONFIG_BATCH_MAX_USERS);
     assert_int_equal(c.batching.max_queue_delay_us, CONFIG_BATCH_MAX_QUEUE_DELAY_US);
@@ -276,13 +290,11 @@ static void test_batching(void **s)
     assert_int_equal(c.batching.instances, 3);
     assert_int_equal(c.batching.max_queue_candidates, 800);
     assert_int_equal(c.batching.max_queue_requests, 20);
-    char *j = config_to_json(&c);
-    assert_non_null(strstr(j, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
-                              "\"max_queue_delay_us\":250,\"instances\":3,"
-                              "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
-                              "\"graphs\":16,\"idle_spin_us\":0,\"gpu_spin_us\":10000000,"
-                              "\"batch_timeout_ms\":30000}"));
-    free(j);
+    json_has(&c, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
+                 "\"max_queue_delay_us\":250,\"instances\":3,"
+                 "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
+                 "\"graphs\":16,\"idle_spin_us\":0,\"gpu_spin_us\":10000000,"
+                 "\"batch_timeout_ms\":30000}");
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
     apply_err("{\"batching\":{\"max_batch_candidates\":-1}}",
@@ -406,8 +418,7 @@ static void test_repository(void **s)
 {
     (void)s;
     config c;
-    ikbo_err err;
-    assert_int_equal(config_defaults(&c, &err), 0);
+    defaults_ok(&c);
     assert_int_equal(c.repository_poll_ms, 2000);
     assert_int_equal(c.repository_settle_ms, 1000);
     assert_int_equal(c.version_policy.latest, 1);
@@ -429,11 +440,9 @@ static void test_repository(void **s)
     assert_int_equal(c.model_policy[0].policy.versions[1], 1);
     assert_string_equal(c.model_policy[1].name, "b");
     assert_int_equal(c.model_policy[1].policy.latest, 2);
-    char *j = config_to_json(&c);
-    assert_non_null(strstr(j, "\"repository_poll_ms\":0,\"repository_settle_ms\":50,"
-                              "\"version_policy\":{\"latest\":3},\"model_policy\":{\"demo\":"
-                              "{\"versions\":[2,1]},\"b\":{\"latest\":2}},\"admin_http\":\"any\""));
-    free(j);
+    json_has(&c, "\"repository_poll_ms\":0,\"repository_settle_ms\":50,"
+                 "\"version_policy\":{\"latest\":3},\"model_policy\":{\"demo\":"
+                 "{\"versions\":[2,1]},\"b\":{\"latest\":2}},\"admin_http\":\"any\"");
     config_free(&c);
     apply_err("{\"repository_poll_ms\":-1}", "repository_poll_ms: expected integer 0..86400000");
     apply_err("{\"repository_settle_ms\":\"1s\"}", "repository_settle_ms: expected integer");
@@ -590,24 +599,26 @@ static void test_flag_errors(void **s)
     resolve_err(3, a13, NULL, "--models: expected a directory");
 }
 
-static void test_help_version(void **s)
+/* config_resolve accepts argv and asks for the action want. */
+static void resolve_action(int argc, char **argv, enum config_action want)
 {
-    (void)s;
     config c;
     ikbo_err err;
     enum config_action act;
+    assert_int_equal(config_resolve(&c, argc, argv, NULL, &act, &err), 0);
+    assert_int_equal(act, want);
+    config_free(&c);
+}
+
+static void test_help_version(void **s)
+{
+    (void)s;
     char *a1[] = {"ikbo-serve", "--threads", "3", "--help", NULL};
-    assert_int_equal(config_resolve(&c, 4, a1, NULL, &act, &err), 0);
-    assert_int_equal(act, CONFIG_HELP);
-    config_free(&c);
+    resolve_action(4, a1, CONFIG_HELP);
     char *a2[] = {"ikbo-serve", "-h", NULL};
-    assert_int_equal(config_resolve(&c, 2, a2, NULL, &act, &err), 0);
-    assert_int_equal(act, CONFIG_HELP);
-    config_free(&c);
+    resolve_action(2, a2, CONFIG_HELP);
     char *a3[] = {"ikbo-serve", "--version", NULL};
-    assert_int_equal(config_resolve(&c, 2, a3, NULL, &act, &err), 0);
-    assert_int_equal(act, CONFIG_VERSION);
-    config_free(&c);
+    resolve_action(2, a3, CONFIG_VERSION);
 
     char *buf = NULL;
     size_t len = 0;
