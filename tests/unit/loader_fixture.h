@@ -143,8 +143,10 @@ FX_FN float fx_val(const char *name, size_t i)
     return (float)((int)((h >> 8) % 65) - 32) / 64.0f;
 }
 
-/* A [rows, cols] tensor (cols < 0: a 1-D [rows] tensor) of fx_val values. */
-FX_FN void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows, long cols)
+/* A [rows, cols] tensor (cols < 0: a 1-D [rows] tensor) of fx_val values,
+ * but for element poison_at (if >= 0), which is poison_val. */
+FX_FN void fx_add_fill_poisoned(fx_st *b, const char *name, const char *dtype, long rows,
+                                long cols, long poison_at, float poison_val)
 {
     char shape[64];
     size_t n = (size_t)rows * (size_t)(cols < 0 ? 1 : cols);
@@ -152,13 +154,19 @@ FX_FN void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows,
     if (!v)
         abort();
     for (size_t i = 0; i < n; i++)
-        v[i] = fx_val(name, i);
+        v[i] = poison_at >= 0 && i == (size_t)poison_at ? poison_val : fx_val(name, i);
     if (cols < 0)
         snprintf(shape, sizeof shape, "[%ld]", rows);
     else
         snprintf(shape, sizeof shape, "[%ld, %ld]", rows, cols);
     fx_add_f32(b, name, dtype, shape, v, n);
     free(v);
+}
+
+/* A [rows, cols] tensor (cols < 0: a 1-D [rows] tensor) of fx_val values. */
+FX_FN void fx_add_fill(fx_st *b, const char *name, const char *dtype, long rows, long cols)
+{
+    fx_add_fill_poisoned(b, name, dtype, rows, cols, -1, 0.0f);
 }
 
 /* Blob = 8-byte LE header size + header text + data; frees b. */
@@ -305,19 +313,7 @@ FX_FN uint8_t *fx_example_weights(const fx_opts *o, size_t *len)
             c = o->cols;
         }
         if (o->poison && strcmp(o->poison, s->name) == 0) {
-            char shape[64];
-            size_t n = (size_t)r * (size_t)(c < 0 ? 1 : c);
-            float *v = malloc(n * sizeof(float) + 1);
-            if (!v)
-                abort();
-            for (size_t k = 0; k < n; k++)
-                v[k] = k == 3 ? o->poison_val : fx_val(s->name, k);
-            if (c < 0)
-                snprintf(shape, sizeof shape, "[%ld]", r);
-            else
-                snprintf(shape, sizeof shape, "[%ld, %ld]", r, c);
-            fx_add_f32(b, s->name, o->dtype ? o->dtype : "F32", shape, v, n);
-            free(v);
+            fx_add_fill_poisoned(b, s->name, o->dtype ? o->dtype : "F32", r, c, 3, o->poison_val);
             continue;
         }
         fx_add_fill(b, s->name, o->dtype ? o->dtype : "F32", r, c);

@@ -84,7 +84,9 @@ static model_def *plan_ok(const char *layers)
     return m;
 }
 
-static void plan_err_(const char *layers, ...)
+/* Plans `layers`, which must be refused with a one-line message that
+ * starts with the model path and holds each string of want[] (NULL-ended). */
+static void plan_err_list(const char *layers, const char *const *want)
 {
     char *j = model(layers);
     bk_err e = {{0}};
@@ -97,15 +99,36 @@ static void plan_err_(const char *layers, ...)
     if (strncmp(e.msg, DIR "/model.json: ", strlen(DIR "/model.json: ")) != 0 ||
         strchr(e.msg, '\n'))
         fail_msg("bad message form: %s", e.msg);
-    va_list ap;
-    va_start(ap, layers);
-    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
-        if (!strstr(e.msg, s))
-            fail_msg("message lacks \"%s\": %s", s, e.msg);
-    va_end(ap);
+    for (const char *const *s = want; *s; s++)
+        if (!strstr(e.msg, *s))
+            fail_msg("message lacks \"%s\": %s", *s, e.msg);
     free(j);
 }
-#define plan_err(layers, ...) plan_err_((layers), __VA_ARGS__, (const char *)NULL)
+#define plan_err(layers, ...) plan_err_list((layers), (const char *const[]){__VA_ARGS__, NULL})
+
+/* One refused layer 'x': the layers before it ("" for none), its keys after
+ * "name" and "op" (each with its leading comma), and what the message must
+ * hold (as plan_err's strings). */
+struct bad_x {
+    const char *before;
+    const char *keys;
+    const char *want[8];
+};
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+
+/* Each case: `before`,{"name":"x","op":"<op>"<keys>} is refused by plan_err_list. */
+static void refuse_x(const char *op, const struct bad_x *c, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *ls = fmt("%s%s{\"name\":\"x\",\"op\":\"%s\"%s}", c[i].before,
+                       c[i].before[0] ? "," : "", op, c[i].keys);
+        assert_null(c[i].want[7]); /* want[] ends in NULL */
+        plan_err_list(ls, c[i].want);
+        free(ls);
+    }
+}
+#define REFUSE_X(op, cases) refuse_x((op), (cases), sizeof(cases) / sizeof((cases)[0]))
 
 static const md_layer *L(const model_def *m, const char *name)
 {
@@ -255,24 +278,22 @@ static void test_lce_vec_operands(void **state)
 static void test_lce_refused(void **state)
 {
     (void)state;
-    plan_err(L_UT "," L_CT ",{\"name\":\"x\",\"op\":\"lce\",\"user\":\"ct\",\"candidate\":\"ct\","
-                           "\"out_tokens\":3}",
-             "layer 'x': lce user operand 'ct' is candidate tokens [2, 8]; it must be user-domain");
-    plan_err(L_UT "," L_CT ",{\"name\":\"x\",\"op\":\"lce\",\"user\":\"ut\",\"candidate\":\"ut\","
-                           "\"out_tokens\":3}",
-             "layer 'x': lce candidate operand 'ut' is user tokens [4, 8]; it must be "
-             "candidate-domain");
-    plan_err(L_H "," L_CT ",{\"name\":\"x\",\"op\":\"lce\",\"user\":\"h\",\"candidate\":\"ct\","
-                          "\"out_tokens\":3}",
-             "layer 'x': lce user operand 'h' is user jagged [L, 8]");
-    plan_err(L_UE16 "," L_CT ",{\"name\":\"x\",\"op\":\"lce\",\"user\":\"ue16\",\"candidate\":"
-                             "\"ct\",\"out_tokens\":3}",
-             "layer 'x': lce user operand 'ue16' has D=16, candidate operand 'ct' has D=8");
-    plan_err(L_UT "," L_CT ",{\"name\":\"x\",\"op\":\"lce\",\"user\":\"ut\",\"candidate\":\"ct\"}",
-             "layer 'x': missing key 'layers[4].out_tokens'");
-    plan_err(L_UT "," L_CT ",{\"name\":\"x\",\"op\":\"lce\",\"user\":\"ut\",\"candidate\":\"ct\","
-                           "\"out_tokens\":300000000}",
-             "layer 'x': lce output [300000000, 8] is too wide");
+    static const struct bad_x cases[] = {
+        {L_UT "," L_CT, ",\"user\":\"ct\",\"candidate\":\"ct\",\"out_tokens\":3",
+         {"layer 'x': lce user operand 'ct' is candidate tokens [2, 8]; it must be user-domain"}},
+        {L_UT "," L_CT, ",\"user\":\"ut\",\"candidate\":\"ut\",\"out_tokens\":3",
+         {"layer 'x': lce candidate operand 'ut' is user tokens [4, 8]; it must be "
+          "candidate-domain"}},
+        {L_H "," L_CT, ",\"user\":\"h\",\"candidate\":\"ct\",\"out_tokens\":3",
+         {"layer 'x': lce user operand 'h' is user jagged [L, 8]"}},
+        {L_UE16 "," L_CT, ",\"user\":\"ue16\",\"candidate\":\"ct\",\"out_tokens\":3",
+         {"layer 'x': lce user operand 'ue16' has D=16, candidate operand 'ct' has D=8"}},
+        {L_UT "," L_CT, ",\"user\":\"ut\",\"candidate\":\"ct\"",
+         {"layer 'x': missing key 'layers[4].out_tokens'"}},
+        {L_UT "," L_CT, ",\"user\":\"ut\",\"candidate\":\"ct\",\"out_tokens\":300000000",
+         {"layer 'x': lce output [300000000, 8] is too wide"}},
+    };
+    REFUSE_X("lce", cases);
 }
 
 /* ------------------------------------------------------------- attention */
@@ -479,27 +500,27 @@ static void test_add(void **state)
 static void test_add_refused(void **state)
 {
     (void)state;
-    plan_err(L_UT "," L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ut\",\"ue\"]}",
-             "layer 'x': add operands must have equal shapes: 'ut' is user tokens [4, 8], 'ue' is "
-             "user vec [8]");
-    plan_err(L_UE "," L_UE16 ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\",\"ue16\"]}",
-             "layer 'x': add operands must have equal shapes");
-    plan_err(L_UE "," L_CT ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\",\"cd\"]}",
-             "layer 'x': add operands must have equal shapes: 'ue' is user vec [8], 'cd' is "
-             "candidate vec [16]");
-    plan_err(L_H "," L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"h\",\"ue\"]}",
-             "layer 'x': add operands must have equal shapes: 'h' is user jagged [L, 8], 'ue' is "
-             "user vec [8]");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\",\"ue\",\"ue\"]}",
-             "layer 'x': 'layers[1].inputs' must list exactly two inputs [a, b], got 3");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\",\"inputs\":[\"ue\"]}",
-             "must list exactly two inputs [a, b], got 1");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\",\"a\":\"ue\"}",
-             "layer 'x': missing key 'layers[1].b'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\",\"a\":\"ue\",\"b\":\"ue\",\"inputs\":[\"ue\","
-                  "\"ue\"]}",
-             "layer 'x': add takes either 'inputs': [a, b] or 'a' and 'b', not both");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"add\"}", "layer 'x': missing key 'layers[1].inputs'");
+    static const struct bad_x cases[] = {
+        {L_UT "," L_UE, ",\"inputs\":[\"ut\",\"ue\"]",
+         {"layer 'x': add operands must have equal shapes: 'ut' is user tokens [4, 8], 'ue' is "
+          "user vec [8]"}},
+        {L_UE "," L_UE16, ",\"inputs\":[\"ue\",\"ue16\"]",
+         {"layer 'x': add operands must have equal shapes"}},
+        {L_UE "," L_CT, ",\"inputs\":[\"ue\",\"cd\"]",
+         {"layer 'x': add operands must have equal shapes: 'ue' is user vec [8], 'cd' is "
+          "candidate vec [16]"}},
+        {L_H "," L_UE, ",\"inputs\":[\"h\",\"ue\"]",
+         {"layer 'x': add operands must have equal shapes: 'h' is user jagged [L, 8], 'ue' is "
+          "user vec [8]"}},
+        {L_UE, ",\"inputs\":[\"ue\",\"ue\",\"ue\"]",
+         {"layer 'x': 'layers[1].inputs' must list exactly two inputs [a, b], got 3"}},
+        {L_UE, ",\"inputs\":[\"ue\"]", {"must list exactly two inputs [a, b], got 1"}},
+        {L_UE, ",\"a\":\"ue\"", {"layer 'x': missing key 'layers[1].b'"}},
+        {L_UE, ",\"a\":\"ue\",\"b\":\"ue\",\"inputs\":[\"ue\",\"ue\"]",
+         {"layer 'x': add takes either 'inputs': [a, b] or 'a' and 'b', not both"}},
+        {L_UE, "", {"layer 'x': missing key 'layers[1].inputs'"}},
+    };
+    REFUSE_X("add", cases);
 }
 
 /* ----------------------------------------------------- stack and shapes */
@@ -604,7 +625,6 @@ static const char *refs(const char *r, int n)
 }
 
 /* A layer list built with printf-style arguments (each test frees it). */
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static char *fmt(const char *f, ...)
 {
     va_list ap;
@@ -643,25 +663,24 @@ static void test_activation(void **state)
     assert_int_equal(L(m, "a1")->n_w, 0);
     model_def_free(m);
 
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\"}",
-             "layer 'x': missing key 'layers[1].fn'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"fn\":\"relu\"}",
-             "layer 'x': missing key 'layers[1].input'");
-    /* "none" is linear's, not an activation layer's */
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"none\"}",
-             "layer 'x': 'layers[1].fn' must be ", "\"relu\"", "\"gelu\"", "\"silu\"", "\"tanh\"",
-             "\"sigmoid\"", "got 'none'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"softmax\"}",
-             "layer 'x': 'layers[1].fn' must be ", "got 'softmax'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":1}",
-             "layer 'x': 'layers[1].fn' must be a string");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":\"ue\",\"fn\":\"relu\","
-                  "\"activation\":\"relu\"}",
-             "layer 'x': unknown key 'layers[1].activation'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"activation\",\"input\":[\"ue\"],\"fn\":\"relu\"}",
-             "layer 'x': 'layers[1].input' must be a string");
-    plan_err("{\"name\":\"x\",\"op\":\"activation\",\"input\":\"user.sparse.u\",\"fn\":\"relu\"}",
-             "layer 'x': input 'user.sparse.u' is a sparse feature");
+    static const struct bad_x cases[] = {
+        {L_UE, ",\"input\":\"ue\"", {"layer 'x': missing key 'layers[1].fn'"}},
+        {L_UE, ",\"fn\":\"relu\"", {"layer 'x': missing key 'layers[1].input'"}},
+        /* "none" is linear's, not an activation layer's */
+        {L_UE, ",\"input\":\"ue\",\"fn\":\"none\"",
+         {"layer 'x': 'layers[1].fn' must be ", "\"relu\"", "\"gelu\"", "\"silu\"", "\"tanh\"",
+          "\"sigmoid\"", "got 'none'"}},
+        {L_UE, ",\"input\":\"ue\",\"fn\":\"softmax\"",
+         {"layer 'x': 'layers[1].fn' must be ", "got 'softmax'"}},
+        {L_UE, ",\"input\":\"ue\",\"fn\":1", {"layer 'x': 'layers[1].fn' must be a string"}},
+        {L_UE, ",\"input\":\"ue\",\"fn\":\"relu\",\"activation\":\"relu\"",
+         {"layer 'x': unknown key 'layers[1].activation'"}},
+        {L_UE, ",\"input\":[\"ue\"],\"fn\":\"relu\"",
+         {"layer 'x': 'layers[1].input' must be a string"}},
+        {"", ",\"input\":\"user.sparse.u\",\"fn\":\"relu\"",
+         {"layer 'x': input 'user.sparse.u' is a sparse feature"}},
+    };
+    REFUSE_X("activation", cases);
 }
 
 static void test_layer_norm(void **state)
@@ -690,19 +709,20 @@ static void test_layer_norm(void **state)
     assert_true(L(m, "n2")->w[0].one_d && L(m, "n2")->w[1].one_d);
     model_def_free(m);
 
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":0}",
-             "layer 'x': 'layers[1].eps' must be a positive finite number, got 0");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":-1e-5}",
-             "layer 'x': 'layers[1].eps' must be a positive finite number");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":1e300}",
-             "layer 'x': 'layers[1].eps' must be a positive finite number");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":\"1e-5\"}",
-             "layer 'x': 'layers[1].eps' must be a number, got string");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"eps\":null}",
-             "layer 'x': 'layers[1].eps' must be a number");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\",\"input\":\"ue\",\"epsilon\":0.1}",
-             "layer 'x': unknown key 'layers[1].epsilon'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"layer_norm\"}", "layer 'x': missing key 'layers[1].input'");
+    static const struct bad_x cases[] = {
+        {L_UE, ",\"input\":\"ue\",\"eps\":0",
+         {"layer 'x': 'layers[1].eps' must be a positive finite number, got 0"}},
+        {L_UE, ",\"input\":\"ue\",\"eps\":-1e-5",
+         {"layer 'x': 'layers[1].eps' must be a positive finite number"}},
+        {L_UE, ",\"input\":\"ue\",\"eps\":1e300",
+         {"layer 'x': 'layers[1].eps' must be a positive finite number"}},
+        {L_UE, ",\"input\":\"ue\",\"eps\":\"1e-5\"",
+         {"layer 'x': 'layers[1].eps' must be a number, got string"}},
+        {L_UE, ",\"input\":\"ue\",\"eps\":null", {"layer 'x': 'layers[1].eps' must be a number"}},
+        {L_UE, ",\"input\":\"ue\",\"epsilon\":0.1", {"layer 'x': unknown key 'layers[1].epsilon'"}},
+        {L_UE, "", {"layer 'x': missing key 'layers[1].input'"}},
+    };
+    REFUSE_X("layer_norm", cases);
 }
 
 /* An eps that is positive as written but 0 as the fp32 the layer keeps
@@ -740,23 +760,21 @@ static void test_concat(void **state)
     assert_int_equal(c2->n_w, 0);
     model_def_free(m);
 
-    plan_err(L_UE "," L_UT ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",\"ut\"]}",
-             "layer 'x': concat input 'ut' is user tokens [4, 8]; concat takes vectors [F]",
-             "flatten");
-    plan_err(L_UE "," L_H ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",\"h\"]}",
-             "layer 'x': concat input 'h' is user jagged [L, 8]; concat takes vectors [F]", "pool");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[]}",
-             "layer 'x': 'layers[1].inputs' must be a non-empty array");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":\"ue\"}",
-             "layer 'x': 'layers[1].inputs' must be");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"ue\",3]}",
-             "layer 'x': 'layers[1].inputs[1]' must be a string");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\",\"input\":\"ue\"}",
-             "layer 'x': unknown key 'layers[1].input'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"concat\"}", "layer 'x': missing key 'layers[1].inputs'");
-    plan_err("{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":2000000000},"
-             "{\"name\":\"x\",\"op\":\"concat\",\"inputs\":[\"d\",\"d\"]}",
-             "layer 'x': concat output [4000000000] is too wide");
+    static const struct bad_x cases[] = {
+        {L_UE "," L_UT, ",\"inputs\":[\"ue\",\"ut\"]",
+         {"layer 'x': concat input 'ut' is user tokens [4, 8]; concat takes vectors [F]",
+          "flatten"}},
+        {L_UE "," L_H, ",\"inputs\":[\"ue\",\"h\"]",
+         {"layer 'x': concat input 'h' is user jagged [L, 8]; concat takes vectors [F]", "pool"}},
+        {L_UE, ",\"inputs\":[]", {"layer 'x': 'layers[1].inputs' must be a non-empty array"}},
+        {L_UE, ",\"inputs\":\"ue\"", {"layer 'x': 'layers[1].inputs' must be"}},
+        {L_UE, ",\"inputs\":[\"ue\",3]", {"layer 'x': 'layers[1].inputs[1]' must be a string"}},
+        {L_UE, ",\"input\":\"ue\"", {"layer 'x': unknown key 'layers[1].input'"}},
+        {L_UE, "", {"layer 'x': missing key 'layers[1].inputs'"}},
+        {"{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":2000000000}",
+         ",\"inputs\":[\"d\",\"d\"]", {"layer 'x': concat output [4000000000] is too wide"}},
+    };
+    REFUSE_X("concat", cases);
 }
 
 static void test_mul(void **state)
@@ -785,25 +803,25 @@ static void test_mul(void **state)
     assert_int_equal(v2->n_w, 0);
     model_def_free(m);
 
-    plan_err(L_UT "," L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"ut\",\"ue\"]}",
-             "layer 'x': mul operands must have equal shapes: 'ut' is user tokens [4, 8], 'ue' is "
-             "user vec [8]");
-    plan_err(L_H "," L_H16 ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"h\",\"h16\"]}",
-             "layer 'x': mul operands must have equal shapes: 'h' is user jagged [L, 8], 'h16' is "
-             "user jagged [L, 16]");
-    /* a jagged operand never meets a candidate one */
-    plan_err(L_H "," L_CE ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"h\",\"ce\"]}",
-             "layer 'x': mul operands must have equal shapes: 'h' is user jagged [L, 8], 'ce' is "
-             "candidate vec [8]");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"inputs\":[\"ue\",\"ue\",\"ue\"]}",
-             "layer 'x': 'layers[1].inputs' must list exactly two inputs [a, b], got 3");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"b\":\"ue\"}",
-             "layer 'x': missing key 'layers[1].a'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"a\":\"ue\",\"b\":\"ue\",\"inputs\":[\"ue\","
-                  "\"ue\"]}",
-             "layer 'x': mul takes either 'inputs': [a, b] or 'a' and 'b', not both");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"mul\",\"a\":\"ue\",\"b\":\"ue\",\"c\":\"ue\"}",
-             "layer 'x': unknown key 'layers[1].c'");
+    static const struct bad_x cases[] = {
+        {L_UT "," L_UE, ",\"inputs\":[\"ut\",\"ue\"]",
+         {"layer 'x': mul operands must have equal shapes: 'ut' is user tokens [4, 8], 'ue' is "
+          "user vec [8]"}},
+        {L_H "," L_H16, ",\"inputs\":[\"h\",\"h16\"]",
+         {"layer 'x': mul operands must have equal shapes: 'h' is user jagged [L, 8], 'h16' is "
+          "user jagged [L, 16]"}},
+        /* a jagged operand never meets a candidate one */
+        {L_H "," L_CE, ",\"inputs\":[\"h\",\"ce\"]",
+         {"layer 'x': mul operands must have equal shapes: 'h' is user jagged [L, 8], 'ce' is "
+          "candidate vec [8]"}},
+        {L_UE, ",\"inputs\":[\"ue\",\"ue\",\"ue\"]",
+         {"layer 'x': 'layers[1].inputs' must list exactly two inputs [a, b], got 3"}},
+        {L_UE, ",\"b\":\"ue\"", {"layer 'x': missing key 'layers[1].a'"}},
+        {L_UE, ",\"a\":\"ue\",\"b\":\"ue\",\"inputs\":[\"ue\",\"ue\"]",
+         {"layer 'x': mul takes either 'inputs': [a, b] or 'a' and 'b', not both"}},
+        {L_UE, ",\"a\":\"ue\",\"b\":\"ue\",\"c\":\"ue\"", {"layer 'x': unknown key 'layers[1].c'"}},
+    };
+    REFUSE_X("mul", cases);
 }
 
 static void test_jagged_add_and_linear(void **state)
@@ -866,22 +884,22 @@ static void test_token_linear(void **state)
     assert_int_equal(L(m, "t1")->n_w, 1);
     model_def_free(m);
 
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"h\",\"out_tokens\":2}",
-             "layer 'x': token_linear input 'h' is user jagged [L, 8]; token_linear takes tokens "
-             "[K, D]");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\"}",
-             "layer 'x': missing key 'layers[2].out_tokens'");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":0}",
-             "layer 'x': 'layers[2].out_tokens' must be an integer in [1, 2147483647], got 0");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":\"3\"}",
-             "layer 'x': 'layers[2].out_tokens' must be an integer, got string");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":1.5}",
-             "layer 'x': 'layers[2].out_tokens' must be an integer");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out\":3}",
-             "layer 'x': unknown key 'layers[2].out'");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"token_linear\",\"input\":\"ut\",\"out_tokens\":"
-                  "1000000000}",
-             "layer 'x': token_linear output [1000000000, 8] is too wide");
+    static const struct bad_x cases[] = {
+        {L_H, ",\"input\":\"h\",\"out_tokens\":2",
+         {"layer 'x': token_linear input 'h' is user jagged [L, 8]; token_linear takes tokens "
+          "[K, D]"}},
+        {L_UT, ",\"input\":\"ut\"", {"layer 'x': missing key 'layers[2].out_tokens'"}},
+        {L_UT, ",\"input\":\"ut\",\"out_tokens\":0",
+         {"layer 'x': 'layers[2].out_tokens' must be an integer in [1, 2147483647], got 0"}},
+        {L_UT, ",\"input\":\"ut\",\"out_tokens\":\"3\"",
+         {"layer 'x': 'layers[2].out_tokens' must be an integer, got string"}},
+        {L_UT, ",\"input\":\"ut\",\"out_tokens\":1.5",
+         {"layer 'x': 'layers[2].out_tokens' must be an integer"}},
+        {L_UT, ",\"input\":\"ut\",\"out\":3", {"layer 'x': unknown key 'layers[2].out'"}},
+        {L_UT, ",\"input\":\"ut\",\"out_tokens\":1000000000",
+         {"layer 'x': token_linear output [1000000000, 8] is too wide"}},
+    };
+    REFUSE_X("token_linear", cases);
 }
 
 static void test_dot_interaction(void **state)
@@ -931,32 +949,28 @@ static void test_dot_interaction(void **state)
     ls = fmt(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[%s]}", refs("ue", 257));
     plan_err(ls, "layer 'x': dot_interaction over more than 256 tokens");
     free(ls);
-    plan_err("{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":257},"
-             "{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"d\",\"tokens\":257},"
-             "{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"r\"],\"self\":true}",
-             "layer 'x': dot_interaction over more than 256 tokens");
-
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\"]}",
-             "layer 'x': dot_interaction over 1 token has no pairs", "\"self\": true");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\"],\"self\":false}",
-             "layer 'x': dot_interaction over 1 token has no pairs");
-    plan_err(L_UE "," L_H ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"h\"]}",
-             "layer 'x': dot_interaction input 'h' is user jagged [L, 8]");
-    plan_err(L_UE "," L_UE16 ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\","
-                             "\"ue16\"]}",
-             "layer 'x': dot_interaction inputs need one width D: 'ue' has D=8, 'ue16' has D=16");
-    plan_err(L_UE "," L_CT ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\","
-                           "\"cd\"]}",
-             "layer 'x': dot_interaction inputs need one width D: 'ue' has D=8, 'cd' has D=16");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[\"ue\",\"ue\"],"
-                  "\"self\":1}",
-             "layer 'x': 'layers[1].self' must be true or false");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"inputs\":[]}",
-             "layer 'x': 'layers[1].inputs' must be a non-empty array");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"input\":\"ue\"}",
-             "layer 'x': unknown key 'layers[1].input'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"dot_interaction\",\"self\":true}",
-             "layer 'x': missing key 'layers[1].inputs'");
+    static const struct bad_x cases[] = {
+        {"{\"name\":\"d\",\"op\":\"linear\",\"input\":\"user.dense\",\"out\":257},"
+         "{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"d\",\"tokens\":257}",
+         ",\"inputs\":[\"r\"],\"self\":true",
+         {"layer 'x': dot_interaction over more than 256 tokens"}},
+        {L_UE, ",\"inputs\":[\"ue\"]",
+         {"layer 'x': dot_interaction over 1 token has no pairs", "\"self\": true"}},
+        {L_UE, ",\"inputs\":[\"ue\"],\"self\":false",
+         {"layer 'x': dot_interaction over 1 token has no pairs"}},
+        {L_UE "," L_H, ",\"inputs\":[\"ue\",\"h\"]",
+         {"layer 'x': dot_interaction input 'h' is user jagged [L, 8]"}},
+        {L_UE "," L_UE16, ",\"inputs\":[\"ue\",\"ue16\"]",
+         {"layer 'x': dot_interaction inputs need one width D: 'ue' has D=8, 'ue16' has D=16"}},
+        {L_UE "," L_CT, ",\"inputs\":[\"ue\",\"cd\"]",
+         {"layer 'x': dot_interaction inputs need one width D: 'ue' has D=8, 'cd' has D=16"}},
+        {L_UE, ",\"inputs\":[\"ue\",\"ue\"],\"self\":1",
+         {"layer 'x': 'layers[1].self' must be true or false"}},
+        {L_UE, ",\"inputs\":[]", {"layer 'x': 'layers[1].inputs' must be a non-empty array"}},
+        {L_UE, ",\"input\":\"ue\"", {"layer 'x': unknown key 'layers[1].input'"}},
+        {L_UE, ",\"self\":true", {"layer 'x': missing key 'layers[1].inputs'"}},
+    };
+    REFUSE_X("dot_interaction", cases);
 }
 
 static void test_cross(void **state)
@@ -993,23 +1007,23 @@ static void test_cross(void **state)
     weight_is(m, "x4", 1, "x4.v", 1, 4);
     model_def_free(m);
 
-    plan_err(L_UE "," L_UE16 ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue16\"}",
-             "layer 'x': cross x0 'ue' is user vec [8] and input 'ue16' is user vec [16]; both "
-             "must be vectors [F] of one F");
-    plan_err(L_UT ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ut\",\"input\":\"ut\"}",
-             "layer 'x': cross x0 'ut' is user tokens [4, 8] and input 'ut' is user tokens [4, 8]");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"h\",\"input\":\"h\"}",
-             "layer 'x': cross x0 'h' is user jagged [L, 8]");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\",\"rank\":0}",
-             "layer 'x': 'layers[1].rank' must be an integer in [1, 2147483647], got 0");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\",\"rank\":\"2\"}",
-             "layer 'x': 'layers[1].rank' must be an integer, got string");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"input\":\"ue\"}",
-             "layer 'x': missing key 'layers[1].x0'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\"}",
-             "layer 'x': missing key 'layers[1].input'");
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"cross\",\"x0\":\"ue\",\"input\":\"ue\",\"out\":8}",
-             "layer 'x': unknown key 'layers[1].out'");
+    static const struct bad_x cases[] = {
+        {L_UE "," L_UE16, ",\"x0\":\"ue\",\"input\":\"ue16\"",
+         {"layer 'x': cross x0 'ue' is user vec [8] and input 'ue16' is user vec [16]; both "
+          "must be vectors [F] of one F"}},
+        {L_UT, ",\"x0\":\"ut\",\"input\":\"ut\"",
+         {"layer 'x': cross x0 'ut' is user tokens [4, 8] and input 'ut' is user tokens [4, 8]"}},
+        {L_H, ",\"x0\":\"h\",\"input\":\"h\"", {"layer 'x': cross x0 'h' is user jagged [L, 8]"}},
+        {L_UE, ",\"x0\":\"ue\",\"input\":\"ue\",\"rank\":0",
+         {"layer 'x': 'layers[1].rank' must be an integer in [1, 2147483647], got 0"}},
+        {L_UE, ",\"x0\":\"ue\",\"input\":\"ue\",\"rank\":\"2\"",
+         {"layer 'x': 'layers[1].rank' must be an integer, got string"}},
+        {L_UE, ",\"input\":\"ue\"", {"layer 'x': missing key 'layers[1].x0'"}},
+        {L_UE, ",\"x0\":\"ue\"", {"layer 'x': missing key 'layers[1].input'"}},
+        {L_UE, ",\"x0\":\"ue\",\"input\":\"ue\",\"out\":8",
+         {"layer 'x': unknown key 'layers[1].out'"}},
+    };
+    REFUSE_X("cross", cases);
 }
 
 static void test_mixture(void **state)
@@ -1054,35 +1068,29 @@ static void test_mixture(void **state)
     plan_err(ls, "layer 'x': mixture has 65 experts; at most 64");
     free(ls);
 
-    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\"],"
-                       "\"gate\":\"g3\"}",
-             "layer 'x': mixture gate 'g3' is user vec [3]; it must be a vector [2], one logit "
-             "per expert");
-    plan_err(L_EXPERTS "," L_UE ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"ue\"],"
-                              "\"gate\":\"g3\"}",
-             "layer 'x': mixture expert 'ue' is user vec [8]; experts must be vectors [F] of one "
-             "F (the first is [4])");
-    plan_err(L_EXPERTS "," L_UT ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"ut\",\"ut\","
-                              "\"ut\"],\"gate\":\"g3\"}",
-             "layer 'x': mixture expert 'ut' is user tokens [4, 8]");
-    plan_err(L_EXPERTS "," L_H ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"h\"],"
-                             "\"gate\":\"g3\"}",
-             "layer 'x': mixture expert 'h' is user jagged [L, 8]");
-    plan_err(L_EXPERTS "," L_UT ",{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"g3\",\"tokens\":"
-                              "3},{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\","
-                              "\"e3\"],\"gate\":\"r\"}",
-             "layer 'x': mixture gate 'r' is user tokens [3, 1]");
-    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[],\"gate\":\"g3\"}",
-             "layer 'x': 'layers[5].experts' must be a non-empty array");
-    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":\"e1\",\"gate\":\"g3\"}",
-             "layer 'x': 'layers[5].experts' must be");
-    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\",\"e3\"]}",
-             "layer 'x': missing key 'layers[5].gate'");
-    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"gate\":\"g3\"}",
-             "layer 'x': missing key 'layers[5].experts'");
-    plan_err(L_EXPERTS ",{\"name\":\"x\",\"op\":\"mixture\",\"experts\":[\"e1\",\"e2\",\"e3\"],"
-                       "\"gate\":\"g3\",\"inputs\":[\"e1\"]}",
-             "layer 'x': unknown key 'layers[5].inputs'");
+    static const struct bad_x cases[] = {
+        {L_EXPERTS, ",\"experts\":[\"e1\",\"e2\"],\"gate\":\"g3\"",
+         {"layer 'x': mixture gate 'g3' is user vec [3]; it must be a vector [2], one logit "
+          "per expert"}},
+        {L_EXPERTS "," L_UE, ",\"experts\":[\"e1\",\"ue\"],\"gate\":\"g3\"",
+         {"layer 'x': mixture expert 'ue' is user vec [8]; experts must be vectors [F] of one "
+          "F (the first is [4])"}},
+        {L_EXPERTS "," L_UT, ",\"experts\":[\"ut\",\"ut\",\"ut\"],\"gate\":\"g3\"",
+         {"layer 'x': mixture expert 'ut' is user tokens [4, 8]"}},
+        {L_EXPERTS "," L_H, ",\"experts\":[\"e1\",\"h\"],\"gate\":\"g3\"",
+         {"layer 'x': mixture expert 'h' is user jagged [L, 8]"}},
+        {L_EXPERTS "," L_UT ",{\"name\":\"r\",\"op\":\"reshape\",\"input\":\"g3\",\"tokens\":3}",
+         ",\"experts\":[\"e1\",\"e2\",\"e3\"],\"gate\":\"r\"",
+         {"layer 'x': mixture gate 'r' is user tokens [3, 1]"}},
+        {L_EXPERTS, ",\"experts\":[],\"gate\":\"g3\"",
+         {"layer 'x': 'layers[5].experts' must be a non-empty array"}},
+        {L_EXPERTS, ",\"experts\":\"e1\",\"gate\":\"g3\"", {"layer 'x': 'layers[5].experts' must be"}},
+        {L_EXPERTS, ",\"experts\":[\"e1\",\"e2\",\"e3\"]", {"layer 'x': missing key 'layers[5].gate'"}},
+        {L_EXPERTS, ",\"gate\":\"g3\"", {"layer 'x': missing key 'layers[5].experts'"}},
+        {L_EXPERTS, ",\"experts\":[\"e1\",\"e2\",\"e3\"],\"gate\":\"g3\",\"inputs\":[\"e1\"]",
+         {"layer 'x': unknown key 'layers[5].inputs'"}},
+    };
+    REFUSE_X("mixture", cases);
 }
 
 static void test_pool(void **state)
@@ -1108,24 +1116,24 @@ static void test_pool(void **state)
     assert_int_equal(L(m, "p1")->n_w, 0);
     model_def_free(m);
 
-    plan_err(L_UE ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"ue\",\"fn\":\"sum\"}",
-             "layer 'x': pool input 'ue' is user vec [8]; pool takes tokens [K, D] or a jagged "
-             "history");
-    plan_err("{\"name\":\"x\",\"op\":\"pool\",\"input\":\"candidate.dense\",\"fn\":\"sum\"}",
-             "layer 'x': pool input 'candidate.dense' is candidate vec [4]");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\"}",
-             "layer 'x': missing key 'layers[1].fn'");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"avg\"}",
-             "layer 'x': 'layers[1].fn' must be \"sum\", \"mean\", \"max\" or \"last\", got 'avg'");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"first\"}",
-             "layer 'x': 'layers[1].fn' must be ", "got 'first'");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":0}",
-             "layer 'x': 'layers[1].fn' must be a string");
-    plan_err(L_H ",{\"name\":\"x\",\"op\":\"pool\",\"input\":\"h\",\"fn\":\"sum\",\"pooling\":"
-                 "\"sum\"}",
-             "layer 'x': unknown key 'layers[1].pooling'");
-    plan_err("{\"name\":\"x\",\"op\":\"pool\",\"input\":\"user.history\",\"fn\":\"sum\"}",
-             "layer 'x': input 'user.history' is the raw history");
+    static const struct bad_x cases[] = {
+        {L_UE, ",\"input\":\"ue\",\"fn\":\"sum\"",
+         {"layer 'x': pool input 'ue' is user vec [8]; pool takes tokens [K, D] or a jagged "
+          "history"}},
+        {"", ",\"input\":\"candidate.dense\",\"fn\":\"sum\"",
+         {"layer 'x': pool input 'candidate.dense' is candidate vec [4]"}},
+        {L_H, ",\"input\":\"h\"", {"layer 'x': missing key 'layers[1].fn'"}},
+        {L_H, ",\"input\":\"h\",\"fn\":\"avg\"",
+         {"layer 'x': 'layers[1].fn' must be \"sum\", \"mean\", \"max\" or \"last\", got 'avg'"}},
+        {L_H, ",\"input\":\"h\",\"fn\":\"first\"",
+         {"layer 'x': 'layers[1].fn' must be ", "got 'first'"}},
+        {L_H, ",\"input\":\"h\",\"fn\":0", {"layer 'x': 'layers[1].fn' must be a string"}},
+        {L_H, ",\"input\":\"h\",\"fn\":\"sum\",\"pooling\":\"sum\"",
+         {"layer 'x': unknown key 'layers[1].pooling'"}},
+        {"", ",\"input\":\"user.history\",\"fn\":\"sum\"",
+         {"layer 'x': input 'user.history' is the raw history"}},
+    };
+    REFUSE_X("pool", cases);
 }
 
 /* Every op that takes one domain refuses a mix, naming the layer; mul and
