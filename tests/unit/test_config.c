@@ -570,33 +570,34 @@ static void resolve_err(int argc, char **argv, const char *const *env, const cha
 static void test_flag_errors(void **s)
 {
     (void)s;
-    char *a1[] = {"x", "--bogus", NULL};
-    resolve_err(2, a1, NULL, "unknown flag --bogus (see --help)");
-    char *a2[] = {"x", "--threads", NULL};
-    resolve_err(2, a2, NULL, "--threads: missing value N");
-    char *a3[] = {"x", "--threads", "0", NULL};
-    resolve_err(3, a3, NULL, "--threads: expected integer 1..1024, got \"0\"");
-    char *a4[] = {"x", "--threads=9x", NULL};
-    resolve_err(2, a4, NULL, "--threads: expected integer 1..1024, got \"9x\"");
-    char *a5[] = {"x", "--mode", "fast", NULL};
-    resolve_err(3, a5, NULL, "--mode: expected \"ikbo\" or \"broadcast\", got \"fast\"");
-    char *a6[] = {"x", "stray", NULL};
-    resolve_err(2, a6, NULL, "unexpected argument \"stray\"");
-    char *a7[] = {"x", "--config", "/nonexistent.json", NULL};
-    resolve_err(3, a7, NULL, "/nonexistent.json: No such file");
-    char *a8[] = {"x", "--help=1", NULL};
-    resolve_err(2, a8, NULL, "--help takes no value");
-    char *a9[] = {"x", "--grpc", "nope", NULL};
-    resolve_err(3, a9, NULL, "--grpc: expected host:port");
-    char *a10[] = {"x", "--log-level", "loud", NULL};
-    resolve_err(3, a10, NULL, "--log-level: expected");
-    char *a11[] = {"x", "--device", "cuda:1234", NULL};
-    resolve_err(3, a11, NULL, "--device: expected \"cpu\" or \"cuda:N\"");
-    const char *env[] = {"IKBO_LOG_LEVEL=loud", NULL};
-    char *a12[] = {"x", NULL};
-    resolve_err(1, a12, env, "IKBO_LOG_LEVEL: expected");
-    char *a13[] = {"x", "--models", "", NULL};
-    resolve_err(3, a13, NULL, "--models: expected a directory");
+    const char *log_loud[] = {"IKBO_LOG_LEVEL=loud", NULL};
+    /* argv (NULL-terminated; argc is its length), environment, wanted text */
+    struct {
+        char *argv[4];
+        const char *const *env;
+        const char *want;
+    } cases[] = {
+        {{"x", "--bogus", NULL}, NULL, "unknown flag --bogus (see --help)"},
+        {{"x", "--threads", NULL}, NULL, "--threads: missing value N"},
+        {{"x", "--threads", "0", NULL}, NULL, "--threads: expected integer 1..1024, got \"0\""},
+        {{"x", "--threads=9x", NULL}, NULL, "--threads: expected integer 1..1024, got \"9x\""},
+        {{"x", "--mode", "fast", NULL}, NULL,
+         "--mode: expected \"ikbo\" or \"broadcast\", got \"fast\""},
+        {{"x", "stray", NULL}, NULL, "unexpected argument \"stray\""},
+        {{"x", "--config", "/nonexistent.json", NULL}, NULL, "/nonexistent.json: No such file"},
+        {{"x", "--help=1", NULL}, NULL, "--help takes no value"},
+        {{"x", "--grpc", "nope", NULL}, NULL, "--grpc: expected host:port"},
+        {{"x", "--log-level", "loud", NULL}, NULL, "--log-level: expected"},
+        {{"x", "--device", "cuda:1234", NULL}, NULL, "--device: expected \"cpu\" or \"cuda:N\""},
+        {{"x", NULL}, log_loud, "IKBO_LOG_LEVEL: expected"},
+        {{"x", "--models", "", NULL}, NULL, "--models: expected a directory"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int argc = 0;
+        while (cases[i].argv[argc])
+            argc++;
+        resolve_err(argc, cases[i].argv, cases[i].env, cases[i].want);
+    }
 }
 
 /* config_resolve accepts argv and asks for the action want. */
