@@ -776,14 +776,25 @@ static void test_example_in_half_dtypes(void **state)
     }
 }
 
+/* The smallest model: one linear layer 'l' from candidate.dense [n] to n
+ * logits (tasks "a" or "a", "b"), parsed with the safetensors blob st. */
+static model_def *parse_linear(int n, const uint8_t *st, size_t st_len)
+{
+    static const char *const tasks[] = {"\"a\"", "\"a\",\"b\""};
+    assert_true(n >= 1 && n <= 2);
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"format\":\"ikbo-model/1\",\"inputs\":{\"candidate\":{\"dense\":%d}},\"tables\":{},"
+             "\"layers\":[{\"name\":\"l\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":%d}],"
+             "\"output\":{\"logits\":\"l\",\"tasks\":[%s]}}",
+             n, n, tasks[n - 1]);
+    return parse_ok(json, st, st_len);
+}
+
 /* Subnormal halves load exactly; mixed dtypes in one file are fine. */
 static void test_subnormal_weights(void **state)
 {
     (void)state;
-    const char *json =
-        "{\"format\":\"ikbo-model/1\",\"inputs\":{\"candidate\":{\"dense\":2}},\"tables\":{},"
-        "\"layers\":[{\"name\":\"l\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":2}],"
-        "\"output\":{\"logits\":\"l\",\"tasks\":[\"a\",\"b\"]}}";
     uint8_t w16[8] = {0x01, 0x00, 0xff, 0x03, 0x00, 0x80, 0xff, 0x7b}; /* 2^-24, max sub, -0, 65504 */
     uint8_t b16[4] = {0x01, 0x00, 0x80, 0xbf}; /* 2^-133, -1.0 */
     fx_st *b = fx_new();
@@ -791,7 +802,7 @@ static void test_subnormal_weights(void **state)
     fx_add_raw(b, "l.bias", "BF16", "[2]", b16, 4);
     size_t n;
     uint8_t *blob = fx_finish(b, &n);
-    model_def *m = parse_ok(json, blob, n);
+    model_def *m = parse_linear(2, blob, n);
     const md_layer *l = &m->layers[0];
     assert_true(l->w[0].data[0] == ldexpf(1.0f, -24));
     assert_true(l->w[0].data[1] == ldexpf(1023.0f, -24));
@@ -808,17 +819,13 @@ static void test_subnormal_weights(void **state)
 static void test_header_padding(void **state)
 {
     (void)state;
-    const char *json =
-        "{\"format\":\"ikbo-model/1\",\"inputs\":{\"candidate\":{\"dense\":1}},\"tables\":{},"
-        "\"layers\":[{\"name\":\"l\",\"op\":\"linear\",\"input\":\"candidate.dense\",\"out\":1}],"
-        "\"output\":{\"logits\":\"l\",\"tasks\":[\"a\"]}}";
     const char *hdr = "{\"l.bias\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
                       "\"l.weight\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[0,4]},"
                       "\"__metadata__\":{\"format\":\"pt\"}}      ";
     float data[2] = {2.5f, -1.0f};
     size_t n;
     uint8_t *blob = fx_blob_raw(hdr, data, sizeof data, &n);
-    model_def *m = parse_ok(json, blob, n);
+    model_def *m = parse_linear(1, blob, n);
     assert_true(m->layers[0].w[0].data[0] == 2.5f);
     assert_true(m->layers[0].w[1].data[0] == -1.0f);
     model_def_free(m);
