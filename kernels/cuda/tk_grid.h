@@ -20,9 +20,9 @@
  * (-10 us at 16 x 70) assumed 4 resident blocks an SM; the fixed-4 kernel
  * had 94 registers, so 5, and its 558-block launches already fit one wave.
  * The runtime strip count costs registers (120: 4 blocks an SM, which
- * linear_tk.cu's occupancy query sees); under ncu c_r1 (still 4 strips)
- * went 172 -> 167 us and the 16 x 70 token linear (5 strips, 450 blocks)
- * 0.5-1.4 us slower than the old 558.
+ * linear_tk.cu's occupancy query sees); the 16 x 70 token linear (5
+ * strips, 450 blocks) ran 0.5-1.4 us slower than the old 558 (c_r1's
+ * 172 -> 167 us beside it was the L2 state left before it, not this).
  *
  * Kept apart from the kernel so tests/unit/test_tk_grid.c runs the same
  * functions on the CPU: the choice, and which strip each warp takes.
