@@ -41,6 +41,7 @@ note() { rows+=("$(printf '%-24s %s' "$1" "$2")"); }
 RUN_LOG=$(mktemp)
 trap 'rm -f "$RUN_LOG"' EXIT
 keep() { { echo "=== $2"; cat "$RUN_LOG"; } >> "$OUT/$1"; } # file run: RUN_LOG appended
+: > "$OUT/phases.log"; : > "$OUT/graphs.log" # this call's runs only (OUT may be reused)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 cat v/REFS
 [ -f models/bench/1/model.json ] || ${PY:-python3} models/bench/make_bench_model.py > /dev/null 2>&1 ||
