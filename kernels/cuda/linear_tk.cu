@@ -109,6 +109,54 @@ enum { TK_DIAG_NO_W = 1, TK_DIAG_NO_X = 2, TK_DIAG_NO_MMA = 4 };
  * lines out of L2 (measured: bench/kernels/NOTES.md, 2026-12-04). */
 enum { TK_STREAM = 8 };
 
+/* One 16-row tile (rows r0 ..) of one strip (columns n0 .. + 31): the
+ * MMAs over a's KS k-steps, then rows g and g + 8 get bias, activation and
+ * packing, and a transpose inside each lane quad so lane t holds columns n0
+ * + 8t .. + 7: one 16-byte store a row (evict-first with TK_STREAM). */
+template <typename T, int KS, bool RELU, int OPT>
+__device__ __forceinline__ void tk_tile(const uint32_t (&a)[KS][4], const tk_strip<T, KS> &s,
+                                        T *__restrict__ y, int ldy, int rows, int out, int r0,
+                                        int n0, int g, int t)
+{
+    float c[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            c[j][q] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            const uint32_t bb[2] = {s.b[j][ks].x, s.b[j][ks].y};
+            if constexpr ((OPT & TK_DIAG_NO_MMA) != 0)
+                c[j][ks & 3] += __uint_as_float(a[ks][j] ^ bb[0]);
+            else
+                mma16816<T>(c[j], a[ks], bb);
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float p0 = c[j][2 * h] + s.bias[j][0], p1 = c[j][2 * h + 1] + s.bias[j][1];
+            if (RELU) {
+                p0 = fmaxf(p0, 0.0f);
+                p1 = fmaxf(p1, 0.0f);
+            }
+            v[j] = pack2<T>(p0, p1);
+        }
+        quad_transpose(v, t);
+        const int r = r0 + g + 8 * h, n = n0 + 8 * t;
+        if (r < rows && n < out) {
+            const uint4 o = make_uint4(v[0], v[1], v[2], v[3]);
+            if constexpr ((OPT & TK_STREAM) != 0)
+                __stcs((uint4 *)(y + (size_t)r * ldy + n), o);
+            else
+                *(uint4 *)(y + (size_t)r * ldy + n) = o;
+        }
+    }
+}
+
 /* Block (strip group, row tile of 16 x MI rows); KS = 16-deep k-steps;
  * each warp takes spw strips of 32 columns, TK_WARPS apart (tk_grid.h);
  * RELU fused, other activations run as a pass afterwards. (The first
@@ -169,49 +217,73 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
             load(nxt, (int)tk_strip_of(blockIdx.x, warp, sp + 1, spw) * 32);
         const int n0 = strip * 32;
 #pragma unroll
-        for (int i = 0; i < MI; i++) {
-            float c[4][4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    c[j][q] = 0.0f;
-#pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    const uint32_t bb[2] = {cur.b[j][ks].x, cur.b[j][ks].y};
-                    if constexpr ((OPT & TK_DIAG_NO_MMA) != 0)
-                        c[j][ks & 3] += __uint_as_float(a[i][ks][j] ^ bb[0]);
-                    else
-                        mma16816<T>(c[j], a[i][ks], bb);
-                }
-            }
-            /* Rows g and g + 8: bias, activation, pack; transpose so lane t
-             * holds columns n0 + 8t .. + 7, one 16-byte store per row. */
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint32_t v[4];
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float p0 = c[j][2 * h] + cur.bias[j][0], p1 = c[j][2 * h + 1] + cur.bias[j][1];
-                    if (RELU) {
-                        p0 = fmaxf(p0, 0.0f);
-                        p1 = fmaxf(p1, 0.0f);
-                    }
-                    v[j] = pack2<T>(p0, p1);
-                }
-                quad_transpose(v, t);
-                const int r = r0 + 16 * i + g + 8 * h, n = n0 + 8 * t;
-                if (r < rows && n < out) {
-                    const uint4 o = make_uint4(v[0], v[1], v[2], v[3]);
-                    if constexpr ((OPT & TK_STREAM) != 0)
-                        __stcs((uint4 *)(y + (size_t)r * ldy + n), o);
-                    else
-                        *(uint4 *)(y + (size_t)r * ldy + n) = o;
-                }
-            }
-        }
+        for (int i = 0; i < MI; i++)
+            tk_tile<T, KS, RELU, OPT>(a[i], cur, y, ldy, rows, out, r0 + 16 * i, n0, g, t);
         if (PF)
             cur = nxt;
+    }
+}
+
+/* The row walk (in <= 16, more than 16 rows): the warps split the work
+ * items (pair of strips, 16-row tile), pairs slowest, into equal
+ * contiguous ranges, so a warp loads a pair's W and bias once and then
+ * walks its rows, loading x's fragment per tile (x is small and read by
+ * every warp: it stays in L1/L2); the next tile's fragment is loaded
+ * before this one's MMAs and stores. Each row of a pair is one 128-byte
+ * line written by one warp. VEC: x's rows read as 8-byte pairs (x 8-byte
+ * aligned, ldx and in multiples of 4), else element by element. */
+template <typename T, bool RELU, bool VEC, int OPT>
+__global__ void __launch_bounds__(TK_WARPS * 32, 4)
+    k_linear_tr(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
+                int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy)
+{
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const long nw = (long)gridDim.x * TK_WARPS, gw = (long)blockIdx.x * TK_WARPS + (threadIdx.x >> 5);
+    const long row_tiles = (rows + 15) / 16, pairs = ((out + 31) / 32 + 1) / 2;
+    const long items = pairs * row_tiles;
+    long i = items * gw / nw;
+    const long end = items * (gw + 1) / nw;
+    auto frag = [&](uint32_t (&a)[1][4], long rt) {
+        const int r = (int)rt * 16 + g;
+        if constexpr (VEC) {
+            uint2 lo = make_uint2(0u, 0u), hi = make_uint2(0u, 0u);
+            if (4 * t < in) {
+                if (r < rows)
+                    lo = __ldg((const uint2 *)(x + (size_t)r * ldx + 4 * t));
+                if (r + 8 < rows)
+                    hi = __ldg((const uint2 *)(x + (size_t)(r + 8) * ldx + 4 * t));
+            }
+            a[0][0] = lo.x;
+            a[0][1] = hi.x;
+            a[0][2] = lo.y;
+            a[0][3] = hi.y;
+        } else {
+            a[0][0] = x_pair(x, ldx, rows, in, r, 4 * t);
+            a[0][1] = x_pair(x, ldx, rows, in, r + 8, 4 * t);
+            a[0][2] = x_pair(x, ldx, rows, in, r, 4 * t + 2);
+            a[0][3] = x_pair(x, ldx, rows, in, r + 8, 4 * t + 2);
+        }
+    };
+#pragma unroll 1
+    while (i < end) {
+        const long p = i / row_tiles, stop = min(end, (p + 1) * row_tiles);
+        const int n0 = (int)p * 64;
+        tk_strip<T, 1> s0, s1;
+        tk_load(s0, w, ldw, bias, out, n0, g, t);
+        tk_load(s1, w, ldw, bias, out, n0 + 32, g, t);
+        uint32_t a[1][4], an[1][4];
+        frag(a, i - p * row_tiles);
+#pragma unroll 1
+        for (; i < stop; i++) {
+            const long rt = i - p * row_tiles;
+            if (i + 1 < stop)
+                frag(an, rt + 1);
+            tk_tile<T, 1, RELU, OPT>(a, s0, y, ldy, rows, out, (int)rt * 16, n0, g, t);
+            tk_tile<T, 1, RELU, OPT>(a, s1, y, ldy, rows, out, (int)rt * 16, n0 + 32, g, t);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                a[0][q] = an[0][q];
+        }
     }
 }
 
@@ -245,6 +317,34 @@ static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weig
                                          w->cols, w->rows, b, (T *)y, ldy, spw);
 }
 
+/* The row walk's launch: as many warps as work items, at most the GPU's
+ * resident blocks (each warp then walks ~items / warps tiles). */
+template <typename T, bool VEC, int OPT>
+static void launch_tr(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                      const bk_weight *bias, bool relu, void *y, int ldy)
+{
+    auto k0 = k_linear_tr<T, false, VEC, OPT>, k1 = k_linear_tr<T, true, VEC, OPT>;
+    auto k = relu ? k1 : k0;
+    static const int per_sm[2] = {tk_blocks_per_sm((const void *)k0),
+                                  tk_blocks_per_sm((const void *)k1)};
+    const long items = ((w->rows + 63) / 64) * (long)((rows + 15) / 16);
+    const long slots = (long)cu_impl(s->be)->sm_count * per_sm[relu];
+    const long blocks = (items + TK_WARPS - 1) / TK_WARPS;
+    const T *b = bias ? (const T *)bias->data : NULL;
+    k<<<(unsigned)(blocks < slots ? blocks : slots), TK_WARPS * 32, 0, s->st>>>(
+        (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows, b, (T *)y, ldy);
+}
+
+template <typename T, int OPT>
+static void launch_tr_x(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                        const bk_weight *bias, bool relu, void *y, int ldy)
+{
+    if (((uintptr_t)x & 7) == 0 && ldx % 4 == 0 && w->cols % 4 == 0)
+        launch_tr<T, true, OPT>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    else
+        launch_tr<T, false, OPT>(s, x, ldx, rows, w, bias, relu, y, ldy);
+}
+
 /* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles
  * would only multiply zeros), else four (x's fragments reused over more
  * outputs) at 16 k, two at 32 to 64 k (registers); evict-first stores
@@ -257,6 +357,10 @@ static void launch_ks(bk_stream *s, const void *x, int ldx, int rows, const bk_w
     const bool stream = (double)rows * w->rows * sizeof(T) > (double)cu_impl(s->be)->l2_bytes;
     if (rows <= 16)
         launch<T, KS, 1>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    else if (KS == 1 && stream)
+        launch_tr_x<T, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    else if (KS == 1)
+        launch_tr_x<T, 0>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else if (stream)
         launch<T, KS, MI, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else
