@@ -117,6 +117,19 @@ static void tk_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16
                                          (int)ldy, STR);
 }
 
+/* linear_tk's row sweep at c_r1's shape, launched as production does
+ * (tr_launch: the strips a warp chosen, or SPW > 0 imposed). */
+template <int OPT, int SPW = 0>
+static void tr_math(cudaStream_t st, const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                    const __nv_bfloat16 *b, uint16_t *y, int rows, int cols, long ldy)
+{
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    tr_launch<__nv_bfloat16, OPT>(st, sms, x, 16, rows, w, 16, 16, cols, b, true,
+                                  (__nv_bfloat16 *)y, (int)ldy, SPW);
+}
+
 /* Blocks an SM the occupancy API gives tk_math<MI, MINB, .., OPT, CAP>. */
 template <int MI, int MINB, int OPT, int CAP>
 static int tk_occupancy()
@@ -336,6 +349,20 @@ int main(int argc, char **argv)
         {"MI4 B5 cs occ5", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM, 5>(st, sx, sw, sb, y, rows, cols, pitch); }},
         {"MI4 B4 cs own", [&] { tk_math<4, 4, TK_SPW_HOME, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
         {"MI4 B5 cs own", [&] { tk_math<4, 5, TK_SPW_HOME, TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        /* the row sweep (2026-12-06): production's choice, each strips a
+         * warp imposed, and parts taken out as above */
+        {"tr cs own", [&] { tr_math<TK_STREAM>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr spw1 cs own", [&] { tr_math<TK_STREAM, 1>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr spw2 cs own", [&] { tr_math<TK_STREAM, 2>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr spw3 cs own", [&] { tr_math<TK_STREAM, 3>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr spw4 cs own", [&] { tr_math<TK_STREAM, 4>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr own (no cs)", [&] { tr_math<0>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr cs no W", [&] { tr_math<TK_STREAM | TK_DIAG_NO_W>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr cs no x", [&] { tr_math<TK_STREAM | TK_DIAG_NO_X>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr cs no mma", [&] { tr_math<TK_STREAM | TK_DIAG_NO_MMA>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr cs stores only", [&] { tr_math<TK_STREAM | 7>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr stores only (no cs)", [&] { tr_math<7>(st, sx, sw, sb, y, rows, cols, pitch); }},
+        {"tr cs one alloc", [&] { tr_math<TK_STREAM>(st, s1, s1 + nx, s1 + nx + (size_t)cols * 16, y, rows, cols, pitch); }},
     };
     printf("occupancy (blocks an SM): B4 cs %d, B4 cs occ3 %d, occ4 %d; B5 cs %d, B5 cs occ3 %d, occ4 %d, occ5 %d\n",
            tk_occupancy<4, 4, TK_STREAM, 0>(), tk_occupancy<4, 4, TK_STREAM, 3>(),

@@ -109,6 +109,26 @@ enum { TK_DIAG_NO_W = 1, TK_DIAG_NO_X = 2, TK_DIAG_NO_MMA = 4 };
  * lines out of L2 (measured: bench/kernels/NOTES.md, 2026-12-04). */
 enum { TK_STREAM = 8 };
 
+/* tk_load, or with TK_DIAG_NO_W fragments made from the strip index. */
+template <typename T, int KS, int OPT>
+__device__ __forceinline__ void tk_load_opt(tk_strip<T, KS> &o, const T *__restrict__ w, int ldw,
+                                            const T *__restrict__ bias, int out, int n0, int g,
+                                            int t)
+{
+    if constexpr (!(OPT & TK_DIAG_NO_W)) {
+        tk_load(o, w, ldw, bias, out, n0, g, t);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+                o.b[j][ks] = make_uint2(n0 + j, n0 ^ j);
+            o.bias[j][0] = (float)(n0 & 7);
+            o.bias[j][1] = (float)(j + t);
+        }
+    }
+}
+
 /* One 16-row tile (rows r0 ..) of one strip (columns n0 .. + 31): the
  * MMAs over a's KS k-steps, then rows g and g + 8 get bias, activation and
  * packing, and a transpose inside each lane quad so lane t holds columns n0
@@ -191,20 +211,7 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
      * stores (at 64 k the registers go to x's fragments instead). */
     constexpr bool PF = KS <= 2;
     tk_strip<T, KS> cur, nxt;
-    auto load = [&](tk_strip<T, KS> &o, int n0) {
-        if constexpr (!(OPT & TK_DIAG_NO_W)) {
-            tk_load(o, w, ldw, bias, out, n0, g, t);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-#pragma unroll
-                for (int ks = 0; ks < KS; ks++)
-                    o.b[j][ks] = make_uint2(n0 + j, n0 ^ j);
-                o.bias[j][0] = (float)(n0 & 7);
-                o.bias[j][1] = (float)(j + t);
-            }
-        }
-    };
+    auto load = [&](tk_strip<T, KS> &o, int n0) { tk_load_opt<T, KS, OPT>(o, w, ldw, bias, out, n0, g, t); };
     load(cur, (int)tk_strip_of(blockIdx.x, warp, 0, spw) * 32);
 #pragma unroll 1
     for (int sp = 0; sp < spw; sp++) {
@@ -224,28 +231,30 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
     }
 }
 
-/* The row walk (in <= 16, more than 16 rows): the warps split the work
- * items (pair of strips, 16-row tile), pairs slowest, into equal
- * contiguous ranges, so a warp loads a pair's W and bias once and then
- * walks its rows, loading x's fragment per tile (x is small and read by
- * every warp: it stays in L1/L2); the next tile's fragment is loaded
- * before this one's MMAs and stores. Each row of a pair is one 128-byte
- * line written by one warp. VEC: x's rows read as 8-byte pairs (x 8-byte
- * aligned, ldx and in multiples of 4), else element by element. */
-template <typename T, bool RELU, bool VEC, int OPT>
+/* The row sweep (in <= 16, more than 16 rows; tk_grid.h says why): warp
+ * gw takes column group gw % col_groups (SPW adjacent strips, their W and
+ * bias loaded once) and row chunk gw / col_groups, and walks the chunk's
+ * row tiles, loading each tile's x fragment (x is small and read by every
+ * warp: it stays in L1/L2) one tile ahead of its MMAs and stores. vec: x's
+ * rows read as 8-byte pairs (x 8-byte aligned, ldx and in multiples of
+ * 4), else element by element. */
+template <typename T, bool RELU, int OPT, int SPW>
 __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     k_linear_tr(const T *__restrict__ x, int ldx, int rows, const T *__restrict__ w, int ldw,
-                int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy)
+                int in, int out, const T *__restrict__ bias, T *__restrict__ y, int ldy, int vec,
+                int col_groups, int chunk_tiles, int warps)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const long nw = (long)gridDim.x * TK_WARPS, gw = (long)blockIdx.x * TK_WARPS + (threadIdx.x >> 5);
-    const long row_tiles = (rows + 15) / 16, pairs = ((out + 31) / 32 + 1) / 2;
-    const long items = pairs * row_tiles;
-    long i = items * gw / nw;
-    const long end = items * (gw + 1) / nw;
-    auto frag = [&](uint32_t (&a)[1][4], long rt) {
-        const int r = (int)rt * 16 + g;
-        if constexpr (VEC) {
+    const int gw = blockIdx.x * TK_WARPS + (threadIdx.x >> 5);
+    if (gw >= warps)
+        return;
+    const int n0 = (gw % col_groups) * SPW * 32, rt0 = (gw / col_groups) * chunk_tiles;
+    const int rt1 = min(rt0 + chunk_tiles, (rows + 15) / 16);
+    auto frag = [&](uint32_t (&a)[1][4], int rt) {
+        const int r = rt * 16 + g;
+        if constexpr ((OPT & TK_DIAG_NO_X) != 0) {
+            a[0][0] = a[0][1] = a[0][2] = a[0][3] = (uint32_t)(r * 0x10001 + 4 * t);
+        } else if (vec) {
             uint2 lo = make_uint2(0u, 0u), hi = make_uint2(0u, 0u);
             if (4 * t < in) {
                 if (r < rows)
@@ -264,26 +273,22 @@ __global__ void __launch_bounds__(TK_WARPS * 32, 4)
             a[0][3] = x_pair(x, ldx, rows, in, r + 8, 4 * t + 2);
         }
     };
-#pragma unroll 1
-    while (i < end) {
-        const long p = i / row_tiles, stop = min(end, (p + 1) * row_tiles);
-        const int n0 = (int)p * 64;
-        tk_strip<T, 1> s0, s1;
-        tk_load(s0, w, ldw, bias, out, n0, g, t);
-        tk_load(s1, w, ldw, bias, out, n0 + 32, g, t);
-        uint32_t a[1][4], an[1][4];
-        frag(a, i - p * row_tiles);
-#pragma unroll 1
-        for (; i < stop; i++) {
-            const long rt = i - p * row_tiles;
-            if (i + 1 < stop)
-                frag(an, rt + 1);
-            tk_tile<T, 1, RELU, OPT>(a, s0, y, ldy, rows, out, (int)rt * 16, n0, g, t);
-            tk_tile<T, 1, RELU, OPT>(a, s1, y, ldy, rows, out, (int)rt * 16, n0 + 32, g, t);
+    tk_strip<T, 1> s[SPW];
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                a[0][q] = an[0][q];
-        }
+    for (int j = 0; j < SPW; j++)
+        tk_load_opt<T, 1, OPT>(s[j], w, ldw, bias, out, n0 + 32 * j, g, t);
+    uint32_t a[1][4], an[1][4] = {};
+    frag(a, rt0);
+#pragma unroll 1
+    for (int rt = rt0; rt < rt1; rt++) {
+        if (rt + 1 < rt1)
+            frag(an, rt + 1);
+#pragma unroll
+        for (int j = 0; j < SPW; j++)
+            tk_tile<T, 1, RELU, OPT>(a, s[j], y, ldy, rows, out, rt * 16, n0 + 32 * j, g, t);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            a[0][q] = an[0][q];
     }
 }
 
@@ -317,32 +322,49 @@ static void launch(bk_stream *s, const void *x, int ldx, int rows, const bk_weig
                                          w->cols, w->rows, b, (T *)y, ldy, spw);
 }
 
-/* The row walk's launch: as many warps as work items, at most the GPU's
- * resident blocks (each warp then walks ~items / warps tiles). */
-template <typename T, bool VEC, int OPT>
-static void launch_tr(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                      const bk_weight *bias, bool relu, void *y, int ldy)
+/* The row sweep's launch (tk_grid.h chooses strips a warp and row chunks
+ * from each instantiation's resident blocks); force_spw > 0 imposes the
+ * strips a warp (bench/kernels/write_patterns.cu). Host-only arguments, so
+ * write_patterns launches it as production does. */
+template <typename T, int OPT>
+static void tr_launch(cudaStream_t st, int sm_count, const T *x, int ldx, int rows, const T *w,
+                      int ldw, int in, int out, const T *bias, bool relu, T *y, int ldy,
+                      int force_spw = 0)
 {
-    auto k0 = k_linear_tr<T, false, VEC, OPT>, k1 = k_linear_tr<T, true, VEC, OPT>;
-    auto k = relu ? k1 : k0;
-    static const int per_sm[2] = {tk_blocks_per_sm((const void *)k0),
-                                  tk_blocks_per_sm((const void *)k1)};
-    const long items = ((w->rows + 63) / 64) * (long)((rows + 15) / 16);
-    const long slots = (long)cu_impl(s->be)->sm_count * per_sm[relu];
-    const long blocks = (items + TK_WARPS - 1) / TK_WARPS;
-    const T *b = bias ? (const T *)bias->data : NULL;
-    k<<<(unsigned)(blocks < slots ? blocks : slots), TK_WARPS * 32, 0, s->st>>>(
-        (const T *)x, ldx, rows, (const T *)w->data, w->ld, w->cols, w->rows, b, (T *)y, ldy);
+    typedef void (*kern)(const T *, int, int, const T *, int, int, int, const T *, T *, int, int,
+                         int, int, int);
+    static const kern ks[2][TK_SWEEP_MAX_SPW + 1] = {
+        {NULL, k_linear_tr<T, false, OPT, 1>, k_linear_tr<T, false, OPT, 2>,
+         k_linear_tr<T, false, OPT, 3>, k_linear_tr<T, false, OPT, 4>},
+        {NULL, k_linear_tr<T, true, OPT, 1>, k_linear_tr<T, true, OPT, 2>,
+         k_linear_tr<T, true, OPT, 3>, k_linear_tr<T, true, OPT, 4>}};
+    struct occ {
+        long n[2][TK_SWEEP_MAX_SPW + 1];
+    };
+    static const occ per_sm = [] { /* asked once, thread-safe */
+        occ o = {};
+        for (int r = 0; r < 2; r++)
+            for (int spw = 1; spw <= TK_SWEEP_MAX_SPW; spw++)
+                o.n[r][spw] = tk_blocks_per_sm((const void *)ks[r][spw]);
+        return o;
+    }();
+    long slots[TK_SWEEP_MAX_SPW + 1] = {0};
+    for (int spw = 1; spw <= TK_SWEEP_MAX_SPW; spw++)
+        slots[spw] = sm_count * per_sm.n[relu][spw] * TK_WARPS;
+    const tk_sweep sw = tk_sweep_choose((out + 31) / 32, (rows + 15) / 16, slots, force_spw);
+    const int vec = ((uintptr_t)x & 7) == 0 && ldx % 4 == 0 && in % 4 == 0;
+    ks[relu][sw.spw]<<<(unsigned)((sw.warps + TK_WARPS - 1) / TK_WARPS), TK_WARPS * 32, 0, st>>>(
+        x, ldx, rows, w, ldw, in, out, bias, y, ldy, vec, (int)sw.col_groups, (int)sw.chunk_tiles,
+        (int)sw.warps);
 }
 
 template <typename T, int OPT>
-static void launch_tr_x(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                        const bk_weight *bias, bool relu, void *y, int ldy)
+static void launch_tr(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                      const bk_weight *bias, bool relu, void *y, int ldy)
 {
-    if (((uintptr_t)x & 7) == 0 && ldx % 4 == 0 && w->cols % 4 == 0)
-        launch_tr<T, true, OPT>(s, x, ldx, rows, w, bias, relu, y, ldy);
-    else
-        launch_tr<T, false, OPT>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    tr_launch<T, OPT>(s->st, cu_impl(s->be)->sm_count, (const T *)x, ldx, rows,
+                      (const T *)w->data, w->ld, w->cols, w->rows,
+                      bias ? (const T *)bias->data : NULL, relu, (T *)y, ldy);
 }
 
 /* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles
@@ -358,9 +380,9 @@ static void launch_ks(bk_stream *s, const void *x, int ldx, int rows, const bk_w
     if (rows <= 16)
         launch<T, KS, 1>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else if (KS == 1 && stream)
-        launch_tr_x<T, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
+        launch_tr<T, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else if (KS == 1)
-        launch_tr_x<T, 0>(s, x, ldx, rows, w, bias, relu, y, ldy);
+        launch_tr<T, 0>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else if (stream)
         launch<T, KS, MI, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
     else

@@ -84,4 +84,52 @@ TK_FN int tk_strips_per_warp(long strips, long row_tiles, long slots)
     return best;
 }
 
+/* ---- The row sweep (linear_tk.cu's k_linear_tr: in <= 16, more than 16
+ * rows). A warp holds spw adjacent strips' W (1 to TK_SWEEP_MAX_SPW) and
+ * walks one chunk of row tiles; warps next to each other take adjacent
+ * column groups, so the GPU's stores move down the rows together and each
+ * row is written in long contiguous runs. Why (H100, write_patterns,
+ * 2026-12-06): a first version split the work items into contiguous
+ * ranges, each warp walking its own rows at its own place, so a row's
+ * neighbouring 128-byte lines were written by other warps at other times:
+ * its stores alone took 156 us at c_r1's shape against 137 in linear_tk's
+ * order and 134 for memset. */
+#define TK_SWEEP_MAX_SPW 4
+
+typedef struct {
+    int spw;          /* strips a warp                          */
+    long col_groups;  /* ceil(strips / spw)                     */
+    long chunk_tiles; /* row tiles a warp walks (its last fewer) */
+    long warps;       /* col_groups x row chunks                */
+} tk_sweep;
+
+/* The sweep for strips x row_tiles given, for each spw in 1 ..
+ * TK_SWEEP_MAX_SPW, the warps resident at once (slots[spw]; slots[0]
+ * unused): the fewest strips a warp whose column groups fit one wave
+ * (every warp resident from the start, so all of them move down the rows
+ * together), else the most, in several waves; then the row tiles cut into
+ * as many chunks as that wave still holds (at least one). only_spw > 0
+ * imposes the strips a warp (bench/kernels/write_patterns.cu). */
+TK_FN tk_sweep tk_sweep_choose(long strips, long row_tiles, const long *slots, int only_spw)
+{
+    int spw = TK_SWEEP_MAX_SPW;
+    if (only_spw > 0)
+        spw = only_spw < TK_SWEEP_MAX_SPW ? only_spw : TK_SWEEP_MAX_SPW;
+    else
+        for (int s = 1; s <= TK_SWEEP_MAX_SPW; s++)
+            if ((strips + s - 1) / s <= slots[s]) {
+                spw = s;
+                break;
+            }
+    const long cg = (strips + spw - 1) / spw;
+    long chunks = slots[spw] / cg;
+    if (chunks < 1)
+        chunks = 1;
+    if (chunks > row_tiles)
+        chunks = row_tiles;
+    const long tiles = (row_tiles + chunks - 1) / chunks;
+    chunks = (row_tiles + tiles - 1) / tiles;
+    return (tk_sweep){spw, cg, tiles, cg * chunks};
+}
+
 #endif
