@@ -248,7 +248,10 @@ __global__ void __launch_bounds__(TK_WARPS * 32, 4)
     const int gw = blockIdx.x * TK_WARPS + (threadIdx.x >> 5);
     if (gw >= warps)
         return;
-    const int n0 = (gw % col_groups) * SPW * 32, rt0 = (gw / col_groups) * chunk_tiles;
+    const tk_sweep sw = {SPW, col_groups, chunk_tiles, warps};
+    long strip0, tile0;
+    tk_sweep_place(&sw, gw, &strip0, &tile0);
+    const int n0 = (int)strip0 * 32, rt0 = (int)tile0;
     const int rt1 = min(rt0 + chunk_tiles, (rows + 15) / 16);
     auto frag = [&](uint32_t (&a)[1][4], int rt) {
         const int r = rt * 16 + g;

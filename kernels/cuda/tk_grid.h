@@ -132,4 +132,13 @@ TK_FN tk_sweep tk_sweep_choose(long strips, long row_tiles, const long *slots, i
     return (tk_sweep){spw, cg, tiles, cg * chunks};
 }
 
+/* Where warp gw (0 <= gw < sw->warps) of a sweep starts: its first strip
+ * and first row tile (it takes sw->spw strips and at most sw->chunk_tiles
+ * row tiles from there; strips and tiles past the ends are skipped). */
+TK_FN void tk_sweep_place(const tk_sweep *sw, long gw, long *strip0, long *rt0)
+{
+    *strip0 = (gw % sw->col_groups) * sw->spw;
+    *rt0 = (gw / sw->col_groups) * sw->chunk_tiles;
+}
+
 #endif
