@@ -1,5 +1,5 @@
-/* test_tk_grid.c - linear_tk.cu's grid (kernels/cuda/tk_grid.h): how many
- * strips a warp takes, and which.
+/* test_tk_grid.c - linear_tk.cu's grids (kernels/cuda/tk_grid.h): how many
+ * strips a warp takes, and which; and the row sweep's choice and placement.
  *
  * Why this exists: the choice is a cost model, and a wrong one costs only
  * speed, so nothing on the GPU would fail; and a mapping that skipped or
@@ -37,19 +37,13 @@ static double cost(long strips, long row_tiles, long slots, int spw)
 static void test_bench_model_shapes(void **state)
 {
     (void)state;
-    /* candidate token linear 1120 x [16 -> 15872]: 496 strips, 18 row
-     * tiles of 64; 4 a warp gave 558 blocks (a second wave of 30). */
-    assert_int_equal(tk_strips_per_warp(496, 18, SLOTS_H200), 5);
-    assert_int_equal(tk_col_blocks(496, 5) * 18, 450);
     /* user MLP 16 x [32 -> 300800]: 9400 strips, one row tile; 588 blocks
-     * before (a second wave of 60). */
+     * at 4 strips a warp (a second wave of 60). */
     assert_int_equal(tk_strips_per_warp(9400, 1, SLOTS_H200), 5);
-    /* c_r1 1120 x [16 -> 190464]: 12.7 waves at 4, as cheap as any within
-     * the slack: left as measured. */
-    assert_int_equal(tk_strips_per_warp(5952, 18, SLOTS_H200), 4);
-    /* a 1 x 70 batch's token linear 70 x [16 -> 15872]: 62 blocks at 4, a
-     * fraction of the GPU; one strip a warp gives 248. */
-    assert_int_equal(tk_strips_per_warp(496, 2, SLOTS_H200), 1);
+    /* 16 rows at in 16 (k_linear_tk serves rows <= 16 at any in; more
+     * rows at in <= 16 go to the row sweep below): 70 candidates' worth
+     * of columns, one row tile. */
+    assert_int_equal(tk_strips_per_warp(496, 1, SLOTS_H200), 1);
 }
 
 static void test_degenerate_inputs(void **state)
@@ -115,12 +109,112 @@ static void test_sweep(void **state)
     assert_true(n == 14 * 6 * 7);
 }
 
+/* The row sweep's resident warps for spw 1 .. 4 on an H100 as built on
+ * 2026-12-06 (54, 77, 92 and 128 registers: 9, 6, 5 and 4 blocks of 4
+ * warps an SM, 132 SMs). */
+static const long SWEEP_H100[TK_SWEEP_MAX_SPW + 1] = {0, 132 * 9 * 4, 132 * 6 * 4, 132 * 5 * 4,
+                                                      132 * 4 * 4};
+
+static void test_row_sweep_bench_shapes(void **state)
+{
+    (void)state;
+    /* c_r1 1120 x [16 -> 190464]: 5952 strips do not fit one wave of
+     * 4752 at one strip a warp; two a warp fit 3168: 2976 warps, each down
+     * all 70 row tiles. */
+    tk_sweep sw = tk_sweep_choose(5952, 70, SWEEP_H100, 0);
+    assert_int_equal(sw.spw, 2);
+    assert_int_equal(sw.col_groups, 2976);
+    assert_int_equal(sw.chunk_tiles, 70);
+    assert_int_equal(sw.warps, 2976);
+    /* the token linear 1120 x [16 -> 15872]: 496 strips, one a warp, the
+     * rows cut in 9 chunks of 8 tiles (4464 warps). */
+    sw = tk_sweep_choose(496, 70, SWEEP_H100, 0);
+    assert_int_equal(sw.spw, 1);
+    assert_int_equal(sw.chunk_tiles, 8);
+    assert_int_equal(sw.warps, 496 * 9);
+    /* 1 x 70: c_r1 over 5 row tiles; the token linear a tile a warp. */
+    sw = tk_sweep_choose(5952, 5, SWEEP_H100, 0);
+    assert_int_equal(sw.spw, 2);
+    assert_int_equal(sw.chunk_tiles, 5);
+    sw = tk_sweep_choose(496, 5, SWEEP_H100, 0);
+    assert_int_equal(sw.spw, 1);
+    assert_int_equal(sw.chunk_tiles, 1);
+    assert_int_equal(sw.warps, 496 * 5);
+    /* the edge of one wave at one strip a warp */
+    assert_int_equal(tk_sweep_choose(132 * 9 * 4, 70, SWEEP_H100, 0).spw, 1);
+    assert_int_equal(tk_sweep_choose(132 * 9 * 4 + 1, 70, SWEEP_H100, 0).spw, 2);
+    /* imposed (write_patterns' rows) */
+    sw = tk_sweep_choose(5952, 70, SWEEP_H100, 4);
+    assert_int_equal(sw.spw, 4);
+    assert_int_equal(sw.warps, 1488);
+}
+
+/* Every (strip, row tile) taken by exactly one warp of the sweep, through
+ * the kernel's own placement; the strips a warp are the fewest that fit
+ * one wave, and then the warps fit it. */
+static void check_sweep(long strips, long row_tiles, const long *slots, int only,
+                        unsigned char *seen)
+{
+    const tk_sweep sw = tk_sweep_choose(strips, row_tiles, slots, only);
+    assert_true(sw.spw >= 1 && sw.spw <= TK_SWEEP_MAX_SPW);
+    assert_true(sw.chunk_tiles >= 1 && sw.chunk_tiles <= row_tiles);
+    assert_int_equal(sw.col_groups, (strips + sw.spw - 1) / sw.spw);
+    if (only)
+        assert_int_equal(sw.spw, only);
+    else {
+        for (int s = 1; s < sw.spw; s++)
+            assert_true((strips + s - 1) / s > slots[s]);
+        if (sw.spw < TK_SWEEP_MAX_SPW)
+            assert_true(sw.col_groups <= slots[sw.spw]);
+        if (sw.col_groups <= slots[sw.spw])
+            assert_true(sw.warps <= slots[sw.spw]);
+    }
+    memset(seen, 0, (size_t)(strips * row_tiles));
+    for (long gw = 0; gw < sw.warps; gw++) {
+        long s0, t0, any = 0;
+        tk_sweep_place(&sw, gw, &s0, &t0);
+        assert_true(s0 >= 0 && t0 >= 0 && s0 < strips && t0 < row_tiles); /* no idle warp */
+        for (long s = s0; s < s0 + sw.spw && s < strips; s++)
+            for (long t = t0; t < t0 + sw.chunk_tiles && t < row_tiles; t++) {
+                assert_int_equal(seen[s * row_tiles + t], 0);
+                seen[s * row_tiles + t] = 1;
+                any++;
+            }
+        assert_true(any > 0);
+    }
+    for (long i = 0; i < strips * row_tiles; i++)
+        assert_int_equal(seen[i], 1);
+}
+
+static void test_row_sweep_cover(void **state)
+{
+    (void)state;
+    const long strip_counts[] = {1, 2, 3, 5, 64, 65, 496, 1000, 5952};
+    const long row_tiles[] = {1, 2, 5, 7, 70, 71};
+    const long scales[] = {1, 3, 100, 1000}; /* slots from tiny to large */
+    unsigned char *seen = malloc(5952 * 71);
+    assert_non_null(seen);
+    for (size_t a = 0; a < sizeof strip_counts / sizeof *strip_counts; a++)
+        for (size_t b = 0; b < sizeof row_tiles / sizeof *row_tiles; b++)
+            for (size_t c = 0; c < sizeof scales / sizeof *scales; c++) {
+                long slots[TK_SWEEP_MAX_SPW + 1] = {0};
+                for (int s = 1; s <= TK_SWEEP_MAX_SPW; s++)
+                    slots[s] = scales[c] * (TK_SWEEP_MAX_SPW + 1 - s);
+                for (int only = 0; only <= TK_SWEEP_MAX_SPW; only++)
+                    check_sweep(strip_counts[a], row_tiles[b], slots, only, seen);
+            }
+    check_sweep(5952, 70, SWEEP_H100, 0, seen);
+    free(seen);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bench_model_shapes),
         cmocka_unit_test(test_degenerate_inputs),
         cmocka_unit_test(test_sweep),
+        cmocka_unit_test(test_row_sweep_bench_shapes),
+        cmocka_unit_test(test_row_sweep_cover),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
