@@ -28,7 +28,10 @@
  * "occ" rows: the production kernel (evict-first stores, the model's
  * operands in allocations of their own) held to 3, 4 or 5 blocks an SM by
  * unused shared memory, built for 4 and for 5 (registers), beside the same
- * two uncapped ("own"). Prints TB/s (median of 20 after 3 warm-ups). Outcomes: bench/kernels/
+ * two uncapped ("own"); and the "tr" rows: the row sweep (k_linear_tr,
+ * production for in <= 16 at more rows since 2026-12-06) launched as
+ * production does, with each strips a warp imposed, without the
+ * evict-first hint, and with parts taken out as above. Prints TB/s (median of 20 after 3 warm-ups). Outcomes: bench/kernels/
  * NOTES.md ("Where c_r1's write rate goes").
  *
  *   write_patterns [--rows N] [--cols N] [--pitch N]   (bf16 elements)

@@ -7,15 +7,23 @@
  * 300800] (19 MB of W, floor ~7 us), took 27 us in linear_small.cu and
  * 19.6 us in cuBLAS; here 13-14 us. Its candidate token linear, [1120, 16]
  * x [16, 15872], 21 us against cuBLAS's 24.
- * Here a warp owns a strip of 32 output columns and 16 x MI rows, keeps x's
- * fragments in registers for all its strips, loads each strip's W rows
+ * Two kernels, both a warp per strip of 32 output columns, W's rows loaded
  * straight into mma.sync B fragments (8-byte loads, a warp reading one
- * contiguous span of W), and writes each row's 32 columns as four 16-byte
- * stores after a transpose inside each lane quad: no shared memory, no
- * barrier, every byte of y written once in whole sectors. How many strips
- * a warp takes is chosen per launch so the grid's last wave is not nearly
- * empty (tk_grid.h).
- *
+ * contiguous span of W), each row's 32 columns written as four 16-byte
+ * stores after a transpose inside each lane quad (tk_tile: no shared
+ * memory, no barrier, every byte of y written once in whole sectors):
+ * - k_linear_tk (at most 16 rows, or in > 16): a warp keeps x's fragments
+ *   for 16 x MI rows in registers and takes 1 to 8 strips, chosen per
+ *   launch so the grid's last wave is not nearly empty (tk_grid.h).
+ * - k_linear_tr, the row sweep (in <= 16, more rows): a warp keeps 1 to 4
+ *   adjacent strips' W and walks a chunk of row tiles, adjacent warps on
+ *   adjacent columns, all in one wave, so the stores move down y's rows
+ *   together (tk_grid.h). Measured (H100, 2026-12-06, bench/RESULTS.md):
+ *   c_r1 (1120 x [16 -> 190464], 427 MB) 166.5 -> 145.9 us in the bench
+ *   model's forward (1.16x -> 1.01x its floor), the token linear 1120 x
+ *   [16 -> 15872] 19.8 -> 16.5; at 1 x 70 20.8 -> 14.9 and 8.7 -> 6.7. In
+ *   k_linear_tk each short block reloaded x and, per strip, W: dependent
+ *   loads under the write stream.
  * The k order inside a 16-deep step is permuted (lane t takes k 4t .. 4t+3
  * of both x and W, where mma.m16n8k16's layout says 2t, 2t+1, 2t+8, 2t+9):
  * the same permutation on both operands leaves the product unchanged, and
@@ -32,17 +40,18 @@
  * W's ld <= 64 (W's columns past `in` are zero: bk_weight's layout), at
  * most 16 rows, or in <= 16, or TK_MAX_OUTPUTS outputs in all, at least
  * TK_MIN_OUT outputs in whole 16-byte chunks, y 16-byte aligned with ldy a
- * multiple of 8. x may have any stride and alignment (its fragments are
- * loaded once per warp, element by element). Accumulation is fp32 inside
- * the tensor cores, in their order.
+ * multiple of 8. x may have any stride and alignment (k_linear_tk loads
+ * its fragments once per warp, element by element; the sweep per tile, as
+ * 8-byte pairs where x is 8-byte aligned with ldx and in multiples of 4).
+ * Accumulation is fp32 inside the tensor cores, in their order.
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
-#include "kernels/cuda/tk_grid.h" /* TK_WARPS, the strips a warp takes */
+#include "kernels/cuda/tk_grid.h" /* TK_WARPS, the strips a warp takes, the sweep */
 
 #define TK_MAX_LD 64  /* W's row length at most (4 mma k-steps)         */
 #define TK_MIN_OUT 256
-#define TK_MAX_ROWS (65535 * 32) /* row tiles in grid.y (32 rows at least) */
+#define TK_MAX_ROWS (65535 * 32) /* k_linear_tk: row tiles in grid.y (32 rows at least) */
 /* Beyond 16 rows at in > 16, at most this many outputs (the large writes
  * were measured at in 16 only, bench_ops: 1120 x [16 -> 15872] 18.6-22.1
  * us against cuBLAS's 24-26.5, 70 x [16 -> 190464] 22.2-22.9 against
@@ -370,26 +379,27 @@ static void launch_tr(bk_stream *s, const void *x, int ldx, int rows, const bk_w
                       bias ? (const T *)bias->data : NULL, relu, (T *)y, ldy);
 }
 
-/* Rows per warp: one m16 tile for a few rows (W-read bound: more tiles
- * would only multiply zeros), else four (x's fragments reused over more
- * outputs) at 16 k, two at 32 to 64 k (registers); evict-first stores
- * where y is larger than L2. */
+/* Rows per warp in k_linear_tk: one m16 tile for a few rows (W-read
+ * bound: more tiles would only multiply zeros), else two at 32 to 64 k
+ * (registers); at 16 k and more than 16 rows, the row sweep. Evict-first
+ * stores where y is larger than L2. */
 template <typename T, int KS>
 static void launch_ks(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                       const bk_weight *bias, bool relu, void *y, int ldy)
 {
-    constexpr int MI = KS == 1 ? 4 : 2;
     const bool stream = (double)rows * w->rows * sizeof(T) > (double)cu_impl(s->be)->l2_bytes;
-    if (rows <= 16)
+    if (rows <= 16) {
         launch<T, KS, 1>(s, x, ldx, rows, w, bias, relu, y, ldy);
-    else if (KS == 1 && stream)
-        launch_tr<T, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
-    else if (KS == 1)
-        launch_tr<T, 0>(s, x, ldx, rows, w, bias, relu, y, ldy);
-    else if (stream)
-        launch<T, KS, MI, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
-    else
-        launch<T, KS, MI>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    } else if constexpr (KS == 1) {
+        if (stream)
+            launch_tr<T, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
+        else
+            launch_tr<T, 0>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    } else if (stream) {
+        launch<T, KS, 2, TK_STREAM>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    } else {
+        launch<T, KS, 2>(s, x, ldx, rows, w, bias, relu, y, ldy);
+    }
 }
 
 int cu_linear_tk(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,

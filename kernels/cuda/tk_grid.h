@@ -88,12 +88,14 @@ TK_FN int tk_strips_per_warp(long strips, long row_tiles, long slots)
  * rows). A warp holds spw adjacent strips' W (1 to TK_SWEEP_MAX_SPW) and
  * walks one chunk of row tiles; warps next to each other take adjacent
  * column groups, so the GPU's stores move down the rows together and each
- * row is written in long contiguous runs. Why (H100, write_patterns,
- * 2026-12-06): a first version split the work items into contiguous
- * ranges, each warp walking its own rows at its own place, so a row's
- * neighbouring 128-byte lines were written by other warps at other times:
- * its stores alone took 156 us at c_r1's shape against 137 in linear_tk's
- * order and 134 for memset. */
+ * row is written in long contiguous runs. Measured (H100, write_patterns
+ * at c_r1's shape, 2026-12-06, bench/RESULTS.md): 147 us against
+ * k_linear_tk's 169 and memset's 135; at 2, 3 or 4 strips a warp (one
+ * wave) the same, at 1 (two waves) 174. A first version split the work
+ * items into contiguous ranges, each warp walking its own rows at its own
+ * place, so a row's neighbouring 128-byte lines were written by other
+ * warps at other times: its stores alone took 156 us against 137 in
+ * k_linear_tk's order, and c_r1 164. */
 #define TK_SWEEP_MAX_SPW 4
 
 typedef struct {
