@@ -118,35 +118,35 @@ static const long SWEEP_H100[TK_SWEEP_MAX_SPW + 1] = {0, 132 * 9 * 4, 132 * 6 * 
 static void test_row_sweep_bench_shapes(void **state)
 {
     (void)state;
-    /* c_r1 1120 x [16 -> 190464]: 5952 strips do not fit one wave of
-     * 4752 at one strip a warp; two a warp fit 3168: 2976 warps, each down
-     * all 70 row tiles. */
-    tk_sweep sw = tk_sweep_choose(5952, 70, SWEEP_H100, 0);
-    assert_int_equal(sw.spw, 2);
-    assert_int_equal(sw.col_groups, 2976);
-    assert_int_equal(sw.chunk_tiles, 70);
-    assert_int_equal(sw.warps, 2976);
-    /* the token linear 1120 x [16 -> 15872]: 496 strips, one a warp, the
-     * rows cut in 9 chunks of 8 tiles (4464 warps). */
-    sw = tk_sweep_choose(496, 70, SWEEP_H100, 0);
-    assert_int_equal(sw.spw, 1);
-    assert_int_equal(sw.chunk_tiles, 8);
-    assert_int_equal(sw.warps, 496 * 9);
-    /* 1 x 70: c_r1 over 5 row tiles; the token linear a tile a warp. */
-    sw = tk_sweep_choose(5952, 5, SWEEP_H100, 0);
-    assert_int_equal(sw.spw, 2);
-    assert_int_equal(sw.chunk_tiles, 5);
-    sw = tk_sweep_choose(496, 5, SWEEP_H100, 0);
-    assert_int_equal(sw.spw, 1);
-    assert_int_equal(sw.chunk_tiles, 1);
-    assert_int_equal(sw.warps, 496 * 5);
-    /* the edge of one wave at one strip a warp */
-    assert_int_equal(tk_sweep_choose(132 * 9 * 4, 70, SWEEP_H100, 0).spw, 1);
-    assert_int_equal(tk_sweep_choose(132 * 9 * 4 + 1, 70, SWEEP_H100, 0).spw, 2);
-    /* imposed (write_patterns' rows) */
-    sw = tk_sweep_choose(5952, 70, SWEEP_H100, 4);
-    assert_int_equal(sw.spw, 4);
-    assert_int_equal(sw.warps, 1488);
+    static const struct {
+        long strips, row_tiles;
+        int only, spw;
+        long chunk_tiles, warps;
+    } cases[] = {
+        /* c_r1 1120 x [16 -> 190464]: 5952 strips do not fit one wave of
+         * 4752 at one strip a warp; two a warp fit 3168: 2976 warps, each
+         * down all 70 row tiles. */
+        {5952, 70, 0, 2, 70, 2976},
+        /* the token linear 1120 x [16 -> 15872]: 496 strips, one a warp,
+         * the rows cut in 9 chunks of 8 tiles. */
+        {496, 70, 0, 1, 8, 496 * 9},
+        /* 1 x 70: c_r1 over 5 row tiles; the token linear a tile a warp */
+        {5952, 5, 0, 2, 5, 2976},
+        {496, 5, 0, 1, 1, 496 * 5},
+        /* the edge of one wave at one strip a warp */
+        {132 * 9 * 4, 70, 0, 1, 70, 132 * 9 * 4},
+        {132 * 9 * 4 + 1, 70, 0, 2, 70, (132 * 9 * 4 + 2) / 2},
+        /* imposed (write_patterns' rows) */
+        {5952, 70, 4, 4, 70, 1488},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const tk_sweep sw = tk_sweep_choose(cases[i].strips, cases[i].row_tiles, SWEEP_H100,
+                                            cases[i].only);
+        assert_int_equal(sw.spw, cases[i].spw);
+        assert_int_equal(sw.chunk_tiles, cases[i].chunk_tiles);
+        assert_int_equal(sw.warps, cases[i].warps);
+        assert_int_equal(sw.col_groups, (cases[i].strips + sw.spw - 1) / sw.spw);
+    }
 }
 
 /* Every (strip, row tile) taken by exactly one warp of the sweep, through
