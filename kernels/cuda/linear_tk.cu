@@ -220,7 +220,9 @@ __global__ void __launch_bounds__(TK_WARPS * 32, MINB)
      * stores (at 64 k the registers go to x's fragments instead). */
     constexpr bool PF = KS <= 2;
     tk_strip<T, KS> cur, nxt;
-    auto load = [&](tk_strip<T, KS> &o, int n0) { tk_load_opt<T, KS, OPT>(o, w, ldw, bias, out, n0, g, t); };
+    auto load = [&](tk_strip<T, KS> &o, int n0) {
+        tk_load_opt<T, KS, OPT>(o, w, ldw, bias, out, n0, g, t);
+    };
     load(cur, (int)tk_strip_of(blockIdx.x, warp, 0, spw) * 32);
 #pragma unroll 1
     for (int sp = 0; sp < spw; sp++) {
