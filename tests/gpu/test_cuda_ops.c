@@ -863,6 +863,10 @@ static void suite_plain(void)
     test_linear(1120, 16, 8192, 1, 1, 0, 8);   /* the bench model's c_r1 shape, narrower */
     test_linear(70, 16, 190464, 1, 1, 0, 32768); /* c_r1 at 1 x 70 into E_cand's pitch */
     test_linear(70, 16, 15872, 1, 1, 3, 0);    /* partial row tile, pitched x */
+    /* the row sweep at 3 and 4 strips a warp (on 132 SMs: outputs past one
+     * wave at 2), the second in two waves */
+    test_linear(24, 16, 230000, 1, 1, 0, 8);
+    test_linear(20, 12, 300000, 0, 1, 4, 0);
     test_linear(1, 32, 4096, 1, 0, 0, 0);
     test_linear(37, 20, 1000, 1, 2, 1, 24);    /* ld 24: a half k-step; a strip tail */
     test_linear(33, 48, 264, 0, 4, 0, 0);      /* three k-steps */
