@@ -1,6 +1,11 @@
 /* tk_grid.h - how many 32-column strips each warp of kernels/cuda/
- * linear_tk.cu's kernel takes, so that its grid does not end in a nearly
- * empty wave.
+ * linear_tk.cu's kernels takes: k_linear_tk's, so that its grid does not
+ * end in a nearly empty wave, and the row sweep's (k_linear_tr, below).
+ *
+ * (The measurements in this paragraph and the next were taken when
+ * k_linear_tk also served the bench model's token linears and c_r1; those
+ * shapes, in <= 16 at more than 16 rows, are the row sweep's since
+ * 2026-12-06.)
  *
  * Why this exists: with a fixed 4 strips a warp (16 a block), a small
  * launch is a few large blocks on a mostly idle GPU (the bench model's 1 x

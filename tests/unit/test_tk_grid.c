@@ -11,6 +11,9 @@
  * slot counts the choice is never costlier than the old fixed 4, stays
  * within the slack of the cheapest, and every strip of every grid is taken
  * by exactly one (block, warp, step), with no block column left empty.
+ * The sweep: the fewest strips a warp that fit one wave at the bench
+ * shapes and at the edge of a wave, and every (strip, row tile) taken by
+ * exactly one warp through tk_sweep_place.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -44,6 +47,10 @@ static void test_bench_model_shapes(void **state)
      * rows at in <= 16 go to the row sweep below): 70 candidates' worth
      * of columns, one row tile. */
     assert_int_equal(tk_strips_per_warp(496, 1, SLOTS_H200), 1);
+    /* a grid that already fills its waves evenly keeps the home 4: 5952
+     * strips x 18 row tiles (c_r1's grid before the row sweep), 12.7
+     * waves at 4, as cheap as any within the slack */
+    assert_int_equal(tk_strips_per_warp(5952, 18, SLOTS_H200), TK_SPW_HOME);
 }
 
 static void test_degenerate_inputs(void **state)
