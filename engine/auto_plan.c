@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fold.h"
 #include "op.h"
 #include "plan.h"
 
@@ -53,9 +54,7 @@ static int is_lazy(const ap *a, md_ref r)
     return r.src == MD_SRC_LAYER && a->lz[r.index].p != NULL;
 }
 
-/* A fresh name "<base>__<role>" (then "...2", "...3"): *out points into the
- * name set, valid while the pass runs. */
-static int fresh_name(ap *a, const char *base, const char *role, const char **out)
+int ap_fresh_name(json_t *names, const char *base, const char *role, const char **out)
 {
     char buf[512];
     for (int k = 1;; k++) {
@@ -65,18 +64,21 @@ static int fresh_name(ap *a, const char *base, const char *role, const char **ou
             snprintf(buf, sizeof buf, "%s__%s%d", base, role, k);
         for (char *c = buf; *c; c++)
             if (*c == '.') *c = '_'; /* "user.dense" -> "user_dense__bcast" */
-        if (!json_object_get(a->names, buf)) break;
+        if (!json_object_get(names, buf)) break;
     }
-    if (json_object_set_new(a->names, buf, json_true())) return oom(a);
-    *out = json_object_iter_key(json_object_iter_at(a->names, buf));
+    if (json_object_set_new(names, buf, json_true())) return -1;
+    *out = json_object_iter_key(json_object_iter_at(names, buf));
     return 0;
 }
 
-/* Appends layer object o (stolen) with its origin; returns its ap_layer. */
-static ap_layer *emit(ap *a, json_t *o, int origin, int copy)
+static int fresh_name(ap *a, const char *base, const char *role, const char **out)
 {
-    ap_result *r = a->res;
-    if (!o || json_array_append_new(a->out, o)) return NULL;
+    return ap_fresh_name(a->names, base, role, out) ? oom(a) : 0;
+}
+
+ap_layer *ap_emit(ap_result *r, json_t *arr, json_t *o, int origin, int copy)
+{
+    if (!o || json_array_append_new(arr, o)) return NULL;
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 16;
         ap_layer *l = realloc(r->l, (size_t)cap * sizeof *l);
@@ -89,6 +91,12 @@ static ap_layer *emit(ap *a, json_t *o, int origin, int copy)
     l->origin = origin;
     l->copy = copy;
     return l;
+}
+
+/* Appends layer object o (stolen) with its origin; returns its ap_layer. */
+static ap_layer *emit(ap *a, json_t *o, int origin, int copy)
+{
+    return ap_emit(a->res, a->out, o, origin, copy);
 }
 
 static json_t *names_of(const part *p, int n, const model_def *m, enum md_domain only, int any)
@@ -470,6 +478,7 @@ static int take_one(const ap_wsrc *s, model_def *from, md_weight *to)
     size_t n = (size_t)to->rows * to->cols;
     md_weight *w = s->src < 0 ? NULL : &from->layers[s->src].w[s->src_w];
     if (w && !w->data) return 0; /* planned without weights */
+    if (s->fold_d > 0) return fold_weight(w, &from->layers[s->fold_src].w[0], s->fold_d, to);
     if (!(to->data = malloc((n ? n : 1) * sizeof(float)))) return -1;
     for (int r = 0; r < to->rows; r++)
         for (int c = 0; c < to->cols; c++)

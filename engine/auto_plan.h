@@ -35,11 +35,14 @@
 
 /* Where one weight of a rewritten layer comes from: weight src_w of the
  * broadcast-form layer src (columns cols[0..n_cols) in order, or all of
- * them when cols is NULL), or zeros when src < 0. */
+ * them when cols is NULL), or zeros when src < 0. With fold_d > 0 (fold.h):
+ * the folded weight of w_cand = (src, src_w) and w_top = (fold_src, 0)
+ * over fold_d columns a token. */
 typedef struct ap_wsrc {
     int src, src_w;
     int *cols;
     int n_cols;
+    int fold_src, fold_d;
 } ap_wsrc;
 
 /* One layer of the rewritten document, in its order. */
@@ -67,5 +70,12 @@ int ap_rewrite(const model_def *m, const json_t *root, ap_result **out, bk_err *
 int ap_take_weights(const ap_result *r, model_def *from, model_def *to, bk_err *err);
 
 void ap_result_free(ap_result *r);
+
+/* Shared with fold.c. ap_emit appends layer object o (stolen) to arr and
+ * its ap_layer to r (NULL on out of memory); ap_fresh_name makes a name
+ * "<base>__<role>" (then "...2", ...) absent from the set `names`, adds it
+ * and points *out at the set's copy (-1 on out of memory). */
+ap_layer *ap_emit(ap_result *r, json_t *arr, json_t *o, int origin, int copy);
+int ap_fresh_name(json_t *names, const char *base, const char *role, const char **out);
 
 #endif

@@ -272,7 +272,8 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
         return NULL;
     }
     snprintf(m->device, sizeof(m->device), "%s", device);
-    if (model_def_load(dir, &m->def, err) != 0) {
+    if (model_def_load_opts(dir, opts && opts->no_fold ? MD_LOAD_NO_FOLD : 0, &m->def, err) !=
+        0) {
         free(m);
         return NULL;
     }

@@ -59,6 +59,10 @@ typedef struct ikbo_load_opts {
      * without graphs (the CPU). With graphs on, a batch's candidates are
      * padded to their bucket (at most 1/8 more rows). */
     int graphs;
+    /* 1: run lce -> flatten -> linear chains as written; 0 (default): fold
+     * each into one linear over the candidate tokens where that takes FLOPs
+     * off (engine/fold.h; the plan report marks them "folded"). */
+    int no_fold;
 } ikbo_load_opts;
 
 /* What a model takes and returns. Pointers stay valid for the model's life. */
@@ -116,6 +120,7 @@ typedef struct ikbo_serving {
     long long max_queue_candidates;
     long long max_queue_requests;
     long long graphs; /* batch graphs per instance (ikbo_load_opts.graphs) */
+    long long fold;   /* 0: ikbo_load_opts.no_fold */
     long long idle_spin_us; /* how long an idle instance or completer polls before sleeping */
     long long gpu_spin_us;  /* how long an instance polls for its batch's end (ikbo_ctx_set_gpu_spin) */
     long long batch_timeout_ms; /* a batch computing longer means a hung device (server only) */

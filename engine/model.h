@@ -139,6 +139,7 @@ enum md_rewrite {
     MD_RW_SPLICED,      /* a mixed stack/concat only rewrites read: never built        */
     MD_RW_MAP_READ,     /* a mixed stack/concat built at C, user parts read via map    */
     MD_RW_GATHER,       /* needs a user operand at C rows: an explicit broadcast       */
+    MD_RW_FOLDED,       /* lce -> flatten -> linear folded into one linear (fold.h)    */
     MD_RW_COUNT
 };
 
@@ -224,6 +225,11 @@ static inline int md_ref_tokens(const model_def *m, md_ref r)
  * -1, *out untouched, and err names the file, the layer or tensor, and the
  * problem. */
 int model_def_load(const char *dir, model_def **out, bk_err *err);
+
+/* The same with flags: MD_LOAD_NO_FOLD keeps lce -> flatten -> linear
+ * chains as written (engine/fold.h; model_def_load folds them). */
+#define MD_LOAD_NO_FOLD 1u
+int model_def_load_opts(const char *dir, unsigned flags, model_def **out, bk_err *err);
 
 /* Same, from memory: for tests and fuzzing. dir is only used in messages. */
 int model_def_parse(const char *dir, const char *json, size_t json_len, const uint8_t *st,

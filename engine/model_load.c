@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "auto_plan.h"
+#include "fold.h"
 #include "json_schema.h"
 #include "model.h"
 #include "op.h"
@@ -63,6 +64,7 @@ typedef struct ld {
     nent *lidx, *tidx, *uidx, *cidx; /* layers, tables, user/cand sparse, sorted */
     enum op_pass pass;
     json_t *root; /* the document, kept for the auto planner */
+    int no_fold;  /* MD_LOAD_NO_FOLD: lce chains stay as written */
 } ld;
 
 enum ref_kind { REF_VALUE, REF_SPARSE, REF_HISTORY };
@@ -1158,47 +1160,117 @@ static int ld_init(ld *L, const char *dir, bk_err *err)
     return 0;
 }
 
-/* An auto model: the broadcast form (L->m, with its weights when it has
- * any) is rewritten by auto_plan.c, and the rewritten document planned
- * with the manual rules plus the planner's own (OP_PASS_REWRITTEN); the
- * weights move or are split across. L->m becomes the rewritten model. */
-static int replan(ld *L)
+/* Plans rewritten document `root` (r, made from model `from`) with the
+ * manual rules plus the planner's own (OP_PASS_REWRITTEN) and moves or
+ * builds the weights across. *out: the new model, its layers' origins
+ * indexing from's layers. */
+static int plan_rewritten(ld *L, model_def *from, ap_result *r, model_def **out)
 {
-    ap_result *r = NULL;
     ld L2;
-    model_def *m1 = L->m;
     int rc = -1;
-    if (ap_rewrite(m1, L->root, &r, L->err))
-        return -1;
-    if (ld_init(&L2, m1->dir, L->err))
+    *out = NULL;
+    if (ld_init(&L2, from->dir, L->err))
         goto out;
     L2.pass = OP_PASS_REWRITTEN;
     if (parse_root(&L2, r->root))
         goto out;
     if (L2.m->n_layers != r->n) { /* cannot happen: one planned layer per emitted one */
-        bk_seterr(L->err, "%s: the auto planner's rewrite lost a layer", L->jfile);
+        bk_seterr(L->err, "%s: a rewrite of the model lost a layer", L->jfile);
         goto out;
     }
-    if (ap_take_weights(r, m1, L2.m, L->err) || md_plan_build(m1, L2.m, r->e, L->err))
+    if (ap_take_weights(r, from, L2.m, L->err))
         goto out;
-    r->e = NULL; /* the plan owns the entries now */
-    L2.m->plan.is_auto = 1;
-    L->m = L2.m;
-    L2.m = m1;
+    L2.m->plan.is_auto = from->plan.is_auto;
+    *out = L2.m;
+    L2.m = NULL;
     rc = 0;
 out:
     model_def_free(L2.m);
     ld_free(&L2);
-    ap_result_free(r);
     return rc;
 }
 
-/* The plan report; an auto model is rewritten first. */
+/* The fold pass (fold.h) over m, planned from `root` with its layers'
+ * origins indexing plan entries e: *out is the folded model (origins
+ * composed, e's folded entries marked), or NULL when nothing folds. */
+static int fold_model(ld *L, model_def *m, const json_t *root, md_plan_entry *e,
+                      model_def **out)
+{
+    ap_result *r = NULL;
+    int rc = -1, *into = malloc(((size_t)m->n_layers + 1) * sizeof *into);
+    *out = NULL;
+    if (!into) {
+        bk_seterr(L->err, "%s: out of memory folding the model's lce layers", m->dir);
+        return -1;
+    }
+    if (L->no_fold) {
+        rc = 0;
+        goto done;
+    }
+    if (fold_rewrite(m, root, into, &r, L->err) || (r && plan_rewritten(L, m, r, out)))
+        goto done;
+    if (*out) {
+        for (int k = 0; k < (*out)->n_layers; k++)
+            (*out)->layers[k].origin = m->layers[(*out)->layers[k].origin].origin;
+        for (int i = 0; i < m->n_layers; i++)
+            if (into[i] >= 0)
+                fold_note(m, into, i, &e[m->layers[i].origin]);
+    }
+    rc = 0;
+done:
+    ap_result_free(r);
+    free(into);
+    return rc;
+}
+
+/* An auto model: the broadcast form (L->m, with its weights when it has
+ * any) is rewritten by auto_plan.c, planned again, then folded; the
+ * weights move or are split across. L->m becomes the model that runs. */
+static int replan(ld *L)
+{
+    ap_result *r = NULL;
+    model_def *m1 = L->m, *m2 = NULL, *m3 = NULL;
+    if (ap_rewrite(m1, L->root, &r, L->err) || plan_rewritten(L, m1, r, &m2) ||
+        fold_model(L, m2, r->root, r->e, &m3) || md_plan_build(m1, m3 ? m3 : m2, r->e, L->err)) {
+        model_def_free(m2);
+        model_def_free(m3);
+        ap_result_free(r);
+        return -1;
+    }
+    r->e = NULL; /* the plan owns the entries now */
+    ap_result_free(r);
+    L->m = m3 ? m3 : m2;
+    if (m3)
+        model_def_free(m2);
+    model_def_free(m1);
+    return 0;
+}
+
+/* The plan report; an auto model is rewritten first, and lce chains are
+ * folded (fold.h) unless L->no_fold. */
 static int plan_model(ld *L)
 {
     if (L->m->plan.is_auto)
         return replan(L);
-    return md_plan_build(L->m, L->m, NULL, L->err);
+    model_def *m = L->m, *f = NULL;
+    md_plan_entry *e = md_plan_manual_entries(m);
+    if (!e) {
+        bk_seterr(L->err, "%s: out of memory building the plan report", m->dir);
+        return -1;
+    }
+    for (int k = 0; k < m->n_layers; k++)
+        m->layers[k].origin = k;
+    if (fold_model(L, m, L->root, e, &f) || md_plan_build(m, f ? f : m, e, L->err)) {
+        md_plan p = {.e = e, .n = m->n_layers};
+        md_plan_free(&p);
+        model_def_free(f);
+        return -1;
+    }
+    if (f) {
+        L->m = f;
+        model_def_free(m);
+    }
+    return 0;
 }
 
 static int finish(ld *L, int rc, model_def **out)
@@ -1331,6 +1403,11 @@ fail:
 
 int model_def_load(const char *dir, model_def **out, bk_err *err)
 {
+    return model_def_load_opts(dir, 0, out, err);
+}
+
+int model_def_load_opts(const char *dir, unsigned flags, model_def **out, bk_err *err)
+{
     ld L;
     bk_err dummy;
     char *json = NULL, *jpath = NULL, *wpath = NULL;
@@ -1347,6 +1424,7 @@ int model_def_load(const char *dir, model_def **out, bk_err *err)
     }
     if (ld_init(&L, dir, err))
         return finish(&L, -1, out);
+    L.no_fold = (flags & MD_LOAD_NO_FOLD) != 0;
     jpath = join(dir, "model.json");
     wpath = join(dir, "weights.safetensors");
     if (!jpath || !wpath) {

@@ -25,8 +25,8 @@
 
 #include "op.h"
 
-static const char *const rw_names[MD_RW_COUNT] = {"user",     "candidate", "ikbo",  "type1",
-                                                  "spliced",  "map_read",  "gather"};
+static const char *const rw_names[MD_RW_COUNT] = {"user",    "candidate", "ikbo",  "type1",
+                                                  "spliced", "map_read",  "gather", "folded"};
 
 const char *md_rewrite_name(enum md_rewrite rw)
 {
@@ -98,8 +98,7 @@ static int reads_user(const model_def *m, const md_layer *l)
     return 0;
 }
 
-/* A manual model's entries: its own layers, as written. */
-static md_plan_entry *manual_entries(const model_def *m)
+md_plan_entry *md_plan_manual_entries(const model_def *m)
 {
     md_plan_entry *e = calloc((size_t)m->n_layers, sizeof *e);
     for (int i = 0; e && i < m->n_layers; i++) {
@@ -122,7 +121,7 @@ int md_plan_build(const model_def *bf, model_def *m, md_plan_entry *e, bk_err *e
 {
     int n = bf->n_layers;
     if (!e) {
-        if (!(e = manual_entries(m))) {
+        if (!(e = md_plan_manual_entries(m))) {
             bk_seterr(err, "%s: out of memory building the plan report", m->dir);
             return -1;
         }
@@ -144,7 +143,7 @@ void md_plan_totals_of(const model_def *m, double ratio, md_plan_totals *t)
             t->flops[w] += e->flops_c[w] + e->flops_u[w] / ratio;
             t->bytes[w] += e->bytes_c[w] + e->bytes_u[w] / ratio;
         }
-        t->rewritten += e->rw == MD_RW_TYPE1 || e->rw == MD_RW_MAP_READ;
+        t->rewritten += e->rw == MD_RW_TYPE1 || e->rw == MD_RW_MAP_READ || e->rw == MD_RW_FOLDED;
     }
     for (int k = 0; k < m->n_layers; k++)
         if (m->layers[k].op == MD_BROADCAST) {

@@ -25,12 +25,16 @@
  * NULL for a manual model (built here). Fills m->plan with the costs. */
 int md_plan_build(const model_def *bf, model_def *m, md_plan_entry *e, bk_err *err);
 
+/* A manual model's entries: its own layers, as written (NULL on out of
+ * memory; md_plan_build takes them). */
+md_plan_entry *md_plan_manual_entries(const model_def *m);
+
 /* Per-candidate totals at `ratio` candidates per user. */
 typedef struct md_plan_totals {
     double flops[2], bytes[2]; /* [0] as written (broadcast form), [1] as planned */
     int gathers;               /* broadcast layers (MD_BROADCAST) */
     double gather_bytes;       /* their fp32 bytes per candidate */
-    int rewritten;             /* layers with a Type I or map-read rewrite */
+    int rewritten;             /* layers with a Type I, map-read or fold rewrite */
 } md_plan_totals;
 void md_plan_totals_of(const model_def *m, double ratio, md_plan_totals *t);
 

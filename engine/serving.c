@@ -58,6 +58,9 @@ const serving_key serving_keys[] = {
             "admission: requests waiting, at most"),
     INT_KEY(graphs, 0, 1024, SERVING_DEF_GRAPHS, BOTH,
             "batch shapes each instance keeps a recorded CUDA graph for; 0 = off (cuda only)"),
+    INT_KEY(fold, 0, 1, SERVING_DEF_FOLD, BOTH,
+            "1: fold each lce read only by flatten -> linear into one linear over the candidate "
+            "tokens where that takes FLOPs off (engine/fold.h); 0 = run them as written"),
     INT_KEY(idle_spin_us, 0, 10000, SERVING_DEF_IDLE_SPIN_US, BOTH,
             "how long an idle instance (and one completer) polls for work before it sleeps; "
             "0 = sleep at once"),

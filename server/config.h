@@ -37,7 +37,7 @@
  *                     the same for model.json's "serving"). A model's
  *                     model.json "serving" block (then its config.json)
  *                     overrides max_batch_*, max_queue_delay_us,
- *                     instances, graphs, idle_spin_us and gpu_spin_us for that model,
+ *                     instances, graphs, fold, idle_spin_us and gpu_spin_us for that model,
  *                     where set.
  *   repository_poll_ms   how often the model repository is rescanned for new,
  *                     changed and removed versions; 0..86400000, default

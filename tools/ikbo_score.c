@@ -17,13 +17,15 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ikbo-score [--mode ikbo|broadcast] [--device cpu|cuda:N] MODEL_VERSION_DIR "
+            "usage: ikbo-score [--mode ikbo|broadcast] [--device cpu|cuda:N] [--no-fold] "
+            "MODEL_VERSION_DIR "
             "REQUEST.json\n"
             "Scores one JSON RankRequest (proto3 JSON) with the model in MODEL_VERSION_DIR\n"
             "(<repo>/<name>/<version>) and prints {\"scores\": [...], \"task_scores\": [[...], ...]}\n"
             "in the request's candidate order (top_k is ignored). REQUEST.json may be - for stdin.\n"
             "  --mode MODE     ikbo (default) or broadcast\n"
             "  --device DEV    cpu (default) or cuda:N\n"
+            "  --no-fold       run lce -> flatten -> linear chains as written (engine/fold.h)\n"
             "  --help          print this help\n");
 }
 
@@ -106,6 +108,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "ikbo-score: --mode: expected ikbo or broadcast, got \"%s\"\n", v);
                 return 1;
             }
+        } else if (!strcmp(a, "--no-fold")) {
+            lo.no_fold = 1;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "ikbo-score: unknown flag %s\n", a);
             usage(stderr);

@@ -126,10 +126,12 @@ static float *score(ikbo_ctx *ctx, const ikbo_batch *b, size_t last[BK_TAG_COUNT
  * Stacks in place (engine.c): c_item and c_d1 (8 each) are written into
  * x_cand, their only reader; x_cand (16), read by e_cand and as the
  * attention's query, lives in e_cand's rows; the attention's output (16)
- * is written into e_cand too. */
+ * is written into e_cand too. The lce -> flatten -> top1 chain is folded
+ * (engine/fold.h): no [C, 3, 8] lce output; top1 is its candidate linear,
+ * the sum through the map and the activation (8 each). */
 static size_t expected_cand_bytes(int C)
 {
-    size_t widths[] = {32, 24, 8, 8, 2};
+    size_t widths[] = {32, 8, 8, 8, 8, 2};
     size_t n = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
         n += (C * widths[i] * 4 + 255) / 256 * 256;
@@ -181,7 +183,8 @@ static void test_broadcast_matches_ikbo(void **state)
     assert_true(lb[BK_TAG_BROADCAST] > 0);
     assert_memory_equal(si, sb, sizeof(float) * (size_t)h.b.n_cands * 3);
     /* What IKBO reports as avoided is what broadcast mode copied (up to the
-     * arena's 256-byte rounding of its 5 copies: e_user, history, K, V, u_vec). */
+     * arena's 256-byte rounding of its 5 copies: history, K, V, u_vec and the
+     * folded top1's user term; e_user is read at U by the fold's token_linear). */
     uint64_t av = ikbo_ctx_last_avoided_bytes(ci);
     assert_int_equal(ikbo_ctx_last_avoided_bytes(cb), 0);
     assert_true(av > 0);

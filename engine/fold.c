@@ -1,0 +1,252 @@
+/* fold.c - lce -> flatten -> linear folded into one candidate linear (fold.h).
+ *
+ * Why this exists: see fold.h. A chain is found from its linear: the input
+ * is a flatten whose input is an lce, and neither the lce nor the flatten
+ * has another reader (nor is the logits layer). The chain's three layers
+ * are replaced, at the linear's place, by
+ *
+ *   <lce>__u     token_linear(lce.user, out_tokens M)   weight w_user    U
+ *   <flat>__u    flatten(<lce>__u)                                       U
+ *   <linear>__u  linear(<flat>__u, N), no bias          weight W_top     U
+ *   <flat>__c    flatten(lce.candidate)  (a [D] candidate operand as is) C
+ *   <linear>__c  linear(<flat>__c, N)    weight W_f, bias b              C
+ *   <linear>     add(<linear>__c, <linear>__u)  (then its activation,
+ *                the add named <linear>__sum)                            C
+ *
+ * every other layer is copied as it is. All of them are existing ops, each
+ * with its CPU kernel, CUDA kernel and reference.
+ */
+#include "fold.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+typedef struct chain {
+    int lce, flat, lin;
+} chain;
+
+/* Readers of each layer (inputs of later layers, and the logits). */
+static int *reader_counts(const model_def *m)
+{
+    int *n = calloc((size_t)m->n_layers + 1, sizeof *n);
+    if (!n) return NULL;
+    for (int i = 0; i < m->n_layers; i++)
+        for (int k = 0; k < m->layers[i].n_in; k++)
+            if (m->layers[i].in[k].src == MD_SRC_LAYER) n[m->layers[i].in[k].index]++;
+    n[m->logits_layer]++;
+    return n;
+}
+
+/* Whether linear i closes a chain worth folding (fold.h's rule). */
+static int chain_at(const model_def *m, const int *readers, int i, chain *c)
+{
+    const md_layer *t = &m->layers[i];
+    if (t->op != MD_LINEAR || t->domain != MD_CAND || t->kind != MD_VEC ||
+        t->in[0].src != MD_SRC_LAYER)
+        return 0;
+    const md_layer *f = &m->layers[t->in[0].index];
+    if (f->op != MD_FLATTEN || f->in[0].src != MD_SRC_LAYER || readers[t->in[0].index] != 1)
+        return 0;
+    const md_layer *l = &m->layers[f->in[0].index];
+    if (l->op != MD_LCE || readers[f->in[0].index] != 1) return 0;
+    double M = l->tokens, D = l->dim, N = t->dim, Kc = md_ref_tokens(m, l->in[1]);
+    if (2 * Kc * D * N >= 2 * M * D * (Kc + N) || N * Kc * D > (double)FOLD_MAX_ELEMS) return 0;
+    *c = (chain){.lce = f->in[0].index, .flat = t->in[0].index, .lin = i};
+    return 1;
+}
+
+typedef struct fw {
+    const model_def *m;
+    json_t *out, *names;
+    ap_result *res;
+} fw;
+
+static json_t *one_input(const char *name, const char *op, const char *input)
+{
+    return json_pack("{s:s, s:s, s:s}", "name", name, "op", op, "input", input);
+}
+
+/* The chain's replacement layers (the header's table). -1: out of memory. */
+static int emit_chain(fw *w, const json_t *src, const chain *c)
+{
+    const model_def *m = w->m;
+    const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
+    const char *zu, *fu, *yu, *fc, *yc, *sum = t->name;
+    const char *act = json_string_value(json_object_get(src, "activation"));
+    int has_act = act && strcmp(act, "none") != 0;
+    int cand_tokens = m->layers[c->lce].in[1].src == MD_SRC_LAYER &&
+                      m->layers[l->in[1].index].kind == MD_TOKENS;
+    const char *cand = md_value_ref_text(m, l->in[1]), *flat = m->layers[c->flat].name;
+    if (ap_fresh_name(w->names, l->name, "u", &zu) || ap_fresh_name(w->names, flat, "u", &fu) ||
+        ap_fresh_name(w->names, t->name, "u", &yu) || ap_fresh_name(w->names, flat, "c", &fc) ||
+        ap_fresh_name(w->names, t->name, "c", &yc) ||
+        (has_act && ap_fresh_name(w->names, t->name, "sum", &sum)))
+        return -1;
+    ap_layer *a = ap_emit(w->res, w->out,
+                          json_pack("{s:s, s:s, s:s, s:i}", "name", zu, "op", "token_linear",
+                                    "input", md_value_ref_text(m, l->in[0]), "out_tokens",
+                                    l->tokens),
+                          c->lce, 0);
+    if (!a) return -1;
+    a->w[0] = (ap_wsrc){.src = c->lce, .src_w = 0};
+    a->n_w = 1;
+    if (!ap_emit(w->res, w->out, one_input(fu, "flatten", zu), c->flat, 0)) return -1;
+    a = ap_emit(w->res, w->out,
+                json_pack("{s:s, s:s, s:s, s:i}", "name", yu, "op", "linear", "input", fu, "out",
+                          t->dim),
+                c->lin, 0);
+    if (!a) return -1;
+    a->w[0] = (ap_wsrc){.src = c->lin, .src_w = 0};
+    a->w[1] = (ap_wsrc){.src = -1}; /* the bias is the candidate side's */
+    a->n_w = 2;
+    if (cand_tokens) {
+        if (!ap_emit(w->res, w->out, one_input(fc, "flatten", cand), c->flat, 0)) return -1;
+        cand = fc;
+    }
+    a = ap_emit(w->res, w->out,
+                json_pack("{s:s, s:s, s:s, s:i}", "name", yc, "op", "linear", "input", cand, "out",
+                          t->dim),
+                c->lin, 0);
+    if (!a) return -1;
+    a->w[0] = (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim};
+    a->w[1] = (ap_wsrc){.src = c->lin, .src_w = 1};
+    a->n_w = 2;
+    if (!ap_emit(w->res, w->out,
+                 json_pack("{s:s, s:s, s:[s, s]}", "name", sum, "op", "add", "inputs", yc, yu),
+                 c->lin, 0))
+        return -1;
+    if (has_act && !ap_emit(w->res, w->out,
+                            json_pack("{s:s, s:s, s:s, s:s}", "name", t->name, "op", "activation",
+                                      "input", sum, "fn", act),
+                            c->lin, 0))
+        return -1;
+    return 0;
+}
+
+/* Finds the chains (folded_into filled); returns how many. -1: out of memory. */
+static int find_chains(const model_def *m, int *folded_into)
+{
+    int *readers = reader_counts(m), n = 0;
+    if (!readers) return -1;
+    for (int i = 0; i < m->n_layers; i++) folded_into[i] = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        chain c;
+        if (!chain_at(m, readers, i, &c)) continue;
+        folded_into[c.lce] = folded_into[c.flat] = folded_into[c.lin] = i;
+        n++;
+    }
+    free(readers);
+    return n;
+}
+
+static int write_layers(fw *w, const json_t *layers, const int *folded_into)
+{
+    const model_def *m = w->m;
+    for (int i = 0; i < m->n_layers; i++)
+        if (json_object_set_new(w->names, m->layers[i].name, json_true())) return -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const json_t *src = json_array_get(layers, (size_t)i);
+        if (folded_into[i] < 0) {
+            if (!ap_emit(w->res, w->out, json_deep_copy(src), i, 1)) return -1;
+            continue;
+        }
+        if (folded_into[i] != i) continue; /* the lce and flatten go with their linear */
+        chain c = {.lin = i, .flat = m->layers[i].in[0].index};
+        c.lce = m->layers[c.flat].in[0].index;
+        if (emit_chain(w, src, &c)) return -1;
+    }
+    return 0;
+}
+
+int fold_rewrite(const model_def *m, const json_t *root, int *folded_into, ap_result **out,
+                 bk_err *err)
+{
+    *out = NULL;
+    int n = find_chains(m, folded_into);
+    if (n == 0) return 0;
+    fw w = {.m = m, .out = json_array(), .names = json_object(), .res = calloc(1, sizeof *w.res)};
+    int rc = -1;
+    if (n < 0 || !w.out || !w.names || !w.res ||
+        write_layers(&w, json_object_get(root, "layers"), folded_into) ||
+        !(w.res->root = json_deep_copy(root)) || json_object_set(w.res->root, "layers", w.out)) {
+        bk_seterr(err, "%s: out of memory folding the model's lce layers", m->dir);
+        goto out;
+    }
+    *out = w.res;
+    w.res = NULL;
+    rc = 0;
+out:
+    json_decref(w.out);
+    json_decref(w.names);
+    ap_result_free(w.res);
+    return rc;
+}
+
+void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry *e)
+{
+    const md_layer *t = &m->layers[folded_into[i]];
+    const md_layer *f = &m->layers[t->in[0].index];
+    const md_layer *l = &m->layers[f->in[0].index];
+    e->rw = MD_RW_FOLDED;
+    if (&m->layers[i] != t) {
+        snprintf(e->note, sizeof e->note, "folded into linear '%s' (no [C, %d, %d] output)",
+                 t->name, l->tokens, l->dim);
+        return;
+    }
+    snprintf(e->note, sizeof e->note,
+             "folds lce '%s': W_top W_user E_user at U through the map + W_f [%d, %d] over the "
+             "candidate tokens at C",
+             l->name, t->dim, md_ref_tokens(m, l->in[1]) * l->dim);
+}
+
+/* y += a x, four lanes at a time (-O2 does not vectorize it by itself). */
+typedef float fold_v4 __attribute__((vector_size(16)));
+static void axpy(float *restrict y, const float *restrict x, float a, int n)
+{
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        fold_v4 xv, yv;
+        memcpy(&xv, x + i, sizeof xv);
+        memcpy(&yv, y + i, sizeof yv);
+        yv += a * xv;
+        memcpy(y + i, &yv, sizeof yv);
+    }
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+int fold_weight(const md_weight *w_cand, const md_weight *w_top, int D, md_weight *to)
+{
+    int M = w_cand->rows, Kc = w_cand->cols, N = w_top->rows;
+    size_t row = (size_t)Kc * D;
+    if (to->rows != N || (size_t)to->cols != row || (size_t)w_top->cols != (size_t)M * D)
+        return -1; /* cannot happen: the planner made these shapes */
+    if (!(to->data = malloc((size_t)N * row * sizeof(float)))) return -1;
+    /* W_f[j, k*D + d] = sum_m W_top[j, m*D + d] * W_cand[m, k], summed in m
+     * order; FOLD_KB output tokens at a time, so their sums stay in L1
+     * while W_top's row streams past once per block. */
+    enum { FOLD_KB = 8 };
+    float *acc = malloc((size_t)FOLD_KB * D * sizeof(float));
+    if (!acc) {
+        free(to->data);
+        to->data = NULL;
+        return -1;
+    }
+    for (int j = 0; j < N; j++) {
+        const float *top = w_top->data + (size_t)j * w_top->cols;
+        for (int k0 = 0; k0 < Kc; k0 += FOLD_KB) {
+            int kb = Kc - k0 < FOLD_KB ? Kc - k0 : FOLD_KB;
+            memset(acc, 0, (size_t)kb * D * sizeof(float));
+            for (int mi = 0; mi < M; mi++)
+                for (int kk = 0; kk < kb; kk++)
+                    axpy(acc + (size_t)kk * D, top + (size_t)mi * D,
+                         w_cand->data[(size_t)mi * Kc + k0 + kk], D);
+            memcpy(to->data + (size_t)j * row + (size_t)k0 * D, acc,
+                   (size_t)kb * D * sizeof(float));
+        }
+    }
+    free(acc);
+    return 0;
+}

@@ -1,0 +1,59 @@
+/* fold.h - an lce read only by flatten -> linear, folded into one linear over
+ * the candidate tokens (engine-internal; a plan rewrite beside auto_plan.h).
+ *
+ * Why this exists: nothing non-linear stands between an lce and a linear
+ * that reads its flattened output, so the pair is one linear map of the lce's
+ * operands:
+ *
+ *   y[c] = W_top flat(W_user E_user[u] + W_cand E_cand[c]) + b
+ *        = W_top flat(W_user E_user[u])  +  W_f flat(E_cand[c]) + b,
+ *   W_f[j, k*D + d] = sum_m W_top[j, m*D + d] * W_cand[m, k].
+ *
+ * The first term depends on the user only: it runs at U (token_linear, then
+ * the linear without bias) and is added through the map; the second is one
+ * linear at C over E_cand as it is, with W_f computed once at load. The
+ * [C, M, D] lce output is never written nor read again, and the candidate
+ * FLOPs drop from 2 M D (Kc + N) to 2 Kc D N. The rewrite is applied where
+ * that is a drop (N < M Kc / (Kc - M) when Kc > M; always when Kc <= M) and
+ * W_f has at most FOLD_MAX_ELEMS elements; ikbo_load_opts.no_fold (the
+ * serving key "fold": 0) keeps every chain as written.
+ *
+ * Numerics: the function is the same; the roundings differ. The activation-
+ * dtype rounding of the lce output is gone, W_f is computed in fp32 and
+ * rounded once to the backend's dtype (bench/RESULTS.md has the differences
+ * measured against the unfolded run and the PyTorch reference).
+ *
+ * The pass works like auto_plan.c: it writes the folded model.json layers
+ * (an ap_result: the document and each new layer's origin and weight
+ * sources) for the loader to plan again with OP_PASS_REWRITTEN. Not
+ * thread-safe (one load); nothing here runs per request.
+ */
+#ifndef IKBO_FOLD_H
+#define IKBO_FOLD_H
+
+#include <jansson.h>
+
+#include "auto_plan.h"
+#include "model.h"
+
+/* The largest folded weight (elements) the pass makes. */
+#define FOLD_MAX_ELEMS (1LL << 27)
+
+/* m: a model planned with the IKBO rules (its layers are root's "layers",
+ * one for one). On a fold, *out is the rewritten document (its layers'
+ * origins index m's layers) and, for each m layer, folded_into[i] is the
+ * linear's index for the lce, flatten and linear of a folded chain, -1
+ * otherwise (an array of m->n_layers the caller passes). *out = NULL when
+ * nothing folds. Returns 0, or -1 with err set (out of memory). */
+int fold_rewrite(const model_def *m, const json_t *root, int *folded_into, ap_result **out,
+                 bk_err *err);
+
+/* The plan report's note for m's layer i of a folded chain (folded_into
+ * from fold_rewrite): the entry's rewrite becomes MD_RW_FOLDED. */
+void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry *e);
+
+/* W_f [N, Kc*D] from w_cand [M, Kc] and w_top [N, M*D]; to->rows/cols set.
+ * Returns 0, or -1 on out of memory. */
+int fold_weight(const md_weight *w_cand, const md_weight *w_top, int D, md_weight *to);
+
+#endif

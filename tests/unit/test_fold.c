@@ -1,0 +1,282 @@
+/* test_fold.c - the lce fold (engine/fold.h): where it applies, what it
+ * plans, its weight, and that it scores the model as written.
+ *
+ * Why this exists: the fold replaces three model.json layers by a rewrite
+ * chosen by a cost rule, and computes a weight no file holds. Each part is
+ * checked against something independent: the rule against the header's
+ * FLOP counts on shapes either side of it, the folded weight against the
+ * definition summed in double, and the folded model's scores against the
+ * same model loaded with no_fold (the CPU backend, fp32: the two differ
+ * only by summation order). The golden test (rand_fold) checks the folded
+ * engine against the PyTorch reference.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/fold.h"
+#include "engine/ikbo.h"
+#include "engine/model.h"
+#include "engine/plan.h"
+#include "engine_fixture.h"
+
+/* src with `from` replaced by `to` (once; src must hold it). Malloc'd. */
+static char *subst(const char *src, const char *from, const char *to)
+{
+    const char *at = strstr(src, from);
+    if (!at) fail_msg("the fixture lacks %s", from);
+    size_t n = strlen(src) - strlen(from) + strlen(to) + 1;
+    char *s = malloc(n);
+    assert_non_null(s);
+    snprintf(s, n, "%.*s%s%s", (int)(at - src), src, to, at + strlen(from));
+    return s;
+}
+
+static char *variant(const char *from, const char *to) { return subst(EF_MODEL_JSON, from, to); }
+
+/* The fixture with top1 (and u_vec, added to it) N wide and the lce M. */
+static char *widths(int N, int M)
+{
+    char a[96], b[96], c[96];
+    snprintf(a, sizeof a, "\"input\": \"flat\", \"out\": %d,", N);
+    snprintf(b, sizeof b, "\"input\": \"user.dense\", \"out\": %d}", N);
+    snprintf(c, sizeof c, "\"out_tokens\": %d}", M);
+    char *s1 = variant("\"input\": \"flat\", \"out\": 8,", a);
+    char *s2 = subst(s1, "\"input\": \"user.dense\", \"out\": 8}", b);
+    char *s3 = subst(s2, "\"out_tokens\": 3}", c);
+    free(s1);
+    free(s2);
+    return s3;
+}
+
+static model_def *plan(const char *json)
+{
+    model_def *m = NULL;
+    bk_err e = {{0}};
+    if (model_def_plan("/fold/1", json, strlen(json), &m, &e)) fail_msg("plan failed: %s", e.msg);
+    return m;
+}
+
+static enum md_rewrite rw_of(const model_def *m, const char *name)
+{
+    for (int i = 0; i < m->plan.n; i++)
+        if (!strcmp(m->plan.e[i].name, name)) return m->plan.e[i].rw;
+    fail_msg("no plan entry '%s'", name);
+    return MD_RW_COUNT;
+}
+
+static const md_layer *layer(const model_def *m, const char *name)
+{
+    for (int i = 0; i < m->n_layers; i++)
+        if (!strcmp(m->layers[i].name, name)) return &m->layers[i];
+    return NULL;
+}
+
+/* The fixture (M 3, Kc 4, D 8, N 8: 2*4*8*8 = 512 < 2*3*8*(4+8) = 576)
+ * folds: the chain's layers become the header's six, in place. */
+static void test_fixture_folds(void **s)
+{
+    (void)s;
+    model_def *m = plan(EF_MODEL_JSON);
+    assert_int_equal(rw_of(m, "lce"), MD_RW_FOLDED);
+    assert_int_equal(rw_of(m, "flat"), MD_RW_FOLDED);
+    assert_int_equal(rw_of(m, "top1"), MD_RW_FOLDED);
+    assert_int_equal(rw_of(m, "mix"), MD_RW_IKBO);
+    assert_null(layer(m, "lce"));
+    assert_null(layer(m, "flat"));
+    static const struct { const char *name; enum md_op op; enum md_domain dom; int dim; } want[] = {
+        {"lce__u", MD_TOKEN_LINEAR, MD_USER, 8}, {"flat__u", MD_FLATTEN, MD_USER, 24},
+        {"top1__u", MD_LINEAR, MD_USER, 8},      {"flat__c", MD_FLATTEN, MD_CAND, 32},
+        {"top1__c", MD_LINEAR, MD_CAND, 8},      {"top1__sum", MD_ADD, MD_CAND, 8},
+        {"top1", MD_ACTIVATION, MD_CAND, 8},
+    };
+    const md_layer *prev = NULL;
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        const md_layer *l = layer(m, want[k].name);
+        if (!l) fail_msg("no planned layer '%s'", want[k].name);
+        assert_int_equal(l->op, want[k].op);
+        assert_int_equal(l->domain, want[k].dom);
+        assert_int_equal(l->dim, want[k].dim);
+        assert_true(!prev || l == prev + 1); /* in order, at the linear's place */
+        prev = l;
+    }
+    /* The folded weight's shape: [N, Kc*D]; the user linear has no bias. */
+    const md_layer *c = layer(m, "top1__c");
+    assert_int_equal(c->w[0].rows, 8);
+    assert_int_equal(c->w[0].cols, 32);
+    /* Candidate FLOPs drop; the report says so on the linear. */
+    md_plan_totals t;
+    md_plan_totals_of(m, 70, &t);
+    assert_true(t.flops[1] < t.flops[0]);
+    assert_int_equal(t.rewritten, 3);
+    model_def_free(m);
+}
+
+/* Shapes the rule refuses, and chains that are not chains. */
+static void test_rule_and_readers(void **s)
+{
+    (void)s;
+    static const struct { const char *from, *to, *why; } cases[] = {
+        /* the lce read by a second layer */
+        {"{\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\"",
+         "{\"name\": \"p\", \"op\": \"pool\", \"input\": \"lce\", \"fn\": \"sum\"},"
+         "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\"",
+         "lce read twice"},
+        /* the flatten read by a second layer */
+        {"{\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\"",
+         "{\"name\": \"f2\", \"op\": \"activation\", \"input\": \"flat\", \"fn\": \"relu\"},"
+         "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\"",
+         "flatten read twice"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0] + 2; k++) {
+        /* then, at M 3, N 16 (2*4*8*16 = 1024 >= 2*3*8*(4+16) = 960) and
+         * N 12, the edge (768 >= 768): no FLOPs off */
+        char *json = k < 2 ? variant(cases[k].from, cases[k].to) : widths(k == 2 ? 16 : 12, 3);
+        const char *why = k < 2 ? cases[k].why : "the rule gives no FLOPs off";
+        model_def *m = plan(json);
+        if (rw_of(m, "lce") == MD_RW_FOLDED || layer(m, "top1__c"))
+            fail_msg("folded although %s (case %zu)", why, k);
+        assert_non_null(layer(m, "lce"));
+        model_def_free(m);
+        free(json);
+    }
+    /* Just inside the rule: N 11 at M 3 (704 < 720), and N 16 at M 5
+     * (1024 < 2*5*8*20 = 1600). */
+    for (int k = 0; k < 2; k++) {
+        char *json = widths(k ? 16 : 11, k ? 5 : 3);
+        model_def *m = plan(json);
+        assert_int_equal(rw_of(m, "top1"), MD_RW_FOLDED);
+        model_def_free(m);
+        free(json);
+    }
+}
+
+/* fold_weight against its definition, summed in double. */
+static void test_fold_weight(void **s)
+{
+    (void)s;
+    const int M = 5, Kc = 7, D = 6, N = 3;
+    md_weight wc = {.rows = M, .cols = Kc}, wt = {.rows = N, .cols = M * D};
+    md_weight to = {.rows = N, .cols = Kc * D};
+    wc.data = malloc(sizeof(float) * M * Kc);
+    wt.data = malloc(sizeof(float) * N * M * D);
+    uint64_t r = 7;
+    for (int i = 0; i < M * Kc + N * M * D; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        float v = (float)((double)(r >> 11) / (double)(1ULL << 53) - 0.5);
+        if (i < M * Kc) wc.data[i] = v;
+        else wt.data[i - M * Kc] = v;
+    }
+    assert_int_equal(fold_weight(&wc, &wt, D, &to), 0);
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < Kc; k++)
+            for (int d = 0; d < D; d++) {
+                double want = 0;
+                for (int m = 0; m < M; m++)
+                    want += (double)wt.data[j * M * D + m * D + d] * wc.data[m * Kc + k];
+                double got = to.data[(size_t)j * Kc * D + k * D + d];
+                if (fabs(got - want) > 1e-6 * (1 + fabs(want)))
+                    fail_msg("W_f[%d, %d*%d + %d] = %g, want %g", j, k, D, d, got, want);
+            }
+    /* Shapes the planner did not make are refused, not computed. */
+    md_weight bad = {.rows = N, .cols = Kc * D + 1};
+    assert_int_equal(fold_weight(&wc, &wt, D, &bad), -1);
+    assert_null(bad.data);
+    free(wc.data);
+    free(wt.data);
+    free(to.data);
+}
+
+static char model_dir[256];
+
+static int setup(void **s)
+{
+    (void)s;
+    ef_write_model("fold", model_dir, sizeof model_dir);
+    return 0;
+}
+
+static int teardown(void **s)
+{
+    (void)s;
+    ef_remove_model(model_dir);
+    return 0;
+}
+
+static float *score_all(int no_fold, enum ikbo_mode mode, const ikbo_batch *b)
+{
+    ikbo_err err = {{0}};
+    ikbo_load_opts o = {.device = "cpu", .mode = mode, .no_fold = no_fold};
+    ikbo_model *m = ikbo_model_load(model_dir, &o, &err);
+    if (!m) fail_msg("load failed: %s", err.msg);
+    ikbo_ctx *ctx = ikbo_ctx_new(m, &err);
+    assert_non_null(ctx);
+    float *out = malloc(sizeof(float) * (size_t)b->n_cands * 3);
+    for (int i = 0; i < b->n_cands * 3; i++) out[i] = NAN; /* poison */
+    if (ikbo_score(ctx, b, out, out + (size_t)b->n_cands * 2, &err))
+        fail_msg("score failed: %s", err.msg);
+    char *plan_text = ikbo_model_plan(m, 0, 70);
+    assert_non_null(plan_text);
+    assert_true((strstr(plan_text, "folded") != NULL) == !no_fold);
+    free(plan_text);
+    ikbo_ctx_free(ctx);
+    ikbo_model_free(m);
+    return out;
+}
+
+/* The folded model scores what the model as written scores (both modes):
+ * random batches, relative error over all task scores and scores. */
+static void test_scores_match_unfolded(void **s)
+{
+    (void)s;
+    enum { U = 3, C = 40 };
+    uint64_t r = 12345;
+#define RND() (r = r * 6364136223846793005ULL + 1442695040888963407ULL, \
+               (float)((double)(r >> 11) / (double)(1ULL << 53) * 2 - 1))
+    float ud[U * 6], cd[C * 3];
+    int64_t us_ids[U], us_off[U + 1], cs_ids[C], cs_off[C + 1], h_ids[U * 4], h_off[U + 1];
+    int32_t h_act[U * 4], map[C];
+    for (int i = 0; i < U * 6; i++) ud[i] = RND();
+    for (int i = 0; i < C * 3; i++) cd[i] = RND();
+    for (int u = 0; u <= U; u++) us_off[u] = u, h_off[u] = 4 * u; /* 4 events each */
+    for (int u = 0; u < U; u++) us_ids[u] = u + 1;
+    for (int i = 0; i < U * 4; i++) h_ids[i] = 3 * i + 1, h_act[i] = i % 3;
+    for (int c = 0; c <= C; c++) cs_off[c] = c;
+    for (int c = 0; c < C; c++) cs_ids[c] = 7 * c + 2, map[c] = c * U / C; /* non-decreasing */
+#undef RND
+    ikbo_jagged us = {us_ids, us_off}, cs = {cs_ids, cs_off};
+    ikbo_batch b = {.n_users = U, .n_cands = C, .user_dense = ud, .user_sparse = &us,
+                    .hist = {h_ids, h_off}, .hist_actions = h_act, .cand_dense = cd,
+                    .cand_sparse = &cs, .map = map};
+    for (int mode = 0; mode < 2; mode++) {
+        enum ikbo_mode md = mode ? IKBO_MODE_BROADCAST : IKBO_MODE_IKBO;
+        float *f = score_all(0, md, &b), *w = score_all(1, md, &b);
+        double worst = 0;
+        for (int i = 0; i < C * 3; i++) {
+            assert_true(isfinite(f[i]));
+            double e = fabs((double)f[i] - w[i]) / fmax(fabs(w[i]), 1e-6);
+            worst = e > worst ? e : worst;
+        }
+        if (worst > 1e-5) fail_msg("mode %d: folded vs as written, relative error %g", mode, worst);
+        free(f);
+        free(w);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixture_folds),
+        cmocka_unit_test(test_rule_and_readers),
+        cmocka_unit_test(test_fold_weight),
+        cmocka_unit_test_setup_teardown(test_scores_match_unfolded, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
