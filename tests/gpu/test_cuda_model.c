@@ -14,7 +14,10 @@
  * broadcast bytes, and that instances scoring at once on their own threads
  * (as the daemon's do) agree with one scoring alone.
  *
- *   test_cuda_model MODEL_VERSION_DIR...
+ * With --no-fold every load keeps lce -> flatten -> linear as written
+ * (engine/fold.h), so the lce kernels run where the fold would replace them.
+ *
+ *   test_cuda_model [--no-fold] MODEL_VERSION_DIR...
  */
 #include <math.h>
 #include <pthread.h>
@@ -468,13 +471,15 @@ out:
     return failures;
 }
 
+static int g_no_fold; /* --no-fold */
+
 /* Every check of one model version directory. Returns the failures. */
 static int check_model(const char *dir, double tol, int *checks)
 {
     ikbo_err e = {{0}};
-    ikbo_load_opts oc = {.device = "cpu", .mode = IKBO_MODE_IKBO},
-                   og = {.device = "cuda:0", .mode = IKBO_MODE_IKBO},
-                   ob = {.device = "cuda:0", .mode = IKBO_MODE_BROADCAST};
+    ikbo_load_opts oc = {.device = "cpu", .mode = IKBO_MODE_IKBO, .no_fold = g_no_fold},
+                   og = {.device = "cuda:0", .mode = IKBO_MODE_IKBO, .no_fold = g_no_fold},
+                   ob = {.device = "cuda:0", .mode = IKBO_MODE_BROADCAST, .no_fold = g_no_fold};
     ikbo_model *mc = ikbo_model_load(dir, &oc, &e), *mg = NULL, *mb = NULL;
     trio t = {.dir = dir, .tol = tol};
     int failures = 0;
@@ -526,16 +531,20 @@ out:
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL_VERSION_DIR...\n", argv[0]);
+    int first = 1;
+    if (argc > 1 && !strcmp(argv[1], "--no-fold"))
+        g_no_fold = 1, first = 2;
+    if (argc <= first) {
+        fprintf(stderr, "usage: %s [--no-fold] MODEL_VERSION_DIR...\n", argv[0]);
         return 2;
     }
     const char *dt = getenv("IKBO_CUDA_DTYPE");
     double tol = dt && !strcmp(dt, "fp32") ? 1e-4 : 3e-2;
     unsigned long long seed = g_seed = gr_seed_checks();
-    printf("test_cuda_model: inputs from IKBO_TEST_SEED=%llu\n", seed);
+    printf("test_cuda_model: inputs from IKBO_TEST_SEED=%llu%s\n", seed,
+           g_no_fold ? ", lce chains as written (--no-fold)" : "");
     int failures = 0, checks = 0;
-    for (int a = 1; a < argc; a++)
+    for (int a = first; a < argc; a++)
         failures += check_model(argv[a], tol, &checks);
     printf("test_cuda_model: %s (%d checks, %d failures; IKBO_TEST_SEED=%llu)\n",
            failures ? "FAILED" : "passed", checks, failures, seed);
