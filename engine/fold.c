@@ -5,13 +5,16 @@
  * has another reader (nor is the logits layer). The chain's three layers
  * are replaced, at the linear's place, by
  *
- *   <lce>__u     token_linear(lce.user, out_tokens M)   weight w_user    U
- *   <flat>__u    flatten(<lce>__u)                                       U
- *   <linear>__u  linear(<flat>__u, N), no bias          weight W_top     U
- *   <flat>__c    flatten(lce.candidate)  (a [D] candidate operand as is) C
- *   <linear>__c  linear(<flat>__c, N)    weight W_f, bias b              C
+ *   <flat>__u    flatten(lce.user)  (a [D] user operand is read as is)      U
+ *   <linear>__u  linear(<flat>__u, N), no bias    weight W_top W_user       U
+ *   <flat>__c    flatten(lce.candidate)  (likewise)                         C
+ *   <linear>__c  linear(<flat>__c, N)             weight W_top W_cand, b    C
  *   <linear>     add(<linear>__c, <linear>__u)  (then its activation,
- *                the add named <linear>__sum)                            C
+ *                the add named <linear>__sum)                               C
+ *
+ * where the user side passes the rule too (its K = Ku); else the user term
+ * is computed as written, at U: <lce>__u token_linear(lce.user, M) with
+ * w_user, <flat>__u its flatten, <linear>__u the linear with W_top.
  *
  * every other layer is copied as it is. All of them are existing ops, each
  * with its CPU kernel, CUDA kernel and reference.
@@ -26,6 +29,7 @@
 
 typedef struct chain {
     int lce, flat, lin;
+    int user; /* the user term folded too (else token_linear, flatten, linear) */
 } chain;
 
 /* Readers of each layer (inputs of later layers, and the logits). */
@@ -40,6 +44,12 @@ static int *reader_counts(const model_def *m)
     return n;
 }
 
+/* fold.h's rule for one side of K tokens: fewer FLOPs folded, W' bounded. */
+static int side_folds(double K, double M, double D, double N)
+{
+    return 2 * K * D * N < 2 * M * D * (K + N) && N * K * D <= (double)FOLD_MAX_ELEMS;
+}
+
 /* Whether linear i closes a chain worth folding (fold.h's rule). */
 static int chain_at(const model_def *m, const int *readers, int i, chain *c)
 {
@@ -52,9 +62,10 @@ static int chain_at(const model_def *m, const int *readers, int i, chain *c)
         return 0;
     const md_layer *l = &m->layers[f->in[0].index];
     if (l->op != MD_LCE || readers[f->in[0].index] != 1) return 0;
-    double M = l->tokens, D = l->dim, N = t->dim, Kc = md_ref_tokens(m, l->in[1]);
-    if (2 * Kc * D * N >= 2 * M * D * (Kc + N) || N * Kc * D > (double)FOLD_MAX_ELEMS) return 0;
-    *c = (chain){.lce = f->in[0].index, .flat = t->in[0].index, .lin = i};
+    double M = l->tokens, D = l->dim, N = t->dim;
+    if (!side_folds(md_ref_tokens(m, l->in[1]), M, D, N)) return 0;
+    *c = (chain){.lce = f->in[0].index, .flat = t->in[0].index, .lin = i,
+                 .user = side_folds(md_ref_tokens(m, l->in[0]), M, D, N)};
     return 1;
 }
 
@@ -64,9 +75,32 @@ typedef struct fw {
     ap_result *res;
 } fw;
 
-static json_t *one_input(const char *name, const char *op, const char *input)
+/* A flatten of operand r named `name` when r is tokens; *out: what to read. */
+static int flat_of(fw *w, md_ref r, const char *name, int origin, const char **out)
 {
-    return json_pack("{s:s, s:s, s:s}", "name", name, "op", op, "input", input);
+    *out = md_value_ref_text(w->m, r);
+    if (r.src != MD_SRC_LAYER || w->m->layers[r.index].kind != MD_TOKENS) return 0;
+    if (!ap_emit(w->res, w->out,
+                 json_pack("{s:s, s:s, s:s}", "name", name, "op", "flatten", "input", *out),
+                 origin, 0))
+        return -1;
+    *out = name;
+    return 0;
+}
+
+/* A linear {name, input, out} with weight wsrc and bias (src -1: zeros). */
+static int linear(fw *w, const char *name, const char *input, int out, int origin, ap_wsrc wt,
+                  ap_wsrc bias)
+{
+    ap_layer *a = ap_emit(w->res, w->out,
+                          json_pack("{s:s, s:s, s:s, s:i}", "name", name, "op", "linear", "input",
+                                    input, "out", out),
+                          origin, 0);
+    if (!a) return -1;
+    a->w[0] = wt;
+    a->w[1] = bias;
+    a->n_w = 2;
+    return 0;
 }
 
 /* The chain's replacement layers (the header's table). -1: out of memory. */
@@ -74,46 +108,41 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
 {
     const model_def *m = w->m;
     const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
-    const char *zu, *fu, *yu, *fc, *yc, *sum = t->name;
+    const char *zu, *fu, *yu, *fc, *yc, *sum = t->name, *flat = m->layers[c->flat].name, *in;
     const char *act = json_string_value(json_object_get(src, "activation"));
     int has_act = act && strcmp(act, "none") != 0;
-    int cand_tokens = m->layers[c->lce].in[1].src == MD_SRC_LAYER &&
-                      m->layers[l->in[1].index].kind == MD_TOKENS;
-    const char *cand = md_value_ref_text(m, l->in[1]), *flat = m->layers[c->flat].name;
+    ap_wsrc zeros = {.src = -1};
     if (ap_fresh_name(w->names, l->name, "u", &zu) || ap_fresh_name(w->names, flat, "u", &fu) ||
         ap_fresh_name(w->names, t->name, "u", &yu) || ap_fresh_name(w->names, flat, "c", &fc) ||
         ap_fresh_name(w->names, t->name, "c", &yc) ||
         (has_act && ap_fresh_name(w->names, t->name, "sum", &sum)))
         return -1;
-    ap_layer *a = ap_emit(w->res, w->out,
-                          json_pack("{s:s, s:s, s:s, s:i}", "name", zu, "op", "token_linear",
-                                    "input", md_value_ref_text(m, l->in[0]), "out_tokens",
-                                    l->tokens),
-                          c->lce, 0);
-    if (!a) return -1;
-    a->w[0] = (ap_wsrc){.src = c->lce, .src_w = 0};
-    a->n_w = 1;
-    if (!ap_emit(w->res, w->out, one_input(fu, "flatten", zu), c->flat, 0)) return -1;
-    a = ap_emit(w->res, w->out,
-                json_pack("{s:s, s:s, s:s, s:i}", "name", yu, "op", "linear", "input", fu, "out",
-                          t->dim),
-                c->lin, 0);
-    if (!a) return -1;
-    a->w[0] = (ap_wsrc){.src = c->lin, .src_w = 0};
-    a->w[1] = (ap_wsrc){.src = -1}; /* the bias is the candidate side's */
-    a->n_w = 2;
-    if (cand_tokens) {
-        if (!ap_emit(w->res, w->out, one_input(fc, "flatten", cand), c->flat, 0)) return -1;
-        cand = fc;
+    if (c->user) { /* W_top W_user over the user tokens, at U */
+        if (flat_of(w, l->in[0], fu, c->flat, &in) ||
+            linear(w, yu, in, t->dim, c->lin,
+                   (ap_wsrc){.src = c->lce, .src_w = 0, .fold_src = c->lin, .fold_d = l->dim},
+                   zeros))
+            return -1;
+    } else { /* W_user E_user, then W_top, at U */
+        ap_layer *a = ap_emit(w->res, w->out,
+                              json_pack("{s:s, s:s, s:s, s:i}", "name", zu, "op", "token_linear",
+                                        "input", md_value_ref_text(m, l->in[0]), "out_tokens",
+                                        l->tokens),
+                              c->lce, 0);
+        if (!a) return -1;
+        a->w[0] = (ap_wsrc){.src = c->lce, .src_w = 0};
+        a->n_w = 1;
+        if (!ap_emit(w->res, w->out,
+                     json_pack("{s:s, s:s, s:s}", "name", fu, "op", "flatten", "input", zu),
+                     c->flat, 0) ||
+            linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0}, zeros))
+            return -1;
     }
-    a = ap_emit(w->res, w->out,
-                json_pack("{s:s, s:s, s:s, s:i}", "name", yc, "op", "linear", "input", cand, "out",
-                          t->dim),
-                c->lin, 0);
-    if (!a) return -1;
-    a->w[0] = (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim};
-    a->w[1] = (ap_wsrc){.src = c->lin, .src_w = 1};
-    a->n_w = 2;
+    if (flat_of(w, l->in[1], fc, c->flat, &in) ||
+        linear(w, yc, in, t->dim, c->lin,
+               (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim},
+               (ap_wsrc){.src = c->lin, .src_w = 1}))
+        return -1;
     if (!ap_emit(w->res, w->out,
                  json_pack("{s:s, s:s, s:[s, s]}", "name", sum, "op", "add", "inputs", yc, yu),
                  c->lin, 0))
@@ -126,8 +155,9 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
     return 0;
 }
 
-/* Finds the chains (folded_into filled); returns how many. -1: out of memory. */
-static int find_chains(const model_def *m, int *folded_into)
+/* Finds the chains: folded_into filled, ch[linear] each chain. Returns
+ * how many; -1: out of memory. */
+static int find_chains(const model_def *m, int *folded_into, chain *ch)
 {
     int *readers = reader_counts(m), n = 0;
     if (!readers) return -1;
@@ -136,13 +166,14 @@ static int find_chains(const model_def *m, int *folded_into)
         chain c;
         if (!chain_at(m, readers, i, &c)) continue;
         folded_into[c.lce] = folded_into[c.flat] = folded_into[c.lin] = i;
+        ch[i] = c;
         n++;
     }
     free(readers);
     return n;
 }
 
-static int write_layers(fw *w, const json_t *layers, const int *folded_into)
+static int write_layers(fw *w, const json_t *layers, const int *folded_into, const chain *ch)
 {
     const model_def *m = w->m;
     for (int i = 0; i < m->n_layers; i++)
@@ -151,12 +182,9 @@ static int write_layers(fw *w, const json_t *layers, const int *folded_into)
         const json_t *src = json_array_get(layers, (size_t)i);
         if (folded_into[i] < 0) {
             if (!ap_emit(w->res, w->out, json_deep_copy(src), i, 1)) return -1;
-            continue;
+        } else if (folded_into[i] == i && emit_chain(w, src, &ch[i])) {
+            return -1; /* (the lce and flatten go with their linear) */
         }
-        if (folded_into[i] != i) continue; /* the lce and flatten go with their linear */
-        chain c = {.lin = i, .flat = m->layers[i].in[0].index};
-        c.lce = m->layers[c.flat].in[0].index;
-        if (emit_chain(w, src, &c)) return -1;
     }
     return 0;
 }
@@ -165,12 +193,17 @@ int fold_rewrite(const model_def *m, const json_t *root, int *folded_into, ap_re
                  bk_err *err)
 {
     *out = NULL;
-    int n = find_chains(m, folded_into);
-    if (n == 0) return 0;
-    fw w = {.m = m, .out = json_array(), .names = json_object(), .res = calloc(1, sizeof *w.res)};
+    chain *ch = malloc(((size_t)m->n_layers + 1) * sizeof *ch);
+    int n = ch ? find_chains(m, folded_into, ch) : -1;
+    fw w = {.m = m};
     int rc = -1;
-    if (n < 0 || !w.out || !w.names || !w.res ||
-        write_layers(&w, json_object_get(root, "layers"), folded_into) ||
+    if (n == 0) {
+        free(ch);
+        return 0;
+    }
+    if (n < 0 || !(w.out = json_array()) || !(w.names = json_object()) ||
+        !(w.res = calloc(1, sizeof *w.res)) ||
+        write_layers(&w, json_object_get(root, "layers"), folded_into, ch) ||
         !(w.res->root = json_deep_copy(root)) || json_object_set(w.res->root, "layers", w.out)) {
         bk_seterr(err, "%s: out of memory folding the model's lce layers", m->dir);
         goto out;
@@ -179,6 +212,7 @@ int fold_rewrite(const model_def *m, const json_t *root, int *folded_into, ap_re
     w.res = NULL;
     rc = 0;
 out:
+    free(ch);
     json_decref(w.out);
     json_decref(w.names);
     ap_result_free(w.res);
@@ -196,10 +230,16 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
                  t->name, l->tokens, l->dim);
         return;
     }
+    int ku = md_ref_tokens(m, l->in[0]), kc = md_ref_tokens(m, l->in[1]);
+    char user[64];
+    if (side_folds(ku, l->tokens, l->dim, t->dim))
+        snprintf(user, sizeof user, "W_top W_user [%d, %d]", t->dim, ku * l->dim);
+    else
+        snprintf(user, sizeof user, "W_top (W_user E_user)");
     snprintf(e->note, sizeof e->note,
-             "folds lce '%s': W_top W_user E_user at U through the map + W_f [%d, %d] over the "
-             "candidate tokens at C",
-             l->name, t->dim, md_ref_tokens(m, l->in[1]) * l->dim);
+             "folds lce '%s': user term %s at U, candidate term W_top W_cand [%d, %d] at C, "
+             "added through the map",
+             l->name, user, t->dim, kc * l->dim);
 }
 
 /* y += a x, four lanes at a time (-O2 does not vectorize it by itself). */
@@ -217,14 +257,14 @@ static void axpy(float *restrict y, const float *restrict x, float a, int n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-int fold_weight(const md_weight *w_cand, const md_weight *w_top, int D, md_weight *to)
+int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to)
 {
-    int M = w_cand->rows, Kc = w_cand->cols, N = w_top->rows;
-    size_t row = (size_t)Kc * D;
+    int M = w->rows, K = w->cols, N = w_top->rows;
+    size_t row = (size_t)K * D;
     if (to->rows != N || (size_t)to->cols != row || (size_t)w_top->cols != (size_t)M * D)
         return -1; /* cannot happen: the planner made these shapes */
     if (!(to->data = malloc((size_t)N * row * sizeof(float)))) return -1;
-    /* W_f[j, k*D + d] = sum_m W_top[j, m*D + d] * W_cand[m, k], summed in m
+    /* W'[j, k*D + d] = sum_m W_top[j, m*D + d] * W[m, k], summed in m
      * order; FOLD_KB output tokens at a time, so their sums stay in L1
      * while W_top's row streams past once per block. */
     enum { FOLD_KB = 8 };
@@ -236,13 +276,13 @@ int fold_weight(const md_weight *w_cand, const md_weight *w_top, int D, md_weigh
     }
     for (int j = 0; j < N; j++) {
         const float *top = w_top->data + (size_t)j * w_top->cols;
-        for (int k0 = 0; k0 < Kc; k0 += FOLD_KB) {
-            int kb = Kc - k0 < FOLD_KB ? Kc - k0 : FOLD_KB;
+        for (int k0 = 0; k0 < K; k0 += FOLD_KB) {
+            int kb = K - k0 < FOLD_KB ? K - k0 : FOLD_KB;
             memset(acc, 0, (size_t)kb * D * sizeof(float));
             for (int mi = 0; mi < M; mi++)
                 for (int kk = 0; kk < kb; kk++)
                     axpy(acc + (size_t)kk * D, top + (size_t)mi * D,
-                         w_cand->data[(size_t)mi * Kc + k0 + kk], D);
+                         w->data[(size_t)mi * K + k0 + kk], D);
             memcpy(to->data + (size_t)j * row + (size_t)k0 * D, acc,
                    (size_t)kb * D * sizeof(float));
         }

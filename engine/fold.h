@@ -6,21 +6,22 @@
  * operands:
  *
  *   y[c] = W_top flat(W_user E_user[u] + W_cand E_cand[c]) + b
- *        = W_top flat(W_user E_user[u])  +  W_f flat(E_cand[c]) + b,
- *   W_f[j, k*D + d] = sum_m W_top[j, m*D + d] * W_cand[m, k].
+ *        = W_u' flat(E_user[u])  +  W_c' flat(E_cand[c]) + b,
+ *   W'[j, k*D + d] = sum_m W_top[j, m*D + d] * W[m, k]  (W = W_user, W_cand).
  *
- * The first term depends on the user only: it runs at U (token_linear, then
- * the linear without bias) and is added through the map; the second is one
- * linear at C over E_cand as it is, with W_f computed once at load. The
- * [C, M, D] lce output is never written nor read again, and the candidate
- * FLOPs drop from 2 M D (Kc + N) to 2 Kc D N. The rewrite is applied where
- * that is a drop (N < M Kc / (Kc - M) when Kc > M; always when Kc <= M) and
- * W_f has at most FOLD_MAX_ELEMS elements; ikbo_load_opts.no_fold (the
- * serving key "fold": 0) keeps every chain as written.
+ * The first term depends on the user only: it runs at U and is added
+ * through the map; the second is one linear at C over E_cand as it is. The
+ * folded weights are computed once at load. The [C, M, D] lce output is
+ * never written nor read again, and the candidate FLOPs drop from
+ * 2 M D (Kc + N) to 2 Kc D N. The rewrite is applied where that is a drop
+ * (N < M Kc / (Kc - M) when Kc > M; always when Kc <= M) and W_c' has at
+ * most FOLD_MAX_ELEMS elements; the user side is folded by the same rule
+ * over Ku, else it runs as written (token_linear, then W_top). ikbo_load_
+ * opts.no_fold (the serving key "fold": 0) keeps every chain as written.
  *
  * Numerics: the function is the same; the roundings differ. The activation-
- * dtype rounding of the lce output is gone, W_f is computed in fp32 and
- * rounded once to the backend's dtype (bench/RESULTS.md has the differences
+ * dtype rounding of the lce output is gone, the folded weights are computed
+ * in fp32 and rounded once to the backend's dtype (bench/RESULTS.md has the differences
  * measured against the unfolded run and the PyTorch reference).
  *
  * The pass works like auto_plan.c: it writes the folded model.json layers
@@ -52,8 +53,9 @@ int fold_rewrite(const model_def *m, const json_t *root, int *folded_into, ap_re
  * from fold_rewrite): the entry's rewrite becomes MD_RW_FOLDED. */
 void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry *e);
 
-/* W_f [N, Kc*D] from w_cand [M, Kc] and w_top [N, M*D]; to->rows/cols set.
- * Returns 0, or -1 on out of memory. */
-int fold_weight(const md_weight *w_cand, const md_weight *w_top, int D, md_weight *to);
+/* The folded weight [N, K*D] of w [M, K] (w_user or w_cand) and w_top
+ * [N, M*D]; to->rows/cols set by the planner. Returns 0, or -1 on out of
+ * memory or shapes that do not match (to->data NULL then). */
+int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to);
 
 #endif

@@ -57,10 +57,13 @@ RANDOM_MODELS = {
     "rand_d": ("--seed 404 --dim 40 --heads 4 --head-dim 12 --user-sparse 1 --cand-sparse 1 --user-dense-tokens 2 "
                "--cand-dense-tokens 3 --out-tokens 3 --mlp-layers 2 --mlp-width 48 --tasks 3 --max-len 7 --actions 2 "
                "--vector-operands"),
-    # lce out_tokens well above its candidate tokens and a narrow top: the
-    # engine folds lce -> flat -> top1 into one candidate linear (engine/fold.h);
-    # the reference computes the chain as written.
+    # lce out_tokens well above its tokens and a narrow top: the engine folds
+    # lce -> flat -> top1 (engine/fold.h), both sides in rand_fold, the
+    # candidate side alone in rand_fold_u (12 user dense tokens); the
+    # reference computes the chain as written.
     "rand_fold": "--seed 505 --dim 16 --heads 2 --head-dim 8 --out-tokens 16 --mlp-layers 2 --mlp-width 8",
+    "rand_fold_u": ("--seed 606 --dim 16 --heads 2 --head-dim 8 --out-tokens 6 --mlp-layers 2 --mlp-width 16 "
+                    "--user-dense-tokens 12"),
 }
 
 # Random models of the ranking architectures (random_family.py): name ->

@@ -184,7 +184,7 @@ static void test_broadcast_matches_ikbo(void **state)
     assert_memory_equal(si, sb, sizeof(float) * (size_t)h.b.n_cands * 3);
     /* What IKBO reports as avoided is what broadcast mode copied (up to the
      * arena's 256-byte rounding of its 5 copies: history, K, V, u_vec and the
-     * folded top1's user term; e_user is read at U by the fold's token_linear). */
+     * folded top1's user term; e_user is read at U by the folded user linear). */
     uint64_t av = ikbo_ctx_last_avoided_bytes(ci);
     assert_int_equal(ikbo_ctx_last_avoided_bytes(cb), 0);
     assert_true(av > 0);

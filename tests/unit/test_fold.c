@@ -79,8 +79,24 @@ static const md_layer *layer(const model_def *m, const char *name)
     return NULL;
 }
 
-/* The fixture (M 3, Kc 4, D 8, N 8: 2*4*8*8 = 512 < 2*3*8*(4+8) = 576)
- * folds: the chain's layers become the header's six, in place. */
+static void expect_layers(const model_def *m, const char *const *names, const enum md_op *ops,
+                          const enum md_domain *doms, const int *dims, int n)
+{
+    const md_layer *prev = NULL;
+    for (int k = 0; k < n; k++) {
+        const md_layer *l = layer(m, names[k]);
+        if (!l) fail_msg("no planned layer '%s'", names[k]);
+        assert_int_equal(l->op, ops[k]);
+        assert_int_equal(l->domain, doms[k]);
+        assert_int_equal(l->dim, dims[k]);
+        assert_true(!prev || l == prev + 1); /* in order, at the linear's place */
+        prev = l;
+    }
+}
+
+/* The fixture (M 3, Kc = Ku = 4, D 8, N 8: 2*4*8*8 = 512 < 2*3*8*(4+8) =
+ * 576) folds both sides: the chain's layers become fold.c's five and the
+ * activation, in place. */
 static void test_fixture_folds(void **s)
 {
     (void)s;
@@ -91,22 +107,15 @@ static void test_fixture_folds(void **s)
     assert_int_equal(rw_of(m, "mix"), MD_RW_IKBO);
     assert_null(layer(m, "lce"));
     assert_null(layer(m, "flat"));
-    static const struct { const char *name; enum md_op op; enum md_domain dom; int dim; } want[] = {
-        {"lce__u", MD_TOKEN_LINEAR, MD_USER, 8}, {"flat__u", MD_FLATTEN, MD_USER, 24},
-        {"top1__u", MD_LINEAR, MD_USER, 8},      {"flat__c", MD_FLATTEN, MD_CAND, 32},
-        {"top1__c", MD_LINEAR, MD_CAND, 8},      {"top1__sum", MD_ADD, MD_CAND, 8},
-        {"top1", MD_ACTIVATION, MD_CAND, 8},
-    };
-    const md_layer *prev = NULL;
-    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
-        const md_layer *l = layer(m, want[k].name);
-        if (!l) fail_msg("no planned layer '%s'", want[k].name);
-        assert_int_equal(l->op, want[k].op);
-        assert_int_equal(l->domain, want[k].dom);
-        assert_int_equal(l->dim, want[k].dim);
-        assert_true(!prev || l == prev + 1); /* in order, at the linear's place */
-        prev = l;
-    }
+    static const char *const names[] = {"flat__u", "top1__u", "flat__c", "top1__c", "top1__sum",
+                                        "top1"};
+    static const enum md_op ops[] = {MD_FLATTEN, MD_LINEAR, MD_FLATTEN, MD_LINEAR, MD_ADD,
+                                     MD_ACTIVATION};
+    static const enum md_domain doms[] = {MD_USER, MD_USER, MD_CAND, MD_CAND, MD_CAND, MD_CAND};
+    static const int dims[] = {32, 8, 32, 8, 8, 8};
+    expect_layers(m, names, ops, doms, dims, 6);
+    assert_null(layer(m, "lce__u"));
+    assert_int_equal(layer(m, "top1__u")->w[0].cols, 32); /* W_top W_user [N, Ku*D] */
     /* The folded weight's shape: [N, Kc*D]; the user linear has no bias. */
     const md_layer *c = layer(m, "top1__c");
     assert_int_equal(c->w[0].rows, 8);
@@ -117,6 +126,30 @@ static void test_fixture_folds(void **s)
     assert_true(t.flops[1] < t.flops[0]);
     assert_int_equal(t.rewritten, 3);
     model_def_free(m);
+}
+
+/* Ku 10 (u_d as 8 tokens): the user side fails the rule (2*10*8*8 = 1280
+ * >= 2*3*8*18 = 864) while the candidate side passes: the user term is
+ * computed as written, at U. */
+static void test_user_side_as_written(void **s)
+{
+    (void)s;
+    char *j1 = variant("\"input\": \"user.dense\", \"out\": 16,", "\"input\": \"user.dense\", \"out\": 64,");
+    char *json = subst(j1, "\"input\": \"u_d1\", \"tokens\": 2}", "\"input\": \"u_d1\", \"tokens\": 8}");
+    model_def *m = plan(json);
+    static const char *const names[] = {"lce__u", "flat__u", "top1__u", "flat__c", "top1__c",
+                                        "top1__sum", "top1"};
+    static const enum md_op ops[] = {MD_TOKEN_LINEAR, MD_FLATTEN, MD_LINEAR, MD_FLATTEN,
+                                     MD_LINEAR, MD_ADD, MD_ACTIVATION};
+    static const enum md_domain doms[] = {MD_USER, MD_USER, MD_USER, MD_CAND, MD_CAND, MD_CAND,
+                                          MD_CAND};
+    static const int dims[] = {8, 24, 8, 32, 8, 8, 8};
+    expect_layers(m, names, ops, doms, dims, 7);
+    assert_int_equal(layer(m, "top1__u")->w[0].cols, 24); /* W_top as it is */
+    assert_int_equal(rw_of(m, "top1"), MD_RW_FOLDED);
+    model_def_free(m);
+    free(json);
+    free(j1);
 }
 
 /* Shapes the rule refuses, and chains that are not chains. */
@@ -274,6 +307,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_folds),
+        cmocka_unit_test(test_user_side_as_written),
         cmocka_unit_test(test_rule_and_readers),
         cmocka_unit_test(test_fold_weight),
         cmocka_unit_test_setup_teardown(test_scores_match_unfolded, setup, teardown),
