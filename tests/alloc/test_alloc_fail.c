@@ -15,7 +15,8 @@
  *   - leak nothing: the live block count returns to what it was;
  *   - leave the object working: the same registry / batcher / loader then
  *     succeeds with failures off, with bitwise the reference scores.
- * Sweeps: model load + score (ikbo and broadcast mode), the registry's first
+ * Sweeps: model load + score (ikbo and broadcast mode), a folded model's
+ * load and plan (engine/fold.h), the registry's first
  * load, a hot swap to a new version and an unload of 66 versions at once, a
  * Rank request end to end (gRPC wire bytes through the fast decoder, through
  * the protobuf-c fallback, and the HTTP JSON body; on a fresh server and on
@@ -74,6 +75,7 @@
 #include "server/registry.h"
 #include "server/request.h"
 #include "tools/loadgen/client.h"
+#include "tests/unit/engine_fixture.h"
 
 #include <arpa/inet.h>
 #include <grpc/grpc.h>
@@ -185,6 +187,8 @@ static uint8_t *pack_request(const Ikbo__V1__RankRequest *r, size_t extra, size_
     return w;
 }
 
+static char g_fold[256]; /* the engine fixture's version directory (fold_load_op) */
+
 static int fixtures(char *why)
 {
     char path[512];
@@ -194,6 +198,8 @@ static int fixtures(char *why)
     snprintf(g_v1, sizeof g_v1, "%s/demo/1", g_repo);
     snprintf(g_v2, sizeof g_v2, "%s/demo/2", g_repo);
     if (mkdir(path, 0755) || copy_version(g_v1)) return failf(why, "cannot copy models/demo/1");
+    if (ef_write_model("alloc_fold", g_fold, sizeof g_fold))
+        return failf(why, "cannot write the engine fixture model");
     snprintf(path, sizeof path, "%s/models/demo/example_request.json", g_root);
     g_json = read_file(path, &g_json_len);
     char *v = g_json ? strstr(g_json, "\"modelVersion\": 1") : NULL;
@@ -824,6 +830,39 @@ static int load_op(void *p, char *why)
     return rc;
 }
 
+/* The engine fixture (tests/unit/engine_fixture.h): its lce -> flatten ->
+ * linear is folded at load (engine/fold.h), so the fold's allocations run
+ * here: load, both plan renderings (which must show the fold), free. */
+
+static int fold_load_op(void *p, char *why)
+{
+    (void)p;
+    ikbo_load_opts o = {.device = "cpu", .mode = IKBO_MODE_IKBO};
+    ikbo_err err = {{0}};
+    ikbo_model *m = ikbo_model_load(g_fold, &o, &err);
+    int rc = m ? 0 : 1, folded = 1;
+    for (int json = 0; rc == 0 && json < 2; json++) {
+        char *text = ikbo_model_plan(m, json, 70);
+        if (!text) { /* out of memory: the one error this call has */
+            snprintf(err.msg, sizeof err.msg, "plan report: out of memory");
+            rc = 1;
+        }
+        folded &= !text || strstr(text, "folded") != NULL;
+        free(text);
+    }
+    ikbo_model_free(m);
+    af_disarm();
+    if (!folded) return failf(why, "the plan report does not show the fold");
+    if (rc && !err.msg[0]) return failf(why, "fold load failed without a message");
+    return rc;
+}
+
+static int fold_load_after(void *p, char *why)
+{
+    int rc = fold_load_op(p, why);
+    return rc ? failf(why, "afterwards: %s", rc > 0 ? "load failed" : why) : 0;
+}
+
 static int load_after(void *p, char *why)
 {
     int rc = load_op(p, why);
@@ -1274,6 +1313,7 @@ static void cleanup(void)
     char p[512];
     remove_version(g_v2);
     remove_version(g_v1);
+    if (g_fold[0]) ef_remove_model(g_fold);
     snprintf(p, sizeof p, "%s/demo", g_repo);
     rmdir(p);
     unlink(g_config_path);
@@ -1317,6 +1357,8 @@ int main(void)
         {"model load+score (ikbo)", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[0], 0},
         {"model load+score (broadcast)", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[1], 0},
         {"auto model load+score+plan", AF_MAIN | AF_LIBS, NULL, load_op, load_after, no_teardown, &la[2], 0},
+        {"folded model load+plan", AF_MAIN | AF_LIBS, NULL, fold_load_op, fold_load_after,
+         no_teardown, NULL, 0},
         {"model peek serving", AF_MAIN | AF_LIBS, NULL, peek_op, NULL, no_teardown, NULL, 0},
         {"batch-graph cache", AF_MAIN, NULL, graph_cache_op, NULL, no_teardown, NULL, 0},
         {"registry first load", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after, req_teardown,

@@ -2,8 +2,9 @@
  * test_batcher.c score: its model.json, its tensors, and writing both (F32
  * weights from a fixed seed) into a fresh directory under /tmp.
  *
- * Header-only; the cmocka asserts fail the calling test. Single-threaded:
- * call ef_write_model from a setup, ef_remove_model from its teardown.
+ * Header-only, libc only (tests/alloc/test_alloc_fail.c writes it too):
+ * ef_write_model returns 0 or -1. Single-threaded: call it from a setup,
+ * ef_remove_model from its teardown.
  */
 #ifndef IKBO_ENGINE_FIXTURE_H
 #define IKBO_ENGINE_FIXTURE_H
@@ -61,24 +62,24 @@ static const ef_tensor EF_TENSORS[] = {
 };
 #define EF_N_TENSORS (sizeof(EF_TENSORS) / sizeof(EF_TENSORS[0]))
 
-static void ef_write_file(const char *path, const void *data, size_t n)
+static int ef_write_file(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, n, f), n);
-    fclose(f);
+    if (!f) return -1;
+    int rc = fwrite(data, 1, n, f) == n ? 0 : -1;
+    return fclose(f) || rc ? -1 : 0;
 }
 
 /* Writes the model into /tmp/ikbo_test_<tag>_<pid> (dir, of dir_n bytes):
  * model.json and weights.safetensors, weights uniform in [-0.5, 0.5) from
  * seed 42. */
-static void ef_write_model(const char *tag, char *dir, size_t dir_n)
+static int ef_write_model(const char *tag, char *dir, size_t dir_n)
 {
     snprintf(dir, dir_n, "/tmp/ikbo_test_%s_%d", tag, (int)getpid());
     mkdir(dir, 0755);
     char path[512];
     snprintf(path, sizeof(path), "%s/model.json", dir);
-    ef_write_file(path, EF_MODEL_JSON, strlen(EF_MODEL_JSON));
+    if (ef_write_file(path, EF_MODEL_JSON, strlen(EF_MODEL_JSON))) return -1;
     char header[8192];
     size_t hl = 0, off = 0;
     hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "{");
@@ -96,7 +97,7 @@ static void ef_write_model(const char *tag, char *dir, size_t dir_n)
     hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "}");
     size_t total = 8 + hl + off;
     uint8_t *buf = malloc(total);
-    assert_non_null(buf);
+    if (!buf) return -1;
     uint64_t h64 = hl;
     memcpy(buf, &h64, 8); /* little-endian host */
     memcpy(buf + 8, header, hl);
@@ -107,8 +108,9 @@ static void ef_write_model(const char *tag, char *dir, size_t dir_n)
         memcpy(buf + 8 + hl + 4 * i, &v, 4); /* the header's length may leave it unaligned */
     }
     snprintf(path, sizeof(path), "%s/weights.safetensors", dir);
-    ef_write_file(path, buf, total);
+    int rc = ef_write_file(path, buf, total);
     free(buf);
+    return rc;
 }
 
 static void ef_remove_model(const char *dir)

@@ -64,7 +64,7 @@ static ikbo_ctx *SOLO_CTX;
 static int setup(void **state)
 {
     (void)state;
-    ef_write_model("batcher", model_dir, sizeof model_dir);
+    assert_int_equal(ef_write_model("batcher", model_dir, sizeof model_dir), 0);
     ikbo_err err;
     memset(&err, 0, sizeof err);
     const char *dev = getenv("IKBO_TEST_DEVICE");

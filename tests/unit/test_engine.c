@@ -335,7 +335,7 @@ static void test_load_errors(void **state)
 static int setup(void **state)
 {
     (void)state;
-    ef_write_model("engine", model_dir, sizeof model_dir);
+    assert_int_equal(ef_write_model("engine", model_dir, sizeof model_dir), 0);
     return 0;
 }
 

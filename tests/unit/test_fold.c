@@ -232,7 +232,7 @@ static char model_dir[256];
 static int setup(void **s)
 {
     (void)s;
-    ef_write_model("fold", model_dir, sizeof model_dir);
+    assert_int_equal(ef_write_model("fold", model_dir, sizeof model_dir), 0);
     return 0;
 }
 
