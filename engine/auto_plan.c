@@ -499,7 +499,7 @@ int ap_take_weights(const ap_result *r, model_def *from, model_def *to, bk_err *
                 l->w[j].data = o->w[j].data;
                 o->w[j].data = NULL;
             } else if (j < al->n_w && take_one(&al->w[j], from, &l->w[j])) {
-                bk_seterr(err, "%s: out of memory splitting the weights of layer '%s'",
+                bk_seterr(err, "%s: out of memory building the weights of layer '%s'",
                           from->dir, o->name);
                 return -1;
             }

@@ -108,11 +108,12 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
 {
     const model_def *m = w->m;
     const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
-    const char *zu, *fu, *yu, *fc, *yc, *sum = t->name, *flat = m->layers[c->flat].name, *in;
+    const char *zu = NULL, *fu, *yu, *fc, *yc, *sum = t->name, *flat = m->layers[c->flat].name, *in;
     const char *act = json_string_value(json_object_get(src, "activation"));
     int has_act = act && strcmp(act, "none") != 0;
     ap_wsrc zeros = {.src = -1};
-    if (ap_fresh_name(w->names, l->name, "u", &zu) || ap_fresh_name(w->names, flat, "u", &fu) ||
+    if ((!c->user && ap_fresh_name(w->names, l->name, "u", &zu)) ||
+        ap_fresh_name(w->names, flat, "u", &fu) ||
         ap_fresh_name(w->names, t->name, "u", &yu) || ap_fresh_name(w->names, flat, "c", &fc) ||
         ap_fresh_name(w->names, t->name, "c", &yc) ||
         (has_act && ap_fresh_name(w->names, t->name, "sum", &sum)))

@@ -1197,15 +1197,13 @@ static int fold_model(ld *L, model_def *m, const json_t *root, md_plan_entry *e,
                       model_def **out)
 {
     ap_result *r = NULL;
-    int rc = -1, *into = malloc(((size_t)m->n_layers + 1) * sizeof *into);
+    int rc = -1, *into;
     *out = NULL;
-    if (!into) {
+    if (L->no_fold)
+        return 0;
+    if (!(into = malloc(((size_t)m->n_layers + 1) * sizeof *into))) {
         bk_seterr(L->err, "%s: out of memory folding the model's lce layers", m->dir);
         return -1;
-    }
-    if (L->no_fold) {
-        rc = 0;
-        goto done;
     }
     if (fold_rewrite(m, root, into, &r, L->err) || (r && plan_rewritten(L, m, r, out)))
         goto done;
@@ -1231,12 +1229,13 @@ static int replan(ld *L)
     ap_result *r = NULL;
     model_def *m1 = L->m, *m2 = NULL, *m3 = NULL;
     if (ap_rewrite(m1, L->root, &r, L->err) || plan_rewritten(L, m1, r, &m2) ||
-        fold_model(L, m2, r->root, r->e, &m3) || md_plan_build(m1, m3 ? m3 : m2, r->e, L->err)) {
+        fold_model(L, m2, r->root, r->e, &m3)) {
         model_def_free(m2);
         model_def_free(m3);
         ap_result_free(r);
         return -1;
     }
+    md_plan_build(m1, m3 ? m3 : m2, r->e);
     r->e = NULL; /* the plan owns the entries now */
     ap_result_free(r);
     L->m = m3 ? m3 : m2;
@@ -1260,12 +1259,12 @@ static int plan_model(ld *L)
     }
     for (int k = 0; k < m->n_layers; k++)
         m->layers[k].origin = k;
-    if (fold_model(L, m, L->root, e, &f) || md_plan_build(m, f ? f : m, e, L->err)) {
+    if (fold_model(L, m, L->root, e, &f)) {
         md_plan p = {.e = e, .n = m->n_layers};
         md_plan_free(&p);
-        model_def_free(f);
         return -1;
     }
+    md_plan_build(m, f ? f : m, e);
     if (f) {
         L->m = f;
         model_def_free(m);

@@ -117,21 +117,13 @@ md_plan_entry *md_plan_manual_entries(const model_def *m)
     return e;
 }
 
-int md_plan_build(const model_def *bf, model_def *m, md_plan_entry *e, bk_err *err)
+void md_plan_build(const model_def *bf, model_def *m, md_plan_entry *e)
 {
     int n = bf->n_layers;
-    if (!e) {
-        if (!(e = md_plan_manual_entries(m))) {
-            bk_seterr(err, "%s: out of memory building the plan report", m->dir);
-            return -1;
-        }
-        for (int k = 0; k < m->n_layers; k++) m->layers[k].origin = k;
-    }
     for (int i = 0; i < n; i++) cost_before(bf, i, &e[i]);
     for (int k = 0; k < m->n_layers; k++) cost_after(m, &m->layers[k], &e[m->layers[k].origin]);
     m->plan.e = e;
     m->plan.n = n;
-    return 0;
 }
 
 void md_plan_totals_of(const model_def *m, double ratio, md_plan_totals *t)

@@ -20,10 +20,12 @@
 
 #include "model.h"
 
-/* bf: the broadcast form (== m for a manual model); m: the model as it
- * runs. e: the auto planner's entries (names, rewrites, notes; stolen), or
- * NULL for a manual model (built here). Fills m->plan with the costs. */
-int md_plan_build(const model_def *bf, model_def *m, md_plan_entry *e, bk_err *err);
+/* bf: the model as written (the broadcast form of an auto model); m: the
+ * model as it runs, each layer's origin indexing e. e: one entry per bf
+ * layer (names, rewrites, notes; stolen): the auto planner's, or
+ * md_plan_manual_entries(bf), either marked by the fold. Fills m->plan
+ * with the costs. */
+void md_plan_build(const model_def *bf, model_def *m, md_plan_entry *e);
 
 /* A manual model's entries: its own layers, as written (NULL on out of
  * memory; md_plan_build takes them). */
