@@ -246,10 +246,17 @@ static int plan_fuse(ikbo_model *m)
     return 0;
 }
 
+/* On failure err names the weight (a folded weight by its rewritten name,
+ * "<linear>__u.weight": engine/fold.h). */
 static bk_weight *upload_weight(ikbo_model *m, md_weight *w, ikbo_err *err)
 {
     bk_weight *h = m->be->weight_new(m->be, w->data, w->rows, w->cols, err);
-    if (!h) return NULL;
+    if (!h) {
+        char msg[sizeof(err->msg)];
+        snprintf(msg, sizeof(msg), "%s", err->msg);
+        bk_seterr(err, "%s: %s", w->name, msg);
+        return NULL;
+    }
     /* The backend holds its own copy; the host copy is no longer needed. */
     free(w->data);
     w->data = NULL;

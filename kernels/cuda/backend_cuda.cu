@@ -937,13 +937,23 @@ static int cuda_sync(bk_stream *s, bk_err *err)
 
 /* ------------------------------------------------------------ weights */
 
+/* Converts w into the activation dtype at row stride ld. Returns the index
+ * of the first finite value the dtype cannot hold (fp16 past 65504, or a
+ * value within rounding of FLT_MAX in bf16: it would turn into infinity
+ * and every score it touches into inf or NaN), or -1. */
 template <typename T>
-static void pack_weight(const float *w, int rows, int cols, int ld, void *out)
+static long pack_weight(const float *w, int rows, int cols, int ld, void *out)
 {
     T *o = (T *)out;
+    long bad = -1;
     for (size_t r = 0; r < (size_t)rows; r++)
-        for (size_t c = 0; c < (size_t)ld; c++)
-            o[r * ld + c] = cu_fromf<T>(c < (size_t)cols ? w[r * cols + c] : 0.0f);
+        for (size_t c = 0; c < (size_t)ld; c++) {
+            float v = c < (size_t)cols ? w[r * cols + c] : 0.0f;
+            o[r * ld + c] = cu_fromf<T>(v);
+            if (bad < 0 && isinf(cu_tof<T>(o[r * ld + c])) && isfinite(v))
+                bad = (long)(r * cols + c);
+        }
+    return bad;
 }
 
 /* Weight blocks. A model's weights (one backend per model) are
@@ -1045,7 +1055,16 @@ static bk_weight *cuda_weight_new(bk_backend *be, const float *w, int rows, int 
         bk_seterr(err, "out of host memory allocating %zu bytes", bytes);
         return NULL;
     }
-    CU_DISPATCH(dt, pack_weight<T>(w, rows, cols, ld, host));
+    long bad = -1;
+    CU_DISPATCH(dt, bad = pack_weight<T>(w, rows, cols, ld, host));
+    if (bad >= 0) {
+        bk_seterr(err, "value %g at [%ld, %ld] is outside %s's range; serve this model in %s",
+                  (double)w[bad], bad / cols, bad % cols, dt == CU_F16 ? "fp16" : "bf16",
+                  dt == CU_F16 ? "bf16 or fp32 (IKBO_CUDA_DTYPE)" : "fp32 (IKBO_CUDA_DTYPE)");
+        free(host);
+        free(h);
+        return NULL;
+    }
     h->rows = rows;
     h->cols = cols;
     h->ld = ld;

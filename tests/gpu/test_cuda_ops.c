@@ -1481,6 +1481,38 @@ static void suite_attention(void)
     }
 }
 
+/* A weight the dtype cannot hold is refused at upload, naming the value
+ * and its place, not turned into infinity: 1e5 in fp16, 3.4e38 (within
+ * rounding of FLT_MAX) in bf16; fp32 takes both. */
+static void range_check(void)
+{
+    float w[6] = {1.0f, -2.0f, 0.5f, 0.25f, 0.0f, 3.0f};
+    int f16 = !strcmp(dtype_name, "fp16"), bf16 = !strcmp(dtype_name, "bf16");
+    float big = f16 ? 1.0e5f : 3.4e38f;
+    w[4] = -big;
+    bk_err e = {{0}};
+    bk_weight *h = gpu->weight_new(gpu, w, 2, 3, &e);
+    int refuse = f16 || bf16;
+    checks++;
+    if (refuse ? h || !strstr(e.msg, "at [1, 1]") || !strstr(e.msg, "outside") ||
+                     !strstr(e.msg, dtype_name)
+               : !h) {
+        failures++;
+        printf("FAIL [%s] weight of %g: %s\n", dtype_name, (double)w[4],
+               h ? "(uploaded)" : e.msg);
+    }
+    if (h)
+        gpu->weight_free(gpu, h);
+    w[4] = 65504.0f; /* fp16's largest: held by every dtype */
+    h = gpu->weight_new(gpu, w, 2, 3, &e);
+    checks++;
+    if (!h) {
+        failures++;
+        printf("FAIL [%s] weight of 65504 refused: %s\n", dtype_name, e.msg);
+    } else
+        gpu->weight_free(gpu, h);
+}
+
 static void oom_check(void)
 {
     bk_err e = {{0}};
@@ -1569,6 +1601,7 @@ int main(int argc, char **argv)
         }
         suite_lce();
         suite_attention();
+        range_check();
         if (!getenv("IKBO_TEST_NO_OOM"))
             oom_check(); /* a deliberate failed cudaMalloc: skipped under compute-sanitizer */
         free_gpu();
