@@ -21,9 +21,11 @@
  */
 #include "fold.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan.h"
 
@@ -258,24 +260,17 @@ static void axpy(float *restrict y, const float *restrict x, float a, int n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to)
+/* Rows j0 .. j1 - 1 of the folded weight into out ([N, K*D]):
+ * W'[j, k*D + d] = sum_m W_top[j, m*D + d] * W[m, k], summed in m order;
+ * FOLD_KB output tokens at a time, so their sums stay in L1 while W_top's
+ * row streams past once per block. acc: FOLD_KB * D floats. */
+enum { FOLD_KB = 8 };
+static void fold_rows(const md_weight *w, const md_weight *w_top, int D, float *out, int j0,
+                      int j1, float *acc)
 {
-    int M = w->rows, K = w->cols, N = w_top->rows;
+    int M = w->rows, K = w->cols;
     size_t row = (size_t)K * D;
-    if (to->rows != N || (size_t)to->cols != row || (size_t)w_top->cols != (size_t)M * D)
-        return -1; /* cannot happen: the planner made these shapes */
-    if (!(to->data = malloc((size_t)N * row * sizeof(float)))) return -1;
-    /* W'[j, k*D + d] = sum_m W_top[j, m*D + d] * W[m, k], summed in m
-     * order; FOLD_KB output tokens at a time, so their sums stay in L1
-     * while W_top's row streams past once per block. */
-    enum { FOLD_KB = 8 };
-    float *acc = malloc((size_t)FOLD_KB * D * sizeof(float));
-    if (!acc) {
-        free(to->data);
-        to->data = NULL;
-        return -1;
-    }
-    for (int j = 0; j < N; j++) {
+    for (int j = j0; j < j1; j++) {
         const float *top = w_top->data + (size_t)j * w_top->cols;
         for (int k0 = 0; k0 < K; k0 += FOLD_KB) {
             int kb = K - k0 < FOLD_KB ? K - k0 : FOLD_KB;
@@ -284,10 +279,76 @@ int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to
                 for (int kk = 0; kk < kb; kk++)
                     axpy(acc + (size_t)kk * D, top + (size_t)mi * D,
                          w->data[(size_t)mi * K + k0 + kk], D);
-            memcpy(to->data + (size_t)j * row + (size_t)k0 * D, acc,
-                   (size_t)kb * D * sizeof(float));
+            memcpy(out + (size_t)j * row + (size_t)k0 * D, acc, (size_t)kb * D * sizeof(float));
         }
     }
+}
+
+/* One thread's share of the rows. */
+typedef struct fold_share {
+    const md_weight *w, *w_top;
+    int D, j0, j1;
+    float *out;
+    int rc;
+} fold_share;
+
+static void *fold_share_run(void *arg)
+{
+    fold_share *f = arg;
+    float *acc = malloc((size_t)FOLD_KB * f->D * sizeof(float));
+    if (!acc) {
+        f->rc = -1;
+        return NULL;
+    }
+    fold_rows(f->w, f->w_top, f->D, f->out, f->j0, f->j1, acc);
     free(acc);
+    f->rc = 0;
+    return NULL;
+}
+
+int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *to, int threads)
+{
+    int M = w->rows, N = w_top->rows;
+    size_t row = (size_t)w->cols * D;
+    if (to->rows != N || (size_t)to->cols != row || (size_t)w_top->cols != (size_t)M * D)
+        return -1; /* cannot happen: the planner made these shapes */
+    if (!(to->data = malloc((size_t)N * row * sizeof(float)))) return -1;
+    if (threads > N) threads = N;
+    if (threads > FOLD_MAX_THREADS) threads = FOLD_MAX_THREADS;
+    if (threads < 1) threads = 1;
+    /* Share t takes rows [t N / threads, (t + 1) N / threads); the caller
+     * runs the last one, and any share whose thread did not start. Each
+     * row is summed the same way whoever sums it, so the result does not
+     * depend on the thread count. */
+    fold_share sh[FOLD_MAX_THREADS];
+    pthread_t tid[FOLD_MAX_THREADS];
+    int started[FOLD_MAX_THREADS] = {0}, rc = 0;
+    for (int t = 0; t < threads; t++) {
+        sh[t] = (fold_share){w, w_top, D, (int)((long)t * N / threads),
+                             (int)((long)(t + 1) * N / threads), to->data, -1};
+        if (t < threads - 1)
+            started[t] = pthread_create(&tid[t], NULL, fold_share_run, &sh[t]) == 0;
+    }
+    for (int t = 0; t < threads; t++)
+        if (!started[t]) fold_share_run(&sh[t]);
+    for (int t = 0; t < threads; t++) {
+        if (started[t]) pthread_join(tid[t], NULL);
+        rc |= sh[t].rc;
+    }
+    if (rc) {
+        free(to->data);
+        to->data = NULL;
+        return -1;
+    }
     return 0;
+}
+
+int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to)
+{
+    /* A thread per FOLD_THREAD_WORK multiply-adds, up to the online CPUs. */
+    double work = (double)w->rows * w->cols * D * w_top->rows;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = (int)(work / FOLD_THREAD_WORK);
+    if (threads > cpus) threads = (int)cpus;
+    return fold_weight_n(w, w_top, D, to, threads);
 }

@@ -55,7 +55,17 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
 
 /* The folded weight [N, K*D] of w [M, K] (w_user or w_cand) and w_top
  * [N, M*D]; to->rows/cols set by the planner. Returns 0, or -1 on out of
- * memory or shapes that do not match (to->data NULL then). */
+ * memory or shapes that do not match (to->data NULL then). Sums over N
+ * rows split among threads: one per FOLD_THREAD_WORK multiply-adds, at most
+ * the online CPUs and FOLD_MAX_THREADS (the bench model's two folds are
+ * ~15e9; a thread that cannot start has its rows summed by the caller).
+ * Every row is summed the same way on any thread: the result is the same
+ * bits for any thread count. Called from the loading thread only. */
+#define FOLD_THREAD_WORK 2.5e8
+#define FOLD_MAX_THREADS 16
 int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to);
+/* fold_weight on exactly `threads` threads (clamped to 1..min(N,
+ * FOLD_MAX_THREADS)); for tests. */
+int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *to, int threads);
 
 #endif

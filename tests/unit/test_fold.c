@@ -218,6 +218,15 @@ static void test_fold_weight(void **s)
                 if (fabs(got - want) > 1e-6 * (1 + fabs(want)))
                     fail_msg("W_f[%d, %d*%d + %d] = %g, want %g", j, k, D, d, got, want);
             }
+    /* Split among threads (1, 2, 3 and more than rows: clamped), the same
+     * bits as on one. */
+    for (int t = 1; t <= 4; t++) {
+        md_weight tn = {.rows = N, .cols = Kc * D};
+        assert_int_equal(fold_weight_n(&wc, &wt, D, &tn, t), 0);
+        if (memcmp(tn.data, to.data, sizeof(float) * N * Kc * D))
+            fail_msg("fold_weight on %d threads differs from fold_weight", t);
+        free(tn.data);
+    }
     /* Shapes the planner did not make are refused, not computed. */
     md_weight bad = {.rows = N, .cols = Kc * D + 1};
     assert_int_equal(fold_weight(&wc, &wt, D, &bad), -1);
