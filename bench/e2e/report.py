@@ -152,6 +152,13 @@ def fmt(x, spec="%.2f"):
     return "n/a" if x is None else spec % x
 
 
+# An echo p99 past this many times its p50, and past DISTURBED_MIN_MS, marks
+# the host as disturbed during that point (the echo's p99 sat at 1.5-6x its
+# p50 in the H100/H200 runs of bench/RESULTS.md; 87-116x in a disturbed one).
+DISTURBED_TAIL = 20.0
+DISTURBED_MIN_MS = 1.0
+
+
 def floor_row(d, tag, before, after, compute_name, model, om, compute_ms):
     """The floor figures of one point, or None when the echo did not run."""
     eo_path = os.path.join(d, tag + ".echo-open.json")
@@ -178,6 +185,11 @@ def floor_row(d, tag, before, after, compute_name, model, om, compute_ms):
         # (or too few calls), not a measurement: no ratio then.
         f["ratio_" + stat] = ((client - fwd) / echo if None not in (client, fwd, echo) and echo > 0
                               and fwd < client else None)
+    # The echo does no work, so a tail far past its median is the host's
+    # (other tenants, CPU frequency, interrupts), not the transport's: such
+    # a point's latencies and ratios are flagged (floor_table).
+    f["disturbed"] = bool(f["echo_p50"] and f["echo_p99"] is not None and
+                          f["echo_p99"] > max(DISTURBED_TAIL * f["echo_p50"], DISTURBED_MIN_MS))
     dpath = os.path.join(d, tag + ".echo-delay-open.json")
     f["delayed"] = None
     if os.path.exists(dpath) and compute_ms is not None and f["client_mean"] is not None:
@@ -209,6 +221,16 @@ def floor_table(rows):
             trio(f, "echo"), fmt(f["ratio_p50"], "%.2fx"), fmt(f["ratio_p99"], "%.2fx"),
             fmt(f["ratio_mean"], "%.2fx"), fmt(f["echo_sat_rps"], "%.1f")))
     out.append("")
+    for r in fr:
+        f = r["floor"]
+        if f["disturbed"]:
+            out.append("- host disturbed at %s %d x %d: the echo's p99 %.2f ms is %.0fx its p50 %.2f ms "
+                       "(flagged past %.0fx and %.1f ms); this point's latencies and ratios are not "
+                       "comparable with other runs" % (r["mode"], r["users"], r["cands"], f["echo_p99"],
+                                                      f["echo_p99"] / f["echo_p50"], f["echo_p50"],
+                                                      DISTURBED_TAIL, DISTURBED_MIN_MS))
+    if any(r["floor"]["disturbed"] for r in fr):
+        out.append("")
     dr = [r for r in fr if r["floor"]["delayed"]]
     if dr:
         out += ["| mode | users/req | cands/user | echo answers after ms | delayed echo p50 / p99 / mean ms "

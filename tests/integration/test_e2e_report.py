@@ -186,7 +186,7 @@ RUN = {"command": "bench/e2e/run.sh --modes ikbo --users 2 --cands 5 --out X", "
        "echo": "/nowhere/echo_server", "encoding": "classic"}
 
 
-def make_dir(name, queue=True, model="demo", delayed=True):
+def make_dir(name, queue=True, model="demo", delayed=True, echo_p99=0.6):
     """A bench/e2e/run.sh results directory with the one point TAG."""
     d = os.path.join(WORK, name)
     os.makedirs(d)
@@ -212,7 +212,7 @@ def make_dir(name, queue=True, model="demo", delayed=True):
     put(TAG + ".open.before.prom", prom(1, queue))
     put(TAG + ".open.after.prom", prom(2, queue))
     put(TAG + ".echo-closed.json", loadgen("closed", 5000.0, latency(20000, 0.7, 0.5, 3.0), concurrency=4))
-    put(TAG + ".echo-open.json", loadgen("open", 800.0, latency(800, 0.2, 0.1, 0.6), rate=800.0,
+    put(TAG + ".echo-open.json", loadgen("open", 800.0, latency(800, 0.2, 0.1, echo_p99), rate=800.0,
                                          send_lag_p99=0.04))
     if delayed:
         put(TAG + ".echo-delay-us", "300\n")
@@ -322,6 +322,20 @@ def test_floor():
         check_near(f[k], v, "results.json floor " + k)
     check_eq((f["echo_calls"], f["echo_errors"]), (800, 0), "results.json floor echo calls, errors")
     check("- floor: build/echo_server" in out, "the floor's note is missing")
+    check(f["disturbed"] is False and "host disturbed" not in out,
+          "an echo p99 of 6x its p50 flagged as a disturbed host")
+
+
+def test_floor_disturbed():
+    # The echo's p99 at 12.8 ms against its p50 of 0.1 (a run seen on 2026-12-06).
+    out, res = report("disturbed", echo_p99=12.8)
+    check(the_row(res, "disturbed")["floor"]["disturbed"] is True, "results.json floor.disturbed")
+    check("- host disturbed at ikbo 2 x 5: the echo's p99 12.80 ms is 128x its p50 0.10 ms" in out,
+          "no disturbed-host line under the floor table:\n" + out)
+    # Past 20x but under 1 ms: not flagged.
+    out, res = report("tail", echo_p99=0.9)
+    check(the_row(res, "tail")["floor"]["disturbed"] is False and "host disturbed" not in out,
+          "an echo p99 of 0.9 ms flagged as a disturbed host")
 
 
 def test_saturation():
@@ -419,7 +433,7 @@ def test_no_queue_histogram():
 def main():
     global WORK
     with tempfile.TemporaryDirectory(prefix="ikbo-e2e-report-") as WORK:
-        tests = [test_breakdown, test_floor, test_saturation, test_other_model,
+        tests = [test_breakdown, test_floor, test_floor_disturbed, test_saturation, test_other_model,
                  test_no_queue_histogram, test_floor_delayed, test_forward_mean_us]
         failed, t_all = run_tests(tests)
         rc = summary(len(tests), failed, t_all)
