@@ -15,6 +15,7 @@
 #include "batcher.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +127,7 @@ struct batcher {
     /* metrics series (NULL without metrics) */
     metrics_series *m_queue_s, *m_req_compute_s, *m_batch_compute_s, *m_batch_requests,
         *m_batch_users, *m_batch_cands, *m_batch_ratio, *m_q_requests, *m_q_cands,
-        *m_bytes_avoided, *m_rejected[RJ_COUNT], *m_graphs[IKBO_GRAPH_USES];
+        *m_bytes_avoided, *m_nonfinite, *m_rejected[RJ_COUNT], *m_graphs[IKBO_GRAPH_USES];
 };
 
 static void m_add(metrics_series *s, double v)
@@ -645,17 +646,20 @@ static void run_batch(batcher *b, instance *in, bbatch *bt)
         m_add(b->m_bytes_avoided, (double)ikbo_ctx_last_avoided_bytes(in->ctx));
         m_add(b->m_graphs[ikbo_ctx_last_graph(in->ctx)], 1);
         /* Scatter: segments own disjoint ranges of their requests' arrays. */
+        long nonfinite = 0;
         for (int i = 0; i < bt->n_segs; i++) {
             const bseg *s = bt->segs[i];
             breq *q = s->q;
             const int32_t *pos = bt->pos + bt->off[i];
             for (int k = 0; k < s->c1 - s->c0; k++) {
                 q->scores[s->c0 + k] = bt->scores[pos[k]];
+                nonfinite += !isfinite(bt->scores[pos[k]]);
                 if (T > 0)
                     memcpy(q->task_scores + (size_t)(s->c0 + k) * (size_t)T,
                            bt->task_scores + (size_t)pos[k] * (size_t)T, (size_t)T * sizeof(float));
             }
         }
+        if (nonfinite) m_add(b->m_nonfinite, (double)nonfinite);
     }
     finish_segments(b, bt, &st, t0, dt, in->index);
 }
@@ -1024,6 +1028,7 @@ static void metrics_init(batcher *b, metrics_server *mx)
     b->m_q_requests = metrics_series_get(mx->queue_requests, ml);
     b->m_q_cands = metrics_series_get(mx->queue_candidates, ml);
     b->m_bytes_avoided = metrics_series_get(mx->broadcast_bytes_avoided_total, ml);
+    b->m_nonfinite = metrics_series_get(mx->nonfinite_scores_total, ml);
     for (int i = 0; i < RJ_COUNT; i++) {
         const char *const mr[] = {b->label, REJECT_NAME[i]};
         b->m_rejected[i] = metrics_series_get(mx->rejected_total, mr);

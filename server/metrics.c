@@ -521,6 +521,10 @@ static const family_def server_families[] = {
      "User-tensor bytes broadcast mode would have copied out to candidate rows and IKBO did "
      "not, summed over scored batches.",
      ARR(l_model), NONE},
+    {AT(nonfinite_scores_total), METRICS_COUNTER, "ikbo_nonfinite_scores_total",
+     "Candidates answered with a NaN or infinite score (ranked last): the model overflowed "
+     "on their features or in the serving dtype.",
+     ARR(l_model), NONE},
     {AT(grpc_requests_total), METRICS_COUNTER, "ikbo_grpc_requests_total",
      "gRPC calls by full method name (\"unknown\" for unregistered methods) and status code.",
      ARR(l_method_code), NONE},

@@ -125,6 +125,9 @@ void metrics_format_double(double v, char *buf, size_t size);
  *   queue_requests, queue_candidates  gauges: admitted, not yet in a batch
  *   rejected_total{model,reason}    counter: queue_full, deadline, cancelled,
  *                                   error (batch not built or not scored)
+ *   nonfinite_scores_total{model}   counter: candidates answered with a NaN or
+ *                                   infinite score (ranked last; an overflow
+ *                                   in the model, e.g. fp16, or extreme features)
  *   batch_graphs_total{model,use}   counter per scored batch: what it did with
  *                                   batch graphs (ikbo_ctx_last_graph): none,
  *                                   replayed, recorded, fell_back
@@ -147,6 +150,7 @@ typedef struct metrics_server {
     metrics_family *model_loaded;
     metrics_family *build_info;
     metrics_family *broadcast_bytes_avoided_total;
+    metrics_family *nonfinite_scores_total;
     metrics_family *grpc_requests_total;
     metrics_family *grpc_receive_seconds;
     metrics_family *grpc_send_seconds;

@@ -980,6 +980,53 @@ static void test_next_idle_takes_rest(void **state)
     slot_free(&big);
 }
 
+/* Candidates whose score comes out NaN or infinite (features the model
+ * overflows on) are answered and counted, one per candidate, in
+ * nonfinite_scores_total; finite ones are not. */
+static void test_nonfinite_scores_counted(void **state)
+{
+    (void)state;
+    metrics_server mx;
+    config_batching lim = limits(100000, 100000, 0, 1);
+    batcher *b = start_batcher(&lim, 1, &mx);
+    const char *const ml[] = {"t"};
+    metrics_series *nf = metrics_series_get(mx.nonfinite_scores_total, ml);
+    const char *big = "{\"users\":[{\"key\":\"big\",\"dense\":[3e38,-3e38,3e38,3e38,-3e38,3e38]}],"
+                      "\"candidates\":[";
+    for (int round = 0; round < 2; round++) {
+        sbuf j = {malloc(256), 0, 256};
+        if (round == 0) {
+            sb_printf(&j, "%s", big);
+        } else {
+            sb_printf(&j, "{\"users\":[");
+            user_json(&j, 3, "small", 0);
+            sb_printf(&j, "],\"candidates\":[");
+        }
+        for (int c = 0; c < 3; c++)
+            sb_printf(&j, "%s{\"id\":%d,\"user\":0,\"dense\":[%s],\"sparse\":[{\"name\":\"item\",\"ids\":[%d]}]}",
+                      c ? "," : "", c, round == 0 && c == 0 ? "3e38,-3e38,3e38" : "0.1,0.2,0.3", c);
+        sb_printf(&j, "]}");
+        rq_status st;
+        Ikbo__V1__RankRequest *r = rq_request_from_json(j.p, j.n, &st);
+        if (!r) fail_msg("request: %s", st.msg);
+        free(j.p);
+        slot sl;
+        slot_init(&sl, r, 0);
+        double before = metrics_value(nf);
+        reset_done();
+        assert_int_equal(submit(b, &sl, 0, &st), 0);
+        wait_done(1);
+        assert_int_equal(sl.code, RQ_OK);
+        int bad = 0;
+        for (int c = 0; c < sl.C; c++) bad += !isfinite(sl.got[c]);
+        if (round == 0 && bad == 0) fail_msg("the fixture scored 3e38 features finite: no test");
+        if (round == 1) assert_int_equal(bad, 0);
+        assert_int_equal((int)(metrics_value(nf) - before), bad);
+        slot_free(&sl);
+    }
+    stop_batcher(b, &mx);
+}
+
 /* batcher_resolve: server config < model.json serving; auto instances. */
 static void test_resolve(void **state)
 {
@@ -1044,6 +1091,7 @@ int main(void)
         cmocka_unit_test(test_busy_instance_hands_off),
         cmocka_unit_test(test_leader_delay_and_deadline),
         cmocka_unit_test(test_next_idle_takes_rest),
+        cmocka_unit_test(test_nonfinite_scores_counted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
