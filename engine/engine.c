@@ -246,15 +246,21 @@ static int plan_fuse(ikbo_model *m)
     return 0;
 }
 
+/* Puts "<pre>: " before err's message. */
+static void err_prefix(ikbo_err *err, const char *pre)
+{
+    char msg[sizeof(err->msg)];
+    snprintf(msg, sizeof(msg), "%s", err->msg);
+    bk_seterr(err, "%s: %s", pre, msg);
+}
+
 /* On failure err names the weight (a folded weight by its rewritten name,
  * "<linear>__u.weight": engine/fold.h). */
 static bk_weight *upload_weight(ikbo_model *m, md_weight *w, ikbo_err *err)
 {
     bk_weight *h = m->be->weight_new(m->be, w->data, w->rows, w->cols, err);
     if (!h) {
-        char msg[sizeof(err->msg)];
-        snprintf(msg, sizeof(msg), "%s", err->msg);
-        bk_seterr(err, "%s: %s", w->name, msg);
+        err_prefix(err, w->name);
         return NULL;
     }
     /* The backend holds its own copy; the host copy is no longer needed. */
@@ -335,9 +341,9 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
     return m;
 
 fail_where: {
-    char msg[sizeof(err->msg)];
-    snprintf(msg, sizeof(msg), "%s", err->msg);
-    bk_seterr(err, "%s: loading weights on %s: %s", dir, device, msg);
+    char pre[sizeof(err->msg)];
+    snprintf(pre, sizeof(pre), "%s: loading weights on %s", dir, device);
+    err_prefix(err, pre);
 }
 fail:
     model_release(m);
