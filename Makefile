@@ -32,7 +32,8 @@ CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/obj/%.o)
 # GPU checks and the kernel benchmark: built (not run) wherever nvcc is, run
 # on a GPU machine by bench/kernels/run.sh.
 GPU_BINS  := $(BUILD)/gpu/test_cuda_ops $(BUILD)/gpu/test_cuda_model $(BUILD)/gpu/bench_kernels \
-             $(BUILD)/gpu/bench_ops $(BUILD)/gpu/write_patterns $(BUILD)/gpu/test_cuda_lost
+             $(BUILD)/gpu/bench_ops $(BUILD)/gpu/write_patterns $(BUILD)/gpu/test_cuda_lost \
+             $(BUILD)/gpu/fmlp_proto
 endif
 
 # Debian packages: what building needs, and what the tests need on top.
@@ -256,6 +257,11 @@ $(BUILD)/gpu/write_patterns: bench/kernels/write_patterns.cu kernels/cuda/linear
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
 	    -lcublasLt -lcublas
+
+# c_r1 fused into the fold's candidate linear, a prototype (bench/kernels/NOTES.md).
+$(BUILD)/gpu/fmlp_proto: bench/kernels/fmlp_proto.cu kernels/cuda/mma_util.cuh bench/kernels/bench_util.cuh
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublas
 
 # ---- run and test ----
 run: deps-build $(BUILD)/ikbo-serve
