@@ -300,6 +300,19 @@ struct bk_backend {
     int (*linear)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                   const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 
+    /* A two-layer map whose hidden layer is never stored:
+     *   y[r, :] = add[r, :] + act1(x[r, :] W1^T + b1) W2^T
+     * W1 [hidden, in], b1 [1, hidden] (NULL: none), act1 NONE or RELU, W2
+     * [out, hidden]; x [rows, ldx >= in]; add [rows, ldadd >= out] (NULL:
+     * zeros) may be y itself (ldadd == ldy); y [rows, ldy >= out] must not
+     * overlap x. Each hidden value is what linear(x, W1, b1, act1) would
+     * store (rounded to the activation dtype), so the result is the
+     * composition linear(linear(x, W1, b1, act1), W2) + add up to the order
+     * of the sums over hidden. */
+    int (*mlp2)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
+                const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
+                int ldadd, void *y, int ldy, bk_err *err);
+
     /* linear over row groups, for a block of tokens that sits inside wider
      * rows (a layer writing its tokens straight into a stack): rows =
      * groups * g; row j of group i reads x + i*gx + j*ldx and writes

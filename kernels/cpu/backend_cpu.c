@@ -259,6 +259,7 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->embedding_bags = cpu_embedding_bags;
     be->history_embedding = cpu_history_embedding;
     be->linear = cpu_linear;
+    be->mlp2 = cpu_mlp2;
     be->linear_grouped = cpu_linear_grouped;
     be->lce = cpu_lce;
     be->attention = cpu_attention;

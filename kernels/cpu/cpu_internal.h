@@ -65,6 +65,15 @@ struct bk_weight {
     pthread_mutex_t pack_lock;
 };
 
+static inline int min_int(int a, int b) { return a < b ? a : b; }
+
+/* Byte ranges [a, a+an) and [b, b+bn) intersect. */
+static inline int overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa < pb + bn && pb < pa + an;
+}
+
 /* Accounted allocation (backend_cpu.c). Ops use it for scratch. */
 void *cpu_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *err);
 void cpu_free(bk_backend *be, void *p, size_t bytes, enum bk_tag tag);
@@ -124,6 +133,9 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
                           const int64_t *offsets, int n, void *out, bk_err *err);
 int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+int cpu_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
+             const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add, int ldadd,
+             void *y, int ldy, bk_err *err);
 int cpu_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
                        const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,
                        int ldy, int64_t gy, bk_err *err);

@@ -42,7 +42,6 @@
 #define LIN_MC 64
 #define LIN_KC 256
 
-static inline int min_int(int a, int b) { return a < b ? a : b; }
 
 /* ((id % rows) + rows) % rows, the format's rule, with one division: C's %
  * truncates toward zero, so id % rows lies in (-rows, rows) and one
@@ -218,12 +217,6 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
 /* ---- linear ---- */
 
 
-/* Byte ranges [a, a+an) and [b, b+bn) intersect. */
-static int overlap(const void *a, size_t an, const void *b, size_t bn)
-{
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa < pb + bn && pb < pa + an;
-}
 
 int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)

@@ -873,7 +873,7 @@ static void cuda_stream_free(bk_stream *s)
             cudaFreeHost((void *)s->prof->gate_h);
         free(s->prof);
     }
-    cu_scratch *sc[] = {&s->lce_y, &s->att_tile};
+    cu_scratch *sc[] = {&s->lce_y, &s->att_tile, &s->mlp2_part};
     for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++)
         cuda_free(s->be, sc[i]->p, sc[i]->cap, sc[i]->tag);
     bk_err ignore;
@@ -905,6 +905,7 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
     s->spin_us = -1;
     s->lce_y.tag = BK_TAG_USER;
     s->att_tile.tag = BK_TAG_INDEX;
+    s->mlp2_part.tag = BK_TAG_CAND;
     cublasStatus_t bs;
     if (cu_check(cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking), err, "stream create"))
         goto fail;
@@ -1892,8 +1893,8 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
  * linear_tk.cu (in <= 64, many outputs), linear_small.cu (<= 16 rows) and
  * cuBLASLt. (linear_wr.cu's kernel lost to cuBLASLt on the plain K|V
  * projection in the forward, 15.9 against 15.2 us: bench/RESULTS.md.) */
-static int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                       const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
     int out = w->rows, in = w->cols;
     cu_prof_scope prof_(s, s->prof ? prof_shape_name(s->prof, "linear", rows, in, out) : "linear");
@@ -2219,6 +2220,7 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->history_embedding = cuda_history_embedding;
     be->linear = cuda_linear;
     be->linear_grouped = cuda_linear_grouped;
+    be->mlp2 = cuda_mlp2;
     be->lce = cuda_lce;
     be->attention = cuda_attention;
     be->self_attention = cuda_self_attention;

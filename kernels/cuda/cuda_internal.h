@@ -205,6 +205,7 @@ struct bk_stream {
     cu_pinned host;      /* pinned staging for every host copy            */
     cu_scratch lce_y;    /* LCE user term at nu user rows (lce.cu)        */
     cu_scratch att_tile; /* attention tile table                         */
+    cu_scratch mlp2_part; /* mlp2's slice partials or composed chunk (mlp2.cu) */
     cu_algo_entry algos[CU_ALGO_CACHE];
     int algo_next;
     cu_prof *prof; /* NULL unless IKBO_CUDA_PROFILE */
@@ -378,6 +379,15 @@ int cu_linear_wr_fits(enum cu_dtype dt, int rows, const bk_weight *w, const void
 int cu_linear_wr(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
                  const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
                  int64_t gy, bk_err *err);
+
+/* backend.h's linear (backend_cuda.cu), for ops that compose it (mlp2.cu:
+ * W may be a view of another weight's rows or columns, ld its row stride). */
+int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+/* backend.h's mlp2 (mlp2.cu). */
+int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
+              const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
+              int ldadd, void *y, int ldy, bk_err *err);
 
 /* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
 unsigned cu_grid_for(size_t n, unsigned block);

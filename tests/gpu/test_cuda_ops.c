@@ -503,6 +503,56 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
     lin_bufs_free(&l);
 }
 
+/* mlp2 against the CPU's (whose hidden values are fp32; the GPU's are
+ * rounded to the dtype as a stored linear output is): k_mlp2 at in <= 16 in
+ * bf16/fp16, the composition in fp32 and at in > 16. addmode 0: no addend,
+ * 1: its own buffer, 2: y itself. Padding columns keep their poison. */
+static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, int addmode,
+                      int pady)
+{
+    bk_err ec = {{0}}, eg = {{0}};
+    const int ldx = in, ldy = out + pady;
+    const size_t ny = (size_t)rows * ldy;
+    float *w1 = rand_vec((size_t)hid * in, (float)(1.0 / sqrt(in))), *b1 = rand_vec(hid, 0.5f);
+    float *w2 = rand_vec((size_t)out * hid, (float)(1.0 / sqrt(hid))), *x = rand_vec((size_t)rows * ldx, 1.0f);
+    float *ad = rand_vec(ny, 1.0f);
+    for (size_t i = 0; i < ny; i++)
+        if ((int)(i % (size_t)ldy) >= out) ad[i] = NAN;
+    wpair p1 = weight_pair(w1, hid, in), pb = weight_pair(b1, 1, hid), p2 = weight_pair(w2, out, hid);
+    pair px = act_pair(x, (size_t)rows * ldx), py = addmode == 2 ? act_pair(ad, ny) : out_pair(ny);
+    pair pa = {0};
+    if (addmode == 1) pa = act_pair(ad, ny);
+    const void *ac = addmode == 1 ? pa.c : addmode == 2 ? py.c : NULL;
+    const void *ag = addmode == 1 ? pa.g : addmode == 2 ? py.g : NULL;
+    const enum bk_act act = relu ? BK_ACT_RELU : BK_ACT_NONE;
+    ok_or_die(cpu->mlp2(cs, px.c, ldx, rows, p1.c, has_b1 ? pb.c : NULL, act, p2.c, ac, ldy, py.c,
+                        ldy, &ec), "cpu mlp2", &ec);
+    ok_or_die(gpu->mlp2(gs, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g, ag, ldy, py.g,
+                        ldy, &eg), "gpu mlp2", &eg);
+    char what[160];
+    snprintf(what, sizeof what, "mlp2 rows %d in %d hidden %d out %d b1 %d relu %d add %d ldy %d",
+             rows, in, hid, out, has_b1, relu, addmode, ldy);
+    compare(what, &py, rows, out, ldy);
+    if (pady) check_pads(what, &py, rows, out, ldy);
+    pair_free(&px), pair_free(&py);
+    if (addmode == 1) pair_free(&pa);
+    wpair_free(&p1), wpair_free(&pb), wpair_free(&p2);
+    free(w1), free(b1), free(w2), free(x), free(ad);
+}
+
+static void suite_mlp2(void)
+{
+    /* the bench model's c_r1 through the fold at 1 x 70 (and 16 x 70 unless --quick) */
+    test_mlp2(70, 16, 190464, 64, 1, 1, 1, 0);
+    if (!quick) test_mlp2(1120, 16, 190464, 64, 1, 1, 2, 0);
+    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3);  /* 32 rows a warp, three output tiles */
+    test_mlp2(5, 7, 129, 3, 0, 0, 2, 5);        /* W1's ld 8, a partial chunk */
+    test_mlp2(33, 40, 300, 20, 1, 1, 1, 0);     /* in > 16: the composition */
+    test_mlp2(1, 16, 1, 1, 1, 1, 0, 0);
+    test_mlp2(irand(1, 600), irand(1, 16), irand(1, 3000), irand(1, 100), 1, irand(0, 1),
+              irand(0, 2), irand(0, 4));
+}
+
 /* counts[u] candidates for user u (zero allowed); map grouped by user. */
 static int32_t *make_map(int nu, const int *counts, int *nc_out)
 {
@@ -1592,6 +1642,7 @@ int main(int argc, char **argv)
         int f0 = failures, c0 = checks;
         make_backends(dtype_name, CU_PATH_AUTO, CU_PATH_AUTO);
         suite_plain();
+        suite_mlp2();
         suite_ranking();
         if (ranking_only) {
             free_gpu();

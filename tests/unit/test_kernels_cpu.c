@@ -926,6 +926,89 @@ typedef struct pack_arg {
     int rc;
 } pack_arg;
 
+/* mlp2: without an addend, bit for bit linear(linear(x, W1, b1, act1), W2)
+ * (cpu_internal.h: the sums over hidden continue one accumulator); with one
+ * (a separate buffer or y itself), within the sum bound of a double
+ * reference over the composition's hidden values; padding keeps its poison;
+ * hidden widths cross the 256-unit chunks. Then the refusals. */
+static void run_mlp2_case(T *t, int it)
+{
+    const int rows = it < 3 ? 1 : rint_(t, 1, 70), in = rint_(t, 1, 20);
+    const int hid = it % 7 == 1 ? 1 : rint_(t, 1, it % 2 ? 600 : 256), out = rint_(t, 1, 70);
+    const int ldx = in + (it % 3 ? 0 : 3), ldy = out + (it % 4 ? 0 : 5), ldh = hid;
+    const int mode = it % 3; /* 0: no addend, 1: its own buffer, 2: y itself */
+    const enum bk_act act = it % 2 ? BK_ACT_RELU : BK_ACT_NONE;
+    float *x = rand_floats(t, (size_t)rows * ldx, 1.0f), *w1 = rand_floats(t, (size_t)hid * in, 1.0f);
+    float *b1 = rand_floats(t, (size_t)hid, 1.0f), *w2 = rand_floats(t, (size_t)out * hid, 1.0f);
+    float *ad = rand_floats(t, (size_t)rows * ldy, 4.0f);
+    for (int r = 0; r < rows; r++) /* the addend's (and y's) padding: poison */
+        for (int j = out; j < ldy; j++) ad[(size_t)r * ldy + j] = poison_f();
+    bk_weight *W1 = wnew(t, w1, hid, in), *B1 = it % 5 ? wnew(t, b1, 1, hid) : NULL;
+    bk_weight *W2 = wnew(t, w2, out, hid);
+    void *dx = dfloats(t, x, (size_t)rows * ldx, BK_TAG_CAND);
+    void *dh = dpoisoned(t, (size_t)rows * ldh, BK_TAG_CAND);
+    void *dc = dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
+    void *dy = mode == 2 ? dfloats(t, ad, (size_t)rows * ldy, BK_TAG_CAND)
+                         : dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
+    void *da = mode == 1 ? dfloats(t, ad, (size_t)rows * ldy, BK_TAG_CAND) : mode ? dy : NULL;
+    OK(t, t->be->mlp2(t->s, dx, ldx, rows, W1, B1, act, W2, da, ldy, dy, ldy, &t->err));
+    OK(t, t->be->linear(t->s, dx, ldx, rows, W1, B1, act, dh, ldh, &t->err));
+    OK(t, t->be->linear(t->s, dh, ldh, rows, W2, NULL, BK_ACT_NONE, dc, ldy, &t->err));
+    float *got = download(t, dy, (size_t)rows * ldy), *comp = download(t, dc, (size_t)rows * ldy);
+    float *h = download(t, dh, (size_t)rows * ldh);
+    if (!mode) {
+        for (int r = 0; r < rows; r++)
+            if (memcmp(got + (size_t)r * ldy, comp + (size_t)r * ldy, (size_t)out * sizeof(float)))
+                fail_msg("mlp2 row %d differs from the composition of two linears [%s]", r, t->ctx);
+    }
+    double *ref = dvec((size_t)rows * out), *allow = dvec((size_t)rows * out);
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < out; o++) {
+            double a0 = mode ? ad[(size_t)r * ldy + o] : 0.0, sum = a0, m = fabs(a0);
+            for (int j = 0; j < hid; j++) {
+                double p = (double)h[(size_t)r * ldh + j] * w2[(size_t)o * hid + j];
+                sum += p;
+                m += fabs(p);
+            }
+            ref[(size_t)r * out + o] = sum;
+            allow[(size_t)r * out + o] = 2.0 * (hid + 2) * U32 * m;
+        }
+    check_rows(t, "mlp2", got, ldy, ref, allow, (size_t)rows, out);
+    free(got), free(comp), free(h), free(ref), free(allow);
+    free(x), free(w1), free(b1), free(w2), free(ad);
+    free_bufs(t);
+}
+
+static void test_mlp2(void **state)
+{
+    T *t = *state;
+    for (int it = 0; it < 40; it++) {
+        new_case(t, "mlp2", it);
+        run_mlp2_case(t, it);
+    }
+    new_case(t, "mlp2_errors", 0);
+    float w[64] = {0};
+    bk_weight *w1 = wnew(t, w, 4, 3), *w2 = wnew(t, w, 2, 4), *w2b = wnew(t, w, 2, 5);
+    bk_weight *b5 = wnew(t, w, 1, 5);
+    float *dx = dpoisoned(t, 64, BK_TAG_CAND), *dy = dpoisoned(t, 64, BK_TAG_CAND);
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_RELU, w2b, NULL, 0, dy, 2,
+                                 &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "hidden width"));
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_SIGMOID, w2, NULL, 0, dy, 2,
+                                 &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "activation"));
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, b5, BK_ACT_NONE, w2, NULL, 0, dy, 2,
+                                 &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "b1"));
+    assert_int_equal(t->be->mlp2(t->s, dx, 2, 2, w1, NULL, BK_ACT_NONE, w2, NULL, 0, dy, 2,
+                                 &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "ldx 2"));
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_NONE, w2, NULL, 0, dx + 1, 2,
+                                 &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "overlaps"));
+    free_bufs(t);
+}
+
 static void *lin_thread(void *p)
 {
     pack_arg *a = p;
@@ -1550,6 +1633,7 @@ int main(void)
         T_(test_linear_errors),
         T_(test_linear_grouped),
         T_(test_linear_shared_weight_threads),
+        T_(test_mlp2),
         T_(test_lce_random),
         T_(test_lce_map_equals_broadcast),
         T_(test_softmax_row),
