@@ -478,6 +478,16 @@ static int take_one(const ap_wsrc *s, model_def *from, md_weight *to)
     size_t n = (size_t)to->rows * to->cols;
     md_weight *w = s->src < 0 ? NULL : &from->layers[s->src].w[s->src_w];
     if (w && !w->data) return 0; /* planned without weights */
+    if (s->fold_d > 0 && s->cols) { /* the fold over some of w's columns (tokens) */
+        md_weight sub = {.rows = w->rows, .cols = s->n_cols};
+        if (!(sub.data = malloc(((size_t)w->rows * s->n_cols + 1) * sizeof(float)))) return -1;
+        for (int r = 0; r < w->rows; r++)
+            for (int c = 0; c < s->n_cols; c++)
+                sub.data[(size_t)r * s->n_cols + c] = w->data[(size_t)r * w->cols + s->cols[c]];
+        int rc = fold_weight(&sub, &from->layers[s->fold_src].w[0], s->fold_d, to);
+        free(sub.data);
+        return rc;
+    }
     if (s->fold_d > 0) return fold_weight(w, &from->layers[s->fold_src].w[0], s->fold_d, to);
     if (!(to->data = malloc((n ? n : 1) * sizeof(float)))) return -1;
     for (int r = 0; r < to->rows; r++)

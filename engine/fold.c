@@ -16,8 +16,20 @@
  * is computed as written, at U: <lce>__u token_linear(lce.user, M) with
  * w_user, <flat>__u its flatten, <linear>__u the linear with W_top.
  *
- * every other layer is copied as it is. All of them are existing ops, each
- * with its CPU kernel, CUDA kernel and reference.
+ * Where lce.candidate is a stack with an mlp2 part (fold.h), the candidate
+ * term is instead
+ *
+ *   <stack>__r   stack of the other parts                                   C
+ *   <flat>__c    flatten(<stack>__r)                                        C
+ *   <linear>__r  linear(<flat>__c, N)  their columns of W_top W_cand, b     C
+ *   <linear>__c  mlp2(part's linear input, addend <linear>__r)  W1, b1 the
+ *                part's linear's, W2 the part's columns of W_top W_cand     C
+ *
+ * and the part's stack, reshape and linear leave the plan too.
+ *
+ * every other layer is copied as it is. All of them are ops with a CPU
+ * kernel, a CUDA kernel and a reference (mlp2 is internal: only this pass
+ * writes it).
  */
 #include "fold.h"
 
@@ -32,7 +44,13 @@
 typedef struct chain {
     int lce, flat, lin;
     int user; /* the user term folded too (else token_linear, flatten, linear) */
+    /* the candidate operand's mlp2 part (-1: none): the stack, its part's
+     * index in the stack's inputs, the reshape and the linear before it */
+    int stack, part, reshape, mlin;
 } chain;
+
+/* The widest input of a linear mlp2 takes (its GPU kernel's one k-step). */
+#define FOLD_MLP2_MAX_IN 16
 
 /* Readers of each layer (inputs of later layers, and the logits). */
 static int *reader_counts(const model_def *m)
@@ -52,6 +70,34 @@ static int side_folds(double K, double M, double D, double N)
     return 2 * K * D * N < 2 * M * D * (K + N) && N * K * D <= (double)FOLD_MAX_ELEMS;
 }
 
+/* The candidate operand's part that mlp2 computes from its linear's input
+ * (fold.h): lce.candidate is a stack read only by the lce with other parts
+ * too, and the part is a reshape read only by the stack, of a candidate
+ * vector linear read only by the reshape, at most FOLD_MLP2_MAX_IN inputs
+ * wide, with no activation or ReLU. The part with the most tokens. */
+static void mlp2_part(const model_def *m, const int *readers, chain *c)
+{
+    md_ref e = m->layers[c->lce].in[1];
+    if (e.src != MD_SRC_LAYER || readers[e.index] != 1) return;
+    const md_layer *st = &m->layers[e.index];
+    if (st->op != MD_STACK || st->n_in < 2) return;
+    int best = 0;
+    for (int k = 0; k < st->n_in; k++) {
+        md_ref r = st->in[k];
+        if (r.src != MD_SRC_LAYER || readers[r.index] != 1) continue;
+        const md_layer *rs = &m->layers[r.index];
+        if (rs->op != MD_RESHAPE || rs->in[0].src != MD_SRC_LAYER || readers[rs->in[0].index] != 1)
+            continue;
+        const md_layer *q = &m->layers[rs->in[0].index];
+        if (q->op != MD_LINEAR || q->domain != MD_CAND || q->kind != MD_VEC ||
+            (q->act != BK_ACT_NONE && q->act != BK_ACT_RELU) ||
+            md_ref_width(m, q->in[0]) > FOLD_MLP2_MAX_IN || rs->tokens <= best)
+            continue;
+        best = rs->tokens;
+        c->stack = e.index, c->part = k, c->reshape = r.index, c->mlin = rs->in[0].index;
+    }
+}
+
 /* Whether linear i closes a chain worth folding (fold.h's rule). */
 static int chain_at(const model_def *m, const int *readers, int i, chain *c)
 {
@@ -67,7 +113,9 @@ static int chain_at(const model_def *m, const int *readers, int i, chain *c)
     double M = l->tokens, D = l->dim, N = t->dim;
     if (!side_folds(md_ref_tokens(m, l->in[1]), M, D, N)) return 0;
     *c = (chain){.lce = f->in[0].index, .flat = t->in[0].index, .lin = i,
-                 .user = side_folds(md_ref_tokens(m, l->in[0]), M, D, N)};
+                 .user = side_folds(md_ref_tokens(m, l->in[0]), M, D, N), .stack = -1,
+                 .part = -1, .reshape = -1, .mlin = -1};
+    mlp2_part(m, readers, c);
     return 1;
 }
 
@@ -103,6 +151,67 @@ static int linear(fw *w, const char *name, const char *input, int out, int origi
     a->w[1] = bias;
     a->n_w = 2;
     return 0;
+}
+
+/* The candidate term with an mlp2 part (fold.h): the stack's other parts
+ * as <stack>__r, its flatten (fc) and their linear <linear>__r (their
+ * tokens' columns of W_top W_cand, the linear's bias), then mlp2 over the
+ * part's linear input (its W1 and b1, the part's columns of W_top W_cand
+ * as W2) with <linear>__r as the addend, named yc. -1: out of memory. */
+static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *yc)
+{
+    const model_def *m = w->m;
+    const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
+    const md_layer *st = &m->layers[c->stack], *q = &m->layers[c->mlin];
+    const int kc = md_ref_tokens(m, l->in[1]);
+    const char *sr, *yr;
+    int *keep = malloc((size_t)kc * sizeof *keep), *mine = malloc((size_t)kc * sizeof *mine);
+    int nk = 0, nm = 0, tok = 0;
+    json_t *parts = json_array();
+    if (!keep || !mine || !parts || ap_fresh_name(w->names, st->name, "r", &sr) ||
+        ap_fresh_name(w->names, t->name, "r", &yr))
+        goto oom;
+    for (int k = 0; k < st->n_in; k++) {
+        const int kt = md_ref_tokens(m, st->in[k]);
+        for (int j = 0; j < kt; j++) {
+            if (k == c->part) mine[nm++] = tok + j;
+            else keep[nk++] = tok + j;
+        }
+        tok += kt;
+        if (k != c->part && json_array_append_new(parts, json_string(md_value_ref_text(m, st->in[k]))))
+            goto oom;
+    }
+    ap_layer *a = ap_emit(w->res, w->out,
+                          json_pack("{s:s, s:s, s:o}", "name", sr, "op", "stack", "inputs", parts),
+                          c->stack, 0);
+    parts = NULL;
+    if (!a || !ap_emit(w->res, w->out,
+                       json_pack("{s:s, s:s, s:s}", "name", fc, "op", "flatten", "input", sr),
+                       c->flat, 0))
+        goto oom;
+    if (linear(w, yr, fc, t->dim, c->lin,
+               (ap_wsrc){.src = c->lce, .src_w = 1, .cols = keep, .n_cols = nk,
+                         .fold_src = c->lin, .fold_d = l->dim},
+               (ap_wsrc){.src = c->lin, .src_w = 1}))
+        goto oom;
+    keep = NULL; /* the layer's now */
+    a = ap_emit(w->res, w->out,
+                json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s}", "name", yc, "op", "mlp2", "input",
+                          md_value_ref_text(m, q->in[0]), "addend", yr, "hidden", q->dim, "out",
+                          t->dim, "activation", q->act == BK_ACT_RELU ? "relu" : "none"),
+                c->mlin, 0);
+    if (!a) goto oom;
+    a->w[0] = (ap_wsrc){.src = c->mlin, .src_w = 0};
+    a->w[1] = (ap_wsrc){.src = c->mlin, .src_w = 1};
+    a->w[2] = (ap_wsrc){.src = c->lce, .src_w = 1, .cols = mine, .n_cols = nm,
+                        .fold_src = c->lin, .fold_d = l->dim};
+    a->n_w = 3;
+    return 0;
+oom:
+    json_decref(parts);
+    free(keep);
+    free(mine);
+    return -1;
 }
 
 /* The chain's replacement layers (the header's table). -1: out of memory. */
@@ -141,10 +250,12 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
             linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0}, zeros))
             return -1;
     }
-    if (flat_of(w, l->in[1], fc, c->flat, &in) ||
-        linear(w, yc, in, t->dim, c->lin,
-               (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim},
-               (ap_wsrc){.src = c->lin, .src_w = 1}))
+    if (c->stack >= 0 ? cand_with_mlp2(w, c, fc, yc)
+                      : flat_of(w, l->in[1], fc, c->flat, &in) ||
+                            linear(w, yc, in, t->dim, c->lin,
+                                   (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin,
+                                             .fold_d = l->dim},
+                                   (ap_wsrc){.src = c->lin, .src_w = 1}))
         return -1;
     if (!ap_emit(w->res, w->out,
                  json_pack("{s:s, s:s, s:[s, s]}", "name", sum, "op", "add", "inputs", yc, yu),
@@ -169,6 +280,7 @@ static int find_chains(const model_def *m, int *folded_into, chain *ch)
         chain c;
         if (!chain_at(m, readers, i, &c)) continue;
         folded_into[c.lce] = folded_into[c.flat] = folded_into[c.lin] = i;
+        if (c.stack >= 0) folded_into[c.stack] = folded_into[c.reshape] = folded_into[c.mlin] = i;
         ch[i] = c;
         n++;
     }
@@ -228,7 +340,15 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
     const md_layer *f = &m->layers[t->in[0].index];
     const md_layer *l = &m->layers[f->in[0].index];
     e->rw = MD_RW_FOLDED;
-    if (&m->layers[i] != t) {
+    const md_layer *self = &m->layers[i];
+    if (self != t && self != l && self != f) { /* the mlp2 part's stack, reshape or linear */
+        snprintf(e->note, sizeof e->note,
+                 "folded into linear '%s': its part of the candidate term is one mlp2 over "
+                 "the part's linear input (no [C, %d] output)",
+                 t->name, self->tokens * self->dim);
+        return;
+    }
+    if (self != t) {
         snprintf(e->note, sizeof e->note, "folded into linear '%s' (no [C, %d, %d] output)",
                  t->name, l->tokens, l->dim);
         return;

@@ -19,6 +19,15 @@
  * over Ku, else it runs as written (token_linear, then W_top). ikbo_load_
  * opts.no_fold (the serving key "fold": 0) keeps every chain as written.
  *
+ * An mlp2 part: when lce.candidate is a stack read only by the lce and one
+ * of its parts (there are others) is a reshape, read only by the stack, of
+ * a candidate vector linear, read only by the reshape, with at most 16
+ * inputs and no activation or ReLU, that part's share of the candidate term
+ * is y = act(x W1^T + b1) W_c'[:, part]^T over the linear's input x: one
+ * mlp2 (backend.h), whose [C, hidden] layer is never stored (the bench
+ * model's c_r1: 427 MB at 16 x 70 not written nor read back). The other
+ * parts keep one linear over their own stack, its output mlp2's addend.
+ *
  * Numerics: the function is the same; the roundings differ. The activation-
  * dtype rounding of the lce output is gone, the folded weights are computed
  * in fp32 and rounded once to the backend's dtype (bench/RESULTS.md has the differences

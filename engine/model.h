@@ -42,6 +42,7 @@ enum md_op {
     MD_SELF_ATTENTION,
     MD_DIN_ATTENTION,
     MD_BROADCAST, /* internal: only the auto planner writes it (a counted gather) */
+    MD_MLP2,      /* internal: only the fold writes it (a linear's output read through a fold) */
     MD_OP_COUNT /* keep last: engine/ops/ops.c's table is checked against it */
 };
 

@@ -1,5 +1,5 @@
-/* dense.c - the ops that multiply by a weight matrix: linear, token_linear
- * and DCNv2's cross.
+/* dense.c - the ops that multiply by a weight matrix: linear, token_linear,
+ * DCNv2's cross, and the fold's internal mlp2.
  *
  * Why this exists: each is a plain GEMM on the backend (cuBLASLt on the GPU)
  * plus an epilogue, over the rows of one domain; none mixes domains.
@@ -158,3 +158,48 @@ static md_cost cost_cross(const model_def *m, const md_layer *l)
 
 const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross, NULL,
     cost_cross};
+
+/* mlp2 (internal; engine/fold.h writes it): y = addend + act(x W1^T + b1)
+ * W2^T over candidate vectors, the [rows, hidden] layer never stored
+ * (backend.h). Keys: input, addend (a vector layer of out), hidden, out,
+ * activation (the hidden layer's: none or relu). Weights w1 [hidden, in],
+ * b1 [hidden], w2 [out, hidden]. */
+static int plan_mlp2(op_plan *p)
+{
+    md_shape s, a;
+    long long hid, out;
+    if (op_input(p, "input", "input", OP_ACC_VALUE, &s) ||
+        op_input(p, "addend", "addend", OP_ACC_VALUE, &a) ||
+        op_int(p, "hidden", 1, 0, 1, INT_MAX, &hid) || op_int(p, "out", 1, 0, 1, INT_MAX, &out) ||
+        op_act(p, "activation", 1, BK_ACT_NONE, &p->l->act))
+        return -1;
+    if (s.kind != MD_VEC || a.kind != MD_VEC || a.dim != out || a.dom != s.dom)
+        return op_fail(p, "mlp2 takes a vector input and a vector addend of %lld in its domain",
+                       out);
+    if (p->l->act != BK_ACT_NONE && p->l->act != BK_ACT_RELU)
+        return op_fail(p, "mlp2's hidden activation is none or relu");
+    return op_output(p, s.dom, MD_VEC, 1, out) || op_weight(p, "w1", hid, s.dim) ||
+                   op_weight1(p, "b1", hid) || op_weight(p, "w2", out, hid)
+               ? -1
+               : 0;
+}
+
+static int run_mlp2(op_run *r)
+{
+    const md_layer *l = r->l;
+    value in = op_in(r, 0), ad = op_in(r, 1);
+    r->out->p = op_out(r, (size_t)r->rows, (size_t)l->dim);
+    OP_TRY(r, r->be->mlp2(r->s, in.p, op_in_width(r, 0), r->rows, r->w[0], r->w[1], l->act,
+                          r->w[2], ad.p, op_in_width(r, 1), r->out->p, l->dim, r->err));
+    return 0;
+}
+
+static const char *const mlp2_keys[] = {"name",   "op",  "input",      "addend",
+                                        "hidden", "out", "activation", NULL};
+static md_cost cost_mlp2(const model_def *m, const md_layer *l)
+{
+    const double hid = l->w[0].rows;
+    return (md_cost){.c = 2.0 * hid * (md_ref_width(m, l->in[0]) + l->dim)};
+}
+
+const md_op_def md_op_mlp2 = {"mlp2", mlp2_keys, OP_INTERNAL, plan_mlp2, run_mlp2, NULL, cost_mlp2};

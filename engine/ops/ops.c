@@ -17,7 +17,7 @@ const md_op_def *const md_ops[] = {
     &md_op_lce,            &md_op_add,               &md_op_activation,  &md_op_layer_norm,
     &md_op_concat,         &md_op_mul,               &md_op_token_linear, &md_op_dot_interaction,
     &md_op_cross,          &md_op_mixture,           &md_op_pool,             &md_op_self_attention, &md_op_din_attention,
-    &md_op_broadcast,
+    &md_op_broadcast,      &md_op_mlp2,
 };
 _Static_assert(sizeof md_ops / sizeof md_ops[0] == MD_OP_COUNT,
                "md_ops[] must list one entry per enum md_op, in enum order");

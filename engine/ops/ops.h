@@ -13,7 +13,7 @@ extern const md_op_def md_op_embedding_bag, md_op_history_embedding;
 /* shape.c */
 extern const md_op_def md_op_reshape, md_op_flatten, md_op_stack, md_op_concat, md_op_broadcast;
 /* dense.c */
-extern const md_op_def md_op_linear, md_op_token_linear, md_op_cross;
+extern const md_op_def md_op_linear, md_op_token_linear, md_op_cross, md_op_mlp2;
 /* elementwise.c */
 extern const md_op_def md_op_activation, md_op_layer_norm, md_op_add, md_op_mul, md_op_mixture;
 /* pool.c */

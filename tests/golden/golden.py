@@ -64,6 +64,10 @@ RANDOM_MODELS = {
     "rand_fold": "--seed 505 --dim 16 --heads 2 --head-dim 8 --out-tokens 16 --mlp-layers 2 --mlp-width 8",
     "rand_fold_u": ("--seed 606 --dim 16 --heads 2 --head-dim 8 --out-tokens 6 --mlp-layers 2 --mlp-width 16 "
                     "--user-dense-tokens 12"),
+    # no history: lce.candidate is X itself, whose dense part (a ReLU linear
+    # of the 4 candidate dense inputs, reshaped) the fold computes with mlp2.
+    "rand_fold_m": ("--seed 707 --dim 16 --no-history --cand-sparse 2 --cand-dense-tokens 4 --out-tokens 16 "
+                    "--mlp-layers 2 --mlp-width 8"),
 }
 
 # Random models of the ranking architectures (random_family.py): name ->

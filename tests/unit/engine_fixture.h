@@ -73,18 +73,20 @@ static int ef_write_file(const char *path, const void *data, size_t n)
 /* Writes the model into /tmp/ikbo_test_<tag>_<pid> (dir, of dir_n bytes):
  * model.json and weights.safetensors, weights uniform in [-0.5, 0.5) from
  * seed 42. */
-static int ef_write_model(const char *tag, char *dir, size_t dir_n)
+/* ef_write_model with another model.json and tensor list (a variant). */
+static int ef_write_model_as(const char *tag, const char *json, const ef_tensor *tensors,
+                             size_t n_tensors, char *dir, size_t dir_n)
 {
     snprintf(dir, dir_n, "/tmp/ikbo_test_%s_%d", tag, (int)getpid());
     mkdir(dir, 0755);
     char path[512];
     snprintf(path, sizeof(path), "%s/model.json", dir);
-    if (ef_write_file(path, EF_MODEL_JSON, strlen(EF_MODEL_JSON))) return -1;
+    if (ef_write_file(path, json, strlen(json))) return -1;
     char header[8192];
     size_t hl = 0, off = 0;
     hl += (size_t)snprintf(header + hl, sizeof(header) - hl, "{");
-    for (size_t i = 0; i < EF_N_TENSORS; i++) {
-        const ef_tensor *t = &EF_TENSORS[i];
+    for (size_t i = 0; i < n_tensors; i++) {
+        const ef_tensor *t = &tensors[i];
         size_t n = (size_t)(t->rows ? t->rows : 1) * (size_t)t->cols;
         char shape[64];
         if (t->rows) snprintf(shape, sizeof(shape), "[%d, %d]", t->rows, t->cols);
@@ -111,6 +113,11 @@ static int ef_write_model(const char *tag, char *dir, size_t dir_n)
     int rc = ef_write_file(path, buf, total);
     free(buf);
     return rc;
+}
+
+static int ef_write_model(const char *tag, char *dir, size_t dir_n)
+{
+    return ef_write_model_as(tag, EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS, dir, dir_n);
 }
 
 static void ef_remove_model(const char *dir)

@@ -56,6 +56,41 @@ static char *widths(int N, int M)
     return s3;
 }
 
+/* The fixture with an mlp2 part (fold.h): c_rest = reshape(c_r1), c_r1 a
+ * ReLU linear over candidate.dense (3 inputs, 16 outputs), in e_cand
+ * between x_cand and ta (so the other parts' tokens are 0, 1, 4, 5), and
+ * M 5 (the rule: 2*6*8*8 = 768 < 2*5*8*14 = 1120). Malloc'd. */
+static char *with_mlp2_part(void)
+{
+    char *a = variant("{\"name\": \"x_cand\", \"op\": \"stack\"",
+                      "{\"name\": \"c_r1\", \"op\": \"linear\", \"input\": \"candidate.dense\", "
+                      "\"out\": 16, \"activation\": \"relu\"}, {\"name\": \"c_rest\", \"op\": "
+                      "\"reshape\", \"input\": \"c_r1\", \"tokens\": 2}, {\"name\": \"x_cand\", "
+                      "\"op\": \"stack\"");
+    char *b = subst(a, "[\"x_cand\", \"ta\"]}", "[\"x_cand\", \"c_rest\", \"ta\"]}");
+    char *c = subst(b, "\"out_tokens\": 3}", "\"out_tokens\": 5}");
+    free(a);
+    free(b);
+    return c;
+}
+
+static ef_tensor mlp2_tensors[EF_N_TENSORS + 2];
+
+static size_t mlp2_tensor_list(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < EF_N_TENSORS; i++) {
+        ef_tensor t = EF_TENSORS[i];
+        if (!strcmp(t.name, "lce.w_user")) t.rows = 5;
+        if (!strcmp(t.name, "lce.w_cand")) t.rows = 5, t.cols = 6;
+        if (!strcmp(t.name, "top1.weight")) t.cols = 40;
+        mlp2_tensors[n++] = t;
+    }
+    mlp2_tensors[n++] = (ef_tensor){"c_r1.weight", 16, 3};
+    mlp2_tensors[n++] = (ef_tensor){"c_r1.bias", 0, 16};
+    return n;
+}
+
 static model_def *plan(const char *json)
 {
     model_def *m = NULL;
@@ -252,11 +287,11 @@ static int teardown(void **s)
     return 0;
 }
 
-static float *score_all(int no_fold, enum ikbo_mode mode, const ikbo_batch *b)
+static float *score_dir(const char *dir, int no_fold, enum ikbo_mode mode, const ikbo_batch *b)
 {
     ikbo_err err = {{0}};
     ikbo_load_opts o = {.device = "cpu", .mode = mode, .no_fold = no_fold};
-    ikbo_model *m = ikbo_model_load(model_dir, &o, &err);
+    ikbo_model *m = ikbo_model_load(dir, &o, &err);
     if (!m) fail_msg("load failed: %s", err.msg);
     ikbo_ctx *ctx = ikbo_ctx_new(m, &err);
     assert_non_null(ctx);
@@ -274,10 +309,10 @@ static float *score_all(int no_fold, enum ikbo_mode mode, const ikbo_batch *b)
 }
 
 /* The folded model scores what the model as written scores (both modes):
- * random batches, relative error over all task scores and scores. */
-static void test_scores_match_unfolded(void **s)
+ * random batches, relative error over all task scores and scores; with
+ * mlp2, the fixture with an mlp2 part (with_mlp2_part). */
+static void scores_match(const char *dir)
 {
-    (void)s;
     enum { U = 3, C = 40 };
     uint64_t r = 12345;
 #define RND() (r = r * 6364136223846793005ULL + 1442695040888963407ULL, \
@@ -299,17 +334,81 @@ static void test_scores_match_unfolded(void **s)
                     .cand_sparse = &cs, .map = map};
     for (int mode = 0; mode < 2; mode++) {
         enum ikbo_mode md = mode ? IKBO_MODE_BROADCAST : IKBO_MODE_IKBO;
-        float *f = score_all(0, md, &b), *w = score_all(1, md, &b);
+        float *f = score_dir(dir, 0, md, &b), *w = score_dir(dir, 1, md, &b);
         double worst = 0;
         for (int i = 0; i < C * 3; i++) {
             assert_true(isfinite(f[i]));
             double e = fabs((double)f[i] - w[i]) / fmax(fabs(w[i]), 1e-6);
             worst = e > worst ? e : worst;
         }
-        if (worst > 1e-5) fail_msg("mode %d: folded vs as written, relative error %g", mode, worst);
+        if (worst > 1e-5)
+            fail_msg("%s mode %d: folded vs as written, relative error %g", dir, mode, worst);
         free(f);
         free(w);
     }
+}
+
+static void test_scores_match_unfolded(void **s)
+{
+    (void)s;
+    scores_match(model_dir);
+}
+
+static void test_scores_match_unfolded_mlp2(void **s)
+{
+    (void)s;
+    char dir[256], *json = with_mlp2_part();
+    assert_int_equal(ef_write_model_as("fold_mlp2", json, mlp2_tensors, mlp2_tensor_list(), dir,
+                                       sizeof dir), 0);
+    scores_match(dir);
+    ef_remove_model(dir);
+    free(json);
+}
+
+/* The mlp2 part: c_r1, c_rest and e_cand leave the plan; the other parts
+ * are one stack, flatten and linear (their columns of the folded weight),
+ * and mlp2 computes c_r1's share from candidate.dense with that linear as
+ * its addend; the plan names all six layers folded. */
+static void test_mlp2_part_plan(void **s)
+{
+    (void)s;
+    char *json = with_mlp2_part();
+    model_def *m = plan(json);
+    static const char *const names[] = {"flat__u", "top1__u", "e_cand__r", "flat__c", "top1__r",
+                                        "top1__c", "top1__sum", "top1"};
+    static const enum md_op ops[] = {MD_FLATTEN, MD_LINEAR, MD_STACK, MD_FLATTEN,
+                                     MD_LINEAR,  MD_MLP2,   MD_ADD,   MD_ACTIVATION};
+    static const enum md_domain doms[] = {MD_USER, MD_USER, MD_CAND, MD_CAND,
+                                          MD_CAND, MD_CAND, MD_CAND, MD_CAND};
+    static const int dims[] = {32, 8, 8, 32, 8, 8, 8, 8};
+    expect_layers(m, names, ops, doms, dims, 8);
+    assert_null(layer(m, "c_r1"));
+    assert_null(layer(m, "c_rest"));
+    assert_null(layer(m, "e_cand"));
+    const md_layer *r = layer(m, "top1__r"), *c = layer(m, "top1__c");
+    assert_int_equal(r->w[0].cols, 32);                               /* 4 tokens x D */
+    assert_int_equal(c->w[0].rows, 16), assert_int_equal(c->w[0].cols, 3); /* c_r1's W1 */
+    assert_int_equal(c->w[2].rows, 8), assert_int_equal(c->w[2].cols, 16); /* its 2 tokens x D */
+    for (const char *const *n = (const char *const[]){"c_r1", "c_rest", "e_cand", "lce", NULL}; *n; n++)
+        assert_int_equal(rw_of(m, *n), MD_RW_FOLDED);
+    model_def_free(m);
+    free(json);
+}
+
+/* A part that fails the rule stays as written: c_r1 with a sigmoid. */
+static void test_mlp2_part_refused(void **s)
+{
+    (void)s;
+    char *json = with_mlp2_part();
+    char *sig = subst(json, "\"candidate.dense\", \"out\": 16, \"activation\": \"relu\"",
+                      "\"candidate.dense\", \"out\": 16, \"activation\": \"sigmoid\"");
+    model_def *m = plan(sig);
+    assert_non_null(layer(m, "c_r1"));
+    assert_null(layer(m, "top1__r"));
+    assert_int_equal(layer(m, "top1__c")->op, MD_LINEAR);
+    model_def_free(m);
+    free(sig);
+    free(json);
 }
 
 int main(void)
@@ -319,7 +418,10 @@ int main(void)
         cmocka_unit_test(test_user_side_as_written),
         cmocka_unit_test(test_rule_and_readers),
         cmocka_unit_test(test_fold_weight),
+        cmocka_unit_test(test_mlp2_part_plan),
+        cmocka_unit_test(test_mlp2_part_refused),
         cmocka_unit_test_setup_teardown(test_scores_match_unfolded, setup, teardown),
+        cmocka_unit_test(test_scores_match_unfolded_mlp2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1296,6 +1296,7 @@ static void test_op_table(void **state)
         [MD_CROSS] = "cross",                 [MD_MIXTURE] = "mixture",
         [MD_POOL] = "pool",                   [MD_SELF_ATTENTION] = "self_attention",
         [MD_DIN_ATTENTION] = "din_attention", [MD_BROADCAST] = "broadcast",
+        [MD_MLP2] = "mlp2",
     };
     char list[512];
     size_t o = 0;
@@ -1308,6 +1309,7 @@ static void test_op_table(void **state)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "", names[k]);
     }
     assert_true(md_ops[MD_BROADCAST]->flags & OP_INTERNAL);
+    assert_true(md_ops[MD_MLP2]->flags & OP_INTERNAL);
     assert_string_equal(md_op_list(), list);
 }
 
