@@ -258,10 +258,11 @@ $(BUILD)/gpu/write_patterns: bench/kernels/write_patterns.cu kernels/cuda/linear
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
 	    -lcublasLt -lcublas
 
-# c_r1 fused into the fold's candidate linear, a prototype (bench/kernels/NOTES.md).
-$(BUILD)/gpu/fmlp_proto: bench/kernels/fmlp_proto.cu kernels/cuda/mma_util.cuh bench/kernels/bench_util.cuh
+# mlp2's kernel (the fold's c_r1 part) against two cuBLAS steps (bench/kernels/NOTES.md).
+$(BUILD)/gpu/fmlp_proto: bench/kernels/fmlp_proto.cu kernels/cuda/mlp2.cu $(LIBIKBO)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 -lcublas
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(LIBIKBO) -Xlinker -rpath -Xlinker $(CUDA_HOME)/lib64 \
+	    -lcublasLt -lcublas
 
 # ---- run and test ----
 run: deps-build $(BUILD)/ikbo-serve
