@@ -15,7 +15,7 @@
  *   - leak nothing: the live block count returns to what it was;
  *   - leave the object working: the same registry / batcher / loader then
  *     succeeds with failures off, with bitwise the reference scores.
- * Sweeps: model load + score (ikbo and broadcast mode), a folded model's
+ * Sweeps: model load + score (ikbo and broadcast mode), two folded models'
  * load and plan (engine/fold.h), the registry's first
  * load, a hot swap to a new version and an unload of 66 versions at once, a
  * Rank request end to end (gRPC wire bytes through the fast decoder, through
@@ -187,7 +187,8 @@ static uint8_t *pack_request(const Ikbo__V1__RankRequest *r, size_t extra, size_
     return w;
 }
 
-static char g_fold[256]; /* the engine fixture's version directory (fold_load_op) */
+static char g_fold[256];      /* the engine fixture's version directory (fold_load_op) */
+static char g_fold_mlp2[256]; /* its mlp2 variant's (ef_write_mlp2_model) */
 
 static int fixtures(char *why)
 {
@@ -198,8 +199,9 @@ static int fixtures(char *why)
     snprintf(g_v1, sizeof g_v1, "%s/demo/1", g_repo);
     snprintf(g_v2, sizeof g_v2, "%s/demo/2", g_repo);
     if (mkdir(path, 0755) || copy_version(g_v1)) return failf(why, "cannot copy models/demo/1");
-    if (ef_write_model("alloc_fold", g_fold, sizeof g_fold))
-        return failf(why, "cannot write the engine fixture model");
+    if (ef_write_model("alloc_fold", g_fold, sizeof g_fold) ||
+        ef_write_mlp2_model("alloc_fold_mlp2", g_fold_mlp2, sizeof g_fold_mlp2))
+        return failf(why, "cannot write the engine fixture models");
     snprintf(path, sizeof path, "%s/models/demo/example_request.json", g_root);
     g_json = read_file(path, &g_json_len);
     char *v = g_json ? strstr(g_json, "\"modelVersion\": 1") : NULL;
@@ -832,14 +834,15 @@ static int load_op(void *p, char *why)
 
 /* The engine fixture (tests/unit/engine_fixture.h): its lce -> flatten ->
  * linear is folded at load (engine/fold.h), so the fold's allocations run
- * here: load, both plan renderings (which must show the fold), free. */
+ * here: load, both plan renderings (which must show the fold), free. p:
+ * the version directory, NULL for the fixture's (the mlp2 variant's adds
+ * the fold's mlp2 part). */
 
 static int fold_load_op(void *p, char *why)
 {
-    (void)p;
     ikbo_load_opts o = {.device = "cpu", .mode = IKBO_MODE_IKBO};
     ikbo_err err = {{0}};
-    ikbo_model *m = ikbo_model_load(g_fold, &o, &err);
+    ikbo_model *m = ikbo_model_load(p ? (const char *)p : g_fold, &o, &err);
     int rc = m ? 0 : 1, folded = 1;
     for (int json = 0; rc == 0 && json < 2; json++) {
         char *text = ikbo_model_plan(m, json, 70);
@@ -1314,6 +1317,7 @@ static void cleanup(void)
     remove_version(g_v2);
     remove_version(g_v1);
     if (g_fold[0]) ef_remove_model(g_fold);
+    if (g_fold_mlp2[0]) ef_remove_model(g_fold_mlp2);
     snprintf(p, sizeof p, "%s/demo", g_repo);
     rmdir(p);
     unlink(g_config_path);
@@ -1362,6 +1366,8 @@ int main(void)
          * load sweeps cover jansson's in the loader. */
         {"folded model load+plan", AF_MAIN, NULL, fold_load_op, fold_load_after, no_teardown,
          NULL, 0},
+        {"folded model with an mlp2 part load+plan", AF_MAIN, NULL, fold_load_op, fold_load_after,
+         no_teardown, g_fold_mlp2, 0},
         {"model peek serving", AF_MAIN | AF_LIBS, NULL, peek_op, NULL, no_teardown, NULL, 0},
         {"batch-graph cache", AF_MAIN, NULL, graph_cache_op, NULL, no_teardown, NULL, 0},
         {"registry first load", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after, req_teardown,

@@ -3,7 +3,8 @@
  * weights from a fixed seed) into a fresh directory under /tmp.
  *
  * Header-only, libc only (tests/alloc/test_alloc_fail.c writes it too):
- * ef_write_model returns 0 or -1. Single-threaded: call it from a setup,
+ * ef_write_model returns 0 or -1; ef_write_mlp2_model writes the variant
+ * whose E_cand has a part the fold computes with mlp2. Single-threaded: call it from a setup,
  * ef_remove_model from its teardown.
  */
 #ifndef IKBO_ENGINE_FIXTURE_H
@@ -118,6 +119,63 @@ static int ef_write_model_as(const char *tag, const char *json, const ef_tensor 
 static int ef_write_model(const char *tag, char *dir, size_t dir_n)
 {
     return ef_write_model_as(tag, EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS, dir, dir_n);
+}
+
+/* src with `from` replaced by `to` (the first one); malloc'd, NULL when src
+ * lacks it or memory runs out. */
+static char *ef_replace(const char *src, const char *from, const char *to)
+{
+    const char *at = strstr(src, from);
+    if (!at) return NULL;
+    size_t n = strlen(src) - strlen(from) + strlen(to) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%.*s%s%s", (int)(at - src), src, to, at + strlen(from));
+    return s;
+}
+
+/* The fixture with an mlp2 part for the fold (engine/fold.h): c_rest =
+ * reshape(c_r1), c_r1 a ReLU linear over candidate.dense (3 inputs, 16
+ * outputs), in e_cand between x_cand and ta (so the other parts' tokens
+ * are 0, 1, 4, 5), and the lce's M 5 (the rule: 2*6*8*8 = 768 < 2*5*8*14 =
+ * 1120). Malloc'd, NULL on out of memory. */
+static char *ef_mlp2_json(void)
+{
+    char *a = ef_replace(EF_MODEL_JSON, "{\"name\": \"x_cand\", \"op\": \"stack\"",
+                         "{\"name\": \"c_r1\", \"op\": \"linear\", \"input\": \"candidate.dense\", "
+                         "\"out\": 16, \"activation\": \"relu\"}, {\"name\": \"c_rest\", \"op\": "
+                         "\"reshape\", \"input\": \"c_r1\", \"tokens\": 2}, {\"name\": \"x_cand\", "
+                         "\"op\": \"stack\"");
+    char *b = a ? ef_replace(a, "[\"x_cand\", \"ta\"]}", "[\"x_cand\", \"c_rest\", \"ta\"]}") : NULL;
+    char *c = b ? ef_replace(b, "\"out_tokens\": 3}", "\"out_tokens\": 5}") : NULL;
+    free(a);
+    free(b);
+    return c;
+}
+
+/* Its tensors into out (EF_N_TENSORS + 2 entries); returns the count. */
+static size_t ef_mlp2_tensors(ef_tensor *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < EF_N_TENSORS; i++) {
+        ef_tensor t = EF_TENSORS[i];
+        if (!strcmp(t.name, "lce.w_user")) t.rows = 5;
+        if (!strcmp(t.name, "lce.w_cand")) t.rows = 5, t.cols = 6;
+        if (!strcmp(t.name, "top1.weight")) t.cols = 40;
+        out[n++] = t;
+    }
+    out[n++] = (ef_tensor){"c_r1.weight", 16, 3};
+    out[n++] = (ef_tensor){"c_r1.bias", 0, 16};
+    return n;
+}
+
+/* ef_write_model for the mlp2 variant. */
+static int ef_write_mlp2_model(const char *tag, char *dir, size_t dir_n)
+{
+    ef_tensor t[EF_N_TENSORS + 2];
+    char *json = ef_mlp2_json();
+    int rc = json ? ef_write_model_as(tag, json, t, ef_mlp2_tensors(t), dir, dir_n) : -1;
+    free(json);
+    return rc;
 }
 
 static void ef_remove_model(const char *dir)

@@ -56,39 +56,12 @@ static char *widths(int N, int M)
     return s3;
 }
 
-/* The fixture with an mlp2 part (fold.h): c_rest = reshape(c_r1), c_r1 a
- * ReLU linear over candidate.dense (3 inputs, 16 outputs), in e_cand
- * between x_cand and ta (so the other parts' tokens are 0, 1, 4, 5), and
- * M 5 (the rule: 2*6*8*8 = 768 < 2*5*8*14 = 1120). Malloc'd. */
+/* engine_fixture.h's mlp2 variant (ef_mlp2_json). Malloc'd. */
 static char *with_mlp2_part(void)
 {
-    char *a = variant("{\"name\": \"x_cand\", \"op\": \"stack\"",
-                      "{\"name\": \"c_r1\", \"op\": \"linear\", \"input\": \"candidate.dense\", "
-                      "\"out\": 16, \"activation\": \"relu\"}, {\"name\": \"c_rest\", \"op\": "
-                      "\"reshape\", \"input\": \"c_r1\", \"tokens\": 2}, {\"name\": \"x_cand\", "
-                      "\"op\": \"stack\"");
-    char *b = subst(a, "[\"x_cand\", \"ta\"]}", "[\"x_cand\", \"c_rest\", \"ta\"]}");
-    char *c = subst(b, "\"out_tokens\": 3}", "\"out_tokens\": 5}");
-    free(a);
-    free(b);
-    return c;
-}
-
-static ef_tensor mlp2_tensors[EF_N_TENSORS + 2];
-
-static size_t mlp2_tensor_list(void)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < EF_N_TENSORS; i++) {
-        ef_tensor t = EF_TENSORS[i];
-        if (!strcmp(t.name, "lce.w_user")) t.rows = 5;
-        if (!strcmp(t.name, "lce.w_cand")) t.rows = 5, t.cols = 6;
-        if (!strcmp(t.name, "top1.weight")) t.cols = 40;
-        mlp2_tensors[n++] = t;
-    }
-    mlp2_tensors[n++] = (ef_tensor){"c_r1.weight", 16, 3};
-    mlp2_tensors[n++] = (ef_tensor){"c_r1.bias", 0, 16};
-    return n;
+    char *s = ef_mlp2_json();
+    assert_non_null(s);
+    return s;
 }
 
 static model_def *plan(const char *json)
@@ -357,12 +330,10 @@ static void test_scores_match_unfolded(void **s)
 static void test_scores_match_unfolded_mlp2(void **s)
 {
     (void)s;
-    char dir[256], *json = with_mlp2_part();
-    assert_int_equal(ef_write_model_as("fold_mlp2", json, mlp2_tensors, mlp2_tensor_list(), dir,
-                                       sizeof dir), 0);
+    char dir[256];
+    assert_int_equal(ef_write_mlp2_model("fold_mlp2", dir, sizeof dir), 0);
     scores_match(dir);
     ef_remove_model(dir);
-    free(json);
 }
 
 /* The mlp2 part: c_r1, c_rest and e_cand leave the plan; the other parts
