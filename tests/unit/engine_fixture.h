@@ -123,7 +123,7 @@ static int ef_write_model(const char *tag, char *dir, size_t dir_n)
 
 /* src with `from` replaced by `to` (the first one); malloc'd, NULL when src
  * lacks it or memory runs out. */
-static char *ef_replace(const char *src, const char *from, const char *to)
+static inline char *ef_replace(const char *src, const char *from, const char *to)
 {
     const char *at = strstr(src, from);
     if (!at) return NULL;
@@ -138,7 +138,7 @@ static char *ef_replace(const char *src, const char *from, const char *to)
  * outputs), in e_cand between x_cand and ta (so the other parts' tokens
  * are 0, 1, 4, 5), and the lce's M 5 (the rule: 2*6*8*8 = 768 < 2*5*8*14 =
  * 1120). Malloc'd, NULL on out of memory. */
-static char *ef_mlp2_json(void)
+static inline char *ef_mlp2_json(void)
 {
     char *a = ef_replace(EF_MODEL_JSON, "{\"name\": \"x_cand\", \"op\": \"stack\"",
                          "{\"name\": \"c_r1\", \"op\": \"linear\", \"input\": \"candidate.dense\", "
@@ -153,7 +153,7 @@ static char *ef_mlp2_json(void)
 }
 
 /* Its tensors into out (EF_N_TENSORS + 2 entries); returns the count. */
-static size_t ef_mlp2_tensors(ef_tensor *out)
+static inline size_t ef_mlp2_tensors(ef_tensor *out)
 {
     size_t n = 0;
     for (size_t i = 0; i < EF_N_TENSORS; i++) {
@@ -169,7 +169,7 @@ static size_t ef_mlp2_tensors(ef_tensor *out)
 }
 
 /* ef_write_model for the mlp2 variant. */
-static int ef_write_mlp2_model(const char *tag, char *dir, size_t dir_n)
+static inline int ef_write_mlp2_model(const char *tag, char *dir, size_t dir_n)
 {
     ef_tensor t[EF_N_TENSORS + 2];
     char *json = ef_mlp2_json();
