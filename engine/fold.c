@@ -359,10 +359,16 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
         snprintf(user, sizeof user, "W_top W_user [%d, %d]", t->dim, ku * l->dim);
     else
         snprintf(user, sizeof user, "W_top (W_user E_user)");
+    const char *part = NULL; /* the linear whose share mlp2 computes, if any */
+    for (int j = 0; j < m->n_layers && !part; j++)
+        if (folded_into[j] == folded_into[i] && m->layers[j].op == MD_RESHAPE)
+            part = m->layers[m->layers[j].in[0].index].name;
+    char mlp[80] = "";
+    if (part) snprintf(mlp, sizeof mlp, " ('%s''s share through mlp2)", part);
     snprintf(e->note, sizeof e->note,
-             "folds lce '%s': user term %s at U, candidate term W_top W_cand [%d, %d] at C, "
+             "folds lce '%s': user term %s at U, candidate term W_top W_cand [%d, %d]%s at C, "
              "added through the map",
-             l->name, user, t->dim, kc * l->dim);
+             l->name, user, t->dim, kc * l->dim, mlp);
 }
 
 /* y += a x, four lanes at a time (-O2 does not vectorize it by itself). */

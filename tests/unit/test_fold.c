@@ -362,6 +362,9 @@ static void test_mlp2_part_plan(void **s)
     assert_int_equal(c->w[2].rows, 8), assert_int_equal(c->w[2].cols, 16); /* its 2 tokens x D */
     for (const char *const *n = (const char *const[]){"c_r1", "c_rest", "e_cand", "lce", NULL}; *n; n++)
         assert_int_equal(rw_of(m, *n), MD_RW_FOLDED);
+    for (int i = 0; i < m->plan.n; i++) /* the report says where c_r1 went */
+        if (!strcmp(m->plan.e[i].name, "top1"))
+            assert_non_null(strstr(m->plan.e[i].note, "'c_r1''s share through mlp2"));
     model_def_free(m);
     free(json);
 }
