@@ -49,9 +49,6 @@ typedef struct chain {
     int stack, part, reshape, mlin;
 } chain;
 
-/* The widest input of a linear mlp2 takes (its GPU kernel's one k-step). */
-#define FOLD_MLP2_MAX_IN 16
-
 /* Readers of each layer (inputs of later layers, and the logits). */
 static int *reader_counts(const model_def *m)
 {
@@ -73,7 +70,7 @@ static int side_folds(double K, double M, double D, double N)
 /* The candidate operand's part that mlp2 computes from its linear's input
  * (fold.h): lce.candidate is a stack read only by the lce with other parts
  * too, and the part is a reshape read only by the stack, of a candidate
- * vector linear read only by the reshape, at most FOLD_MLP2_MAX_IN inputs
+ * vector linear read only by the reshape, at most BK_MLP2_FUSED_MAX_IN inputs
  * wide, with no activation or ReLU. The part with the most tokens. */
 static void mlp2_part(const model_def *m, const int *readers, chain *c)
 {
@@ -91,7 +88,7 @@ static void mlp2_part(const model_def *m, const int *readers, chain *c)
         const md_layer *q = &m->layers[rs->in[0].index];
         if (q->op != MD_LINEAR || q->domain != MD_CAND || q->kind != MD_VEC ||
             (q->act != BK_ACT_NONE && q->act != BK_ACT_RELU) ||
-            md_ref_width(m, q->in[0]) > FOLD_MLP2_MAX_IN || rs->tokens <= best)
+            md_ref_width(m, q->in[0]) > BK_MLP2_FUSED_MAX_IN || rs->tokens <= best)
             continue;
         best = rs->tokens;
         c->stack = e.index, c->part = k, c->reshape = r.index, c->mlin = rs->in[0].index;

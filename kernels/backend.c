@@ -136,6 +136,37 @@ int bk_bad_copy(const char *op, size_t n, size_t elem, const void *dst, const vo
     return 0;
 }
 
+int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, int64_t nb1,
+                  enum bk_act act1, int ldx, int ldadd, int ldy, bk_err *err)
+{
+    if (!has_w) {
+        bk_seterr(err, "mlp2: weight is NULL");
+        return -1;
+    }
+    if (rows < 0) {
+        bk_seterr(err, "mlp2: row count %d", rows);
+        return -1;
+    }
+    if (w2_cols != hid) {
+        bk_seterr(err, "mlp2: W2 has %d columns, W1 %d rows (the hidden width)", w2_cols, hid);
+        return -1;
+    }
+    if (ldx < in || ldy < out || (ldadd && ldadd < out)) {
+        bk_seterr(err, "mlp2: ldx %d / ldy %d / ldadd %d smaller than in %d / out %d", ldx, ldy,
+                  ldadd, in, out);
+        return -1;
+    }
+    if (nb1 >= 0 && nb1 != hid) {
+        bk_seterr(err, "mlp2: b1 has %lld elements, expected %d", (long long)nb1, hid);
+        return -1;
+    }
+    if (act1 != BK_ACT_NONE && act1 != BK_ACT_RELU) {
+        bk_seterr(err, "mlp2: hidden activation %d (none or relu)", (int)act1);
+        return -1;
+    }
+    return 0;
+}
+
 int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx, int groups,
                      int g, enum bk_act act, int ldy, int64_t gy, bk_err *err)
 {

@@ -425,6 +425,18 @@ int bk_bags_check(const bk_bag *bags, int n, bk_err *err);
 int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx, int groups,
                      int g, enum bk_act act, int ldy, int64_t gy, bk_err *err);
 
+/* mlp2's inputs up to which a backend keeps the hidden layer on chip (the
+ * CUDA kernel's one k-step); the fold (engine/fold.c) makes mlp2 only for
+ * linears this narrow. */
+#define BK_MLP2_FUSED_MAX_IN 16
+
+/* mlp2's arguments (both backends; bk_weight is each backend's own): has_w
+ * (both weights not NULL), rows >= 0, W1 [hid, in], W2 [out, w2_cols] with
+ * w2_cols = hid, nb1 b1 values (-1: no b1) = hid, act1 NONE or RELU, strides
+ * that hold the widths (ldadd 0: no addend). 0, or -1 with err set. */
+int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, int64_t nb1,
+                  enum bk_act act1, int ldx, int ldadd, int ldy, bk_err *err);
+
 /* A row stride against the width it must hold (both backends): 0 when ld
  * >= width, else -1 with err "op: what ld is below of = width" (e.g.
  * attention's K/V rows, pool's output rows). */

@@ -11,15 +11,18 @@
  * 35 GFLOP and 30 MB of weights at 1120 rows, where today's two ops move
  * 850 MB. Before the engine learns the pattern, this measures what the
  * fused op would take; v1 won (2.6x at 1120 rows, H100, 2026-12-06) and
- * moved to kernels/cuda/mlp2.cu, the fold's mlp2. Its variants (1 to 3
- * CTAs an SM, here at e0ba0d8) are in bench/RESULTS.md; this now times
- * production's k_mlp2 (16 or 32 rows a warp, each at about 2, 4 and 8
- * CTAs an SM of slices) against the reference, today's two steps on
- * cuBLAS (H through fp32, rounded to bf16 after bias and ReLU, then Y),
- * and the baseline: H's write alone (step 1's floor) plus cuBLAS's step 2.
- * The weights sit in a folded weight's wider rows (ld2 = hidden + 4096).
+ * moved to kernels/cuda/mlp2.cu, the fold's mlp2. Its first variants (1 to
+ * 3 CTAs an SM, at e0ba0d8) are in bench/RESULTS.md; this now times
+ * mlp2.cu's kernels at the shapes in `variants` (production's among them,
+ * v1's too) against the reference, today's two steps on cuBLAS (H through
+ * fp32, rounded to bf16 after bias and ReLU, then Y), and the baseline:
+ * H's write alone (step 1's floor) plus cuBLAS's step 2. Each variant's
+ * kernel and sum are timed apart (v1's sum beside the current one). The
+ * weights sit in a folded weight's wider rows (ld2 = hidden + 4096).
+ * --only I runs variant I alone; --profile launches each once, untimed
+ * (for ncu).
  *
- *   fmlp_proto [--rows M] [--hidden N] [--slices S]
+ *   fmlp_proto [--rows M] [--hidden N] [--slices S] [--only I] [--profile]
  */
 #include <math.h>
 #include <stdint.h>
@@ -45,6 +48,42 @@ __global__ void k_bias_relu(const float *hf, const bf *b1, bf *h, int M, int N)
         h[i] = __float2bfloat16(fmaxf(hf[i] + __bfloat162float(b1[i % N]), 0.f));
 }
 
+/* mlp2.cu's first sum (until 2026-12-06, twenty-fifth session), for comparison:
+ * a thread per output, its S partials in order. */
+__global__ void k_sum_v1(const float *part, int S, bf *y, int rows, int out)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * out;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < S; s++) acc += part[(size_t)s * rows * out + i];
+        y[i] = __float2bfloat16(acc);
+    }
+}
+
+/* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
+ * k_mlp2_wg (warpgroups, stages), CTAs an SM aimed at, balanced row blocks
+ * (0: rows_cta at its capacity, as v1). */
+typedef void (*run_fn)(const mlp2_plan &, cudaStream_t, const bf *, int, int, int, const bf *, int,
+                       const bf *, int, const bf *, int, int, int, float *);
+struct variant {
+    const char *name;
+    int unit, units, ns, wg, cps, bal;
+    run_fn run;
+    const void *fn;
+};
+#define VAR(name, rt, nw, ns, cps, bal) \
+    {name, 16 * rt, nw, ns, 0, cps, bal, mlp2_run<bf, rt, nw, ns>, (const void *)k_mlp2<bf, rt, nw, ns>}
+#define VWG(name, nwg, ns, cps) \
+    {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wg<bf, nwg, ns>, (const void *)k_mlp2_wg<bf, nwg, ns>}
+static const variant variants[] = {
+    VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
+    VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
+    VAR("64r 8w 3st bal 1cta", 4, 8, 3, 1, 1),   VAR("v1: 16r 8w 2st", 1, 8, 2, 2, 0),
+    VAR("16r 8w 4st bal (prod)", 1, 8, 4, 2, 1), VAR("16r 8w 3st bal 3cta", 1, 8, 3, 3, 1),
+    VWG("wg 2x64r 4st (prod)", 2, 4, 2),                VWG("wg 4x64r 4st 1cta", 4, 4, 1),
+    VWG("wg 2x64r 3st 3cta", 2, 3, 3),
+};
+
 static double rel_l2(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
@@ -58,9 +97,13 @@ static double rel_l2(const float *a, const float *b, size_t n)
 
 int main(int argc, char **argv)
 {
-    int M = 1120, N = 190464, S = 0;
+    int M = 1120, N = 190464, S = 0, only = -1, profile = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--profile")) profile = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--profile")) { i--; continue; }
         if (!strcmp(argv[i], "--rows")) M = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--only")) only = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--hidden")) N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--slices")) S = atoi(argv[i + 1]);
         else { fprintf(stderr, "fmlp_proto: unknown flag %s\n", argv[i]); return 2; }
@@ -75,8 +118,8 @@ int main(int argc, char **argv)
     bf *X, *W1, *Wf, *H, *b1, *Y;
     float *part, *Yref, *Hf;
     const int nchunks = N / MLP2_HC;
-    /* Slices: S, or about 2, 4 and 8 CTAs an SM at the variant's row blocks. At most nchunks. */
-    const int smax = S ? S : 8 * prop.multiProcessorCount;
+    /* Slices: S, or what each variant's plan gives (at most 4 CTAs an SM of them). */
+    const int smax = S ? S : 4 * prop.multiProcessorCount;
     CK(cudaMalloc(&X, (size_t)M * KIN * 2));
     CK(cudaMalloc(&W1, (size_t)N * KIN * 2));
     CK(cudaMalloc(&Wf, (size_t)NOUT * ldf * 2));
@@ -137,37 +180,46 @@ int main(int argc, char **argv)
     std::vector<float> hr((size_t)M * NOUT);
     std::vector<bf> hy((size_t)M * NOUT);
     CK(cudaMemcpy(hr.data(), Yref, hr.size() * 4, cudaMemcpyDeviceToHost));
-    const size_t smem = 2 * sizeof(mlp2_stage<bf>);
-    for (int rt = 1; rt <= 2; rt++)
-        for (int w = 2; w <= 8; w *= 2) {
-            const int rblocks = (M + 128 * rt - 1) / (128 * rt);
-            auto kern = rt == 2 ? k_mlp2<bf, 2> : k_mlp2<bf, 1>;
-            CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            int occ = 0;
-            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 256, smem));
-            if (S && w > 2) break;
-            int Sx = S ? S : (w * prop.multiProcessorCount + rblocks - 1) / rblocks;
-            Sx = Sx < 1 ? 1 : Sx > smax ? smax : Sx > nchunks ? nchunks : Sx;
-            const int per = (nchunks + Sx - 1) / Sx, Sr = (nchunks + per - 1) / per;
-            auto fused = [&] {
-                kern<<<dim3(rblocks, Sr, 1), 256, smem>>>(X, KIN, KIN, M, W1, KIN, b1, 1, Wf, (int)ldf,
-                                                          N, NOUT, part, per);
-                k_mlp2_sum<bf><<<(M * NOUT + 255) / 256, 256>>>(part, Sr, NULL, 0, Y, NOUT, M, NOUT);
-            };
-            CK(cudaMemset(Y, 0xff, (size_t)M * NOUT * 2)); /* poison */
-            fused();
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(hy.data(), Y, hy.size() * 2, cudaMemcpyDeviceToHost));
-            std::vector<float> hf(hy.size());
-            for (size_t i = 0; i < hy.size(); i++) hf[i] = __bfloat162float(hy[i]);
-            const double err = rel_l2(hf.data(), hr.data(), hf.size());
-            const double tf = median_ms(0, fused, 3, 20);
-            printf("  k_mlp2 rows/warp %2d: slices %3d (%d chunks each, grid %d x %d, %d CTAs/SM) %.1f us = "
-                   "%.0f TFLOP/s, %.2fx faster than the baseline, %.2fx its floor %.1f us; rel L2 err %.2e %s\n",
-                   16 * rt, Sr, per, rblocks, Sr, occ, tf * 1e3, flops / (tf * 1e-3) / 1e12,
-                   (tcopy + t2) / tf, tf * 1e3 / fused_floor_us, fused_floor_us, err,
-                   err < 1e-2 ? "ok" : "FAIL");
+    for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+        const variant &V = variants[v];
+        if (only >= 0 && (int)v != only) continue;
+        mlp2_plan p = mlp2_plan_for(M, N, NOUT, prop.multiProcessorCount, V.unit, V.units, V.ns,
+                                    V.wg, V.cps);
+        if (!V.bal) p.rows_cta = V.unit * V.units;
+        if (S) {
+            p.per = (nchunks + S - 1) / S;
+            p.S = (nchunks + p.per - 1) / p.per;
         }
+        if (p.S > smax) continue;
+        CK(cudaFuncSetAttribute(V.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mlp2_smem(p)));
+        int occ = 0;
+        const int threads = 32 * V.units * (V.wg ? 4 : 1);
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, V.fn, threads, mlp2_smem(p)));
+        auto kern = [&] { V.run(p, 0, X, KIN, KIN, M, W1, KIN, b1, 1, Wf, (int)ldf, N, NOUT, part); };
+        auto sum = [&] {
+            k_mlp2_sum<bf><<<((size_t)M * NOUT + 31) / 32, 256>>>(part, p.S, NULL, 0, Y, NOUT, M, NOUT);
+        };
+        auto sum_v1 = [&] {
+            k_sum_v1<<<(M * NOUT + 255) / 256, 256>>>(part, p.S, Y, M, NOUT);
+        };
+        CK(cudaMemset(Y, 0xff, (size_t)M * NOUT * 2)); /* poison */
+        kern();
+        sum();
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hy.data(), Y, hy.size() * 2, cudaMemcpyDeviceToHost));
+        std::vector<float> hf(hy.size());
+        for (size_t i = 0; i < hy.size(); i++) hf[i] = __bfloat162float(hy[i]);
+        const double err = rel_l2(hf.data(), hr.data(), hf.size());
+        if (profile) continue; /* one launch each, for ncu */
+        const double tk = median_ms(0, kern, 3, 20), ts = median_ms(0, sum, 3, 20),
+                     ts1 = median_ms(0, sum_v1, 3, 20), tf = median_ms(0, [&] { kern(); sum(); }, 3, 20);
+        printf("  %-22s rows/CTA %3d x %d, slices %3d of %3d chunks, %d CTAs/SM: kernel %6.1f us "
+               "(%3.0f TFLOP/s) + sum %5.1f (v1 sum %5.1f) = %6.1f us, %.2fx faster than the baseline, "
+               "%.2fx the floor %.1f us; rel L2 err %.2e %s\n",
+               V.name, p.rows_cta, p.rb, p.S, p.per, occ, tk * 1e3, flops / (tk * 1e-3) / 1e12, ts * 1e3,
+               ts1 * 1e3, tf * 1e3, (tcopy + t2) / tf, tf * 1e3 / fused_floor_us, fused_floor_us, err,
+               err < 1e-2 ? "ok" : "FAIL");
+    }
     return 0;
 }

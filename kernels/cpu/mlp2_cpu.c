@@ -18,35 +18,6 @@
 /* Hidden units a chunk: the chunk's [GEMM_MR, MLP2_HC] values sit in L1. */
 #define MLP2_HC 256
 
-static int mlp2_check(int ldx, int rows, const bk_weight *w1, const bk_weight *b1,
-                      enum bk_act act1, const bk_weight *w2, int ldadd, int ldy, bk_err *err)
-{
-    const char *op = "mlp2";
-    if (!w1 || !w2) {
-        bk_seterr(err, "%s: weight is NULL", op);
-        return -1;
-    }
-    if (rows < 0) return cpu_bad_dims(op, "row count", rows, err);
-    if (w2->cols != w1->rows) {
-        bk_seterr(err, "%s: W2 has %d columns, W1 %d rows (the hidden width)", op, w2->cols,
-                  w1->rows);
-        return -1;
-    }
-    if (ldx < w1->cols || ldy < w2->rows || (ldadd && ldadd < w2->rows)) {
-        bk_seterr(err, "%s: ldx %d / ldy %d / ldadd %d smaller than in %d / out %d", op, ldx,
-                  ldy, ldadd, w1->cols, w2->rows);
-        return -1;
-    }
-    if (b1 && (size_t)b1->rows * (size_t)b1->cols != (size_t)w1->rows) {
-        bk_seterr(err, "%s: b1 has %d x %d elements, expected %d", op, b1->rows, b1->cols,
-                  w1->rows);
-        return -1;
-    }
-    if (act1 != BK_ACT_NONE && act1 != BK_ACT_RELU)
-        return cpu_bad_dims(op, "hidden activation (none or relu)", act1, err);
-    return 0;
-}
-
 /* c[i][0 .. nr) (i < mr; the other c[i] are not touched) of the core for
  * panel bp, through tmp when nr < GEMM_NR (a zero-padded panel still
  * writes GEMM_NR columns) and for the spare rows. */
@@ -68,7 +39,10 @@ int cpu_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1
              void *y, int ldy, bk_err *err)
 {
     (void)s;
-    if (mlp2_check(ldx, rows, w1, b1, act1, w2, add ? ldadd : 0, ldy, err)) return -1;
+    if (bk_mlp2_check(w1 && w2, rows, w1 ? w1->cols : 0, w1 ? w1->rows : 0, w2 ? w2->rows : 0,
+                      w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, ldx,
+                      add ? ldadd : 0, ldy, err))
+        return -1;
     const int in = w1->cols, hid = w1->rows, out = w2->rows;
     if (rows == 0 || out == 0) return 0;
     if (!x || !y) {

@@ -1480,21 +1480,6 @@ static int cuda_history_embedding(bk_stream *s, const bk_weight *table, const bk
     return cu_check_launch(s, err, "history_embedding");
 }
 
-/* Being replaced by pool (pool.cu): its jagged mean. */
-
-template <typename T>
-__global__ void k_add(const T *a, const T *__restrict__ b, const int32_t *__restrict__ map,
-                      size_t n, int width, T *out)
-{
-    size_t total = n * (size_t)width;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        size_t r = i / width, j = i - r * width;
-        size_t rb = map ? (size_t)map[r] : r;
-        out[i] = cu_fromf<T>(cu_tof<T>(a[i]) + cu_tof<T>(b[rb * width + j]));
-    }
-}
-
 static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *map, int n,
                     int width, void *out, bk_err *err)
 {
@@ -1507,10 +1492,7 @@ static int cuda_add(bk_stream *s, const void *a, const void *b, const int32_t *m
                           (map ? n * (double)sizeof *map : 0));
     if (cu_enter(s, err))
         return -1;
-    size_t total = (size_t)n * width;
-    CU_DISPATCH(cu_dt(s), (k_add<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
-                              (const T *)a, (const T *)b, map, (size_t)n, width, (T *)out)));
-    return cu_check_launch(s, err, "add");
+    return cu_add_rows(s, a, width, b, width, map, out, width, n, width, "add", err);
 }
 
 /* Row copy in 16-byte units (rows, pitches and pointers 16-byte aligned):

@@ -398,6 +398,13 @@ unsigned cu_grid_for(size_t n, unsigned block);
 int cu_act_rows(bk_stream *s, void *y, int ldy, int rows, int width, enum bk_act act,
                 bk_err *err);
 
+/* y[r, :] = a[r, :] + b[map ? map[r] : r, :] for rows x width, each with its
+ * row stride; a or b NULL reads as zeros; y may be a (elementwise.cu: the
+ * add op's kernel and mlp2's sums; `what` names the launch in errors). */
+int cu_add_rows(bk_stream *s, const void *a, int lda, const void *b, int ldb,
+                const int32_t *map, void *y, int ldy, int rows, int width, const char *what,
+                bk_err *err);
+
 /* The ranking-model ops (elementwise.cu, norm.cu, pool.cu, interact.cu,
  * mixture.cu), with backend.h's signatures. */
 int cuda_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void *out,

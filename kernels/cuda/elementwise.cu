@@ -107,6 +107,35 @@ int cuda_activation(bk_stream *s, const void *x, size_t n, enum bk_act act, void
     return act_launch(s, x, 1, n, 1, act, out, err, "activation");
 }
 
+/* y[r, :] = a[r, :] + b[map ? map[r] : r, :] over rows x width, each operand
+ * with its own row stride; a NULL or b NULL reads as zeros, y may be a. */
+template <typename T>
+__global__ void k_add_rows(const T *a, int lda, const T *__restrict__ b, int ldb,
+                           const int32_t *__restrict__ map, T *y, int ldy, size_t rows, int width)
+{
+    const size_t total = rows * (size_t)width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / width, j = i - r * width, rb = map ? (size_t)map[r] : r;
+        const float va = a ? cu_tof<T>(a[r * lda + j]) : 0.f;
+        const float vb = b ? cu_tof<T>(b[rb * ldb + j]) : 0.f;
+        y[r * ldy + j] = cu_fromf<T>(va + vb);
+    }
+}
+
+int cu_add_rows(bk_stream *s, const void *a, int lda, const void *b, int ldb,
+                const int32_t *map, void *y, int ldy, int rows, int width, const char *what,
+                bk_err *err)
+{
+    if (rows <= 0 || width <= 0)
+        return 0;
+    const size_t total = (size_t)rows * width;
+    CU_DISPATCH(cu_dt(s), (k_add_rows<T><<<cu_grid_for(total, 256), 256, 0, s->st>>>(
+                              (const T *)a, lda, (const T *)b, ldb, map, (T *)y, ldy,
+                              (size_t)rows, width)));
+    return cu_check_launch(s, err, what);
+}
+
 /* out[r, :] = a[r, :] * b[map ? map[r] : r, :] (+ c[r, :]), in units of V
  * elements (width % V == 0 and every pointer 16-byte aligned when V > 1). */
 template <typename T, bool VEC>

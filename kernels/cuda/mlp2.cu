@@ -7,20 +7,25 @@
  * and read back (~310 us on an H100); here it never leaves the SM (117 us
  * in bench/kernels/fmlp_proto.cu, v1; NOTES.md "c_r1 through the fold").
  *
- * k_mlp2 (bf16/fp16, in <= 16): a CTA takes 16 RT rows a warp (8 warps)
- * by a slice of the hidden layer by 64 outputs. Per chunk of 128 hidden
- * units (W1's [128, 16], b1 and W2's [64, 128] staged by cp.async,
- * double-buffered, zero-filled past the weights): H = x W1^T on tensor
- * cores (one k-step), then b1 and act1 and the rounding to T that linear's
- * store applies, repacked in registers as the A operand of Y += H W2^T.
- * Each slice writes fp32 partials to the stream's scratch; k_mlp2_sum adds
- * add and the slices in order (the same order for every row, so a row's
- * result does not depend on the batch). Elsewhere (fp32, in > 16) the
- * composition through a scratch of MLP2_CHUNK hidden units: linear into it,
- * linear out of it into a second scratch, added.
+ * Two kernels (bf16/fp16, in <= 16), each a CTA over a block of rows by a
+ * slice of the hidden layer by 64 outputs, NS stages of 128 hidden units
+ * (W1's [128, 16], b1 and W2's [64, 128] staged by cp.async, zero-filled
+ * past the weights). Per chunk each warp makes its rows' hidden values,
+ * H = x W1^T on tensor cores (mma.sync, one k-step), then b1, act1 and the
+ * rounding to T that linear's store applies, in registers as the A operand
+ * of Y += H W2^T. k_mlp2 (below 256 rows: 16 rows a warp, 8 warps) runs
+ * that product on mma.sync too; k_mlp2_wg (from 256 rows: 2 warpgroups of
+ * 64 rows) on wgmma in its RS form, W2 in shared memory 128-byte swizzled
+ * (on an H200 at 1120 rows: 132 against 139 us, bench/RESULTS.md).
+ * Row blocks take even shares of the rows. Each slice writes fp32 partials
+ * to the stream's scratch; k_mlp2_sum adds add and the slices in a fixed
+ * order for a given slice count (every row alike). Elsewhere (fp32, in >
+ * 16) the composition through a scratch of MLP2_CHUNK hidden units: linear
+ * into it, linear out of it into a second scratch, added.
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/wgmma_gen.cuh"
 
 #define MLP2_HC 128     /* hidden units a chunk */
 #define MLP2_NO 64      /* outputs a CTA */
@@ -33,98 +38,170 @@ template <typename T> struct mlp2_stage {
     T b1[MLP2_HC];
 };
 
-template <typename T>
+/* Chunk j0's W1 rows ([128][16]; ld1 8: the second half zero) and b1 into
+ * shared memory by NT threads (zeros past the weights). */
+template <typename T, int NT>
+__device__ __forceinline__ void mlp2_load_w1(T *w1s, T *b1s, const T *W1, int ld1, const T *b1,
+                                             int hid, int j0, int tid)
+{
+#pragma unroll
+    for (int c = tid; c < 2 * MLP2_HC; c += NT) {
+        const int j = c >> 1, h = c & 1;
+        const bool ok = j0 + j < hid && h * 8 < ld1;
+        cp_async16(&w1s[j * 16 + h * 8], ok ? W1 + (size_t)(j0 + j) * ld1 + h * 8 : W1, ok);
+    }
+    if (tid < MLP2_HC / 8) {
+        const bool ok = b1 && j0 + tid * 8 < ((hid + 7) & ~7);
+        cp_async16(&b1s[tid * 8], ok ? b1 + j0 + tid * 8 : W1, ok);
+    }
+}
+
+/* Chunk j0's weights into a stage by NT threads (zeros past the weights);
+ * W2's 64 rows of 128 at pitch MLP2_W2P. */
+template <typename T, int NT>
 __device__ __forceinline__ void mlp2_load(mlp2_stage<T> *s, const T *W1, int ld1, const T *b1,
                                           const T *W2, int ld2, int hid, int out, int n0, int j0,
                                           int tid)
 {
-    { /* W1: 128 rows of 16 (ld1 8 or 16: the second half zero for 8) */
-        const int j = tid >> 1, h = tid & 1;
-        const bool ok = j0 + j < hid && h * 8 < ld1;
-        cp_async16(&s->w1[j * 16 + h * 8], ok ? W1 + (size_t)(j0 + j) * ld1 + h * 8 : W1, ok);
-    }
-    for (int c = tid; c < MLP2_NO * (MLP2_HC / 8); c += 256) {
+    mlp2_load_w1<T, NT>(s->w1, s->b1, W1, ld1, b1, hid, j0, tid);
+#pragma unroll
+    for (int c = tid; c < MLP2_NO * (MLP2_HC / 8); c += NT) {
         const int n = c >> 4, q = c & 15;
         const bool ok = n0 + n < out && j0 + q * 8 < ld2;
         cp_async16(&s->w2[n * MLP2_W2P + q * 8], ok ? W2 + (size_t)(n0 + n) * ld2 + j0 + q * 8 : W2,
                    ok);
     }
-    if (tid < MLP2_HC / 8) {
-        const bool ok = b1 && j0 + tid * 8 < ((hid + 7) & ~7);
-        cp_async16(&s->b1[tid * 8], ok ? b1 + j0 + tid * 8 : W1, ok);
+}
+
+/* W1's B fragments for the chunk's hidden units 16kk.. (two n-tiles of 8)
+ * and their b1 pairs (zeros without b1). */
+struct mlp2_w1f {
+    uint32_t bw[4];
+    float2 bb[2];
+};
+
+template <typename T>
+__device__ __forceinline__ mlp2_w1f mlp2_w1frag(const T *w1s, const T *b1s, int kk, int lane,
+                                                bool has_b1)
+{
+    const int mi = lane >> 3, rr = lane & 7, t = lane & 3;
+    mlp2_w1f f;
+    ldmatrix_x4(f.bw, &w1s[(16 * kk + (mi >> 1) * 8 + rr) * 16 + (mi & 1) * 8]);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+        f.bb[q] = has_b1 ? unpack2<T>(*(const uint32_t *)&b1s[16 * kk + 8 * q + 2 * t])
+                         : make_float2(0.f, 0.f);
+    return f;
+}
+
+/* One m-tile's 16 hidden units: x's A fragment times W1's fragments, then
+ * b1, act1 and the rounding to T that linear's store applies (its epilogue:
+ * the sum, then the bias), packed as the A fragment of the second product. */
+template <typename T>
+__device__ __forceinline__ void mlp2_h16(const mlp2_w1f &f, const uint32_t a[4], int relu,
+                                         uint32_t p[4])
+{
+    float h[2][4];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        h[q][0] = h[q][1] = h[q][2] = h[q][3] = 0.f;
+        const uint32_t b2[2] = {f.bw[2 * q], f.bw[2 * q + 1]};
+        mma16816<T>(h[q], a, b2);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            h[q][e] += (e & 1) ? f.bb[q].y : f.bb[q].x;
+            if (relu) h[q][e] = fmaxf(h[q][e], 0.f);
+        }
+    }
+    p[0] = pack2<T>(h[0][0], h[0][1]);
+    p[1] = pack2<T>(h[0][2], h[0][3]);
+    p[2] = pack2<T>(h[1][0], h[1][1]);
+    p[3] = pack2<T>(h[1][2], h[1][3]);
+}
+
+/* One m-tile's 16 rows x 64 outputs of fp32 partials (mma's C layout, n-tile
+ * i in y[i]) into the slice's [rows, out] block; rows from rend and outputs
+ * from out are not written. */
+__device__ __forceinline__ void mlp2_store_part(float *pp, const float (*y)[4], int r0, int rend,
+                                                int n0, int out, int lane)
+{
+    const int g = lane >> 2, t = lane & 3, ra = r0 + g, rb = ra + 8;
+#pragma unroll
+    for (int i = 0; i < MLP2_NO / 8; i++) {
+        const int n = n0 + 8 * i + 2 * t;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (n + e >= out) continue;
+            if (ra < rend) pp[(size_t)ra * out + n + e] = y[i][e];
+            if (rb < rend) pp[(size_t)rb * out + n + e] = y[i][2 + e];
+        }
     }
 }
 
-template <typename T, int RT>
-__global__ void __launch_bounds__(256, 2)
-k_mlp2(const T *__restrict__ x, int ldx, int in, int rows, const T *W1, int ld1, const T *b1,
-       int relu, const T *W2, int ld2, int hid, int out, float *part, int per_slice)
+/* x's A fragment for the 16 rows from r0 (T's bits; elements past in or
+ * rows from rend are zero). */
+__device__ __forceinline__ void mlp2_xfrag(const void *x, int ldx, int in, int r0, int rend,
+                                           int lane, uint32_t a[4])
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int row = r0 + g + 8 * (q & 1), k = 2 * t + 8 * (q >> 1);
+        const uint16_t *xr = (const uint16_t *)x + (size_t)row * ldx;
+        const uint32_t lo = row < rend && k < in ? xr[k] : 0u;
+        const uint32_t hi = row < rend && k + 1 < in ? xr[k + 1] : 0u;
+        a[q] = lo | hi << 16;
+    }
+}
+
+/* NW warps of RT m-tiles (16 rows each) over rows [blockIdx.x rows_cta, +
+ * rows_cta) (rows_cta a multiple of 16 RT; warps past it only load, so a grid
+ * of balanced row blocks does little padded work); a slice of per_slice
+ * chunks; 64 outputs; NS stages of weights in flight. */
+template <typename T, int RT, int NW, int NS>
+__global__ void __launch_bounds__(32 * NW, RT * NW > 16 ? 1 : 2)
+k_mlp2(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
+       const T *b1, int relu, const T *W2, int ld2, int hid, int out, float *part, int per_slice)
 {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     mlp2_stage<T> *st = (mlp2_stage<T> *)smem_raw;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * 8 + warp) * 16 * RT, n0 = blockIdx.z * MLP2_NO;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int r0 = blockIdx.x * rows_cta + warp * 16 * RT, n0 = blockIdx.z * MLP2_NO;
+    const bool on = r0 < rend; /* a warp past its block's rows only loads */
     const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
     const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
-    /* x's A fragments: elements past in or rows past the batch are zero */
     uint32_t a[RT][4];
 #pragma unroll
-    for (int r = 0; r < RT; r++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int row = r0 + 16 * r + g + 8 * (q & 1), k = 2 * t + 8 * (q >> 1);
-            const uint16_t *xr = (const uint16_t *)x + (size_t)row * ldx; /* T's bits */
-            const uint32_t lo = row < rows && k < in ? xr[k] : 0u;
-            const uint32_t hi = row < rows && k + 1 < in ? xr[k + 1] : 0u;
-            a[r][q] = lo | hi << 16;
-        }
+    for (int r = 0; r < RT; r++) mlp2_xfrag(x, ldx, in, r0 + 16 * r, rend, lane, a[r]);
     float y[RT][MLP2_NO / 8][4];
 #pragma unroll
     for (int r = 0; r < RT; r++)
 #pragma unroll
         for (int i = 0; i < MLP2_NO / 8; i++) y[r][i][0] = y[r][i][1] = y[r][i][2] = y[r][i][3] = 0.f;
-    if (c0 < c1) mlp2_load(&st[0], W1, ld1, b1, W2, ld2, hid, out, n0, c0 * MLP2_HC, tid);
-    cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (c0 + i < c1)
+            mlp2_load<T, 32 * NW>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC,
+                                  tid);
+        cp_async_commit();
+    }
     const int mi = lane >> 3, rr = lane & 7;
     for (int c = c0; c < c1; c++) {
-        const int buf = (c - c0) & 1;
-        if (c + 1 < c1)
-            mlp2_load(&st[buf ^ 1], W1, ld1, b1, W2, ld2, hid, out, n0, (c + 1) * MLP2_HC, tid);
-        cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<NS - 2>(); /* chunk c is in; every warp is past chunk c - 1 */
         __syncthreads();
-        const mlp2_stage<T> *s = &st[buf];
+        if (c + NS - 1 < c1)
+            mlp2_load<T, 32 * NW>(&st[(c - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid, out, n0,
+                                  (c + NS - 1) * MLP2_HC, tid);
+        cp_async_commit();
+        const mlp2_stage<T> *s = &st[(c - c0) % NS];
+        if (!on) continue;
 #pragma unroll
         for (int kk = 0; kk < MLP2_HC / 16; kk++) {
-            /* B fragments of W1 rows 16kk.. (two n-tiles of 8 hidden units) */
-            uint32_t bw[4];
-            ldmatrix_x4(bw, &s->w1[(16 * kk + (mi >> 1) * 8 + rr) * 16 + (mi & 1) * 8]);
-            float bb[2][2];
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                bb[q][0] = b1 ? cu_tof<T>(s->b1[16 * kk + 8 * q + 2 * t]) : 0.f;
-                bb[q][1] = b1 ? cu_tof<T>(s->b1[16 * kk + 8 * q + 2 * t + 1]) : 0.f;
-            }
+            const mlp2_w1f f = mlp2_w1frag<T>(s->w1, s->b1, kk, lane, b1);
             uint32_t p[RT][4];
 #pragma unroll
-            for (int r = 0; r < RT; r++) {
-                float h[2][4];
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    h[q][0] = h[q][1] = h[q][2] = h[q][3] = 0.f;
-                    const uint32_t b2[2] = {bw[2 * q], bw[2 * q + 1]};
-                    mma16816<T>(h[q], a[r], b2);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        h[q][e] += bb[q][e & 1]; /* linear's epilogue: the sum, then the bias */
-                        if (relu) h[q][e] = fmaxf(h[q][e], 0.f);
-                    }
-                }
-                p[r][0] = pack2<T>(h[0][0], h[0][1]);
-                p[r][1] = pack2<T>(h[0][2], h[0][3]);
-                p[r][2] = pack2<T>(h[1][0], h[1][1]);
-                p[r][3] = pack2<T>(h[1][2], h[1][3]);
-            }
+            for (int r = 0; r < RT; r++) mlp2_h16<T>(f, a[r], relu, p[r]);
 #pragma unroll
             for (int nn = 0; nn < MLP2_NO / 16; nn++) {
                 uint32_t bq[4];
@@ -138,56 +215,124 @@ k_mlp2(const T *__restrict__ x, int ldx, int in, int rows, const T *W1, int ld1,
                 }
             }
         }
-        __syncthreads();
     }
     float *pp = part + (size_t)blockIdx.y * rows * out;
 #pragma unroll
-    for (int r = 0; r < RT; r++)
+    for (int r = 0; r < RT; r++) mlp2_store_part(pp, y[r], r0 + 16 * r, rend, n0, out, lane);
+}
+
+/* k_mlp2_wg's stage: W2's chunk [64][128] K-major as two 128-byte-swizzled
+ * halves of 64 columns (what a wgmma descriptor reads, mma_util.cuh
+ * wg_desc), then W1's chunk and b1 as k_mlp2 holds them. */
+template <typename T> struct __align__(1024) mlp2_wg_stage {
+    T w2[2 * MLP2_NO * 64];
+    T w1[MLP2_HC * 16];
+    T b1[MLP2_HC];
+};
+
+template <typename T, int NT>
+__device__ __forceinline__ void mlp2_wg_load(mlp2_wg_stage<T> *s, const T *W1, int ld1,
+                                             const T *b1, const T *W2, int ld2, int hid, int out,
+                                             int n0, int j0, int tid)
+{
+    mlp2_load_w1<T, NT>(s->w1, s->b1, W1, ld1, b1, hid, j0, tid);
 #pragma unroll
-        for (int i = 0; i < MLP2_NO / 8; i++) {
-            const int n = n0 + 8 * i + 2 * t, ra = r0 + 16 * r + g, rb = ra + 8;
+    for (int c = tid; c < MLP2_NO * (MLP2_HC / 8); c += NT) {
+        const int n = c >> 4, q = c & 15, h = q >> 3, cc = q & 7;
+        const bool ok = n0 + n < out && j0 + q * 8 < ld2;
+        cp_async16(&s->w2[h * MLP2_NO * 64 + n * 64 + ((cc ^ (n & 7)) << 3)],
+                   ok ? W2 + (size_t)(n0 + n) * ld2 + j0 + q * 8 : W2, ok);
+    }
+}
+
+/* As k_mlp2, with the second product on wgmma: NWG warpgroups of 64 rows
+ * (rows_cta a multiple of 64; a warpgroup past it only loads); each warp
+ * makes its 16 rows' hidden values with mma.sync as k_mlp2 does, and the
+ * warpgroup multiplies them on from registers (wgmma's RS form, m64n64k16,
+ * W2 from shared memory). */
+template <typename T, int NWG, int NS>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
+k_mlp2_wg(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
+          const T *b1, int relu, const T *W2, int ld2, int hid, int out, float *part,
+          int per_slice)
+{
+    extern __shared__ unsigned char smem_raw[];
+    mlp2_wg_stage<T> *st =
+        (mlp2_wg_stage<T> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int rw = blockIdx.x * rows_cta + (warp >> 2) * 64, r0 = rw + (warp & 3) * 16;
+    const int n0 = blockIdx.z * MLP2_NO;
+    const bool on = rw < rend; /* per warpgroup: wgmma is collective */
+    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    uint32_t a[4];
+    mlp2_xfrag(x, ldx, in, r0, rend, lane, a);
+    float y[MLP2_NO / 8][4];
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                if (n + e >= out) continue;
-                if (ra < rows) pp[(size_t)ra * out + n + e] = y[r][i][e];
-                if (rb < rows) pp[(size_t)rb * out + n + e] = y[r][i][2 + e];
-            }
+    for (int i = 0; i < MLP2_NO / 8; i++) y[i][0] = y[i][1] = y[i][2] = y[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (c0 + i < c1)
+            mlp2_wg_load<T, 128 * NWG>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0,
+                                       (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    for (int c = c0; c < c1; c++) {
+        cp_async_wait<NS - 2>();
+        fence_proxy_async(); /* the copies are read by wgmma (the async proxy) */
+        __syncthreads();
+        if (c + NS - 1 < c1)
+            mlp2_wg_load<T, 128 * NWG>(&st[(c - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid,
+                                       out, n0, (c + NS - 1) * MLP2_HC, tid);
+        cp_async_commit();
+        const mlp2_wg_stage<T> *s = &st[(c - c0) % NS];
+        if (!on) continue;
+        uint32_t p[MLP2_HC / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < MLP2_HC / 16; kk++)
+            mlp2_h16<T>(mlp2_w1frag<T>(s->w1, s->b1, kk, lane, b1), a, relu, p[kk]);
+        wg_fence();
+        wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+#pragma unroll
+        for (int kk = 0; kk < MLP2_HC / 16; kk++)
+            wgmma_rs<T, MLP2_NO, 0>::run(
+                &y[0][0], p[kk], wg_desc(s->w2 + (kk >> 2) * MLP2_NO * 64 + (kk & 3) * 16, 16, 1024));
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    }
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
+}
+
+/* y[r, n] = add[r, n] + the S slices' partials: 8 warps of a block each sum
+ * the slices s = w mod 8 in order for 32 outputs, then the block adds the 8
+ * in warp order to add (a fixed order for a given S, every row alike). */
+template <typename T>
+__global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, const T *add,
+                                                  int ldadd, T *y, int ldy, int rows, int out)
+{
+    __shared__ float acc8[8][32];
+    const size_t total = (size_t)rows * out;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (size_t base = (size_t)blockIdx.x * 32; base < total; base += (size_t)gridDim.x * 32) {
+        const size_t i = base + lane;
+        float acc = 0.f;
+        if (i < total) {
+#pragma unroll 4
+            for (int s = warp; s < S; s += 8) acc += part[(size_t)s * total + i];
         }
-}
-
-/* y[r, n] = add[r, n] + the S slices' partials in slice order. */
-template <typename T>
-__global__ void k_mlp2_sum(const float *part, int S, const T *add, int ldadd, T *y, int ldy,
-                           int rows, int out)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * out;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / out, n = i % out;
-        float acc = add ? cu_tof<T>(add[r * ldadd + n]) : 0.f;
-        for (int s = 0; s < S; s++) acc += part[(size_t)s * rows * out + i];
-        y[r * ldy + n] = cu_fromf<T>(acc);
+        acc8[warp][lane] = acc;
+        __syncthreads();
+        if (warp == 0 && i < total) {
+            const size_t r = i / out, n = i % out;
+            float v = add ? cu_tof<T>(add[r * ldadd + n]) : 0.f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) v += acc8[w][lane];
+            y[r * ldy + n] = cu_fromf<T>(v);
+        }
+        __syncthreads();
     }
-}
-
-/* y[r, n] = a[r, n] + b[r, n], a NULL or b NULL read as zeros; a may be y. */
-template <typename T>
-__global__ void k_mlp2_add(const T *a, int lda, const T *b, int ldb, T *y, int ldy, int rows,
-                           int out)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * out;
-         i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / out, n = i % out;
-        const float va = a ? cu_tof<T>(a[r * lda + n]) : 0.f, vb = b ? cu_tof<T>(b[r * ldb + n]) : 0.f;
-        y[r * ldy + n] = cu_fromf<T>(va + vb);
-    }
-}
-
-static int mlp2_add(bk_stream *s, const void *a, int lda, const void *b, int ldb, void *y, int ldy,
-                    int rows, int out, bk_err *err)
-{
-    CU_DISPATCH(cu_dt(s), (k_mlp2_add<T><<<cu_grid_for((size_t)rows * out, 256), 256, 0, s->st>>>(
-                              (const T *)a, lda, (const T *)b, ldb, (T *)y, ldy, rows, out)));
-    return cu_check_launch(s, err, "mlp2 add");
 }
 
 /* The composition for what k_mlp2 does not take: MLP2_CHUNK hidden units at
@@ -202,7 +347,7 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
     const size_t hbytes = (size_t)rows * cn_max * as, ybytes = (size_t)rows * out * as;
     if (cu_scratch_get(s, &s->mlp2_part, hbytes + ybytes, err)) return -1;
     char *h = (char *)s->mlp2_part.p, *yc = h + hbytes;
-    if (hid == 0) return mlp2_add(s, add, ldadd, NULL, 0, y, ldy, rows, out, err);
+    if (hid == 0) return cu_add_rows(s, add, ldadd, NULL, 0, NULL, y, ldy, rows, out, "mlp2", err);
     for (int j0 = 0; j0 < hid; j0 += MLP2_CHUNK) {
         const int cn = hid - j0 < MLP2_CHUNK ? hid - j0 : MLP2_CHUNK;
         bk_weight v1 = {cn, w1->cols, w1->ld, (char *)w1->data + (size_t)j0 * w1->ld * as, 0};
@@ -212,28 +357,89 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
             cuda_linear(s, h, cn_max, rows, &v2, NULL, BK_ACT_NONE, yc, out, err))
             return -1;
         const void *base = j0 ? y : add;
-        if (mlp2_add(s, base, j0 ? ldy : ldadd, yc, out, y, ldy, rows, out, err)) return -1;
+        if (cu_add_rows(s, base, j0 ? ldy : ldadd, yc, out, NULL, y, ldy, rows, out, "mlp2 add", err))
+            return -1;
     }
     return 0;
 }
 
-/* k_mlp2 then k_mlp2_sum, in T (bf16 or fp16). */
-template <typename T>
-static int mlp2_launch(bk_stream *s, dim3 grid, int rt, const void *x, int ldx, int in, int rows,
-                       const bk_weight *w1, const bk_weight *b1, int relu, const bk_weight *w2,
-                       float *part, int per, int S, const void *add, int ldadd, void *y, int ldy,
-                       bk_err *err)
+/* A launch's shape: CTAs of `units` row units of `unit` rows (k_mlp2: a
+ * warp's 16 RT rows; k_mlp2_wg (wg): a warpgroup's 64), NS stages; rb row
+ * blocks of rows_cta rows (balanced: the last block is not mostly padding),
+ * zt output tiles, S slices of per chunks, at most cps CTAs an SM. */
+struct mlp2_plan {
+    int unit, units, ns, wg, rb, rows_cta, zt, S, per;
+};
+
+static mlp2_plan mlp2_plan_for(int rows, int hid, int out, int sm_count, int unit, int units,
+                               int ns, int wg, int cps)
 {
-    const size_t smem = 2 * sizeof(mlp2_stage<T>);
+    mlp2_plan p = {unit, units, ns, wg, 0, 0, 0, 0, 0};
+    const int cap = unit * units, nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    p.rb = (rows + cap - 1) / cap;
+    p.rows_cta = ((rows + p.rb - 1) / p.rb + unit - 1) / unit * unit;
+    p.zt = (out + MLP2_NO - 1) / MLP2_NO;
+    int S = cps * sm_count / (p.rb * p.zt); /* one wave */
+    S = S < 1 ? 1 : S > nchunks ? nchunks : S;
+    p.per = (nchunks + S - 1) / S;
+    p.S = (nchunks + p.per - 1) / p.per;
+    return p;
+}
+
+static_assert(sizeof(mlp2_stage<__half>) == sizeof(mlp2_stage<__nv_bfloat16>) &&
+                  sizeof(mlp2_wg_stage<__half>) == sizeof(mlp2_wg_stage<__nv_bfloat16>),
+              "one stage size");
+
+/* Dynamic shared memory: the stages (k_mlp2_wg's aligned to 1 KiB in it). */
+static size_t mlp2_smem(const mlp2_plan &p)
+{
+    return p.wg ? (size_t)p.ns * sizeof(mlp2_wg_stage<__half>) + 1024
+                : (size_t)p.ns * sizeof(mlp2_stage<__half>);
+}
+
+/* Production's shapes (bench/RESULTS.md, H200): from 256 rows k_mlp2_wg, 2
+ * warpgroups of 64 rows; below, k_mlp2 with 16 rows a warp, 8 warps; 4
+ * stages; ~2 CTAs an SM. mlp2_launch instantiates these two. */
+static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count)
+{
+    return rows >= 256 ? mlp2_plan_for(rows, hid, out, sm_count, 64, 2, 4, 1, 2)
+                       : mlp2_plan_for(rows, hid, out, sm_count, 16, 8, 4, 0, 2);
+}
+
+template <typename T, int RT, int NW, int NS>
+static void mlp2_run(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in, int rows,
+                     const T *W1, int ld1, const T *b1, int relu, const T *W2, int ld2, int hid,
+                     int out, float *part)
+{
+    k_mlp2<T, RT, NW, NS><<<dim3(p.rb, p.S, p.zt), 32 * NW, mlp2_smem(p), st>>>(
+        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
+}
+
+template <typename T, int NWG, int NS>
+static void mlp2_run_wg(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in,
+                        int rows, const T *W1, int ld1, const T *b1, int relu, const T *W2,
+                        int ld2, int hid, int out, float *part)
+{
+    k_mlp2_wg<T, NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
+        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
+}
+
+/* Production's kernel (mlp2_production's plan) then k_mlp2_sum, in T (bf16
+ * or fp16). */
+template <typename T>
+static int mlp2_launch(bk_stream *s, const mlp2_plan &p, const void *x, int ldx, int in, int rows,
+                       const bk_weight *w1, const bk_weight *b1, int relu, const bk_weight *w2,
+                       float *part, const void *add, int ldadd, void *y, int ldy, bk_err *err)
+{
     const int out = w2->rows;
-    auto kern = rt == 2 ? k_mlp2<T, 2> : k_mlp2<T, 1>;
-    if (cu_smem_limit(s, (const void *)kern, (int)smem, err)) return -1;
-    kern<<<grid, 256, smem, s->st>>>((const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
-                                     b1 ? (const T *)b1->data : NULL, relu, (const T *)w2->data,
-                                     w2->ld, w1->rows, out, part, per);
+    const void *fn = p.wg ? (const void *)k_mlp2_wg<T, 2, 4> : (const void *)k_mlp2<T, 1, 8, 4>;
+    if (cu_smem_limit(s, fn, (int)mlp2_smem(p), err)) return -1;
+    auto run = p.wg ? mlp2_run_wg<T, 2, 4> : mlp2_run<T, 1, 8, 4>;
+    run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
+        b1 ? (const T *)b1->data : NULL, relu, (const T *)w2->data, w2->ld, w1->rows, out, part);
     if (cu_check_launch(s, err, "mlp2")) return -1;
-    k_mlp2_sum<T><<<cu_grid_for((size_t)rows * out, 256), 256, 0, s->st>>>(
-        part, S, (const T *)add, ldadd, (T *)y, ldy, rows, out);
+    k_mlp2_sum<T><<<cu_grid_for(((size_t)rows * out + 31) / 32, 1), 256, 0, s->st>>>(
+        part, p.S, (const T *)add, ldadd, (T *)y, ldy, rows, out);
     return cu_check_launch(s, err, "mlp2 sum");
 }
 
@@ -241,49 +447,26 @@ int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w
               const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
               int ldadd, void *y, int ldy, bk_err *err)
 {
-    if (!w1 || !w2) {
-        bk_seterr(err, "mlp2: weight is NULL");
+    if (bk_mlp2_check(w1 && w2, rows, w1 ? w1->cols : 0, w1 ? w1->rows : 0, w2 ? w2->rows : 0,
+                      w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, ldx,
+                      add ? ldadd : 0, ldy, err))
         return -1;
-    }
     const int in = w1->cols, hid = w1->rows, out = w2->rows;
     cu_prof_scope prof_(s, "mlp2");
-    if (w2->cols != hid) {
-        bk_seterr(err, "mlp2: W2 has %d columns, W1 %d rows (the hidden width)", w2->cols, hid);
-        return -1;
-    }
-    if (rows < 0 || ldx < in || ldy < out || (add && ldadd < out)) {
-        bk_seterr(err, "mlp2: rows %d, ldx %d / ldy %d / ldadd %d against in %d / out %d", rows,
-                  ldx, ldy, add ? ldadd : 0, in, out);
-        return -1;
-    }
-    if (b1 && b1->rows * b1->cols != hid) {
-        bk_seterr(err, "mlp2: b1 has %d x %d elements, expected %d", b1->rows, b1->cols, hid);
-        return -1;
-    }
-    if (act1 != BK_ACT_NONE && act1 != BK_ACT_RELU) {
-        bk_seterr(err, "mlp2: hidden activation %d (none or relu)", (int)act1);
-        return -1;
-    }
     if (rows == 0 || out == 0) return 0;
     if (prof_.on())
         prof_.work(2.0 * rows * hid * (in + out),
                    ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
     if (cu_enter(s, err)) return -1;
     const enum cu_dtype dt = cu_dt(s);
-    if (dt == CU_F32 || w1->ld > 16 || hid == 0)
+    if (dt == CU_F32 || w1->ld > BK_MLP2_FUSED_MAX_IN || hid == 0)
         return mlp2_composed(s, x, ldx, rows, w1, b1, act1, w2, add, ldadd, y, ldy, err);
-    const int rt = rows >= 256 ? 2 : 1, rb = (rows + 128 * rt - 1) / (128 * rt);
-    const int zt = (out + MLP2_NO - 1) / MLP2_NO, nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
-    int S = (2 * cu_impl(s->be)->sm_count + rb * zt - 1) / (rb * zt);
-    S = S < 1 ? 1 : S > nchunks ? nchunks : S;
-    const int per = (nchunks + S - 1) / S;
-    S = (nchunks + per - 1) / per;
-    if (cu_scratch_get(s, &s->mlp2_part, (size_t)S * rows * out * sizeof(float), err)) return -1;
+    const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count);
+    if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err)) return -1;
     float *part = (float *)s->mlp2_part.p;
-    const dim3 grid(rb, S, zt);
     const int relu = act1 == BK_ACT_RELU;
-    return dt == CU_BF16 ? mlp2_launch<__nv_bfloat16>(s, grid, rt, x, ldx, in, rows, w1, b1, relu, w2,
-                                                      part, per, S, add, ldadd, y, ldy, err)
-                         : mlp2_launch<__half>(s, grid, rt, x, ldx, in, rows, w1, b1, relu, w2,
-                                               part, per, S, add, ldadd, y, ldy, err);
+    return dt == CU_BF16 ? mlp2_launch<__nv_bfloat16>(s, p, x, ldx, in, rows, w1, b1, relu, w2,
+                                                      part, add, ldadd, y, ldy, err)
+                         : mlp2_launch<__half>(s, p, x, ldx, in, rows, w1, b1, relu, w2, part,
+                                               add, ldadd, y, ldy, err);
 }
