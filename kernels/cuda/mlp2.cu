@@ -399,11 +399,17 @@ static size_t mlp2_smem(const mlp2_plan &p)
 
 /* Production's shapes (bench/RESULTS.md, H200): from 256 rows k_mlp2_wg, 2
  * warpgroups of 64 rows; below, k_mlp2 with 16 rows a warp, 8 warps; 4
- * stages; ~2 CTAs an SM. mlp2_launch instantiates these two. */
+ * stages; ~2 CTAs an SM. mlp2_launch instantiates these two from the same
+ * constants, so the plan and the launched kernel cannot disagree. */
+#define MLP2_PROD_NWG 2 /* k_mlp2_wg's warpgroups */
+#define MLP2_PROD_NW 8  /* k_mlp2's warps (one m-tile each) */
+#define MLP2_PROD_NS 4  /* stages, both */
+
 static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count)
 {
-    return rows >= 256 ? mlp2_plan_for(rows, hid, out, sm_count, 64, 2, 4, 1, 2)
-                       : mlp2_plan_for(rows, hid, out, sm_count, 16, 8, 4, 0, 2);
+    if (rows >= 256)
+        return mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_PROD_NWG, MLP2_PROD_NS, 1, 2);
+    return mlp2_plan_for(rows, hid, out, sm_count, 16, MLP2_PROD_NW, MLP2_PROD_NS, 0, 2);
 }
 
 template <typename T, int RT, int NW, int NS>
@@ -432,9 +438,11 @@ static int mlp2_launch(bk_stream *s, const mlp2_plan &p, const void *x, int ldx,
                        float *part, const void *add, int ldadd, void *y, int ldy, bk_err *err)
 {
     const int out = w2->rows;
-    const void *fn = p.wg ? (const void *)k_mlp2_wg<T, 2, 4> : (const void *)k_mlp2<T, 1, 8, 4>;
+    const void *fn = p.wg ? (const void *)k_mlp2_wg<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+                          : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
     if (cu_smem_limit(s, fn, (int)mlp2_smem(p), err)) return -1;
-    auto run = p.wg ? mlp2_run_wg<T, 2, 4> : mlp2_run<T, 1, 8, 4>;
+    auto run = p.wg ? mlp2_run_wg<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+                    : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
     run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
         b1 ? (const T *)b1->data : NULL, relu, (const T *)w2->data, w2->ld, w1->rows, out, part);
     if (cu_check_launch(s, err, "mlp2")) return -1;
