@@ -75,13 +75,17 @@ struct variant {
     {name, 16 * rt, nw, ns, 0, cps, bal, mlp2_run<bf, rt, nw, ns>, (const void *)k_mlp2<bf, rt, nw, ns>}
 #define VWG(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wg<bf, nwg, ns>, (const void *)k_mlp2_wg<bf, nwg, ns>}
+#define VWGO(name, nwg, ns, cps) \
+    {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns>}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
     VAR("64r 8w 3st bal 1cta", 4, 8, 3, 1, 1),   VAR("v1: 16r 8w 2st", 1, 8, 2, 2, 0),
     VAR("16r 8w 4st bal (prod)", 1, 8, 4, 2, 1), VAR("16r 8w 3st bal 3cta", 1, 8, 3, 3, 1),
-    VWG("wg 2x64r 4st (prod)", 2, 4, 2),                VWG("wg 4x64r 4st 1cta", 4, 4, 1),
-    VWG("wg 2x64r 3st 3cta", 2, 3, 3),
+    VWG("wg 2x64r 4st (was prod)", 2, 4, 2),               VWG("wg 4x64r 4st 1cta", 4, 4, 1),
+    VWG("wg 2x64r 3st 3cta", 2, 3, 3),   VWGO("wgo 2x64r 4st (prod)", 2, 4, 2),
+    VWGO("wgo 2x64r 5st", 2, 5, 2),       VWGO("wgo 4x64r 4st 1cta", 4, 4, 1),
+    VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)
@@ -196,9 +200,8 @@ int main(int argc, char **argv)
         const int threads = 32 * V.units * (V.wg ? 4 : 1);
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, V.fn, threads, mlp2_smem(p)));
         auto kern = [&] { V.run(p, 0, X, KIN, KIN, M, W1, KIN, b1, 1, Wf, (int)ldf, N, NOUT, part); };
-        auto sum = [&] {
-            k_mlp2_sum<bf><<<((size_t)M * NOUT + 31) / 32, 256>>>(part, p.S, NULL, 0, Y, NOUT, M, NOUT);
-        };
+        const int ways = mlp2_sum_ways((size_t)M * NOUT, prop.multiProcessorCount);
+        auto sum = [&] { mlp2_sum<bf>(ways, 0, part, p.S, NULL, 0, Y, NOUT, M, NOUT); };
         auto sum_v1 = [&] {
             k_sum_v1<<<(M * NOUT + 255) / 256, 256>>>(part, p.S, Y, M, NOUT);
         };
@@ -220,6 +223,20 @@ int main(int argc, char **argv)
                V.name, p.rows_cta, p.rb, p.S, p.per, occ, tk * 1e3, flops / (tk * 1e-3) / 1e12, ts * 1e3,
                ts1 * 1e3, tf * 1e3, (tcopy + t2) / tf, tf * 1e3 / fused_floor_us, fused_floor_us, err,
                err < 1e-2 ? "ok" : "FAIL");
+        if (!strstr(V.name, "(prod)") || V.wg != (M >= 256)) continue; /* production's S only */
+        printf("  the sum's split at %d slices (production: %d ways):", p.S, ways);
+        for (int w = 1; w <= 8; w *= 2) {
+            CK(cudaMemset(Y, 0xff, (size_t)M * NOUT * 2));
+            mlp2_sum<bf>(w, 0, part, p.S, NULL, 0, Y, NOUT, M, NOUT);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hy.data(), Y, hy.size() * 2, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < hy.size(); i++) hf[i] = __bfloat162float(hy[i]);
+            const double e = rel_l2(hf.data(), hr.data(), hf.size());
+            printf(" %d way%s %.1f us%s", w, w > 1 ? "s" : "",
+                   median_ms(0, [&] { mlp2_sum<bf>(w, 0, part, p.S, NULL, 0, Y, NOUT, M, NOUT); }, 3, 20) * 1e3,
+                   e < 1e-2 ? "" : " FAIL");
+        }
+        printf("\n");
     }
     return 0;
 }

@@ -14,12 +14,15 @@
  * H = x W1^T on tensor cores (mma.sync, one k-step), then b1, act1 and the
  * rounding to T that linear's store applies, in registers as the A operand
  * of Y += H W2^T. k_mlp2 (below 256 rows: 16 rows a warp, 8 warps) runs
- * that product on mma.sync too; k_mlp2_wg (from 256 rows: 2 warpgroups of
- * 64 rows) on wgmma in its RS form, W2 in shared memory 128-byte swizzled
- * (on an H200 at 1120 rows: 132 against 139 us, bench/RESULTS.md).
- * Row blocks take even shares of the rows. Each slice writes fp32 partials
- * to the stream's scratch; k_mlp2_sum adds add and the slices in a fixed
- * order for a given slice count (every row alike). Elsewhere (fp32, in >
+ * that product on mma.sync too; k_mlp2_wgo (from 256 rows: 2 warpgroups of
+ * 64 rows) on wgmma in its RS form, W2 in shared memory 128-byte swizzled,
+ * the next chunk's hidden values made while this chunk's wgmma run (on an
+ * H200 at 1120 rows: 129 us, against 132 for k_mlp2_wg, the same without
+ * the overlap, kept for bench/kernels/fmlp_proto.cu, and 139 for k_mlp2;
+ * bench/RESULTS.md). Row blocks take even shares of the rows. Each slice
+ * writes fp32 partials to the stream's scratch; k_mlp2_sum adds add and the
+ * slices in a fixed order for a given slice count and split (every row
+ * alike). Elsewhere (fp32, in >
  * 16) the composition through a scratch of MLP2_CHUNK hidden units: linear
  * into it, linear out of it into a second scratch, added.
  */
@@ -221,7 +224,7 @@ k_mlp2(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T
     for (int r = 0; r < RT; r++) mlp2_store_part(pp, y[r], r0 + 16 * r, rend, n0, out, lane);
 }
 
-/* k_mlp2_wg's stage: W2's chunk [64][128] K-major as two 128-byte-swizzled
+/* The wgmma kernels' stage: W2's chunk [64][128] K-major as two 128-byte-swizzled
  * halves of 64 columns (what a wgmma descriptor reads, mma_util.cuh
  * wg_desc), then W1's chunk and b1 as k_mlp2 holds them. */
 template <typename T> struct __align__(1024) mlp2_wg_stage {
@@ -249,7 +252,8 @@ __device__ __forceinline__ void mlp2_wg_load(mlp2_wg_stage<T> *s, const T *W1, i
  * (rows_cta a multiple of 64; a warpgroup past it only loads); each warp
  * makes its 16 rows' hidden values with mma.sync as k_mlp2 does, and the
  * warpgroup multiplies them on from registers (wgmma's RS form, m64n64k16,
- * W2 from shared memory). */
+ * W2 from shared memory). Production used it until 2026-12-06; now only
+ * bench/kernels/fmlp_proto.cu launches it, beside k_mlp2_wgo. */
 template <typename T, int NWG, int NS>
 __global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
 k_mlp2_wg(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
@@ -305,33 +309,163 @@ k_mlp2_wg(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, cons
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
 }
 
-/* y[r, n] = add[r, n] + the S slices' partials: 8 warps of a block each sum
- * the slices s = w mod 8 in order for 32 outputs, then the block adds the 8
- * in warp order to add (a fixed order for a given S, every row alike). */
+/* All 8 hidden-unit m-tiles of a chunk from stage s into pk. */
 template <typename T>
+__device__ __forceinline__ void mlp2_wg_h(const mlp2_wg_stage<T> *s, const uint32_t a[4], int lane,
+                                          bool has_b1, int relu, uint32_t (*pk)[4])
+{
+#pragma unroll
+    for (int kk = 0; kk < MLP2_HC / 16; kk++)
+        mlp2_h16<T>(mlp2_w1frag<T>(s->w1, s->b1, kk, lane, has_b1), a, relu, pk[kk]);
+}
+
+/* Y += P W2^T for one chunk: 8 wgmma m64n64k16, P from registers, W2 from
+ * the stage's swizzled halves; issued and committed, not waited for. */
+template <typename T>
+__device__ __forceinline__ void mlp2_wg_mma(const mlp2_wg_stage<T> *s, uint32_t (*pk)[4],
+                                            float (*y)[4])
+{
+    wg_fence();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+#pragma unroll
+    for (int kk = 0; kk < MLP2_HC / 16; kk++)
+        wgmma_rs<T, MLP2_NO, 0>::run(
+            &y[0][0], pk[kk], wg_desc(s->w2 + (kk >> 2) * MLP2_NO * 64 + (kk & 3) * 16, 16, 1024));
+    wg_commit();
+}
+
+/* One turn of k_mlp2_wgo for chunk cc (its P in pc): its wgmma issued, chunk
+ * cc - 1's awaited, chunk cc + 1 awaited in shared memory, chunk cc + NS - 1
+ * loaded into chunk cc - 1's stage, and chunk cc + 1's P made into pn while
+ * chunk cc's wgmma run (past the slice's end from a stale stage, unused). */
+template <typename T, int NWG, int NS>
+__device__ __forceinline__ void mlp2_wgo_turn(mlp2_wg_stage<T> *st, int cc, int c0, int c1,
+                                              uint32_t (*pc)[4], uint32_t (*pn)[4], float (*y)[4],
+                                              const uint32_t a[4], const T *W1, int ld1,
+                                              const T *b1, int relu, const T *W2, int ld2, int hid,
+                                              int out, int n0, int tid, int lane)
+{
+    mlp2_wg_mma<T>(&st[(cc - c0) % NS], pc, y);
+    wg_wait<1>(); /* chunk cc - 1's wgmma are done: its P set and stage are free */
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    cp_async_wait<NS - 3>(); /* chunk cc + 1 is in */
+    fence_proxy_async();
+    __syncthreads();
+    if (cc + NS - 1 < c1)
+        mlp2_wg_load<T, 128 * NWG>(&st[(cc - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid, out,
+                                   n0, (cc + NS - 1) * MLP2_HC, tid);
+    cp_async_commit();
+    mlp2_wg_h<T>(&st[(cc + 1 - c0) % NS], a, lane, b1, relu, pn);
+}
+
+/* As k_mlp2_wg, with the next chunk's hidden values made while this chunk's
+ * wgmma run (FlashAttention-3's overlap of softmax with the GEMMs): two
+ * register sets of P, the warpgroup waits one group behind, and a stage is
+ * reloaded only after every warpgroup's wgmma on it have completed, so NS - 2
+ * chunks load ahead (NS >= 3). A warpgroup past the block's rows computes on
+ * zeros (no divergent path around wgmma) and stores nothing. */
+template <typename T, int NWG, int NS>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
+k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
+           const T *b1, int relu, const T *W2, int ld2, int hid, int out, float *part,
+           int per_slice)
+{
+    static_assert(NS >= 3, "a stage in use by wgmma, one being made, one loading");
+    extern __shared__ unsigned char smem_raw[];
+    mlp2_wg_stage<T> *st =
+        (mlp2_wg_stage<T> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int r0 = blockIdx.x * rows_cta + (warp >> 2) * 64 + (warp & 3) * 16;
+    const int n0 = blockIdx.z * MLP2_NO;
+    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    uint32_t a[4];
+    mlp2_xfrag(x, ldx, in, r0, rend, lane, a);
+    float y[MLP2_NO / 8][4];
+#pragma unroll
+    for (int i = 0; i < MLP2_NO / 8; i++) y[i][0] = y[i][1] = y[i][2] = y[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+        if (c0 + i < c1)
+            mlp2_wg_load<T, 128 * NWG>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0,
+                                       (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
+    cp_async_wait<NS - 2>(); /* chunk c0 */
+    fence_proxy_async();
+    __syncthreads();
+    mlp2_wg_h<T>(&st[0], a, lane, b1, relu, p0);
+    int c = c0;
+    for (; c + 1 < c1; c += 2) {
+        mlp2_wgo_turn<T, NWG, NS>(st, c, c0, c1, p0, p1, y, a, W1, ld1, b1, relu, W2, ld2, hid,
+                                  out, n0, tid, lane);
+        mlp2_wgo_turn<T, NWG, NS>(st, c + 1, c0, c1, p1, p0, y, a, W1, ld1, b1, relu, W2, ld2,
+                                  hid, out, n0, tid, lane);
+    }
+    if (c < c1) mlp2_wg_mma<T>(&st[(c - c0) % NS], p0, y);
+    wg_wait<0>();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
+}
+
+/* y[r, n] = add[r, n] + the S slices' partials: W warps (1, 2, 4 or 8) share
+ * 32 outputs, warp w summing the slices s = w mod W in order, then the
+ * first adds the W sums in warp order to add (a fixed order for a given S
+ * and W, every row alike). Many outputs keep every SM busy with W = 1; few
+ * need the split (mlp2_sum_ways). */
+template <typename T, int W>
 __global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, const T *add,
                                                   int ldadd, T *y, int ldy, int rows, int out)
 {
-    __shared__ float acc8[8][32];
-    const size_t total = (size_t)rows * out;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (size_t base = (size_t)blockIdx.x * 32; base < total; base += (size_t)gridDim.x * 32) {
-        const size_t i = base + lane;
+    static_assert(W == 1 || W == 2 || W == 4 || W == 8, "W divides a block's 8 warps");
+    __shared__ float accw[8][32];
+    const size_t total = (size_t)rows * out, step = (size_t)256 / W;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, way = warp % W;
+    for (size_t b0 = (size_t)blockIdx.x * step; b0 < total; b0 += (size_t)gridDim.x * step) {
+        const size_t i = b0 + (size_t)(warp / W) * 32 + lane;
         float acc = 0.f;
         if (i < total) {
 #pragma unroll 4
-            for (int s = warp; s < S; s += 8) acc += part[(size_t)s * total + i];
+            for (int sl = way; sl < S; sl += W) acc += part[(size_t)sl * total + i];
         }
-        acc8[warp][lane] = acc;
-        __syncthreads();
-        if (warp == 0 && i < total) {
-            const size_t r = i / out, n = i % out;
-            float v = add ? cu_tof<T>(add[r * ldadd + n]) : 0.f;
+        if (W > 1) {
+            accw[warp][lane] = acc;
+            __syncthreads();
+            if (way == 0)
 #pragma unroll
-            for (int w = 0; w < 8; w++) v += acc8[w][lane];
-            y[r * ldy + n] = cu_fromf<T>(v);
+                for (int w = 1; w < W; w++) acc += accw[warp + w][lane];
         }
-        __syncthreads();
+        if (way == 0 && i < total) {
+            const size_t r = i / out, n = i % out;
+            y[r * ldy + n] = cu_fromf<T>((add ? cu_tof<T>(add[r * ldadd + n]) : 0.f) + acc);
+        }
+        if (W > 1) __syncthreads();
+    }
+}
+
+/* The sum's split: the fewest ways that give every SM 16 warps (on an H200,
+ * bench/RESULTS.md: 1120 x 64 outputs over 29 slices 8.6 us with 1 way, 10.0
+ * with 8; 70 x 64 over 248 slices 8.7 us with 8, 17.3 with 1). */
+static int mlp2_sum_ways(size_t outputs, int sm_count)
+{
+    const size_t warps = (outputs + 31) / 32;
+    int w = 1;
+    while (w < 8 && warps * w < (size_t)16 * sm_count) w *= 2;
+    return w;
+}
+
+template <typename T>
+static void mlp2_sum(int ways, cudaStream_t st, const float *part, int S, const T *add, int ldadd,
+                     T *y, int ldy, int rows, int out)
+{
+    const unsigned g = cu_grid_for(((size_t)rows * out * ways + 255) / 256, 1);
+    switch (ways) {
+    case 1: k_mlp2_sum<T, 1><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
+    case 2: k_mlp2_sum<T, 2><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
+    case 4: k_mlp2_sum<T, 4><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
+    default: k_mlp2_sum<T, 8><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
     }
 }
 
@@ -364,7 +498,7 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
 }
 
 /* A launch's shape: CTAs of `units` row units of `unit` rows (k_mlp2: a
- * warp's 16 RT rows; k_mlp2_wg (wg): a warpgroup's 64), NS stages; rb row
+ * warp's 16 RT rows; the wgmma kernels (wg): a warpgroup's 64), NS stages; rb row
  * blocks of rows_cta rows (balanced: the last block is not mostly padding),
  * zt output tiles, S slices of per chunks, at most cps CTAs an SM. */
 struct mlp2_plan {
@@ -390,18 +524,18 @@ static_assert(sizeof(mlp2_stage<__half>) == sizeof(mlp2_stage<__nv_bfloat16>) &&
                   sizeof(mlp2_wg_stage<__half>) == sizeof(mlp2_wg_stage<__nv_bfloat16>),
               "one stage size");
 
-/* Dynamic shared memory: the stages (k_mlp2_wg's aligned to 1 KiB in it). */
+/* Dynamic shared memory: the stages (the wgmma kernels' aligned to 1 KiB in it). */
 static size_t mlp2_smem(const mlp2_plan &p)
 {
     return p.wg ? (size_t)p.ns * sizeof(mlp2_wg_stage<__half>) + 1024
                 : (size_t)p.ns * sizeof(mlp2_stage<__half>);
 }
 
-/* Production's shapes (bench/RESULTS.md, H200): from 256 rows k_mlp2_wg, 2
+/* Production's shapes (bench/RESULTS.md, H200): from 256 rows k_mlp2_wgo, 2
  * warpgroups of 64 rows; below, k_mlp2 with 16 rows a warp, 8 warps; 4
  * stages; ~2 CTAs an SM. mlp2_launch instantiates these two from the same
  * constants, so the plan and the launched kernel cannot disagree. */
-#define MLP2_PROD_NWG 2 /* k_mlp2_wg's warpgroups */
+#define MLP2_PROD_NWG 2 /* k_mlp2_wgo's warpgroups */
 #define MLP2_PROD_NW 8  /* k_mlp2's warps (one m-tile each) */
 #define MLP2_PROD_NS 4  /* stages, both */
 
@@ -422,6 +556,15 @@ static void mlp2_run(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, i
 }
 
 template <typename T, int NWG, int NS>
+static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in,
+                         int rows, const T *W1, int ld1, const T *b1, int relu, const T *W2,
+                         int ld2, int hid, int out, float *part)
+{
+    k_mlp2_wgo<T, NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
+        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
+}
+
+template <typename T, int NWG, int NS>
 static void mlp2_run_wg(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in,
                         int rows, const T *W1, int ld1, const T *b1, int relu, const T *W2,
                         int ld2, int hid, int out, float *part)
@@ -438,16 +581,16 @@ static int mlp2_launch(bk_stream *s, const mlp2_plan &p, const void *x, int ldx,
                        float *part, const void *add, int ldadd, void *y, int ldy, bk_err *err)
 {
     const int out = w2->rows;
-    const void *fn = p.wg ? (const void *)k_mlp2_wg<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+    const void *fn = p.wg ? (const void *)k_mlp2_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
                           : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
     if (cu_smem_limit(s, fn, (int)mlp2_smem(p), err)) return -1;
-    auto run = p.wg ? mlp2_run_wg<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+    auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
                     : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
     run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
         b1 ? (const T *)b1->data : NULL, relu, (const T *)w2->data, w2->ld, w1->rows, out, part);
     if (cu_check_launch(s, err, "mlp2")) return -1;
-    k_mlp2_sum<T><<<cu_grid_for(((size_t)rows * out + 31) / 32, 1), 256, 0, s->st>>>(
-        part, p.S, (const T *)add, ldadd, (T *)y, ldy, rows, out);
+    mlp2_sum<T>(mlp2_sum_ways((size_t)rows * out, cu_impl(s->be)->sm_count), s->st, part, p.S,
+                (const T *)add, ldadd, (T *)y, ldy, rows, out);
     return cu_check_launch(s, err, "mlp2 sum");
 }
 

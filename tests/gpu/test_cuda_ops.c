@@ -545,7 +545,8 @@ static void suite_mlp2(void)
     /* the bench model's c_r1 through the fold at 1 x 70 (and 16 x 70 unless --quick) */
     test_mlp2(70, 16, 190464, 64, 1, 1, 1, 0);
     if (!quick) test_mlp2(1120, 16, 190464, 64, 1, 1, 2, 0);
-    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3);  /* 32 rows a warp, three output tiles */
+    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3);  /* from 256 rows: wgmma, three output tiles */
+    test_mlp2(400, 9, 777, 70, 0, 0, 1, 2);     /* wgmma without b1 or ReLU, a partial chunk and tile */
     test_mlp2(5, 7, 129, 3, 0, 0, 2, 5);        /* W1's ld 8, a partial chunk */
     test_mlp2(33, 40, 300, 20, 1, 1, 1, 0);     /* in > 16: the composition */
     test_mlp2(1, 16, 1, 1, 1, 1, 0, 0);
