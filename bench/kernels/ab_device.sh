@@ -20,8 +20,10 @@
 #   2. 1 x 70 with batch graphs (--graphs 16 --no-profile), A then B;
 #   3. with AB_NCU=REGEX, ncu of the kernels matching it in the 16 x 70
 #      forward, A then B (time, grid, registers, DRAM bytes);
-#   4. B's test_cuda_ops --quick bf16, test_cuda_model bf16 over the eight
-#      packed models, test_cuda_ops --quick fp16.
+#   4. B's test_cuda_ops --quick bf16, test_cuda_model bf16 over the nine
+#      packed models, test_cuda_ops --quick fp16 and fp32, test_cuda_model
+#      fp16 and fp32 over the bench model and m_fold (the fold's mlp2), and
+#      compute-sanitizer memcheck over m_fold in bf16.
 # Logs go to $OUT (the device tool's folder, which returns at most 8 files:
 # each run's log is appended to one file per step) or /tmp/ikbo-ab-out; a
 # table is printed last. Exit 1 if a check failed or the scores differ. PY: the
@@ -103,20 +105,29 @@ if [ -n "${AB_NCU:-}" ]; then
 fi
 
 # 4. B's checks.
-check() { # name log cmd...
-  local name=$1 log=$OUT/$2
-  shift 2
+check() { # name cmd... (its log appended to $OUT/checks.log: the device returns at most 8 files)
+  local name=$1
+  shift
   left || { note "$name" "skipped (budget)"; return; }
-  "$@" > "$log" 2>&1
+  "$@" > "$RUN_LOG" 2>&1
   local r=$?
-  note "$name" "rc=$r $(tail -n 1 "$log" | cut -c1-100)"
+  keep checks.log "$name"
+  note "$name" "rc=$r $(tail -n 1 "$RUN_LOG" | cut -c1-100)"
   [ $r = 0 ] || rc=1
 }
+: > "$OUT/checks.log"
 G=build/gpu/models
-check "B test_cuda_ops bf16" ops_bf16.log timeout 120 v/B/test_cuda_ops --quick --dtype bf16
-check "B test_cuda_model bf16" model_bf16.log env IKBO_CUDA_DTYPE=bf16 timeout 120 v/B/test_cuda_model \
-    $G/r0/1 $G/r1/1 $G/r3/1 $G/r5/1 $G/f_seq41/1 $G/f_hstu51/1 $G/demo/1 $G/f_dlrm11/1
-check "B test_cuda_ops fp16" ops_fp16.log timeout 120 v/B/test_cuda_ops --quick --dtype fp16
+check "B test_cuda_ops bf16" timeout 120 v/B/test_cuda_ops --quick --dtype bf16
+check "B test_cuda_model bf16" env IKBO_CUDA_DTYPE=bf16 timeout 120 v/B/test_cuda_model \
+    $G/r0/1 $G/r1/1 $G/r3/1 $G/r5/1 $G/f_seq41/1 $G/f_hstu51/1 $G/demo/1 $G/f_dlrm11/1 $G/m_fold/1
+check "B test_cuda_ops fp16" timeout 120 v/B/test_cuda_ops --quick --dtype fp16
+check "B test_cuda_ops fp32" timeout 120 v/B/test_cuda_ops --quick --dtype fp32
+for d in fp16 fp32; do
+  check "B test_cuda_model $d" env IKBO_CUDA_DTYPE=$d timeout 120 v/B/test_cuda_model \
+      models/bench/1 $G/m_fold/1
+done
+check "B memcheck m_fold" env IKBO_CUDA_DTYPE=bf16 IKBO_TEST_NO_OOM=1 timeout 150 \
+    compute-sanitizer --tool memcheck --error-exitcode 3 v/B/test_cuda_model $G/m_fold/1
 
 echo "== ab_device: $(paste -sd';' v/REFS), $((SECONDS - T0)) s"
 printf '%s\n' "${rows[@]}"

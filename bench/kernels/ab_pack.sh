@@ -21,7 +21,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -ge 2 ] || { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 REF_A=$1 REF_B=$2 OUT=${3:-$ROOT/.carry/ab.tar.xz}
-MODELS="r0 r1 r3 r5 f_seq41 f_hstu51 demo f_dlrm11"
+MODELS="r0 r1 r3 r5 f_seq41 f_hstu51 demo f_dlrm11 m_fold"
 for m in $MODELS; do
   [ -f "$ROOT/build/gpu/models/$m/1/model.json" ] ||
     { echo "ab_pack: build/gpu/models/$m is missing (run tests/gpu/build.sh first)" >&2; exit 2; }

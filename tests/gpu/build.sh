@@ -53,6 +53,8 @@ mk r4 --seed 5 --no-history --add tokens --dim 24 --out-tokens 7 --cand-dense-to
 # LCE wide enough for the wgmma kernel (M >= 64, D >= 64): N = 128 and N = 224 tiles.
 mk r5 --seed 6 --dim 64 --heads 2 --head-dim 64 --out-tokens 100 --user-dense-tokens 3 --cand-dense-tokens 4 --max-len 100 --mlp-width 64 --rows 10-800
 mk r6 --seed 7 --dim 128 --heads 2 --head-dim 128 --out-tokens 230 --user-dense-tokens 2 --cand-dense-tokens 3 --max-len 64 --mlp-width 64 --rows 10-400 --add vector
+# The fold with an mlp2 part (engine/fold.h): c_d1's 640 hidden units (five chunks) from 3 inputs.
+mk m_fold --seed 708 --no-history --dim 32 --cand-sparse 2 --cand-dense-tokens 20 --out-tokens 16 --mlp-layers 2 --mlp-width 8
 # Random models of the ranking architectures (tools/reference/random_family.py).
 fam() { [ -f "$B/models/f_$1$2/1/model.json" ] || $PY tools/reference/random_family.py --family $1 --seed $2 --out "$B/models/f_$1$2/1" >/dev/null; }
 for s in 11 13; do fam dlrm $s; done; for s in 21 23; do fam dcn $s; done; for s in 31 33; do fam mmoe $s; done
