@@ -17,7 +17,8 @@
  * v1's too) against the reference, today's two steps on cuBLAS (H through
  * fp32, rounded to bf16 after bias and ReLU, then Y), and the baseline:
  * H's write alone (step 1's floor) plus cuBLAS's step 2. Each variant's
- * kernel and sum are timed apart (v1's sum beside the current one). The
+ * kernel and sum are timed apart (v1's sum beside the current one), and
+ * production's sum at each split (1 to 8 warps to 32 outputs). The
  * weights sit in a folded weight's wider rows (ld2 = hidden + 4096).
  * --only I runs variant I alone; --profile launches each once, untimed
  * (for ncu).
@@ -60,6 +61,61 @@ __global__ void k_sum_v1(const float *part, int S, bf *y, int rows, int out)
     }
 }
 
+/* mlp2.cu's k_mlp2_wg until 2026-12-06 (twenty-sixth session), on its
+ * helpers: each warp makes its 16 rows' hidden values with mma.sync, the
+ * warpgroup multiplies them on by wgmma (RS form, W2 from shared memory)
+ * and waits for them before the next chunk: k_mlp2_wgo without the
+ * overlap. A warpgroup past the block's rows only loads. */
+template <int NWG, int NS>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
+k_mlp2_wg(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1, int ld1,
+          const bf *b1, int relu, const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
+{
+    extern __shared__ unsigned char smem_raw[];
+    mlp2_wg_stage<bf> *st = (mlp2_wg_stage<bf> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int rw = blockIdx.x * rows_cta + (warp >> 2) * 64, r0 = rw + (warp & 3) * 16;
+    const int n0 = blockIdx.z * MLP2_NO;
+    const bool on = rw < rend; /* per warpgroup: wgmma is collective */
+    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    uint32_t a[4];
+    mlp2_xfrag(x, ldx, in, r0, rend, lane, a);
+    float y[MLP2_NO / 8][4] = {};
+    for (int i = 0; i < NS - 1; i++) {
+        if (c0 + i < c1)
+            mlp2_wg_load<bf, 128 * NWG>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    for (int c = c0; c < c1; c++) {
+        cp_async_wait<NS - 2>();
+        fence_proxy_async(); /* the copies are read by wgmma (the async proxy) */
+        __syncthreads();
+        if (c + NS - 1 < c1)
+            mlp2_wg_load<bf, 128 * NWG>(&st[(c - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid, out, n0,
+                                        (c + NS - 1) * MLP2_HC, tid);
+        cp_async_commit();
+        if (!on) continue;
+        const mlp2_wg_stage<bf> *s = &st[(c - c0) % NS];
+        uint32_t p[MLP2_HC / 16][4];
+        mlp2_wg_h<bf>(s, a, lane, b1, relu, p);
+        mlp2_wg_mma<bf>(s, p, y);
+        wg_wait<0>();
+        wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    }
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
+}
+
+template <int NWG, int NS>
+static void run_wg(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
+                   const bf *W1, int ld1, const bf *b1, int relu, const bf *W2, int ld2, int hid, int out,
+                   float *part)
+{
+    k_mlp2_wg<NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
+        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
+}
+
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
  * k_mlp2_wg (warpgroups, stages), CTAs an SM aimed at, balanced row blocks
  * (0: rows_cta at its capacity, as v1). */
@@ -74,7 +130,7 @@ struct variant {
 #define VAR(name, rt, nw, ns, cps, bal) \
     {name, 16 * rt, nw, ns, 0, cps, bal, mlp2_run<bf, rt, nw, ns>, (const void *)k_mlp2<bf, rt, nw, ns>}
 #define VWG(name, nwg, ns, cps) \
-    {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wg<bf, nwg, ns>, (const void *)k_mlp2_wg<bf, nwg, ns>}
+    {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns>}
 static const variant variants[] = {

@@ -18,7 +18,7 @@
  * 64 rows) on wgmma in its RS form, W2 in shared memory 128-byte swizzled,
  * the next chunk's hidden values made while this chunk's wgmma run (on an
  * H200 at 1120 rows: 129 us, against 132 for k_mlp2_wg, the same without
- * the overlap, kept for bench/kernels/fmlp_proto.cu, and 139 for k_mlp2;
+ * the overlap, now in bench/kernels/fmlp_proto.cu, and 139 for k_mlp2;
  * bench/RESULTS.md). Row blocks take even shares of the rows. Each slice
  * writes fp32 partials to the stream's scratch; k_mlp2_sum adds add and the
  * slices in a fixed order for a given slice count and split (every row
@@ -248,67 +248,6 @@ __device__ __forceinline__ void mlp2_wg_load(mlp2_wg_stage<T> *s, const T *W1, i
     }
 }
 
-/* As k_mlp2, with the second product on wgmma: NWG warpgroups of 64 rows
- * (rows_cta a multiple of 64; a warpgroup past it only loads); each warp
- * makes its 16 rows' hidden values with mma.sync as k_mlp2 does, and the
- * warpgroup multiplies them on from registers (wgmma's RS form, m64n64k16,
- * W2 from shared memory). Production used it until 2026-12-06; now only
- * bench/kernels/fmlp_proto.cu launches it, beside k_mlp2_wgo. */
-template <typename T, int NWG, int NS>
-__global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
-k_mlp2_wg(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
-          const T *b1, int relu, const T *W2, int ld2, int hid, int out, float *part,
-          int per_slice)
-{
-    extern __shared__ unsigned char smem_raw[];
-    mlp2_wg_stage<T> *st =
-        (mlp2_wg_stage<T> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
-    const int rw = blockIdx.x * rows_cta + (warp >> 2) * 64, r0 = rw + (warp & 3) * 16;
-    const int n0 = blockIdx.z * MLP2_NO;
-    const bool on = rw < rend; /* per warpgroup: wgmma is collective */
-    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
-    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
-    uint32_t a[4];
-    mlp2_xfrag(x, ldx, in, r0, rend, lane, a);
-    float y[MLP2_NO / 8][4];
-#pragma unroll
-    for (int i = 0; i < MLP2_NO / 8; i++) y[i][0] = y[i][1] = y[i][2] = y[i][3] = 0.f;
-#pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
-        if (c0 + i < c1)
-            mlp2_wg_load<T, 128 * NWG>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0,
-                                       (c0 + i) * MLP2_HC, tid);
-        cp_async_commit();
-    }
-    for (int c = c0; c < c1; c++) {
-        cp_async_wait<NS - 2>();
-        fence_proxy_async(); /* the copies are read by wgmma (the async proxy) */
-        __syncthreads();
-        if (c + NS - 1 < c1)
-            mlp2_wg_load<T, 128 * NWG>(&st[(c - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid,
-                                       out, n0, (c + NS - 1) * MLP2_HC, tid);
-        cp_async_commit();
-        const mlp2_wg_stage<T> *s = &st[(c - c0) % NS];
-        if (!on) continue;
-        uint32_t p[MLP2_HC / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < MLP2_HC / 16; kk++)
-            mlp2_h16<T>(mlp2_w1frag<T>(s->w1, s->b1, kk, lane, b1), a, relu, p[kk]);
-        wg_fence();
-        wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-#pragma unroll
-        for (int kk = 0; kk < MLP2_HC / 16; kk++)
-            wgmma_rs<T, MLP2_NO, 0>::run(
-                &y[0][0], p[kk], wg_desc(s->w2 + (kk >> 2) * MLP2_NO * 64 + (kk & 3) * 16, 16, 1024));
-        wg_commit();
-        wg_wait<0>();
-        wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-    }
-    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
-}
-
 /* All 8 hidden-unit m-tiles of a chunk from stage s into pk. */
 template <typename T>
 __device__ __forceinline__ void mlp2_wg_h(const mlp2_wg_stage<T> *s, const uint32_t a[4], int lane,
@@ -358,12 +297,16 @@ __device__ __forceinline__ void mlp2_wgo_turn(mlp2_wg_stage<T> *st, int cc, int 
     mlp2_wg_h<T>(&st[(cc + 1 - c0) % NS], a, lane, b1, relu, pn);
 }
 
-/* As k_mlp2_wg, with the next chunk's hidden values made while this chunk's
- * wgmma run (FlashAttention-3's overlap of softmax with the GEMMs): two
- * register sets of P, the warpgroup waits one group behind, and a stage is
- * reloaded only after every warpgroup's wgmma on it have completed, so NS - 2
- * chunks load ahead (NS >= 3). A warpgroup past the block's rows computes on
- * zeros (no divergent path around wgmma) and stores nothing. */
+/* As k_mlp2 with the second product (80% of the FLOPs) on wgmma: NWG
+ * warpgroups of 64 rows, each warp making its 16 rows' hidden values with
+ * mma.sync, the warpgroup multiplying them on from registers (RS form,
+ * m64n64k16, W2 from shared memory). The next chunk's hidden values are made
+ * while this chunk's wgmma run (FlashAttention-3's overlap of softmax with
+ * the GEMMs): two register sets of P, the warpgroup waits one group behind,
+ * and a stage is reloaded only after every warpgroup's wgmma on it have
+ * completed, so NS - 2 chunks load ahead (NS >= 3). A warpgroup past the
+ * block's rows computes on zeros (no divergent path around wgmma) and
+ * stores nothing. */
 template <typename T, int NWG, int NS>
 __global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
 k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
@@ -561,15 +504,6 @@ static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
                          int ld2, int hid, int out, float *part)
 {
     k_mlp2_wgo<T, NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
-        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
-}
-
-template <typename T, int NWG, int NS>
-static void mlp2_run_wg(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in,
-                        int rows, const T *W1, int ld1, const T *b1, int relu, const T *W2,
-                        int ld2, int hid, int out, float *part)
-{
-    k_mlp2_wg<T, NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
         x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
 }
 
