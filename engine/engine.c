@@ -807,6 +807,17 @@ const void *op_broadcast(op_run *r, const void *src, int width)
 
 void op_avoided(op_run *r, size_t rows, size_t width) { avoided(r->c, rows, width); }
 
+int op_cand_operand(op_run *r, int k, int width, const void **p, const int32_t **map)
+{
+    *p = op_in(r, k).p;
+    *map = NULL;
+    if (r->l->domain != MD_CAND || op_in_domain(r, k) != MD_USER) return 0;
+    if (r->bc) return (*p = op_broadcast(r, *p, width)) ? 0 : -1;
+    *map = r->f->map;
+    op_avoided(r, (size_t)r->C, (size_t)width);
+    return 0;
+}
+
 void *op_gather_base(op_run *r, int *ld) { return gather_rows(r->c, r->li, r->rows, ld); }
 
 int op_in_placed(const op_run *r, int k)

@@ -17,15 +17,18 @@
  * w_user, <flat>__u its flatten, <linear>__u the linear with W_top.
  *
  * Where lce.candidate is a stack with an mlp2 part (fold.h), the candidate
- * term is instead
+ * term and the sum are instead
  *
  *   <stack>__r   stack of the other parts                                   C
  *   <flat>__c    flatten(<stack>__r)                                        C
  *   <linear>__r  linear(<flat>__c, N)  their columns of W_top W_cand, b     C
- *   <linear>__c  mlp2(part's linear input, addend <linear>__r)  W1, b1 the
+ *   <linear>     mlp2(part's linear input, addend <linear>__r, user_addend
+ *                <linear>__u, out_activation the linear's)  W1, b1 the
  *                part's linear's, W2 the part's columns of W_top W_cand     C
  *
- * and the part's stack, reshape and linear leave the plan too.
+ * (mlp2's last pass adds the user term and applies the activation: no add
+ * or activation launch after it), and the part's stack, reshape and linear
+ * leave the plan too.
  *
  * every other layer is copied as it is. All of them are ops with a CPU
  * kernel, a CUDA kernel and a reference (mlp2 is internal: only this pass
@@ -150,12 +153,13 @@ static int linear(fw *w, const char *name, const char *input, int out, int origi
     return 0;
 }
 
-/* The candidate term with an mlp2 part (fold.h): the stack's other parts
+/* The candidate term and the sum with an mlp2 part (fold.h): the stack's other parts
  * as <stack>__r, its flatten (fc) and their linear <linear>__r (their
  * tokens' columns of W_top W_cand, the linear's bias), then mlp2 over the
  * part's linear input (its W1 and b1, the part's columns of W_top W_cand
  * as W2) with <linear>__r as the addend, named yc. -1: out of memory. */
-static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *yc)
+static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *y, const char *yu,
+                          const char *act)
 {
     const model_def *m = w->m;
     const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
@@ -193,9 +197,10 @@ static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *yc)
         goto oom;
     keep = NULL; /* the layer's now */
     a = ap_emit(w->res, w->out,
-                json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s}", "name", yc, "op", "mlp2", "input",
-                          md_value_ref_text(m, q->in[0]), "addend", yr, "hidden", q->dim, "out",
-                          t->dim, "activation", q->act == BK_ACT_RELU ? "relu" : "none"),
+                json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:s, s:s}", "name", y, "op", "mlp2",
+                          "input", md_value_ref_text(m, q->in[0]), "addend", yr, "hidden", q->dim,
+                          "out", t->dim, "activation", q->act == BK_ACT_RELU ? "relu" : "none",
+                          "user_addend", yu, "out_activation", act),
                 c->mlin, 0);
     if (!a) goto oom;
     a->w[0] = (ap_wsrc){.src = c->mlin, .src_w = 0};
@@ -247,12 +252,11 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
             linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0}, zeros))
             return -1;
     }
-    if (c->stack >= 0 ? cand_with_mlp2(w, c, fc, yc)
-                      : flat_of(w, l->in[1], fc, c->flat, &in) ||
-                            linear(w, yc, in, t->dim, c->lin,
-                                   (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin,
-                                             .fold_d = l->dim},
-                                   (ap_wsrc){.src = c->lin, .src_w = 1}))
+    if (c->stack >= 0) return cand_with_mlp2(w, c, fc, t->name, yu, has_act ? act : "none");
+    if (flat_of(w, l->in[1], fc, c->flat, &in) ||
+        linear(w, yc, in, t->dim, c->lin,
+               (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim},
+               (ap_wsrc){.src = c->lin, .src_w = 1}))
         return -1;
     if (!ap_emit(w->res, w->out,
                  json_pack("{s:s, s:s, s:[s, s]}", "name", sum, "op", "add", "inputs", yc, yu),

@@ -26,7 +26,9 @@
  * is y = act(x W1^T + b1) W_c'[:, part]^T over the linear's input x: one
  * mlp2 (backend.h), whose [C, hidden] layer is never stored (the bench
  * model's c_r1: 427 MB at 16 x 70 not written nor read back). The other
- * parts keep one linear over their own stack, its output mlp2's addend.
+ * parts keep one linear over their own stack, its output mlp2's addend;
+ * mlp2 also adds the user term and applies the folded linear's activation
+ * in its last pass.
  *
  * Numerics: the function is the same; the roundings differ. The activation-
  * dtype rounding of the lce output is gone, the folded weights are computed

@@ -103,7 +103,8 @@ typedef struct md_layer {
     /* Op parameters (those that apply). */
     int table;            /* embedding_bag, history_embedding: index into tables */
     enum bk_pool pooling; /* embedding_bag, pool */
-    enum bk_act act;      /* linear, activation */
+    enum bk_act act;      /* linear, activation; mlp2: the hidden layer's */
+    enum bk_act act2;     /* mlp2: the output's */
     int heads, head_dim;  /* target_attention, self_attention */
     int causal;           /* self_attention */
     enum bk_att_kind att_kind; /* self_attention */

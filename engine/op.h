@@ -172,6 +172,11 @@ void *op_out_placed(op_run *r, int rows, int width, int *ld);
 const void *op_broadcast(op_run *r, const void *src, int width);
 /* IKBO mode: records rows x width activations broadcast mode would have copied. */
 void op_avoided(op_run *r, size_t rows, size_t width);
+/* Input k (dense rows of width) as the layer reads it into *p: in a
+ * candidate-domain layer a user input through *map (IKBO mode; recorded as
+ * avoided) or broadcast (broadcast mode), anything else as it is (*map
+ * NULL). 0, or -1 when the broadcast failed. */
+int op_cand_operand(op_run *r, int k, int width, const void **p, const int32_t **map);
 /* A gathering op's (stack, concat) rows for this pass, *ld their stride:
  * its own buffer, or its columns of the stack it is placed in. In-place
  * producers already wrote their columns. */

@@ -137,7 +137,7 @@ int bk_bad_copy(const char *op, size_t n, size_t elem, const void *dst, const vo
 }
 
 int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, int64_t nb1,
-                  enum bk_act act1, int ldx, int ldadd, int ldy, bk_err *err)
+                  enum bk_act act1, enum bk_act act2, int ldx, int ldadd, int ldy, bk_err *err)
 {
     if (!has_w) {
         bk_seterr(err, "mlp2: weight is NULL");
@@ -162,6 +162,10 @@ int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, in
     }
     if (act1 != BK_ACT_NONE && act1 != BK_ACT_RELU) {
         bk_seterr(err, "mlp2: hidden activation %d (none or relu)", (int)act1);
+        return -1;
+    }
+    if ((int)act2 < 0 || act2 >= BK_ACT_COUNT) {
+        bk_seterr(err, "mlp2: output activation %d", (int)act2);
         return -1;
     }
     return 0;

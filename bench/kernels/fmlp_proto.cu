@@ -14,7 +14,8 @@
  * moved to kernels/cuda/mlp2.cu, the fold's mlp2. Its first variants (1 to
  * 3 CTAs an SM, at e0ba0d8) are in bench/RESULTS.md; this now times
  * mlp2.cu's kernels at the shapes in `variants` (production's among them,
- * v1's too) against the reference, today's two steps on cuBLAS (H through
+ * v1's too, and k_mlp2_wg, below: the wgmma kernel without the overlap)
+ * against the reference, today's two steps on cuBLAS (H through
  * fp32, rounded to bf16 after bias and ReLU, then Y), and the baseline:
  * H's write alone (step 1's floor) plus cuBLAS's step 2. Each variant's
  * kernel and sum are timed apart (v1's sum beside the current one), and
@@ -61,15 +62,15 @@ __global__ void k_sum_v1(const float *part, int S, bf *y, int rows, int out)
     }
 }
 
-/* mlp2.cu's k_mlp2_wg until 2026-12-06 (twenty-sixth session), on its
- * helpers: each warp makes its 16 rows' hidden values with mma.sync, the
- * warpgroup multiplies them on by wgmma (RS form, W2 from shared memory)
- * and waits for them before the next chunk: k_mlp2_wgo without the
- * overlap. A warpgroup past the block's rows only loads. */
+/* mlp2.cu's k_mlp2_wg until 2026-12-06 (twenty-sixth session), on the
+ * current helpers: each warp makes its 16 rows' hidden values with mma.sync,
+ * the warpgroup multiplies them on by wgmma (RS form, W2 from shared memory)
+ * and waits for them before the next chunk: k_mlp2_wgo without the overlap.
+ * A warpgroup past the block's rows only loads. */
 template <int NWG, int NS>
-__global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
+__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
 k_mlp2_wg(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1, int ld1,
-          const bf *b1, int relu, const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
+          const bf *b1, const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
 {
     extern __shared__ unsigned char smem_raw[];
     mlp2_wg_stage<bf> *st = (mlp2_wg_stage<bf> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -80,12 +81,12 @@ k_mlp2_wg(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     const bool on = rw < rend; /* per warpgroup: wgmma is collective */
     const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
     const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    const mlp2_wg_copy<bf, 128 * NWG> cp(W2, ld2, n0, tid);
     uint32_t a[4];
     mlp2_xfrag(x, ldx, in, r0, rend, lane, a);
     float y[MLP2_NO / 8][4] = {};
     for (int i = 0; i < NS - 1; i++) {
-        if (c0 + i < c1)
-            mlp2_wg_load<bf, 128 * NWG>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
+        if (c0 + i < c1) cp.load(&st[i], W1, ld1, b1, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
         cp_async_commit();
     }
     for (int c = c0; c < c1; c++) {
@@ -93,13 +94,13 @@ k_mlp2_wg(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
         fence_proxy_async(); /* the copies are read by wgmma (the async proxy) */
         __syncthreads();
         if (c + NS - 1 < c1)
-            mlp2_wg_load<bf, 128 * NWG>(&st[(c - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid, out, n0,
-                                        (c + NS - 1) * MLP2_HC, tid);
+            cp.load(&st[(c - c0 + NS - 1) % NS], W1, ld1, b1, ld2, hid, out, n0, (c + NS - 1) * MLP2_HC,
+                    tid);
         cp_async_commit();
         if (!on) continue;
         const mlp2_wg_stage<bf> *s = &st[(c - c0) % NS];
         uint32_t p[MLP2_HC / 16][4];
-        mlp2_wg_h<bf>(s, a, lane, b1, relu, p);
+        mlp2_wg_h<bf, true>(s, a, lane, b1, p);
         mlp2_wg_mma<bf>(s, p, y);
         wg_wait<0>();
         wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
@@ -109,11 +110,11 @@ k_mlp2_wg(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
 
 template <int NWG, int NS>
 static void run_wg(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
-                   const bf *W1, int ld1, const bf *b1, int relu, const bf *W2, int ld2, int hid, int out,
+                   const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
                    float *part)
 {
     k_mlp2_wg<NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
-        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
+        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, W2, ld2, hid, out, part, p.per);
 }
 
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
@@ -132,7 +133,7 @@ struct variant {
 #define VWG(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
-    {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns>}
+    {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
@@ -141,7 +142,7 @@ static const variant variants[] = {
     VWG("wg 2x64r 4st (was prod)", 2, 4, 2),               VWG("wg 4x64r 4st 1cta", 4, 4, 1),
     VWG("wg 2x64r 3st 3cta", 2, 3, 3),   VWGO("wgo 2x64r 4st (prod)", 2, 4, 2),
     VWGO("wgo 2x64r 5st", 2, 5, 2),       VWGO("wgo 4x64r 4st 1cta", 4, 4, 1),
-    VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),
+    VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),   VWGO("wgo 3x64r 4st 1cta", 3, 4, 1),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)
@@ -257,7 +258,8 @@ int main(int argc, char **argv)
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, V.fn, threads, mlp2_smem(p)));
         auto kern = [&] { V.run(p, 0, X, KIN, KIN, M, W1, KIN, b1, 1, Wf, (int)ldf, N, NOUT, part); };
         const int ways = mlp2_sum_ways((size_t)M * NOUT, prop.multiProcessorCount);
-        auto sum = [&] { mlp2_sum<bf>(ways, 0, part, p.S, NULL, 0, Y, NOUT, M, NOUT); };
+        const mlp2_tail none = {NULL, NULL, NULL, 0, BK_ACT_NONE};
+        auto sum = [&] { mlp2_sum<bf>(ways, 0, part, p.S, none, Y, NOUT, M, NOUT); };
         auto sum_v1 = [&] {
             k_sum_v1<<<(M * NOUT + 255) / 256, 256>>>(part, p.S, Y, M, NOUT);
         };
@@ -283,13 +285,13 @@ int main(int argc, char **argv)
         printf("  the sum's split at %d slices (production: %d ways):", p.S, ways);
         for (int w = 1; w <= 8; w *= 2) {
             CK(cudaMemset(Y, 0xff, (size_t)M * NOUT * 2));
-            mlp2_sum<bf>(w, 0, part, p.S, NULL, 0, Y, NOUT, M, NOUT);
+            mlp2_sum<bf>(w, 0, part, p.S, none, Y, NOUT, M, NOUT);
             CK(cudaDeviceSynchronize());
             CK(cudaMemcpy(hy.data(), Y, hy.size() * 2, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < hy.size(); i++) hf[i] = __bfloat162float(hy[i]);
             const double e = rel_l2(hf.data(), hr.data(), hf.size());
             printf(" %d way%s %.1f us%s", w, w > 1 ? "s" : "",
-                   median_ms(0, [&] { mlp2_sum<bf>(w, 0, part, p.S, NULL, 0, Y, NOUT, M, NOUT); }, 3, 20) * 1e3,
+                   median_ms(0, [&] { mlp2_sum<bf>(w, 0, part, p.S, none, Y, NOUT, M, NOUT); }, 3, 20) * 1e3,
                    e < 1e-2 ? "" : " FAIL");
         }
         printf("\n");

@@ -106,18 +106,11 @@ static int run_binary(op_run *r)
         ia = 1;
         ib = 0;
     }
-    value a = op_in(r, ia), b = op_in(r, ib);
-    const void *bp = b.p;
-    const int32_t *map = NULL;
-    if (l->domain == MD_CAND && op_in_domain(r, ib) == MD_USER) {
-        if (r->bc) {
-            if (!(bp = op_broadcast(r, b.p, width)))
-                return -1;
-        } else {
-            map = r->f->map;
-            op_avoided(r, (size_t)r->C, (size_t)width);
-        }
-    }
+    value a = op_in(r, ia);
+    const void *bp;
+    const int32_t *map;
+    if (op_cand_operand(r, ib, width, &bp, &map))
+        return -1;
     void *out = op_out_like(r, ia);
     int n = r->out->rows;
     if (l->op == MD_ADD)

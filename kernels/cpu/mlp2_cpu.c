@@ -12,6 +12,9 @@
  * run over hidden in increasing order from add (or from zero) with one fp32
  * accumulator per element: cpu_internal.h's determinism contract. Without
  * add, y equals cpu_linear(cpu_linear(x, W1, b1, act1), W2) bit for bit.
+ * Then addu's row (through the map) is added and act2 applied, as the add
+ * and activation ops would after it (the fold's user term and the folded
+ * linear's activation).
  */
 #include "cpu_internal.h"
 
@@ -34,13 +37,24 @@ static void tile(const float *const a[GEMM_MR], const float *bp, int kn, float *
         for (int i = 0; i < mr; i++) memcpy(c[i], tmp[i], (size_t)nr * sizeof(float));
 }
 
+/* y[r, :] = act2(y[r, :] + addu[map ? map[r] : r, :]) for the tile's rows. */
+static void tail(float *yf, int ldy, int r0, int mr, int out, const float *uf, const int32_t *map,
+                 enum bk_act act2)
+{
+    for (int i = 0; i < mr; i++) {
+        float *yr = yf + (size_t)(r0 + i) * ldy;
+        const float *ur = uf ? uf + (size_t)(map ? map[r0 + i] : r0 + i) * out : NULL;
+        for (int j = 0; j < out; j++) yr[j] = cpu_activate(ur ? yr[j] + ur[j] : yr[j], act2);
+    }
+}
+
 int cpu_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
              const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add, int ldadd,
-             void *y, int ldy, bk_err *err)
+             const void *addu, const int32_t *map, enum bk_act act2, void *y, int ldy, bk_err *err)
 {
     (void)s;
     if (bk_mlp2_check(w1 && w2, rows, w1 ? w1->cols : 0, w1 ? w1->rows : 0, w2 ? w2->rows : 0,
-                      w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, ldx,
+                      w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, act2, ldx,
                       add ? ldadd : 0, ldy, err))
         return -1;
     const int in = w1->cols, hid = w1->rows, out = w2->rows;
@@ -94,6 +108,7 @@ int cpu_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1
         }
         if (hid == 0 && !af)
             for (int i = 0; i < mr; i++) memset(yf + (size_t)(r0 + i) * ldy, 0, (size_t)out * sizeof(float));
+        tail(yf, ldy, r0, mr, out, addu, map, act2);
     }
     return 0;
 }

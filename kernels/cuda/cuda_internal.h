@@ -387,7 +387,8 @@ int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight 
 /* backend.h's mlp2 (mlp2.cu). */
 int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
               const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
-              int ldadd, void *y, int ldy, bk_err *err);
+              int ldadd, const void *addu, const int32_t *map, enum bk_act act2, void *y, int ldy,
+              bk_err *err);
 
 /* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
 unsigned cu_grid_for(size_t n, unsigned block);

@@ -1,5 +1,5 @@
-/* mlp2.cu - backend.h's mlp2 on the GPU: y = add + act1(x W1^T + b1) W2^T
- * with the hidden layer kept in registers.
+/* mlp2.cu - backend.h's mlp2 on the GPU: y = act2(add + act1(x W1^T + b1)
+ * W2^T + addu[map]) with the hidden layer kept in registers.
  *
  * Why this exists: the fold's candidate MLP part (engine/fold.h) is c_r1 of
  * the bench model, 1120 x [16 -> 190464] with ReLU read only through the
@@ -11,20 +11,19 @@
  * slice of the hidden layer by 64 outputs, NS stages of 128 hidden units
  * (W1's [128, 16], b1 and W2's [64, 128] staged by cp.async, zero-filled
  * past the weights). Per chunk each warp makes its rows' hidden values,
- * H = x W1^T on tensor cores (mma.sync, one k-step), then b1, act1 and the
- * rounding to T that linear's store applies, in registers as the A operand
- * of Y += H W2^T. k_mlp2 (below 256 rows: 16 rows a warp, 8 warps) runs
- * that product on mma.sync too; k_mlp2_wgo (from 256 rows: 2 warpgroups of
- * 64 rows) on wgmma in its RS form, W2 in shared memory 128-byte swizzled,
- * the next chunk's hidden values made while this chunk's wgmma run (on an
- * H200 at 1120 rows: 129 us, against 132 for k_mlp2_wg, the same without
- * the overlap, now in bench/kernels/fmlp_proto.cu, and 139 for k_mlp2;
- * bench/RESULTS.md). Row blocks take even shares of the rows. Each slice
- * writes fp32 partials to the stream's scratch; k_mlp2_sum adds add and the
- * slices in a fixed order for a given slice count and split (every row
- * alike). Elsewhere (fp32, in >
- * 16) the composition through a scratch of MLP2_CHUNK hidden units: linear
- * into it, linear out of it into a second scratch, added.
+ * H = x W1^T + b1 on tensor cores (mma.sync, one k-step, b1 as the
+ * accumulator), then act1 and the rounding to T that linear's store applies
+ * (one conversion), in registers as the A operand of Y += H W2^T. k_mlp2
+ * (below 256 rows: 16 rows a warp, 8 warps) runs that product on mma.sync
+ * too; k_mlp2_wgo (from 256 rows: 2 warpgroups of 64 rows) on wgmma in its
+ * RS form, W2 in shared memory 128-byte swizzled, the next chunk's hidden
+ * values made while this chunk's wgmma run (bench/RESULTS.md has each
+ * step's figures on an H200). Row blocks take even shares of the rows.
+ * Each slice writes fp32 partials to the stream's scratch; k_mlp2_sum adds
+ * add, the slices in a fixed order for a given slice count (every row
+ * alike) and addu, then applies act2. Elsewhere (fp32, in > 16) the
+ * composition through a scratch of MLP2_CHUNK hidden units: linear into
+ * it, linear out of it into a second scratch, added; then addu and act2.
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
@@ -97,29 +96,21 @@ __device__ __forceinline__ mlp2_w1f mlp2_w1frag(const T *w1s, const T *b1s, int 
     return f;
 }
 
-/* One m-tile's 16 hidden units: x's A fragment times W1's fragments, then
- * b1, act1 and the rounding to T that linear's store applies (its epilogue:
- * the sum, then the bias), packed as the A fragment of the second product. */
-template <typename T>
-__device__ __forceinline__ void mlp2_h16(const mlp2_w1f &f, const uint32_t a[4], int relu,
-                                         uint32_t p[4])
+/* One m-tile's 16 hidden units: x's A fragment times W1's fragments with
+ * b1 in the accumulator, then act1 (RELU: in the conversion) and the
+ * rounding to T that linear's store applies (its epilogue: the sum, then
+ * the bias), packed as the A fragment of the second product. */
+template <typename T, bool RELU>
+__device__ __forceinline__ void mlp2_h16(const mlp2_w1f &f, const uint32_t a[4], uint32_t p[4])
 {
-    float h[2][4];
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-        h[q][0] = h[q][1] = h[q][2] = h[q][3] = 0.f;
+        float h[4];
         const uint32_t b2[2] = {f.bw[2 * q], f.bw[2 * q + 1]};
-        mma16816<T>(h[q], a, b2);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            h[q][e] += (e & 1) ? f.bb[q].y : f.bb[q].x;
-            if (relu) h[q][e] = fmaxf(h[q][e], 0.f);
-        }
+        mma16816_c<T>(h, a, b2, f.bb[q]);
+        p[2 * q] = RELU ? pack2_relu<T>(h[0], h[1]) : pack2<T>(h[0], h[1]);
+        p[2 * q + 1] = RELU ? pack2_relu<T>(h[2], h[3]) : pack2<T>(h[2], h[3]);
     }
-    p[0] = pack2<T>(h[0][0], h[0][1]);
-    p[1] = pack2<T>(h[0][2], h[0][3]);
-    p[2] = pack2<T>(h[1][0], h[1][1]);
-    p[3] = pack2<T>(h[1][2], h[1][3]);
 }
 
 /* One m-tile's 16 rows x 64 outputs of fp32 partials (mma's C layout, n-tile
@@ -204,7 +195,12 @@ k_mlp2(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T
             const mlp2_w1f f = mlp2_w1frag<T>(s->w1, s->b1, kk, lane, b1);
             uint32_t p[RT][4];
 #pragma unroll
-            for (int r = 0; r < RT; r++) mlp2_h16<T>(f, a[r], relu, p[r]);
+            for (int r = 0; r < RT; r++) {
+                if (relu)
+                    mlp2_h16<T, true>(f, a[r], p[r]);
+                else
+                    mlp2_h16<T, false>(f, a[r], p[r]);
+            }
 #pragma unroll
             for (int nn = 0; nn < MLP2_NO / 16; nn++) {
                 uint32_t bq[4];
@@ -224,52 +220,84 @@ k_mlp2(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T
     for (int r = 0; r < RT; r++) mlp2_store_part(pp, y[r], r0 + 16 * r, rend, n0, out, lane);
 }
 
-/* The wgmma kernels' stage: W2's chunk [64][128] K-major as two 128-byte-swizzled
- * halves of 64 columns (what a wgmma descriptor reads, mma_util.cuh
- * wg_desc), then W1's chunk and b1 as k_mlp2 holds them. */
+/* The wgmma kernels' stage: W2's chunk [64][128] K-major as two
+ * 128-byte-swizzled halves of 64 columns (what a wgmma descriptor reads,
+ * mma_util.cuh wg_desc), then W1's chunk and b1 as k_mlp2 holds them. */
 template <typename T> struct __align__(1024) mlp2_wg_stage {
     T w2[2 * MLP2_NO * 64];
     T w1[MLP2_HC * 16];
     T b1[MLP2_HC];
 };
 
-template <typename T, int NT>
-__device__ __forceinline__ void mlp2_wg_load(mlp2_wg_stage<T> *s, const T *W1, int ld1,
-                                             const T *b1, const T *W2, int ld2, int hid, int out,
-                                             int n0, int j0, int tid)
-{
-    mlp2_load_w1<T, NT>(s->w1, s->b1, W1, ld1, b1, hid, j0, tid);
-#pragma unroll
-    for (int c = tid; c < MLP2_NO * (MLP2_HC / 8); c += NT) {
-        const int n = c >> 4, q = c & 15, h = q >> 3, cc = q & 7;
-        const bool ok = n0 + n < out && j0 + q * 8 < ld2;
-        cp_async16(&s->w2[h * MLP2_NO * 64 + n * 64 + ((cc ^ (n & 7)) << 3)],
-                   ok ? W2 + (size_t)(n0 + n) * ld2 + j0 + q * 8 : W2, ok);
+/* A thread's share of every chunk's copies into a stage: NT threads (a
+ * multiple of 128) copy W2's 64 x 16 pieces of 16 bytes (piece k of thread
+ * tid: row n = tid / 16 + k NT / 16, column q = tid % 16, so its swizzled
+ * place and whether row n0 + n exists never change), W1's 256 and b1's 16.
+ * Only W2's source and place are kept (registers are short in k_mlp2_wgo);
+ * the rest is a few operations on tid a chunk. */
+template <typename T, int NT> struct mlp2_wg_copy {
+    static constexpr int K2 = MLP2_NO * (MLP2_HC / 8) / NT, K1 = (2 * MLP2_HC + NT - 1) / NT;
+    const T *w2; /* chunk 0's source of piece 0 */
+    int w2d;     /* piece 0's place in the stage */
+
+    __device__ __forceinline__ mlp2_wg_copy(const T *W2, int ld2, int n0, int tid)
+    {
+        const int n = tid >> 4, q = tid & 15;
+        w2d = (q >> 3) * MLP2_NO * 64 + n * 64 + (((q & 7) ^ (n & 7)) << 3); /* n % 8 is k's */
+        w2 = W2 + (size_t)(n0 + n) * ld2 + q * 8;
     }
-}
+
+    /* Chunk j0's weights into stage s (zeros past the weights). */
+    __device__ __forceinline__ void load(mlp2_wg_stage<T> *s, const T *W1, int ld1, const T *b1,
+                                         int ld2, int hid, int out, int n0, int j0, int tid) const
+    {
+        const bool okj = j0 + (tid & 15) * 8 < ld2;
+        const int rows2 = out - n0 - (tid >> 4);
+#pragma unroll
+        for (int k = 0; k < K2; k++) {
+            const bool ok = okj && k * (NT / 16) < rows2;
+            cp_async16(&s->w2[w2d + k * (NT / 16) * 64], ok ? w2 + (size_t)k * (NT / 16) * ld2 + j0 : W1,
+                       ok);
+        }
+#pragma unroll
+        for (int k = 0; k < K1; k++) {
+            const int c = tid + k * NT, j = c >> 1;
+            if (c < 2 * MLP2_HC) {
+                const bool ok = j0 + j < hid && (c & 1) * 8 < ld1;
+                cp_async16(&s->w1[c * 8], ok ? W1 + (size_t)(j0 + j) * ld1 + (c & 1) * 8 : W1, ok);
+            }
+        }
+        if (tid < MLP2_HC / 8) {
+            const bool ok = b1 && j0 + tid * 8 < ((hid + 7) & ~7);
+            cp_async16(&s->b1[tid * 8], ok ? b1 + j0 + tid * 8 : W1, ok);
+        }
+    }
+};
 
 /* All 8 hidden-unit m-tiles of a chunk from stage s into pk. */
-template <typename T>
+template <typename T, bool RELU>
 __device__ __forceinline__ void mlp2_wg_h(const mlp2_wg_stage<T> *s, const uint32_t a[4], int lane,
-                                          bool has_b1, int relu, uint32_t (*pk)[4])
+                                          bool has_b1, uint32_t (*pk)[4])
 {
 #pragma unroll
     for (int kk = 0; kk < MLP2_HC / 16; kk++)
-        mlp2_h16<T>(mlp2_w1frag<T>(s->w1, s->b1, kk, lane, has_b1), a, relu, pk[kk]);
+        mlp2_h16<T, RELU>(mlp2_w1frag<T>(s->w1, s->b1, kk, lane, has_b1), a, pk[kk]);
 }
 
 /* Y += P W2^T for one chunk: 8 wgmma m64n64k16, P from registers, W2 from
- * the stage's swizzled halves; issued and committed, not waited for. */
+ * the stage's swizzled halves (one descriptor, advanced by its address
+ * field); issued and committed, not waited for. */
 template <typename T>
 __device__ __forceinline__ void mlp2_wg_mma(const mlp2_wg_stage<T> *s, uint32_t (*pk)[4],
                                             float (*y)[4])
 {
+    const uint64_t d0 = wg_desc(s->w2, 16, 1024);
     wg_fence();
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
 #pragma unroll
-    for (int kk = 0; kk < MLP2_HC / 16; kk++)
-        wgmma_rs<T, MLP2_NO, 0>::run(
-            &y[0][0], pk[kk], wg_desc(s->w2 + (kk >> 2) * MLP2_NO * 64 + (kk & 3) * 16, 16, 1024));
+    for (int kk = 0; kk < MLP2_HC / 16; kk++) /* bytes >> 4: half kk / 4, 32 bytes a k-step */
+        wgmma_rs<T, MLP2_NO, 0>::run(&y[0][0], pk[kk],
+                                     d0 + (uint64_t)(((kk >> 2) * MLP2_NO * 64 * 2 + (kk & 3) * 32) >> 4));
     wg_commit();
 }
 
@@ -277,11 +305,11 @@ __device__ __forceinline__ void mlp2_wg_mma(const mlp2_wg_stage<T> *s, uint32_t 
  * cc - 1's awaited, chunk cc + 1 awaited in shared memory, chunk cc + NS - 1
  * loaded into chunk cc - 1's stage, and chunk cc + 1's P made into pn while
  * chunk cc's wgmma run (past the slice's end from a stale stage, unused). */
-template <typename T, int NWG, int NS>
+template <typename T, int NWG, int NS, bool RELU>
 __device__ __forceinline__ void mlp2_wgo_turn(mlp2_wg_stage<T> *st, int cc, int c0, int c1,
                                               uint32_t (*pc)[4], uint32_t (*pn)[4], float (*y)[4],
-                                              const uint32_t a[4], const T *W1, int ld1,
-                                              const T *b1, int relu, const T *W2, int ld2, int hid,
+                                              const uint32_t a[4], const mlp2_wg_copy<T, 128 * NWG> &cp,
+                                              const T *W1, int ld1, const T *b1, int ld2, int hid,
                                               int out, int n0, int tid, int lane)
 {
     mlp2_wg_mma<T>(&st[(cc - c0) % NS], pc, y);
@@ -291,27 +319,27 @@ __device__ __forceinline__ void mlp2_wgo_turn(mlp2_wg_stage<T> *st, int cc, int 
     fence_proxy_async();
     __syncthreads();
     if (cc + NS - 1 < c1)
-        mlp2_wg_load<T, 128 * NWG>(&st[(cc - c0 + NS - 1) % NS], W1, ld1, b1, W2, ld2, hid, out,
-                                   n0, (cc + NS - 1) * MLP2_HC, tid);
+        cp.load(&st[(cc - c0 + NS - 1) % NS], W1, ld1, b1, ld2, hid, out, n0,
+                (cc + NS - 1) * MLP2_HC, tid);
     cp_async_commit();
-    mlp2_wg_h<T>(&st[(cc + 1 - c0) % NS], a, lane, b1, relu, pn);
+    mlp2_wg_h<T, RELU>(&st[(cc + 1 - c0) % NS], a, lane, b1, pn);
 }
 
 /* As k_mlp2 with the second product (80% of the FLOPs) on wgmma: NWG
- * warpgroups of 64 rows, each warp making its 16 rows' hidden values with
- * mma.sync, the warpgroup multiplying them on from registers (RS form,
- * m64n64k16, W2 from shared memory). The next chunk's hidden values are made
- * while this chunk's wgmma run (FlashAttention-3's overlap of softmax with
- * the GEMMs): two register sets of P, the warpgroup waits one group behind,
- * and a stage is reloaded only after every warpgroup's wgmma on it have
- * completed, so NS - 2 chunks load ahead (NS >= 3). A warpgroup past the
- * block's rows computes on zeros (no divergent path around wgmma) and
- * stores nothing. */
-template <typename T, int NWG, int NS>
-__global__ void __launch_bounds__(128 * NWG, NWG >= 4 ? 1 : 2)
+ * warpgroups of 64 rows (rows_cta a multiple of 64), each warp making its 16
+ * rows' hidden values with mma.sync as k_mlp2 does, the warpgroup
+ * multiplying them on from registers (wgmma's RS form, m64n64k16, W2 from
+ * shared memory). Chunk c + 1's hidden values are made, into a second
+ * register set of P, while chunk c's wgmma run (FlashAttention-3's overlap of
+ * softmax with the GEMMs); the warpgroup waits one group behind, and a stage
+ * is refilled only after every warpgroup's wgmma on it have completed, so NS
+ * - 2 chunks load ahead (NS >= 3). A warpgroup past the block's rows computes
+ * on zeros rather than branching around wgmma (ptxas serializes wgmma in a
+ * divergent path) and stores nothing. */
+template <typename T, int NWG, int NS, bool RELU>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
 k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1, int ld1,
-           const T *b1, int relu, const T *W2, int ld2, int hid, int out, float *part,
-           int per_slice)
+           const T *b1, const T *W2, int ld2, int hid, int out, float *part, int per_slice)
 {
     static_assert(NS >= 3, "a stage in use by wgmma, one being made, one loading");
     extern __shared__ unsigned char smem_raw[];
@@ -323,6 +351,7 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     const int n0 = blockIdx.z * MLP2_NO;
     const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
     const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
     uint32_t a[4];
     mlp2_xfrag(x, ldx, in, r0, rend, lane, a);
     float y[MLP2_NO / 8][4];
@@ -330,22 +359,20 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     for (int i = 0; i < MLP2_NO / 8; i++) y[i][0] = y[i][1] = y[i][2] = y[i][3] = 0.f;
 #pragma unroll
     for (int i = 0; i < NS - 1; i++) {
-        if (c0 + i < c1)
-            mlp2_wg_load<T, 128 * NWG>(&st[i], W1, ld1, b1, W2, ld2, hid, out, n0,
-                                       (c0 + i) * MLP2_HC, tid);
+        if (c0 + i < c1) cp.load(&st[i], W1, ld1, b1, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
         cp_async_commit();
     }
     uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
     cp_async_wait<NS - 2>(); /* chunk c0 */
     fence_proxy_async();
     __syncthreads();
-    mlp2_wg_h<T>(&st[0], a, lane, b1, relu, p0);
+    mlp2_wg_h<T, RELU>(&st[0], a, lane, b1, p0);
     int c = c0;
     for (; c + 1 < c1; c += 2) {
-        mlp2_wgo_turn<T, NWG, NS>(st, c, c0, c1, p0, p1, y, a, W1, ld1, b1, relu, W2, ld2, hid,
-                                  out, n0, tid, lane);
-        mlp2_wgo_turn<T, NWG, NS>(st, c + 1, c0, c1, p1, p0, y, a, W1, ld1, b1, relu, W2, ld2,
-                                  hid, out, n0, tid, lane);
+        mlp2_wgo_turn<T, NWG, NS, RELU>(st, c, c0, c1, p0, p1, y, a, cp, W1, ld1, b1, ld2, hid,
+                                        out, n0, tid, lane);
+        mlp2_wgo_turn<T, NWG, NS, RELU>(st, c + 1, c0, c1, p1, p0, y, a, cp, W1, ld1, b1, ld2, hid,
+                                        out, n0, tid, lane);
     }
     if (c < c1) mlp2_wg_mma<T>(&st[(c - c0) % NS], p0, y);
     wg_wait<0>();
@@ -353,14 +380,21 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
 }
 
-/* y[r, n] = add[r, n] + the S slices' partials: W warps (1, 2, 4 or 8) share
- * 32 outputs, warp w summing the slices s = w mod W in order, then the
- * first adds the W sums in warp order to add (a fixed order for a given S
- * and W, every row alike). Many outputs keep every SM busy with W = 1; few
- * need the split (mlp2_sum_ways). */
+/* y[r, n] = act2(add[r, n] + the S slices' partials + addu[map[r], n]): W
+ * warps (1, 2, 4 or 8) share 32 outputs, warp w summing the slices s = w mod
+ * W in order, then the first adds the W sums in warp order to add, then
+ * addu (a fixed order for a given S and W, every row alike), then act2,
+ * one rounding. Many outputs keep every SM busy with W = 1; few need the
+ * split (mlp2_sum_ways). */
+struct mlp2_tail {
+    const void *add, *addu;
+    const int32_t *map;
+    int ldadd, act2;
+};
+
 template <typename T, int W>
-__global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, const T *add,
-                                                  int ldadd, T *y, int ldy, int rows, int out)
+__global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, mlp2_tail t, T *y,
+                                                  int ldy, int rows, int out)
 {
     static_assert(W == 1 || W == 2 || W == 4 || W == 8, "W divides a block's 8 warps");
     __shared__ float accw[8][32];
@@ -382,7 +416,9 @@ __global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, cons
         }
         if (way == 0 && i < total) {
             const size_t r = i / out, n = i % out;
-            y[r * ldy + n] = cu_fromf<T>((add ? cu_tof<T>(add[r * ldadd + n]) : 0.f) + acc);
+            float v = (t.add ? cu_tof<T>(((const T *)t.add)[r * t.ldadd + n]) : 0.f) + acc;
+            if (t.addu) v += cu_tof<T>(((const T *)t.addu)[(size_t)(t.map ? t.map[r] : r) * out + n]);
+            y[r * ldy + n] = cu_fromf<T>(cu_act_f(v, t.act2));
         }
         if (W > 1) __syncthreads();
     }
@@ -400,15 +436,15 @@ static int mlp2_sum_ways(size_t outputs, int sm_count)
 }
 
 template <typename T>
-static void mlp2_sum(int ways, cudaStream_t st, const float *part, int S, const T *add, int ldadd,
-                     T *y, int ldy, int rows, int out)
+static void mlp2_sum(int ways, cudaStream_t st, const float *part, int S, const mlp2_tail &t, T *y,
+                     int ldy, int rows, int out)
 {
     const unsigned g = cu_grid_for(((size_t)rows * out * ways + 255) / 256, 1);
     switch (ways) {
-    case 1: k_mlp2_sum<T, 1><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
-    case 2: k_mlp2_sum<T, 2><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
-    case 4: k_mlp2_sum<T, 4><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
-    default: k_mlp2_sum<T, 8><<<g, 256, 0, st>>>(part, S, add, ldadd, y, ldy, rows, out); break;
+    case 1: k_mlp2_sum<T, 1><<<g, 256, 0, st>>>(part, S, t, y, ldy, rows, out); break;
+    case 2: k_mlp2_sum<T, 2><<<g, 256, 0, st>>>(part, S, t, y, ldy, rows, out); break;
+    case 4: k_mlp2_sum<T, 4><<<g, 256, 0, st>>>(part, S, t, y, ldy, rows, out); break;
+    default: k_mlp2_sum<T, 8><<<g, 256, 0, st>>>(part, S, t, y, ldy, rows, out); break;
     }
 }
 
@@ -441,7 +477,7 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
 }
 
 /* A launch's shape: CTAs of `units` row units of `unit` rows (k_mlp2: a
- * warp's 16 RT rows; the wgmma kernels (wg): a warpgroup's 64), NS stages; rb row
+ * warp's 16 RT rows; k_mlp2_wgo (wg): a warpgroup's 64), NS stages; rb row
  * blocks of rows_cta rows (balanced: the last block is not mostly padding),
  * zt output tiles, S slices of per chunks, at most cps CTAs an SM. */
 struct mlp2_plan {
@@ -498,13 +534,21 @@ static void mlp2_run(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, i
         x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
 }
 
+/* k_mlp2_wgo's instance for act1 (relu or none). */
+template <typename T, int NWG, int NS> static const void *mlp2_wgo_fn(int relu)
+{
+    return relu ? (const void *)k_mlp2_wgo<T, NWG, NS, true>
+                : (const void *)k_mlp2_wgo<T, NWG, NS, false>;
+}
+
 template <typename T, int NWG, int NS>
 static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in,
                          int rows, const T *W1, int ld1, const T *b1, int relu, const T *W2,
                          int ld2, int hid, int out, float *part)
 {
-    k_mlp2_wgo<T, NWG, NS><<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
-        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, relu, W2, ld2, hid, out, part, p.per);
+    auto k = relu ? k_mlp2_wgo<T, NWG, NS, true> : k_mlp2_wgo<T, NWG, NS, false>;
+    k<<<dim3(p.rb, p.S, p.zt), 128 * NWG, mlp2_smem(p), st>>>(
+        x, ldx, in, rows, p.rows_cta, W1, ld1, b1, W2, ld2, hid, out, part, p.per);
 }
 
 /* Production's kernel (mlp2_production's plan) then k_mlp2_sum, in T (bf16
@@ -512,10 +556,10 @@ static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
 template <typename T>
 static int mlp2_launch(bk_stream *s, const mlp2_plan &p, const void *x, int ldx, int in, int rows,
                        const bk_weight *w1, const bk_weight *b1, int relu, const bk_weight *w2,
-                       float *part, const void *add, int ldadd, void *y, int ldy, bk_err *err)
+                       float *part, const mlp2_tail &t, void *y, int ldy, bk_err *err)
 {
     const int out = w2->rows;
-    const void *fn = p.wg ? (const void *)k_mlp2_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+    const void *fn = p.wg ? mlp2_wgo_fn<T, MLP2_PROD_NWG, MLP2_PROD_NS>(relu)
                           : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
     if (cu_smem_limit(s, fn, (int)mlp2_smem(p), err)) return -1;
     auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
@@ -523,17 +567,18 @@ static int mlp2_launch(bk_stream *s, const mlp2_plan &p, const void *x, int ldx,
     run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
         b1 ? (const T *)b1->data : NULL, relu, (const T *)w2->data, w2->ld, w1->rows, out, part);
     if (cu_check_launch(s, err, "mlp2")) return -1;
-    mlp2_sum<T>(mlp2_sum_ways((size_t)rows * out, cu_impl(s->be)->sm_count), s->st, part, p.S,
-                (const T *)add, ldadd, (T *)y, ldy, rows, out);
+    mlp2_sum<T>(mlp2_sum_ways((size_t)rows * out, cu_impl(s->be)->sm_count), s->st, part, p.S, t,
+                (T *)y, ldy, rows, out);
     return cu_check_launch(s, err, "mlp2 sum");
 }
 
 int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
               const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
-              int ldadd, void *y, int ldy, bk_err *err)
+              int ldadd, const void *addu, const int32_t *map, enum bk_act act2, void *y, int ldy,
+              bk_err *err)
 {
     if (bk_mlp2_check(w1 && w2, rows, w1 ? w1->cols : 0, w1 ? w1->rows : 0, w2 ? w2->rows : 0,
-                      w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, ldx,
+                      w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, act2, ldx,
                       add ? ldadd : 0, ldy, err))
         return -1;
     const int in = w1->cols, hid = w1->rows, out = w2->rows;
@@ -544,14 +589,19 @@ int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w
                    ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
     if (cu_enter(s, err)) return -1;
     const enum cu_dtype dt = cu_dt(s);
-    if (dt == CU_F32 || w1->ld > BK_MLP2_FUSED_MAX_IN || hid == 0)
-        return mlp2_composed(s, x, ldx, rows, w1, b1, act1, w2, add, ldadd, y, ldy, err);
+    if (dt == CU_F32 || w1->ld > BK_MLP2_FUSED_MAX_IN || hid == 0) {
+        if (mlp2_composed(s, x, ldx, rows, w1, b1, act1, w2, add, ldadd, y, ldy, err) ||
+            (addu && cu_add_rows(s, y, ldy, addu, out, map, y, ldy, rows, out, "mlp2 addu", err)))
+            return -1;
+        return act2 == BK_ACT_NONE ? 0 : cu_act_rows(s, y, ldy, rows, out, act2, err);
+    }
     const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count);
     if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err)) return -1;
     float *part = (float *)s->mlp2_part.p;
     const int relu = act1 == BK_ACT_RELU;
+    const mlp2_tail t = {add, addu, map, ldadd, (int)act2};
     return dt == CU_BF16 ? mlp2_launch<__nv_bfloat16>(s, p, x, ldx, in, rows, w1, b1, relu, w2,
-                                                      part, add, ldadd, y, ldy, err)
-                         : mlp2_launch<__half>(s, p, x, ldx, in, rows, w1, b1, relu, w2, part,
-                                               add, ldadd, y, ldy, err);
+                                                      part, t, y, ldy, err)
+                         : mlp2_launch<__half>(s, p, x, ldx, in, rows, w1, b1, relu, w2, part, t,
+                                               y, ldy, err);
 }

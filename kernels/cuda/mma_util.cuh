@@ -76,6 +76,33 @@ __device__ __forceinline__ void mma16816<__half>(float d[4], const uint32_t a[4]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+/* d = a * b + c for one m16n8k16 tile, c's pair (c.x, c.y) in both of
+ * the thread's rows: a bias in the accumulator's place, no adds after. */
+template <typename T> __device__ __forceinline__ void mma16816_c(float d[4], const uint32_t a[4],
+                                                                 const uint32_t b[2], float2 c);
+
+template <>
+__device__ __forceinline__ void mma16816_c<__nv_bfloat16>(float d[4], const uint32_t a[4],
+                                                          const uint32_t b[2], float2 c)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c.x),
+                   "f"(c.y));
+}
+
+template <>
+__device__ __forceinline__ void mma16816_c<__half>(float d[4], const uint32_t a[4],
+                                                   const uint32_t b[2], float2 c)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c.x),
+                   "f"(c.y));
+}
+
 /* Two fp32 values packed as one 32-bit pair of T (low half = x). */
 template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
 
@@ -89,6 +116,25 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float x, float y)
 {
     __half2 v = __floats2half2_rn(x, y);
     return *(uint32_t *)&v;
+}
+
+/* pack2 of max(x, 0) and max(y, 0) in one conversion (cvt's .relu: the
+ * same pair as clamping first, since rounding keeps the sign; a NaN stays
+ * NaN, where fmaxf would give 0). */
+template <typename T> __device__ __forceinline__ uint32_t pack2_relu(float x, float y);
+
+template <> __device__ __forceinline__ uint32_t pack2_relu<__nv_bfloat16>(float x, float y)
+{
+    uint32_t v;
+    asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(y), "f"(x));
+    return v;
+}
+
+template <> __device__ __forceinline__ uint32_t pack2_relu<__half>(float x, float y)
+{
+    uint32_t v;
+    asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(y), "f"(x));
+    return v;
 }
 
 /* Four 8x8 b16 matrices from registers to shared memory, each transposed:

@@ -506,9 +506,11 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
 /* mlp2 against the CPU's (whose hidden values are fp32; the GPU's are
  * rounded to the dtype as a stored linear output is): k_mlp2 at in <= 16 in
  * bf16/fp16, the composition in fp32 and at in > 16. addmode 0: no addend,
- * 1: its own buffer, 2: y itself. Padding columns keep their poison. */
+ * 1: its own buffer, 2: y itself. nu > 0: a user addend of nu rows read
+ * through a map, and act2 after it (the fold's tail). Padding columns keep
+ * their poison. */
 static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, int addmode,
-                      int pady)
+                      int pady, int nu, enum bk_act act2)
 {
     bk_err ec = {{0}}, eg = {{0}};
     const int ldx = in, ldy = out + pady;
@@ -525,33 +527,42 @@ static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, 
     const void *ac = addmode == 1 ? pa.c : addmode == 2 ? py.c : NULL;
     const void *ag = addmode == 1 ? pa.g : addmode == 2 ? py.g : NULL;
     const enum bk_act act = relu ? BK_ACT_RELU : BK_ACT_NONE;
-    ok_or_die(cpu->mlp2(cs, px.c, ldx, rows, p1.c, has_b1 ? pb.c : NULL, act, p2.c, ac, ldy, py.c,
-                        ldy, &ec), "cpu mlp2", &ec);
-    ok_or_die(gpu->mlp2(gs, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g, ag, ldy, py.g,
-                        ldy, &eg), "gpu mlp2", &eg);
-    char what[160];
-    snprintf(what, sizeof what, "mlp2 rows %d in %d hidden %d out %d b1 %d relu %d add %d ldy %d",
-             rows, in, hid, out, has_b1, relu, addmode, ldy);
+    float *u = rand_vec((size_t)(nu ? nu : 1) * out, 1.0f);
+    int32_t *map = xmalloc((size_t)(rows ? rows : 1) * sizeof(int32_t));
+    for (int r = 0; r < rows; r++) map[r] = nu ? irand(0, nu - 1) : 0;
+    pair pu = act_pair(u, (size_t)(nu ? nu : 1) * out);
+    pair pm = raw_pair(map, (size_t)(rows ? rows : 1) * sizeof(int32_t));
+    ok_or_die(cpu->mlp2(cs, px.c, ldx, rows, p1.c, has_b1 ? pb.c : NULL, act, p2.c, ac, ldy,
+                        nu ? pu.c : NULL, nu ? pm.c : NULL, act2, py.c, ldy, &ec),
+              "cpu mlp2", &ec);
+    ok_or_die(gpu->mlp2(gs, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g, ag, ldy,
+                        nu ? pu.g : NULL, nu ? pm.g : NULL, act2, py.g, ldy, &eg),
+              "gpu mlp2", &eg);
+    char what[192];
+    snprintf(what, sizeof what,
+             "mlp2 rows %d in %d hidden %d out %d b1 %d relu %d add %d ldy %d users %d act2 %d",
+             rows, in, hid, out, has_b1, relu, addmode, ldy, nu, (int)act2);
     compare(what, &py, rows, out, ldy);
     if (pady) check_pads(what, &py, rows, out, ldy);
-    pair_free(&px), pair_free(&py);
+    pair_free(&px), pair_free(&py), pair_free(&pu), pair_free(&pm);
     if (addmode == 1) pair_free(&pa);
     wpair_free(&p1), wpair_free(&pb), wpair_free(&p2);
-    free(w1), free(b1), free(w2), free(x), free(ad);
+    free(w1), free(b1), free(w2), free(x), free(ad), free(u), free(map);
 }
 
 static void suite_mlp2(void)
 {
     /* the bench model's c_r1 through the fold at 1 x 70 (and 16 x 70 unless --quick) */
-    test_mlp2(70, 16, 190464, 64, 1, 1, 1, 0);
-    if (!quick) test_mlp2(1120, 16, 190464, 64, 1, 1, 2, 0);
-    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3);  /* from 256 rows: wgmma, three output tiles */
-    test_mlp2(400, 9, 777, 70, 0, 0, 1, 2);     /* wgmma without b1 or ReLU, a partial chunk and tile */
-    test_mlp2(5, 7, 129, 3, 0, 0, 2, 5);        /* W1's ld 8, a partial chunk */
-    test_mlp2(33, 40, 300, 20, 1, 1, 1, 0);     /* in > 16: the composition */
-    test_mlp2(1, 16, 1, 1, 1, 1, 0, 0);
+    /* (the fold's tail: its 1 or 16 users' term, then ReLU) */
+    test_mlp2(70, 16, 190464, 64, 1, 1, 1, 0, 1, BK_ACT_RELU);
+    if (!quick) test_mlp2(1120, 16, 190464, 64, 1, 1, 2, 0, 16, BK_ACT_RELU);
+    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3, 0, BK_ACT_NONE); /* from 256 rows: wgmma, 3 output tiles */
+    test_mlp2(400, 9, 777, 70, 0, 0, 1, 2, 7, BK_ACT_GELU); /* no b1 or ReLU, partial chunk and tile */
+    test_mlp2(5, 7, 129, 3, 0, 0, 2, 5, 0, BK_ACT_NONE);    /* W1's ld 8, a partial chunk */
+    test_mlp2(33, 40, 300, 20, 1, 1, 1, 0, 3, BK_ACT_SIGMOID); /* in > 16: the composition */
+    test_mlp2(1, 16, 1, 1, 1, 1, 0, 0, 0, BK_ACT_NONE);
     test_mlp2(irand(1, 600), irand(1, 16), irand(1, 3000), irand(1, 100), 1, irand(0, 1),
-              irand(0, 2), irand(0, 4));
+              irand(0, 2), irand(0, 4), irand(0, 20), (enum bk_act)irand(0, BK_ACT_COUNT - 1));
 }
 
 /* counts[u] candidates for user u (zero allowed); map grouped by user. */

@@ -951,7 +951,8 @@ static void run_mlp2_case(T *t, int it)
     void *dy = mode == 2 ? dfloats(t, ad, (size_t)rows * ldy, BK_TAG_CAND)
                          : dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
     void *da = mode == 1 ? dfloats(t, ad, (size_t)rows * ldy, BK_TAG_CAND) : mode ? dy : NULL;
-    OK(t, t->be->mlp2(t->s, dx, ldx, rows, W1, B1, act, W2, da, ldy, dy, ldy, &t->err));
+    OK(t, t->be->mlp2(t->s, dx, ldx, rows, W1, B1, act, W2, da, ldy, NULL, NULL, BK_ACT_NONE, dy,
+                      ldy, &t->err));
     OK(t, t->be->linear(t->s, dx, ldx, rows, W1, B1, act, dh, ldh, &t->err));
     OK(t, t->be->linear(t->s, dh, ldh, rows, W2, NULL, BK_ACT_NONE, dc, ldy, &t->err));
     float *got = download(t, dy, (size_t)rows * ldy), *comp = download(t, dc, (size_t)rows * ldy);
@@ -991,22 +992,66 @@ static void test_mlp2(void **state)
     bk_weight *w1 = wnew(t, w, 4, 3), *w2 = wnew(t, w, 2, 4), *w2b = wnew(t, w, 2, 5);
     bk_weight *b5 = wnew(t, w, 1, 5);
     float *dx = dpoisoned(t, 64, BK_TAG_CAND), *dy = dpoisoned(t, 64, BK_TAG_CAND);
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_RELU, w2b, NULL, 0, dy, 2,
-                                 &t->err), -1);
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_RELU, w2b,
+                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "hidden width"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_SIGMOID, w2, NULL, 0, dy, 2,
-                                 &t->err), -1);
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_SIGMOID, w2,
+                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "activation"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, b5, BK_ACT_NONE, w2, NULL, 0, dy, 2,
-                                 &t->err), -1);
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, b5, BK_ACT_NONE, w2,
+                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "b1"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 2, 2, w1, NULL, BK_ACT_NONE, w2, NULL, 0, dy, 2,
-                                 &t->err), -1);
+    assert_int_equal(t->be->mlp2(t->s, dx, 2, 2, w1, NULL, BK_ACT_NONE, w2,
+                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "ldx 2"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_NONE, w2, NULL, 0, dx + 1, 2,
-                                 &t->err), -1);
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_NONE, w2,
+                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dx + 1, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "overlaps"));
+    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_NONE, w2, NULL, 0, NULL, NULL,
+                                 (enum bk_act)BK_ACT_COUNT, dy, 2, &t->err), -1);
+    assert_non_null(strstr(t->err.msg, "output activation"));
     free_bufs(t);
+}
+
+/* mlp2's tail: with a user addend read through a map and an output
+ * activation, each row is bit for bit mlp2 without them, then add(y,
+ * addu[map]) and the activation, as the add and activation ops compute
+ * them (the fold's unfused form); without a map row r reads addu's row r. */
+static void test_mlp2_tail(void **state)
+{
+    T *t = *state;
+    for (int it = 0; it < 12; it++) {
+        new_case(t, "mlp2_tail", it);
+        const int rows = rint_(t, 1, 40), in = rint_(t, 1, 16), hid = rint_(t, 1, 300);
+        const int out = rint_(t, 1, 40), nu = it % 3 ? rint_(t, 1, 5) : rows;
+        const enum bk_act act2 = (enum bk_act)(it % BK_ACT_COUNT);
+        float *x = rand_floats(t, (size_t)rows * in, 1.0f), *w1 = rand_floats(t, (size_t)hid * in, 1.0f);
+        float *w2 = rand_floats(t, (size_t)out * hid, 0.1f), *u = rand_floats(t, (size_t)nu * out, 2.0f);
+        float *ad = rand_floats(t, (size_t)rows * out, 1.0f);
+        int32_t *map = malloc((size_t)rows * sizeof *map);
+        assert_non_null(map);
+        for (int r = 0; r < rows; r++) map[r] = it % 3 ? rint_(t, 0, nu - 1) : r;
+        bk_weight *W1 = wnew(t, w1, hid, in), *W2 = wnew(t, w2, out, hid);
+        void *dx = dfloats(t, x, (size_t)rows * in, BK_TAG_CAND);
+        void *da = dfloats(t, ad, (size_t)rows * out, BK_TAG_CAND);
+        void *du = dfloats(t, u, (size_t)nu * out, BK_TAG_USER);
+        void *dy = dpoisoned(t, (size_t)rows * out, BK_TAG_CAND);
+        void *dr = dpoisoned(t, (size_t)rows * out, BK_TAG_CAND);
+        void *ds = dpoisoned(t, (size_t)rows * out, BK_TAG_CAND);
+        const int32_t *m = it % 3 ? map : NULL;
+        OK(t, t->be->mlp2(t->s, dx, in, rows, W1, NULL, BK_ACT_RELU, W2, da, out, du, m, act2, dy,
+                          out, &t->err));
+        OK(t, t->be->mlp2(t->s, dx, in, rows, W1, NULL, BK_ACT_RELU, W2, da, out, NULL, NULL,
+                          BK_ACT_NONE, dr, out, &t->err));
+        OK(t, t->be->add(t->s, dr, du, m, rows, out, ds, &t->err));
+        if (act2 != BK_ACT_NONE) /* (the activation op has no identity) */
+            OK(t, t->be->activation(t->s, ds, (size_t)rows * out, act2, ds, &t->err));
+        float *got = download(t, dy, (size_t)rows * out), *want = download(t, ds, (size_t)rows * out);
+        if (memcmp(got, want, (size_t)rows * out * sizeof(float)))
+            fail_msg("mlp2 with its tail differs from mlp2, add and activation [%s]", t->ctx);
+        free(got), free(want), free(map), free(x), free(w1), free(w2), free(u), free(ad);
+        free_bufs(t);
+    }
 }
 
 static void *lin_thread(void *p)
@@ -1634,6 +1679,7 @@ int main(void)
         T_(test_linear_grouped),
         T_(test_linear_shared_weight_threads),
         T_(test_mlp2),
+        T_(test_mlp2_tail),
         T_(test_lce_random),
         T_(test_lce_map_equals_broadcast),
         T_(test_softmax_row),
