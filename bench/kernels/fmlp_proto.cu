@@ -101,7 +101,7 @@ k_mlp2_wg(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
         const mlp2_wg_stage<bf> *s = &st[(c - c0) % NS];
         uint32_t p[MLP2_HC / 16][4];
         mlp2_wg_h<bf, true>(s, a, lane, b1, p);
-        mlp2_wg_mma<bf>(s, p, y);
+        mlp2_wg_mma<bf>(s->w2, p, y);
         wg_wait<0>();
         wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
     }
@@ -117,6 +117,162 @@ static void run_wg(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, in
         x, ldx, in, rows, p.rows_cta, W1, ld1, b1, W2, ld2, hid, out, part, p.per);
 }
 
+/* k_mlp2_wgh (twenty-seventh session): both products on wgmma. The hidden
+ * values H = [x | 1 | 0] [W1 | b1 | 0]^T come from wgmma m64n64k16 in the
+ * RS form: x's fragments with a ones column at `in` (made once, kept in
+ * registers) against W1a, W1 with b1 as column `in` and zeros to 16 KS
+ * columns (KS = 2 at in = 16), from shared memory 64-byte swizzled (32 at
+ * KS = 1). b1 then costs a k-step of tensor work (none when in < 16) instead
+ * of fragment loads and moves, W1's fragments are read by the tensor core
+ * instead of ldmatrix, and H's accumulators are P's A fragments after one
+ * cvt.relu a pair (FA3's S -> P). W1a is a weight transform, made here once
+ * per W1 by k_w1a (at load time, were it production's). A chunk: H of its
+ * two halves of 64 hidden units (each waited for: its wait also retires the
+ * previous chunk's Y), then Y += P W2^T (8 wgmma, not waited for). A stage
+ * is refilled two chunks after its Y was issued (NS - 2 chunks load ahead),
+ * when every warpgroup's wait has retired it. */
+template <int KS> struct __align__(1024) wgh_stage {
+    bf w2[2 * MLP2_NO * 64];
+    bf w1a[MLP2_HC * 16 * KS];
+};
+
+__global__ void k_w1a(const bf *W1, int ld1, const bf *b1, int in, int hid, int ka, bf *w1a)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)hid * ka;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i / ka;
+        const int k = (int)(i % ka);
+        w1a[i] = k < in ? W1[j * ld1 + k] : k == in && b1 ? b1[j] : __float2bfloat16(0.f);
+    }
+}
+
+/* x's A fragment for k-step ks of [x | 1 | 0] (rows from rend: zeros). */
+__device__ __forceinline__ void wgh_xfrag(const bf *x, int ldx, int in, int r0, int rend, int lane,
+                                          int ks, uint32_t a[4])
+{
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int row = r0 + g + 8 * (q & 1), k = 16 * ks + 2 * t + 8 * (q >> 1);
+        const uint16_t *xr = (const uint16_t *)x + (size_t)row * ldx;
+        uint32_t v[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            v[e] = row >= rend ? 0u : k + e < in ? xr[k + e] : k + e == in ? 0x3F80u : 0u;
+        a[q] = v[0] | v[1] << 16;
+    }
+}
+
+/* A K-major wgmma descriptor of rows of 32 KS bytes, swizzled at that width
+ * (layout 2: 64 bytes, 3: 32), 8-row groups 256 KS bytes apart. */
+template <int KS> __device__ __forceinline__ uint64_t wgh_desc(const void *smem)
+{
+    return ((uint64_t)(smem_u32(smem) & 0x3FFFF) >> 4) | (1ull << 16) |
+           ((uint64_t)((256 * KS) >> 4) << 32) | ((KS == 2 ? 2ull : 3ull) << 62);
+}
+
+template <int NWG, int NS, int KS>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
+k_mlp2_wgh(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
+           const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
+{
+    static_assert(NS >= 3 && (KS == 1 || KS == 2), "stages: one in use, one retiring, one loading");
+    constexpr int NT = 128 * NWG, KA = 16 * KS, P1 = MLP2_HC * 2 * KS; /* W1a's 16-byte pieces */
+    extern __shared__ unsigned char smem_raw[];
+    wgh_stage<KS> *st = (wgh_stage<KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int r0 = blockIdx.x * rows_cta + (warp >> 2) * 64 + (warp & 3) * 16, n0 = blockIdx.z * MLP2_NO;
+    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    const mlp2_wg_copy<bf, NT> cp(W2, ld2, n0, tid);
+    auto load = [&](wgh_stage<KS> *s, int j0) {
+        cp.load_w2(s->w2, W2, ld2, out, n0, j0, tid);
+#pragma unroll
+        for (int k = 0; k < (P1 + NT - 1) / NT; k++) {
+            const int pc = tid + k * NT, j = pc / (2 * KS), c = pc % (2 * KS);
+            if (pc < P1) {
+                const int sw = KS == 2 ? (j >> 1) & 3 : (j >> 2) & 1;
+                const bool ok = j0 + j < hid;
+                cp_async16(&s->w1a[j * KA + ((c ^ sw) << 3)], ok ? W1a + (size_t)(j0 + j) * KA + c * 8 : W1a,
+                           ok);
+            }
+        }
+    };
+    uint32_t xa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) wgh_xfrag(x, ldx, in, r0, rend, lane, ks, xa[ks]);
+    float y[MLP2_NO / 8][4] = {}, hacc[32] = {};
+    uint32_t pk[MLP2_HC / 16][4];
+    for (int i = 0; i < NS - 2; i++) {
+        if (c0 + i < c1) load(&st[i], (c0 + i) * MLP2_HC);
+        cp_async_commit();
+    }
+    for (int c = c0; c < c1; c++) {
+        cp_async_wait<NS - 3>(); /* chunk c is in */
+        fence_proxy_async();
+        __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
+        if (c + NS - 2 < c1) load(&st[(c - c0 + NS - 2) % NS], (c + NS - 2) * MLP2_HC);
+        cp_async_commit();
+        const wgh_stage<KS> *s = &st[(c - c0) % NS];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint64_t dh = wgh_desc<KS>(&s->w1a[h * 64 * KA]);
+            wg_fence();
+            wg_fence_regs<32>(hacc);
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) wgmma_rs<bf, 64, 0>::run(hacc, xa[ks], dh + 2 * ks, ks);
+            wg_commit();
+            wg_wait<0>(); /* and chunk c - 1's Y: pk is free */
+            wg_fence_regs<32>(hacc);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    pk[4 * h + kk][q] = pack2_relu<bf>(hacc[8 * kk + 2 * q], hacc[8 * kk + 2 * q + 1]);
+        }
+        mlp2_wg_mma<bf>(s->w2, pk, y);
+    }
+    wg_wait<0>();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
+}
+
+/* W1a for the W1 in use (made again when W1 changes; a weight transform). */
+static const bf *wgh_w1a(const bf *W1, int ld1, const bf *b1, int in, int hid, int ka)
+{
+    static bf *buf;
+    static const bf *src;
+    if (src != W1) {
+        if (buf) CK(cudaFree(buf));
+        CK(cudaMalloc(&buf, (size_t)hid * ka * 2));
+        k_w1a<<<1024, 256>>>(W1, ld1, b1, in, hid, ka, buf);
+        CK(cudaDeviceSynchronize());
+        src = W1;
+    }
+    return buf;
+}
+
+template <int NWG, int NS>
+static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
+                    const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
+                    float *part)
+{
+    const dim3 grid(p.rb, p.S, p.zt);
+    static bool attr1; /* KS = 2's is set by main, as the variant's fn */
+    if (in < 16 && !attr1) {
+        CK(cudaFuncSetAttribute(k_mlp2_wgh<NWG, NS, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(NS * sizeof(wgh_stage<1>) + 1024)));
+        attr1 = true;
+    }
+    if (in < 16)
+        k_mlp2_wgh<NWG, NS, 1><<<grid, 128 * NWG, NS * sizeof(wgh_stage<1>) + 1024, st>>>(
+            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 16), W2, ld2, hid, out, part, p.per);
+    else
+        k_mlp2_wgh<NWG, NS, 2><<<grid, 128 * NWG, NS * sizeof(wgh_stage<2>) + 1024, st>>>(
+            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
+}
+
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
  * k_mlp2_wg (warpgroups, stages), CTAs an SM aimed at, balanced row blocks
  * (0: rows_cta at its capacity, as v1). */
@@ -127,6 +283,7 @@ struct variant {
     int unit, units, ns, wg, cps, bal;
     run_fn run;
     const void *fn;
+    size_t stage; /* bytes a stage where not mlp2's (k_mlp2_wgh) */
 };
 #define VAR(name, rt, nw, ns, cps, bal) \
     {name, 16 * rt, nw, ns, 0, cps, bal, mlp2_run<bf, rt, nw, ns>, (const void *)k_mlp2<bf, rt, nw, ns>}
@@ -134,6 +291,9 @@ struct variant {
     {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
+#define VWGH(name, nwg, ns, cps)                                                                    \
+    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns>, (const void *)k_mlp2_wgh<nwg, ns, 2>,          \
+     sizeof(wgh_stage<2>)}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
@@ -143,6 +303,8 @@ static const variant variants[] = {
     VWG("wg 2x64r 3st 3cta", 2, 3, 3),   VWGO("wgo 2x64r 4st (prod)", 2, 4, 2),
     VWGO("wgo 2x64r 5st", 2, 5, 2),       VWGO("wgo 4x64r 4st 1cta", 4, 4, 1),
     VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),   VWGO("wgo 3x64r 4st 1cta", 3, 4, 1),
+    VWGH("wgh 2x64r 4st", 2, 4, 2),         VWGH("wgh 2x64r 3st", 2, 3, 2),
+    VWGH("wgh 3x64r 4st 1cta", 3, 4, 1),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)
@@ -252,10 +414,11 @@ int main(int argc, char **argv)
             p.S = (nchunks + p.per - 1) / p.per;
         }
         if (p.S > smax) continue;
-        CK(cudaFuncSetAttribute(V.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)mlp2_smem(p)));
+        const size_t smem = V.stage ? V.ns * V.stage + 1024 : mlp2_smem(p);
+        CK(cudaFuncSetAttribute(V.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         int occ = 0;
         const int threads = 32 * V.units * (V.wg ? 4 : 1);
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, V.fn, threads, mlp2_smem(p)));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, V.fn, threads, smem));
         auto kern = [&] { V.run(p, 0, X, KIN, KIN, M, W1, KIN, b1, 1, Wf, (int)ldf, N, NOUT, part); };
         const int ways = mlp2_sum_ways((size_t)M * NOUT, prop.multiProcessorCount);
         const mlp2_tail none = {NULL, NULL, NULL, 0, BK_ACT_NONE};

@@ -247,18 +247,26 @@ template <typename T, int NT> struct mlp2_wg_copy {
         w2 = W2 + (size_t)(n0 + n) * ld2 + q * 8;
     }
 
-    /* Chunk j0's weights into stage s (zeros past the weights). */
-    __device__ __forceinline__ void load(mlp2_wg_stage<T> *s, const T *W1, int ld1, const T *b1,
-                                         int ld2, int hid, int out, int n0, int j0, int tid) const
+    /* Chunk j0's W2 into w2s (the swizzled halves; zeros past W2: those
+     * copies read nothing and name `valid`, any mapped address). */
+    __device__ __forceinline__ void load_w2(T *w2s, const T *valid, int ld2, int out, int n0, int j0,
+                                            int tid) const
     {
         const bool okj = j0 + (tid & 15) * 8 < ld2;
         const int rows2 = out - n0 - (tid >> 4);
 #pragma unroll
         for (int k = 0; k < K2; k++) {
             const bool ok = okj && k * (NT / 16) < rows2;
-            cp_async16(&s->w2[w2d + k * (NT / 16) * 64], ok ? w2 + (size_t)k * (NT / 16) * ld2 + j0 : W1,
+            cp_async16(&w2s[w2d + k * (NT / 16) * 64], ok ? w2 + (size_t)k * (NT / 16) * ld2 + j0 : valid,
                        ok);
         }
+    }
+
+    /* Chunk j0's weights into stage s (zeros past the weights). */
+    __device__ __forceinline__ void load(mlp2_wg_stage<T> *s, const T *W1, int ld1, const T *b1,
+                                         int ld2, int hid, int out, int n0, int j0, int tid) const
+    {
+        load_w2(s->w2, W1, ld2, out, n0, j0, tid);
 #pragma unroll
         for (int k = 0; k < K1; k++) {
             const int c = tid + k * NT, j = c >> 1;
@@ -288,10 +296,9 @@ __device__ __forceinline__ void mlp2_wg_h(const mlp2_wg_stage<T> *s, const uint3
  * the stage's swizzled halves (one descriptor, advanced by its address
  * field); issued and committed, not waited for. */
 template <typename T>
-__device__ __forceinline__ void mlp2_wg_mma(const mlp2_wg_stage<T> *s, uint32_t (*pk)[4],
-                                            float (*y)[4])
+__device__ __forceinline__ void mlp2_wg_mma(const T *w2s, uint32_t (*pk)[4], float (*y)[4])
 {
-    const uint64_t d0 = wg_desc(s->w2, 16, 1024);
+    const uint64_t d0 = wg_desc(w2s, 16, 1024);
     wg_fence();
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
 #pragma unroll
@@ -312,7 +319,7 @@ __device__ __forceinline__ void mlp2_wgo_turn(mlp2_wg_stage<T> *st, int cc, int 
                                               const T *W1, int ld1, const T *b1, int ld2, int hid,
                                               int out, int n0, int tid, int lane)
 {
-    mlp2_wg_mma<T>(&st[(cc - c0) % NS], pc, y);
+    mlp2_wg_mma<T>(st[(cc - c0) % NS].w2, pc, y);
     wg_wait<1>(); /* chunk cc - 1's wgmma are done: its P set and stage are free */
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
     cp_async_wait<NS - 3>(); /* chunk cc + 1 is in */
@@ -374,7 +381,7 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
         mlp2_wgo_turn<T, NWG, NS, RELU>(st, c + 1, c0, c1, p1, p0, y, a, cp, W1, ld1, b1, ld2, hid,
                                         out, n0, tid, lane);
     }
-    if (c < c1) mlp2_wg_mma<T>(&st[(c - c0) % NS], p0, y);
+    if (c < c1) mlp2_wg_mma<T>(st[(c - c0) % NS].w2, p0, y);
     wg_wait<0>();
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
