@@ -171,13 +171,34 @@ template <int KS> __device__ __forceinline__ uint64_t wgh_desc(const void *smem)
            ((uint64_t)((256 * KS) >> 4) << 32) | ((KS == 2 ? 2ull : 3ull) << 62);
 }
 
+/* Chunk j0's W2 and W1a into stage s by the CTA's 128 NWG threads (W1a's
+ * rows of 16 KS columns, 16-byte pieces swizzled as wgh_desc reads them;
+ * zeros past hid). */
+template <int NWG, int KS>
+__device__ __forceinline__ void wgh_load(wgh_stage<KS> *s, const mlp2_wg_copy<bf, 128 * NWG> &cp,
+                                         const bf *W1a, const bf *W2, int ld2, int hid, int out, int n0,
+                                         int j0, int tid)
+{
+    constexpr int NT = 128 * NWG, KA = 16 * KS, P1 = MLP2_HC * 2 * KS;
+    cp.load_w2(s->w2, W2, ld2, out, n0, j0, tid);
+#pragma unroll
+    for (int k = 0; k < (P1 + NT - 1) / NT; k++) {
+        const int pc = tid + k * NT, j = pc / (2 * KS), c = pc % (2 * KS);
+        if (pc < P1) {
+            const int sw = KS == 2 ? (j >> 1) & 3 : (j >> 2) & 1;
+            const bool ok = j0 + j < hid;
+            cp_async16(&s->w1a[j * KA + ((c ^ sw) << 3)], ok ? W1a + (size_t)(j0 + j) * KA + c * 8 : W1a, ok);
+        }
+    }
+}
+
 template <int NWG, int NS, int KS>
 __global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
 k_mlp2_wgh(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
            const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
 {
     static_assert(NS >= 3 && (KS == 1 || KS == 2), "stages: one in use, one retiring, one loading");
-    constexpr int NT = 128 * NWG, KA = 16 * KS, P1 = MLP2_HC * 2 * KS; /* W1a's 16-byte pieces */
+    constexpr int NT = 128 * NWG, KA = 16 * KS;
     extern __shared__ unsigned char smem_raw[];
     wgh_stage<KS> *st = (wgh_stage<KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -186,33 +207,22 @@ k_mlp2_wgh(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, co
     const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
     const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
     const mlp2_wg_copy<bf, NT> cp(W2, ld2, n0, tid);
-    auto load = [&](wgh_stage<KS> *s, int j0) {
-        cp.load_w2(s->w2, W2, ld2, out, n0, j0, tid);
-#pragma unroll
-        for (int k = 0; k < (P1 + NT - 1) / NT; k++) {
-            const int pc = tid + k * NT, j = pc / (2 * KS), c = pc % (2 * KS);
-            if (pc < P1) {
-                const int sw = KS == 2 ? (j >> 1) & 3 : (j >> 2) & 1;
-                const bool ok = j0 + j < hid;
-                cp_async16(&s->w1a[j * KA + ((c ^ sw) << 3)], ok ? W1a + (size_t)(j0 + j) * KA + c * 8 : W1a,
-                           ok);
-            }
-        }
-    };
     uint32_t xa[KS][4];
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) wgh_xfrag(x, ldx, in, r0, rend, lane, ks, xa[ks]);
     float y[MLP2_NO / 8][4] = {}, hacc[32] = {};
     uint32_t pk[MLP2_HC / 16][4];
     for (int i = 0; i < NS - 2; i++) {
-        if (c0 + i < c1) load(&st[i], (c0 + i) * MLP2_HC);
+        if (c0 + i < c1) wgh_load<NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
         cp_async_commit();
     }
     for (int c = c0; c < c1; c++) {
         cp_async_wait<NS - 3>(); /* chunk c is in */
         fence_proxy_async();
         __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
-        if (c + NS - 2 < c1) load(&st[(c - c0 + NS - 2) % NS], (c + NS - 2) * MLP2_HC);
+        if (c + NS - 2 < c1)
+            wgh_load<NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0, (c + NS - 2) * MLP2_HC,
+                              tid);
         cp_async_commit();
         const wgh_stage<KS> *s = &st[(c - c0) % NS];
 #pragma unroll
@@ -233,6 +243,103 @@ k_mlp2_wgh(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, co
         }
         mlp2_wg_mma<bf>(s->w2, pk, y);
     }
+    wg_wait<0>();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
+}
+
+/* k_mlp2_wgh's per-chunk pieces. wgh_h: H of chunk stage s (both halves, KS
+ * k-steps each) issued as one wgmma group into h[0..1], not waited for.
+ * wgh_p: h packed as P (ReLU in the conversion). */
+template <int KS>
+__device__ __forceinline__ void wgh_h(const wgh_stage<KS> *s, const uint32_t (*xa)[4], float (*h)[32])
+{
+    wg_fence();
+    wg_fence_regs<32>(h[0]);
+    wg_fence_regs<32>(h[1]);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const uint64_t dh = wgh_desc<KS>(&s->w1a[hh * 64 * 16 * KS]);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) wgmma_rs<bf, 64, 0>::run(h[hh], xa[ks], dh + 2 * ks, ks);
+    }
+    wg_commit();
+}
+
+__device__ __forceinline__ void wgh_p(float (*h)[32], uint32_t (*pk)[4])
+{
+    wg_fence_regs<32>(h[0]);
+    wg_fence_regs<32>(h[1]);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                pk[4 * hh + kk][q] = pack2_relu<bf>(h[hh][8 * kk + 2 * q], h[hh][8 * kk + 2 * q + 1]);
+}
+
+/* k_mlp2_wgh with chunk c + 1's H under chunk c's Y (k_mlp2_wgo's overlap
+ * on k_mlp2_wgh's products): a turn issues H(c + 1), then Y(c) from P(c),
+ * waits for all but Y(c) (so H(c + 1) and Y(c - 1) are done) and packs
+ * P(c + 1) into the other set while Y(c) runs. Y(c - 2) is retired by every
+ * warpgroup at turn c's barrier, so its stage is refilled then (NS - 2
+ * chunks ahead of Y, NS - 3 of H; NS >= 4). H past the slice's end reads a
+ * stale stage and is not used. */
+template <int NWG, int NS, int KS>
+__device__ __forceinline__ void wgho_turn(wgh_stage<KS> *st, int c, int c0, int c1, const uint32_t (*xa)[4],
+                                          float (*h)[32], uint32_t (*pc)[4], uint32_t (*pn)[4],
+                                          float (*y)[4], const mlp2_wg_copy<bf, 128 * NWG> &cp,
+                                          const bf *W1a, const bf *W2, int ld2, int hid, int out,
+                                          int n0, int tid)
+{
+    cp_async_wait<NS - 4>(); /* chunk c + 1 is in */
+    fence_proxy_async();
+    __syncthreads();
+    if (c + NS - 2 < c1) wgh_load<NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0,
+                                           (c + NS - 2) * MLP2_HC, tid);
+    cp_async_commit();
+    wgh_h<KS>(&st[(c + 1 - c0) % NS], xa, h);
+    mlp2_wg_mma<bf>(st[(c - c0) % NS].w2, pc, y);
+    wg_wait<1>();
+    wgh_p(h, pn);
+}
+
+template <int NWG, int NS, int KS>
+__global__ void __launch_bounds__(128 * NWG, 1)
+k_mlp2_wgho(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
+            const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
+{
+    static_assert(NS >= 4 && (KS == 1 || KS == 2), "stages: Y's, H's, one retiring, one loading");
+    extern __shared__ unsigned char smem_raw[];
+    wgh_stage<KS> *st = (wgh_stage<KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int r0 = blockIdx.x * rows_cta + (warp >> 2) * 64 + (warp & 3) * 16, n0 = blockIdx.z * MLP2_NO;
+    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    const mlp2_wg_copy<bf, 128 * NWG> cp(W2, ld2, n0, tid);
+    uint32_t xa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) wgh_xfrag(x, ldx, in, r0, rend, lane, ks, xa[ks]);
+    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
+    uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
+    for (int i = 0; i < NS - 2; i++) {
+        if (c0 + i < c1) wgh_load<NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    cp_async_wait<NS - 3>(); /* chunk c0 */
+    fence_proxy_async();
+    __syncthreads();
+    wgh_h<KS>(&st[0], xa, h);
+    wg_wait<0>();
+    wgh_p(h, p0);
+    int c = c0;
+    for (; c + 1 < c1; c += 2) {
+        wgho_turn<NWG, NS, KS>(st, c, c0, c1, xa, h, p0, p1, y, cp, W1a, W2, ld2, hid, out, n0, tid);
+        wgho_turn<NWG, NS, KS>(st, c + 1, c0, c1, xa, h, p1, p0, y, cp, W1a, W2, ld2, hid, out, n0, tid);
+    }
+    if (c < c1) mlp2_wg_mma<bf>(st[(c - c0) % NS].w2, p0, y);
     wg_wait<0>();
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
@@ -273,6 +380,16 @@ static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, i
             x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
 }
 
+template <int NWG, int NS>
+static void run_wgho(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
+                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
+                     float *part)
+{
+    if (in < 16) { fprintf(stderr, "fmlp_proto: wgho is built for in = 16 only\n"); exit(2); }
+    k_mlp2_wgho<NWG, NS, 2><<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(wgh_stage<2>) + 1024, st>>>(
+        x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
+}
+
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
  * k_mlp2_wg (warpgroups, stages), CTAs an SM aimed at, balanced row blocks
  * (0: rows_cta at its capacity, as v1). */
@@ -291,6 +408,9 @@ struct variant {
     {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
+#define VWGHO(name, nwg, ns)                                                                        \
+    {name, 64, nwg, ns, 1, 1, 1, run_wgho<nwg, ns>, (const void *)k_mlp2_wgho<nwg, ns, 2>,          \
+     sizeof(wgh_stage<2>)}
 #define VWGH(name, nwg, ns, cps)                                                                    \
     {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns>, (const void *)k_mlp2_wgh<nwg, ns, 2>,          \
      sizeof(wgh_stage<2>)}
@@ -304,7 +424,8 @@ static const variant variants[] = {
     VWGO("wgo 2x64r 5st", 2, 5, 2),       VWGO("wgo 4x64r 4st 1cta", 4, 4, 1),
     VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),   VWGO("wgo 3x64r 4st 1cta", 3, 4, 1),
     VWGH("wgh 2x64r 4st", 2, 4, 2),         VWGH("wgh 2x64r 3st", 2, 3, 2),
-    VWGH("wgh 3x64r 4st 1cta", 3, 4, 1),
+    VWGH("wgh 3x64r 4st 1cta", 3, 4, 1),  VWGHO("wgho 2x64r 5st 1cta", 2, 5),
+    VWGHO("wgho 2x64r 6st 1cta", 2, 6),    VWGHO("wgho 3x64r 5st 1cta", 3, 5),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)
