@@ -127,8 +127,11 @@ static void run_wg(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, in
  * instead of ldmatrix, and H's accumulators are P's A fragments after one
  * cvt.relu a pair (FA3's S -> P). W1a is a weight transform, made here once
  * per W1 by k_w1a (at load time, were it production's). A chunk: H of its
- * two halves of 64 hidden units (each waited for: its wait also retires the
- * previous chunk's Y), then Y += P W2^T (8 wgmma, not waited for). A stage
+ * two halves of 64 hidden units into two accumulator sets, one wgmma group
+ * waited for (the wait also retires the previous chunk's Y), then Y += P
+ * W2^T (8 wgmma, not waited for). One set reused for both halves, each
+ * waited for, ran wrong: ptxas dropped the first half's wgmma (SASS of
+ * 89cc5e4 on an H100: 2 of the 4 H wgmma left). A stage
  * is refilled two chunks after its Y was issued (NS - 2 chunks load ahead),
  * when every warpgroup's wait has retired it. */
 template <int KS> struct __align__(1024) wgh_stage {
@@ -171,83 +174,6 @@ template <int KS> __device__ __forceinline__ uint64_t wgh_desc(const void *smem)
            ((uint64_t)((256 * KS) >> 4) << 32) | ((KS == 2 ? 2ull : 3ull) << 62);
 }
 
-/* Chunk j0's W2 and W1a into stage s by the CTA's 128 NWG threads (W1a's
- * rows of 16 KS columns, 16-byte pieces swizzled as wgh_desc reads them;
- * zeros past hid). */
-template <int NWG, int KS>
-__device__ __forceinline__ void wgh_load(wgh_stage<KS> *s, const mlp2_wg_copy<bf, 128 * NWG> &cp,
-                                         const bf *W1a, const bf *W2, int ld2, int hid, int out, int n0,
-                                         int j0, int tid)
-{
-    constexpr int NT = 128 * NWG, KA = 16 * KS, P1 = MLP2_HC * 2 * KS;
-    cp.load_w2(s->w2, W2, ld2, out, n0, j0, tid);
-#pragma unroll
-    for (int k = 0; k < (P1 + NT - 1) / NT; k++) {
-        const int pc = tid + k * NT, j = pc / (2 * KS), c = pc % (2 * KS);
-        if (pc < P1) {
-            const int sw = KS == 2 ? (j >> 1) & 3 : (j >> 2) & 1;
-            const bool ok = j0 + j < hid;
-            cp_async16(&s->w1a[j * KA + ((c ^ sw) << 3)], ok ? W1a + (size_t)(j0 + j) * KA + c * 8 : W1a, ok);
-        }
-    }
-}
-
-template <int NWG, int NS, int KS>
-__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
-k_mlp2_wgh(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
-           const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
-{
-    static_assert(NS >= 3 && (KS == 1 || KS == 2), "stages: one in use, one retiring, one loading");
-    constexpr int NT = 128 * NWG, KA = 16 * KS;
-    extern __shared__ unsigned char smem_raw[];
-    wgh_stage<KS> *st = (wgh_stage<KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
-    const int r0 = blockIdx.x * rows_cta + (warp >> 2) * 64 + (warp & 3) * 16, n0 = blockIdx.z * MLP2_NO;
-    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
-    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
-    const mlp2_wg_copy<bf, NT> cp(W2, ld2, n0, tid);
-    uint32_t xa[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++) wgh_xfrag(x, ldx, in, r0, rend, lane, ks, xa[ks]);
-    float y[MLP2_NO / 8][4] = {}, hacc[32] = {};
-    uint32_t pk[MLP2_HC / 16][4];
-    for (int i = 0; i < NS - 2; i++) {
-        if (c0 + i < c1) wgh_load<NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
-        cp_async_commit();
-    }
-    for (int c = c0; c < c1; c++) {
-        cp_async_wait<NS - 3>(); /* chunk c is in */
-        fence_proxy_async();
-        __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
-        if (c + NS - 2 < c1)
-            wgh_load<NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0, (c + NS - 2) * MLP2_HC,
-                              tid);
-        cp_async_commit();
-        const wgh_stage<KS> *s = &st[(c - c0) % NS];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint64_t dh = wgh_desc<KS>(&s->w1a[h * 64 * KA]);
-            wg_fence();
-            wg_fence_regs<32>(hacc);
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) wgmma_rs<bf, 64, 0>::run(hacc, xa[ks], dh + 2 * ks, ks);
-            wg_commit();
-            wg_wait<0>(); /* and chunk c - 1's Y: pk is free */
-            wg_fence_regs<32>(hacc);
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    pk[4 * h + kk][q] = pack2_relu<bf>(hacc[8 * kk + 2 * q], hacc[8 * kk + 2 * q + 1]);
-        }
-        mlp2_wg_mma<bf>(s->w2, pk, y);
-    }
-    wg_wait<0>();
-    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
-}
-
 /* k_mlp2_wgh's per-chunk pieces. wgh_h: H of chunk stage s (both halves, KS
  * k-steps each) issued as one wgmma group into h[0..1], not waited for.
  * wgh_p: h packed as P (ReLU in the conversion). */
@@ -277,6 +203,70 @@ __device__ __forceinline__ void wgh_p(float (*h)[32], uint32_t (*pk)[4])
 #pragma unroll
             for (int q = 0; q < 4; q++)
                 pk[4 * hh + kk][q] = pack2_relu<bf>(h[hh][8 * kk + 2 * q], h[hh][8 * kk + 2 * q + 1]);
+}
+
+/* Chunk j0's W2 and W1a into stage s by the CTA's 128 NWG threads (W1a's
+ * rows of 16 KS columns, 16-byte pieces swizzled as wgh_desc reads them;
+ * zeros past hid). */
+template <int NWG, int KS>
+__device__ __forceinline__ void wgh_load(wgh_stage<KS> *s, const mlp2_wg_copy<bf, 128 * NWG> &cp,
+                                         const bf *W1a, const bf *W2, int ld2, int hid, int out, int n0,
+                                         int j0, int tid)
+{
+    constexpr int NT = 128 * NWG, KA = 16 * KS, P1 = MLP2_HC * 2 * KS;
+    cp.load_w2(s->w2, W2, ld2, out, n0, j0, tid);
+#pragma unroll
+    for (int k = 0; k < (P1 + NT - 1) / NT; k++) {
+        const int pc = tid + k * NT, j = pc / (2 * KS), c = pc % (2 * KS);
+        if (pc < P1) {
+            const int sw = KS == 2 ? (j >> 1) & 3 : (j >> 2) & 1;
+            const bool ok = j0 + j < hid;
+            cp_async16(&s->w1a[j * KA + ((c ^ sw) << 3)], ok ? W1a + (size_t)(j0 + j) * KA + c * 8 : W1a, ok);
+        }
+    }
+}
+
+template <int NWG, int NS, int KS>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
+k_mlp2_wgh(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
+           const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
+{
+    static_assert(NS >= 3 && (KS == 1 || KS == 2), "stages: one in use, one retiring, one loading");
+    constexpr int NT = 128 * NWG;
+    extern __shared__ unsigned char smem_raw[];
+    wgh_stage<KS> *st = (wgh_stage<KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rend = min(rows, (blockIdx.x + 1) * rows_cta);
+    const int r0 = blockIdx.x * rows_cta + (warp >> 2) * 64 + (warp & 3) * 16, n0 = blockIdx.z * MLP2_NO;
+    const int nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    const int c0 = blockIdx.y * per_slice, c1 = min(nchunks, c0 + per_slice);
+    const mlp2_wg_copy<bf, NT> cp(W2, ld2, n0, tid);
+    uint32_t xa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) wgh_xfrag(x, ldx, in, r0, rend, lane, ks, xa[ks]);
+    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
+    uint32_t pk[MLP2_HC / 16][4];
+    for (int i = 0; i < NS - 2; i++) {
+        if (c0 + i < c1) wgh_load<NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    for (int c = c0; c < c1; c++) {
+        cp_async_wait<NS - 3>(); /* chunk c is in */
+        fence_proxy_async();
+        __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
+        if (c + NS - 2 < c1)
+            wgh_load<NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0, (c + NS - 2) * MLP2_HC,
+                              tid);
+        cp_async_commit();
+        const wgh_stage<KS> *s = &st[(c - c0) % NS];
+        wgh_h<KS>(s, xa, h);
+        wg_wait<0>(); /* and chunk c - 1's Y: pk is free */
+        wgh_p(h, pk);
+        mlp2_wg_mma<bf>(s->w2, pk, y);
+    }
+    wg_wait<0>();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
 }
 
 /* k_mlp2_wgh with chunk c + 1's H under chunk c's Y (k_mlp2_wgo's overlap
@@ -425,6 +415,7 @@ static const variant variants[] = {
     VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),   VWGO("wgo 3x64r 4st 1cta", 3, 4, 1),
     VWGH("wgh 2x64r 4st", 2, 4, 2),         VWGH("wgh 2x64r 3st", 2, 3, 2),
     VWGH("wgh 3x64r 4st 1cta", 3, 4, 1),  VWGHO("wgho 2x64r 5st 1cta", 2, 5),
+    VWGH("wgh 4x64r 4st 1cta", 4, 4, 1),
     VWGHO("wgho 2x64r 6st 1cta", 2, 6),    VWGHO("wgho 3x64r 5st 1cta", 3, 5),
 };
 

@@ -236,7 +236,9 @@ template <typename T> struct __align__(1024) mlp2_wg_stage {
  * Only W2's source and place are kept (registers are short in k_mlp2_wgo);
  * the rest is a few operations on tid a chunk. */
 template <typename T, int NT> struct mlp2_wg_copy {
-    static constexpr int K2 = MLP2_NO * (MLP2_HC / 8) / NT, K1 = (2 * MLP2_HC + NT - 1) / NT;
+    static_assert(NT % 128 == 0, "whole warpgroups (a piece's column, tid % 16, never changes)");
+    static constexpr int P2 = MLP2_NO * (MLP2_HC / 8); /* W2's 16-byte pieces a chunk */
+    static constexpr int K2 = (P2 + NT - 1) / NT, K1 = (2 * MLP2_HC + NT - 1) / NT;
     const T *w2; /* chunk 0's source of piece 0 */
     int w2d;     /* piece 0's place in the stage */
 
@@ -256,6 +258,7 @@ template <typename T, int NT> struct mlp2_wg_copy {
         const int rows2 = out - n0 - (tid >> 4);
 #pragma unroll
         for (int k = 0; k < K2; k++) {
+            if (P2 % NT && tid + k * NT >= P2) break; /* NT not dividing P2 (3 warpgroups) */
             const bool ok = okj && k * (NT / 16) < rows2;
             cp_async16(&w2s[w2d + k * (NT / 16) * 64], ok ? w2 + (size_t)k * (NT / 16) * ld2 + j0 : valid,
                        ok);
