@@ -539,7 +539,7 @@ static void prof_report(bk_stream *s)
 /* ------------------------------------------------------------ memory */
 
 /* cudaMalloc with the message a load error needs: device, bytes, free memory. */
-static void *dev_malloc(bk_backend *be, size_t bytes, bk_err *err)
+void *cu_dev_malloc(bk_backend *be, size_t bytes, bk_err *err)
 {
     void *p = NULL;
     size_t n = bytes < MIN_ALLOC ? MIN_ALLOC : bytes;
@@ -575,7 +575,7 @@ static void *cuda_alloc(bk_backend *be, size_t bytes, enum bk_tag tag, bk_err *e
     }
     if (enter(be, err))
         return NULL;
-    void *p = dev_malloc(be, bytes, err);
+    void *p = cu_dev_malloc(be, bytes, err);
     if (p)
         bk_ledger_account(&cu_impl(be)->ledger, tag, bytes, 0);
     return p;
@@ -914,7 +914,7 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
         blas_check(bs, err, "handle create");
         goto fail;
     }
-    if (!(s->ws = dev_malloc(be, WS_BYTES, err)))
+    if (!(s->ws = cu_dev_malloc(be, WS_BYTES, err)))
         goto fail;
     s->ws_size = WS_BYTES;
     s->prof = prof_new(s);
@@ -990,7 +990,7 @@ static void *wblock_take(bk_backend *be, size_t bytes, bk_err *err)
         size_t cap = WBLOCK_MIN << sh;
         cap = need > cap ? need : cap;
         b = (cu_wblock *)calloc(1, sizeof *b);
-        if (!b || !(b->base = (char *)dev_malloc(be, cap, err))) {
+        if (!b || !(b->base = (char *)cu_dev_malloc(be, cap, err))) {
             if (!b)
                 bk_seterr(err, "out of host memory for a weight block");
             free(b);
@@ -1092,7 +1092,8 @@ static void cuda_weight_free(bk_backend *be, bk_weight *w)
         return;
     cudaSetDevice(cu_impl(be)->ordinal);
     wblock_put(be, w->data);
-    bk_ledger_weights(&cu_impl(be)->ledger, 0, w->bytes);
+    bk_ledger_weights(&cu_impl(be)->ledger, 0, w->bytes + w->aug_bytes);
+    if (w->aug) cudaFree(w->aug);
     free(w);
 }
 

@@ -53,7 +53,7 @@ typedef struct cuda_backend {
      * (0/1 = the heuristic's first, no timing). A tuning switch for
      * cuBLASLt's algorithm, not a choice among our kernels. */
     int lt_tune;
-    pthread_mutex_t lock; /* guards smem_fn and wblocks */
+    pthread_mutex_t lock; /* guards smem_fn, wblocks and weights' aug */
     bk_ledger ledger;     /* byte counts; alloc/free run on any thread */
     /* The blocks weights are sub-allocated from (backend_cuda.cu, "weight
      * blocks"); newest first. */
@@ -245,10 +245,20 @@ struct bk_weight {
     int ld;      /* row stride in elements: cols rounded up to a multiple of 8 */
     void *data;  /* activation dtype [rows, ld], zero columns past cols */
     size_t bytes;
+    /* A layout of this weight that one op builds on first use and that is
+     * freed with it (mlp2.cu: W1a, W1 with b1 as a column). Written once,
+     * under the backend's lock; read under it. */
+    void *aug;
+    const void *aug_key; /* what aug was built with besides this weight (b1) */
+    size_t aug_bytes;
 };
 
 static inline cuda_backend *cu_impl(bk_backend *be) { return (cuda_backend *)be->impl; }
 static inline enum cu_dtype cu_dt(bk_stream *s) { return cu_impl(s->be)->dtype; }
+
+/* cudaMalloc of bytes (IKBO_FAULT alloc injects a failure), with an error
+ * naming the device, the bytes and the free memory. */
+void *cu_dev_malloc(bk_backend *be, size_t bytes, bk_err *err);
 
 /* Error helpers: every CUDA status becomes a bk_err message naming the step. */
 int cu_check(cudaError_t e, bk_err *err, const char *what);

@@ -390,6 +390,259 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
 }
 
+/* ---- both products on wgmma: k_mlp2_wgh (from 256 rows), k_mlp2_wgho ----
+ *
+ * The hidden values H = [x | 1 | 0] [W1 | b1 | 0]^T come from wgmma
+ * m64n64k16 in its RS form: x's fragments with a ones column at `in` (made
+ * once, kept in registers) against W1a, W1 with b1 as column `in` and zeros
+ * to 16 KS columns (KS = 2 at in = 16, else 1), from shared memory swizzled
+ * at its row width (64 or 32 bytes). So b1 costs a k-step of tensor work at
+ * in = 16 (none below) instead of fragment loads and moves, W1 is read by
+ * the tensor core instead of ldmatrix, and H's accumulators become P, the A
+ * fragments of Y += P W2^T, by one cvt (with ReLU) a pair (FA3's S -> P).
+ * On an H100 at 1120 rows: 75 us against k_mlp2_wgo's 99.5; at 70 rows
+ * k_mlp2_wgho 17.9 against k_mlp2's 22.5 (bench/RESULTS.md). W1a is built
+ * once per W1 (mlp2_w1a). A chunk's H is its two halves of 64 hidden units
+ * into two accumulator sets in one wgmma group (one set reused for both
+ * halves, each waited for, ran wrong: ptxas dropped the first half's
+ * wgmma). */
+template <typename T, int KS> struct __align__(1024) mlp2_wgh_stage {
+    T w2[2 * MLP2_NO * 64];
+    T w1a[MLP2_HC * 16 * KS];
+};
+
+/* W1a[j] = [W1[j, :in], b1[j] (0 without b1), 0 ...] of 16 KS columns. */
+template <typename T>
+__global__ void k_mlp2_w1a(const T *W1, int ld1, const T *b1, int in, int hid, int ka, T *w1a)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)hid * ka;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i / ka;
+        const int k = (int)(i % ka);
+        w1a[i] = k < in ? W1[j * ld1 + k] : k == in && b1 ? b1[j] : cu_fromf<T>(0.f);
+    }
+}
+
+/* x's A fragment for k-step ks of [x | 1 | 0] (rows from rend: zeros). */
+template <typename T>
+__device__ __forceinline__ void mlp2_xfrag_aug(const T *x, int ldx, int in, int r0, int rend,
+                                               int lane, int ks, uint32_t a[4])
+{
+    const T onev = cu_fromf<T>(1.f);
+    const uint32_t one = *(const uint16_t *)&onev;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const int row = r0 + g + 8 * (q & 1), k = 16 * ks + 2 * t + 8 * (q >> 1);
+        const uint16_t *xr = (const uint16_t *)x + (size_t)row * ldx;
+        uint32_t v[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            v[e] = row >= rend ? 0u : k + e < in ? xr[k + e] : k + e == in ? one : 0u;
+        a[q] = v[0] | v[1] << 16;
+    }
+}
+
+/* W1a's K-major wgmma descriptor: rows of 32 KS bytes swizzled at that
+ * width (layout 2: 64 bytes, 3: 32), 8-row groups 256 KS bytes apart. */
+template <int KS> __device__ __forceinline__ uint64_t mlp2_w1a_desc(const void *smem)
+{
+    return ((uint64_t)(smem_u32(smem) & 0x3FFFF) >> 4) | (1ull << 16) |
+           ((uint64_t)((256 * KS) >> 4) << 32) | ((KS == 2 ? 2ull : 3ull) << 62);
+}
+
+/* Chunk j0's W2 and W1a into stage s by the CTA's NT threads (W1a's
+ * 16-byte pieces swizzled as mlp2_w1a_desc reads them; zeros past hid). */
+template <typename T, int NT, int KS>
+__device__ __forceinline__ void mlp2_wgh_load(mlp2_wgh_stage<T, KS> *s, const mlp2_wg_copy<T, NT> &cp,
+                                              const T *W1a, const T *W2, int ld2, int hid, int out,
+                                              int n0, int j0, int tid)
+{
+    constexpr int KA = 16 * KS, P1 = MLP2_HC * 2 * KS;
+    cp.load_w2(s->w2, W2, ld2, out, n0, j0, tid);
+#pragma unroll
+    for (int k = 0; k < (P1 + NT - 1) / NT; k++) {
+        const int pc = tid + k * NT, j = pc / (2 * KS), c = pc % (2 * KS);
+        if (pc < P1) {
+            const int sw = KS == 2 ? (j >> 1) & 3 : (j >> 2) & 1;
+            const bool ok = j0 + j < hid;
+            cp_async16(&s->w1a[j * KA + ((c ^ sw) << 3)], ok ? W1a + (size_t)(j0 + j) * KA + c * 8 : W1a,
+                       ok);
+        }
+    }
+}
+
+/* H of stage s's chunk (both halves, KS k-steps each) issued as one wgmma
+ * group into h, not waited for. */
+template <typename T, int KS>
+__device__ __forceinline__ void mlp2_wgh_h(const mlp2_wgh_stage<T, KS> *s, const uint32_t (*xa)[4],
+                                           float (*h)[32])
+{
+    wg_fence();
+    wg_fence_regs<32>(h[0]);
+    wg_fence_regs<32>(h[1]);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const uint64_t dh = mlp2_w1a_desc<KS>(&s->w1a[hh * 64 * 16 * KS]);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) wgmma_rs<T, 64, 0>::run(h[hh], xa[ks], dh + 2 * ks, ks);
+    }
+    wg_commit();
+}
+
+/* h (waited for) packed as P, act1 (RELU) in the conversion. */
+template <typename T, bool RELU>
+__device__ __forceinline__ void mlp2_wgh_p(float (*h)[32], uint32_t (*pk)[4])
+{
+    wg_fence_regs<32>(h[0]);
+    wg_fence_regs<32>(h[1]);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float a = h[hh][8 * kk + 2 * q], b = h[hh][8 * kk + 2 * q + 1];
+                pk[4 * hh + kk][q] = RELU ? pack2_relu<T>(a, b) : pack2<T>(a, b);
+            }
+}
+
+/* A warpgroup kernel's place: its rows [r0, + 16) of the block's [.., rend),
+ * outputs from n0, chunks [c0, c1) of its slice. */
+struct mlp2_blk {
+    int tid, lane, rend, r0, n0, c0, c1;
+};
+__device__ __forceinline__ mlp2_blk mlp2_block(int rows, int rows_cta, int hid, int per_slice)
+{
+    mlp2_blk b;
+    b.tid = threadIdx.x;
+    b.lane = b.tid & 31;
+    const int warp = b.tid >> 5, nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
+    b.rend = min(rows, (int)(blockIdx.x + 1) * rows_cta);
+    b.r0 = blockIdx.x * rows_cta + (warp >> 2) * 64 + (warp & 3) * 16;
+    b.n0 = blockIdx.z * MLP2_NO;
+    b.c0 = blockIdx.y * per_slice;
+    b.c1 = min(nchunks, b.c0 + per_slice);
+    return b;
+}
+
+/* x's fragments for every k-step of [x | 1 | 0]. */
+template <typename T, int KS>
+__device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, const mlp2_blk &b,
+                                                uint32_t (*xa)[4])
+{
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) mlp2_xfrag_aug<T>(x, ldx, in, b.r0, b.rend, b.lane, ks, xa[ks]);
+}
+
+/* NWG warpgroups of 64 rows; a chunk: H (waited for: the wait also retires
+ * the previous chunk's Y, so P is free), then Y += P W2^T (8 wgmma, not
+ * waited for). A stage is refilled two chunks after its Y was issued, when
+ * every warpgroup's wait has retired it (NS - 2 chunks load ahead). A
+ * warpgroup past the block's rows computes on zeros and stores nothing. */
+template <typename T, int NWG, int NS, int KS, bool RELU>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
+k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
+           const T *W2, int ld2, int hid, int out, float *part, int per_slice)
+{
+    static_assert(NS >= 3 && (KS == 1 || KS == 2), "stages: one in use, one retiring, one loading");
+    extern __shared__ unsigned char smem_raw[];
+    auto *st = (mlp2_wgh_stage<T, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
+    const int tid = b.tid, n0 = b.n0, c0 = b.c0, c1 = b.c1;
+    const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
+    uint32_t xa[KS][4];
+    mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
+    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
+    uint32_t pk[MLP2_HC / 16][4];
+    for (int i = 0; i < NS - 2; i++) {
+        if (c0 + i < c1) mlp2_wgh_load<T, 128 * NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    for (int c = c0; c < c1; c++) {
+        cp_async_wait<NS - 3>(); /* chunk c is in */
+        fence_proxy_async();
+        __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
+        if (c + NS - 2 < c1)
+            mlp2_wgh_load<T, 128 * NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0,
+                                            (c + NS - 2) * MLP2_HC, tid);
+        cp_async_commit();
+        const mlp2_wgh_stage<T, KS> *s = &st[(c - c0) % NS];
+        mlp2_wgh_h<T, KS>(s, xa, h);
+        wg_wait<0>();
+        mlp2_wgh_p<T, RELU>(h, pk);
+        mlp2_wg_mma<T>(s->w2, pk, y);
+    }
+    wg_wait<0>();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
+}
+
+/* One turn of k_mlp2_wgho for chunk c: H(c + 1) issued, then Y(c) from P(c);
+ * wait for all but Y(c) (so H(c + 1) and Y(c - 1) are done); P(c + 1) packed
+ * into the other set while Y(c) runs. Y(c - 2) is retired by every
+ * warpgroup at this turn's barrier, so its stage is refilled then (NS - 2
+ * chunks ahead of Y, NS - 3 of H). H past the slice's end reads a stale
+ * stage and is not used. */
+template <typename T, int NWG, int NS, int KS, bool RELU>
+__device__ __forceinline__ void mlp2_wgho_turn(mlp2_wgh_stage<T, KS> *st, int c, int c0, int c1,
+                                               const uint32_t (*xa)[4], float (*h)[32],
+                                               uint32_t (*pc)[4], uint32_t (*pn)[4], float (*y)[4],
+                                               const mlp2_wg_copy<T, 128 * NWG> &cp, const T *W1a,
+                                               const T *W2, int ld2, int hid, int out, int n0, int tid)
+{
+    cp_async_wait<NS - 4>(); /* chunk c + 1 is in */
+    fence_proxy_async();
+    __syncthreads();
+    if (c + NS - 2 < c1)
+        mlp2_wgh_load<T, 128 * NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0,
+                                        (c + NS - 2) * MLP2_HC, tid);
+    cp_async_commit();
+    mlp2_wgh_h<T, KS>(&st[(c + 1 - c0) % NS], xa, h);
+    mlp2_wg_mma<T>(st[(c - c0) % NS].w2, pc, y);
+    wg_wait<1>();
+    mlp2_wgh_p<T, RELU>(h, pn);
+}
+
+/* k_mlp2_wgh with chunk c + 1's H under chunk c's Y (k_mlp2_wgo's overlap):
+ * two P sets, so one CTA an SM (below 256 rows, where rows are few and
+ * every slice short, it is the faster one). */
+template <typename T, int NWG, int NS, int KS, bool RELU>
+__global__ void __launch_bounds__(128 * NWG, 1)
+k_mlp2_wgho(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
+            const T *W2, int ld2, int hid, int out, float *part, int per_slice)
+{
+    static_assert(NS >= 4 && (KS == 1 || KS == 2), "stages: Y's, H's, one retiring, one loading");
+    extern __shared__ unsigned char smem_raw[];
+    auto *st = (mlp2_wgh_stage<T, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
+    const int tid = b.tid, n0 = b.n0, c0 = b.c0, c1 = b.c1;
+    const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
+    uint32_t xa[KS][4];
+    mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
+    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
+    uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
+    for (int i = 0; i < NS - 2; i++) {
+        if (c0 + i < c1) mlp2_wgh_load<T, 128 * NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
+        cp_async_commit();
+    }
+    cp_async_wait<NS - 3>(); /* chunk c0 */
+    fence_proxy_async();
+    __syncthreads();
+    mlp2_wgh_h<T, KS>(&st[0], xa, h);
+    wg_wait<0>();
+    mlp2_wgh_p<T, RELU>(h, p0);
+    int c = c0;
+    for (; c + 1 < c1; c += 2) {
+        mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c, c0, c1, xa, h, p0, p1, y, cp, W1a, W2, ld2, hid, out, n0, tid);
+        mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c + 1, c0, c1, xa, h, p1, p0, y, cp, W1a, W2, ld2, hid, out, n0, tid);
+    }
+    if (c < c1) mlp2_wg_mma<T>(st[(c - c0) % NS].w2, p0, y);
+    wg_wait<0>();
+    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
+}
+
 /* y[r, n] = act2(add[r, n] + the S slices' partials + addu[map[r], n]): W
  * warps (1, 2, 4 or 8) share 32 outputs, warp w summing the slices s = w mod
  * W in order, then the first adds the W sums in warp order to add, then
@@ -492,12 +745,13 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
  * zt output tiles, S slices of per chunks, at most cps CTAs an SM. */
 struct mlp2_plan {
     int unit, units, ns, wg, rb, rows_cta, zt, S, per;
+    int ks; /* k_mlp2_wgh/wgho: W1a's k-steps (1 or 2); 0: the other kernels */
 };
 
 static mlp2_plan mlp2_plan_for(int rows, int hid, int out, int sm_count, int unit, int units,
                                int ns, int wg, int cps)
 {
-    mlp2_plan p = {unit, units, ns, wg, 0, 0, 0, 0, 0};
+    mlp2_plan p = {unit, units, ns, wg, 0, 0, 0, 0, 0, 0};
     const int cap = unit * units, nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
     p.rb = (rows + cap - 1) / cap;
     p.rows_cta = ((rows + p.rb - 1) / p.rb + unit - 1) / unit * unit;
@@ -516,23 +770,42 @@ static_assert(sizeof(mlp2_stage<__half>) == sizeof(mlp2_stage<__nv_bfloat16>) &&
 /* Dynamic shared memory: the stages (the wgmma kernels' aligned to 1 KiB in it). */
 static size_t mlp2_smem(const mlp2_plan &p)
 {
+    if (p.ks)
+        return (size_t)p.ns * (p.ks == 2 ? sizeof(mlp2_wgh_stage<__half, 2>)
+                                         : sizeof(mlp2_wgh_stage<__half, 1>)) + 1024;
     return p.wg ? (size_t)p.ns * sizeof(mlp2_wg_stage<__half>) + 1024
                 : (size_t)p.ns * sizeof(mlp2_stage<__half>);
 }
 
-/* Production's shapes (bench/RESULTS.md, H200): from 256 rows k_mlp2_wgo, 2
- * warpgroups of 64 rows; below, k_mlp2 with 16 rows a warp, 8 warps; 4
- * stages; ~2 CTAs an SM. mlp2_launch instantiates these two from the same
- * constants, so the plan and the launched kernel cannot disagree. */
-#define MLP2_PROD_NWG 2 /* k_mlp2_wgo's warpgroups */
-#define MLP2_PROD_NW 8  /* k_mlp2's warps (one m-tile each) */
-#define MLP2_PROD_NS 4  /* stages, both */
+/* Production's shapes (bench/RESULTS.md). With W1a (bf16/fp16, in <= 16):
+ * from 256 rows k_mlp2_wgh, 3 warpgroups of 64 rows, 4 stages, one CTA an
+ * SM; below, k_mlp2_wgho, 2 warpgroups, 5 stages (H100: 75.3 and 17.9 us
+ * at 1120 and 70 rows). Without (a graph being captured before W1a was
+ * built): from 256 rows k_mlp2_wgo, 2 warpgroups, 4 stages; below, k_mlp2
+ * with 16 rows a warp, 8 warps, 4 stages; ~2 CTAs an SM. mlp2_launch
+ * instantiates these from the same constants, so the plan and the launched
+ * kernel cannot disagree. */
+#define MLP2_PROD_NWG 2  /* k_mlp2_wgo's warpgroups */
+#define MLP2_PROD_NW 8   /* k_mlp2's warps (one m-tile each) */
+#define MLP2_PROD_NS 4   /* stages, both */
+#define MLP2_WGH_NWG 3   /* k_mlp2_wgh's warpgroups */
+#define MLP2_WGH_NS 4    /* its stages */
+#define MLP2_WGHO_NWG 2  /* k_mlp2_wgho's */
+#define MLP2_WGHO_NS 5
 
-static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count)
+static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count, int ks)
 {
-    if (rows >= 256)
+    mlp2_plan p;
+    if (ks && rows >= 256)
+        p = mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_WGH_NWG, MLP2_WGH_NS, 1, 1);
+    else if (ks)
+        p = mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_WGHO_NWG, MLP2_WGHO_NS, 1, 1);
+    else if (rows >= 256)
         return mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_PROD_NWG, MLP2_PROD_NS, 1, 2);
-    return mlp2_plan_for(rows, hid, out, sm_count, 16, MLP2_PROD_NW, MLP2_PROD_NS, 0, 2);
+    else
+        return mlp2_plan_for(rows, hid, out, sm_count, 16, MLP2_PROD_NW, MLP2_PROD_NS, 0, 2);
+    p.ks = ks;
+    return p;
 }
 
 template <typename T, int RT, int NW, int NS>
@@ -561,21 +834,110 @@ static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
         x, ldx, in, rows, p.rows_cta, W1, ld1, b1, W2, ld2, hid, out, part, p.per);
 }
 
+/* The kernel mlp2_run_wgh launches for rows. */
+template <typename T, int KS, bool RELU> static const void *mlp2_wgh_fn(int rows)
+{
+    return rows >= 256 ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU>
+                       : (const void *)k_mlp2_wgho<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU>;
+}
+
+/* k_mlp2_wgh (from 256 rows) or k_mlp2_wgho, as mlp2_production planned. */
+template <typename T, int KS, bool RELU>
+static void mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in, int rows,
+                         const T *W1a, const T *W2, int ld2, int hid, int out, float *part)
+{
+    const dim3 g(p.rb, p.S, p.zt);
+    if (rows >= 256)
+        k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU><<<g, 128 * MLP2_WGH_NWG, mlp2_smem(p), st>>>(
+            x, ldx, in, rows, p.rows_cta, W1a, W2, ld2, hid, out, part, p.per);
+    else
+        k_mlp2_wgho<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU>
+            <<<g, 128 * MLP2_WGHO_NWG, mlp2_smem(p), st>>>(x, ldx, in, rows, p.rows_cta, W1a, W2,
+                                                          ld2, hid, out, part, p.per);
+}
+
+/* The kernel mlp2_launch runs for plan p. */
+template <typename T>
+static const void *mlp2_fn(const mlp2_plan &p, int rows, int relu)
+{
+    if (p.ks == 2) return relu ? mlp2_wgh_fn<T, 2, true>(rows) : mlp2_wgh_fn<T, 2, false>(rows);
+    if (p.ks == 1) return relu ? mlp2_wgh_fn<T, 1, true>(rows) : mlp2_wgh_fn<T, 1, false>(rows);
+    return p.wg ? mlp2_wgo_fn<T, MLP2_PROD_NWG, MLP2_PROD_NS>(relu)
+                : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
+}
+
+/* W1a = [W1 | b1 | 0] of 16 ks columns for w1 and b1, in T: built by the
+ * first call that needs it (on its stream, which is then synchronized, so
+ * every stream sees it whole), kept in w1->aug and freed with w1 (a weight
+ * is immutable once loaded). *out stays NULL, and the caller runs the
+ * kernels without W1a, while the stream captures a graph and W1a is not
+ * built yet (no allocation there), or when w1 was augmented with another
+ * b1. -1 on a CUDA error (err set). */
+template <typename T>
+static int mlp2_w1a(bk_stream *s, const bk_weight *w1, const bk_weight *b1, int ks, const T **out,
+                    bk_err *err)
+{
+    cuda_backend *cb = cu_impl(s->be);
+    bk_weight *w = (bk_weight *)w1; /* aug: w1's cache, under the lock */
+    const void *key = b1 ? b1->data : NULL;
+    const int ka = 16 * ks;
+    int rc = 0;
+    *out = NULL;
+    pthread_mutex_lock(&cb->lock);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (!w->aug && cudaStreamIsCapturing(s->st, &cs) == cudaSuccess &&
+        cs == cudaStreamCaptureStatusNone) {
+        const size_t bytes = (size_t)w1->rows * ka * sizeof(T);
+        void *p = cu_dev_malloc(s->be, bytes, err);
+        if (!p) {
+            rc = -1;
+        } else {
+            k_mlp2_w1a<T><<<cu_grid_for(((size_t)w1->rows * ka + 255) / 256, 1), 256, 0, s->st>>>(
+                (const T *)w1->data, w1->ld, b1 ? (const T *)b1->data : NULL, w1->cols, w1->rows,
+                ka, (T *)p);
+            if (cu_check_launch(s, err, "mlp2 W1a") ||
+                cu_check(cudaStreamSynchronize(s->st), err, "mlp2 W1a")) {
+                cudaFree(p);
+                rc = -1;
+            } else {
+                w->aug = p;
+                w->aug_key = key;
+                w->aug_bytes = bytes;
+                bk_ledger_weights(&cb->ledger, bytes, 0);
+            }
+        }
+    }
+    if (w->aug && w->aug_key == key) *out = (const T *)w->aug;
+    pthread_mutex_unlock(&cb->lock);
+    return rc;
+}
+
 /* Production's kernel (mlp2_production's plan) then k_mlp2_sum, in T (bf16
  * or fp16). */
 template <typename T>
-static int mlp2_launch(bk_stream *s, const mlp2_plan &p, const void *x, int ldx, int in, int rows,
-                       const bk_weight *w1, const bk_weight *b1, int relu, const bk_weight *w2,
-                       float *part, const mlp2_tail &t, void *y, int ldy, bk_err *err)
+static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, const bk_weight *w1,
+                       const bk_weight *b1, int relu, const bk_weight *w2, const mlp2_tail &t,
+                       void *y, int ldy, bk_err *err)
 {
-    const int out = w2->rows;
-    const void *fn = p.wg ? mlp2_wgo_fn<T, MLP2_PROD_NWG, MLP2_PROD_NS>(relu)
-                          : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
-    if (cu_smem_limit(s, fn, (int)mlp2_smem(p), err)) return -1;
-    auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
-                    : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
-    run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
-        b1 ? (const T *)b1->data : NULL, relu, (const T *)w2->data, w2->ld, w1->rows, out, part);
+    const int out = w2->rows, hid = w1->rows, ks = in < 16 ? 1 : 2;
+    const T *w1a;
+    if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
+    const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count, w1a ? ks : 0);
+    if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
+        cu_smem_limit(s, mlp2_fn<T>(p, rows, relu), (int)mlp2_smem(p), err))
+        return -1;
+    float *part = (float *)s->mlp2_part.p;
+    const T *W2 = (const T *)w2->data;
+    if (p.ks == 2 || p.ks == 1) {
+        auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
+                             : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
+        run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out, part);
+    } else {
+        auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+                        : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
+        run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
+            b1 ? (const T *)b1->data : NULL, relu, W2, w2->ld, hid, out, part);
+    }
     if (cu_check_launch(s, err, "mlp2")) return -1;
     mlp2_sum<T>(mlp2_sum_ways((size_t)rows * out, cu_impl(s->be)->sm_count), s->st, part, p.S, t,
                 (T *)y, ldy, rows, out);
@@ -605,13 +967,9 @@ int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w
             return -1;
         return act2 == BK_ACT_NONE ? 0 : cu_act_rows(s, y, ldy, rows, out, act2, err);
     }
-    const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count);
-    if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err)) return -1;
-    float *part = (float *)s->mlp2_part.p;
     const int relu = act1 == BK_ACT_RELU;
     const mlp2_tail t = {add, addu, map, ldadd, (int)act2};
-    return dt == CU_BF16 ? mlp2_launch<__nv_bfloat16>(s, p, x, ldx, in, rows, w1, b1, relu, w2,
-                                                      part, t, y, ldy, err)
-                         : mlp2_launch<__half>(s, p, x, ldx, in, rows, w1, b1, relu, w2, part, t,
-                                               y, ldy, err);
+    return dt == CU_BF16
+               ? mlp2_launch<__nv_bfloat16>(s, x, ldx, in, rows, w1, b1, relu, w2, t, y, ldy, err)
+               : mlp2_launch<__half>(s, x, ldx, in, rows, w1, b1, relu, w2, t, y, ldy, err);
 }
