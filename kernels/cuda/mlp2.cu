@@ -535,6 +535,20 @@ __device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, con
     for (int ks = 0; ks < KS; ks++) mlp2_xfrag_aug<T>(x, ldx, in, b.r0, b.rend, b.lane, ks, xa[ks]);
 }
 
+/* The first NS - 2 chunks of block b's slice into stages 0.., a commit
+ * group each (empty past the slice). */
+template <typename T, int NT, int NS, int KS>
+__device__ __forceinline__ void mlp2_wgh_prefill(mlp2_wgh_stage<T, KS> *st, const mlp2_wg_copy<T, NT> &cp,
+                                                 const T *W1a, const T *W2, int ld2, int hid, int out,
+                                                 const mlp2_blk &b)
+{
+    for (int i = 0; i < NS - 2; i++) {
+        if (b.c0 + i < b.c1)
+            mlp2_wgh_load<T, NT, KS>(&st[i], cp, W1a, W2, ld2, hid, out, b.n0, (b.c0 + i) * MLP2_HC, b.tid);
+        cp_async_commit();
+    }
+}
+
 /* NWG warpgroups of 64 rows; a chunk: H (waited for: the wait also retires
  * the previous chunk's Y, so P is free), then Y += P W2^T (8 wgmma, not
  * waited for). A stage is refilled two chunks after its Y was issued, when
@@ -553,12 +567,9 @@ k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
     uint32_t xa[KS][4];
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
+    mlp2_wgh_prefill<T, 128 * NWG, NS, KS>(st, cp, W1a, W2, ld2, hid, out, b);
     float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
     uint32_t pk[MLP2_HC / 16][4];
-    for (int i = 0; i < NS - 2; i++) {
-        if (c0 + i < c1) mlp2_wgh_load<T, 128 * NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
-        cp_async_commit();
-    }
     for (int c = c0; c < c1; c++) {
         cp_async_wait<NS - 3>(); /* chunk c is in */
         fence_proxy_async();
@@ -620,12 +631,9 @@ k_mlp2_wgho(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, co
     const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
     uint32_t xa[KS][4];
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
+    mlp2_wgh_prefill<T, 128 * NWG, NS, KS>(st, cp, W1a, W2, ld2, hid, out, b);
     float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
     uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
-    for (int i = 0; i < NS - 2; i++) {
-        if (c0 + i < c1) mlp2_wgh_load<T, 128 * NWG, KS>(&st[i], cp, W1a, W2, ld2, hid, out, n0, (c0 + i) * MLP2_HC, tid);
-        cp_async_commit();
-    }
     cp_async_wait<NS - 3>(); /* chunk c0 */
     fence_proxy_async();
     __syncthreads();
