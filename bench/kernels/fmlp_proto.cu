@@ -140,15 +140,15 @@ static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, i
     const dim3 grid(p.rb, p.S, p.zt);
     static bool attr1; /* KS = 2's is set by main, as the variant's fn */
     if (in < 16 && !attr1) {
-        CK(cudaFuncSetAttribute(k_mlp2_wgh<bf, NWG, NS, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CK(cudaFuncSetAttribute(k_mlp2_wgh<bf, NWG, NS, 1, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(NS * sizeof(mlp2_wgh_stage<bf, 1>) + 1024)));
         attr1 = true;
     }
     if (in < 16)
-        k_mlp2_wgh<bf, NWG, NS, 1, true><<<grid, 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 1>) + 1024, st>>>(
+        k_mlp2_wgh<bf, NWG, NS, 1, true, false><<<grid, 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 1>) + 1024, st>>>(
             x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 16), W2, ld2, hid, out, part, p.per);
     else
-        k_mlp2_wgh<bf, NWG, NS, 2, true><<<grid, 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
+        k_mlp2_wgh<bf, NWG, NS, 2, true, false><<<grid, 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
             x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
 }
 
@@ -158,7 +158,7 @@ static void run_wgho(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, 
                      float *part)
 {
     if (in < 16) { fprintf(stderr, "fmlp_proto: wgho is built for in = 16 only\n"); exit(2); }
-    k_mlp2_wgho<bf, NWG, NS, 2, true><<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
+    k_mlp2_wgh<bf, NWG, NS, 2, true, true><<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
         x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
 }
 
@@ -181,10 +181,10 @@ struct variant {
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
 #define VWGHO(name, nwg, ns)                                                                        \
-    {name, 64, nwg, ns, 1, 1, 1, run_wgho<nwg, ns>, (const void *)k_mlp2_wgho<bf, nwg, ns, 2, true>,          \
+    {name, 64, nwg, ns, 1, 1, 1, run_wgho<nwg, ns>, (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, true>,          \
      sizeof(mlp2_wgh_stage<bf, 2>)}
 #define VWGH(name, nwg, ns, cps)                                                                    \
-    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns>, (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true>,          \
+    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns>, (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, false>,          \
      sizeof(mlp2_wgh_stage<bf, 2>)}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),

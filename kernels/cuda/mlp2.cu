@@ -390,7 +390,7 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, r0, rend, n0, out, lane);
 }
 
-/* ---- both products on wgmma: k_mlp2_wgh (from 256 rows), k_mlp2_wgho ----
+/* ---- both products on wgmma: k_mlp2_wgh (overlapped below 256 rows) ----
  *
  * The hidden values H = [x | 1 | 0] [W1 | b1 | 0]^T come from wgmma
  * m64n64k16 in its RS form: x's fragments with a ones column at `in` (made
@@ -400,8 +400,8 @@ k_mlp2_wgo(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
  * in = 16 (none below) instead of fragment loads and moves, W1 is read by
  * the tensor core instead of ldmatrix, and H's accumulators become P, the A
  * fragments of Y += P W2^T, by one cvt (with ReLU) a pair (FA3's S -> P).
- * On an H100 at 1120 rows: 75 us against k_mlp2_wgo's 99.5; at 70 rows
- * k_mlp2_wgho 17.9 against k_mlp2's 22.5 (bench/RESULTS.md). W1a is built
+ * On an H100 at 1120 rows: 75 us against k_mlp2_wgo's 99.5; at 70 rows,
+ * overlapped, 17.9 against k_mlp2's 22.5 (bench/RESULTS.md). W1a is built
  * once per W1 (mlp2_w1a). A chunk's H is its two halves of 64 hidden units
  * into two accumulator sets in one wgmma group (one set reused for both
  * halves, each waited for, ran wrong: ptxas dropped the first half's
@@ -549,47 +549,7 @@ __device__ __forceinline__ void mlp2_wgh_prefill(mlp2_wgh_stage<T, KS> *st, cons
     }
 }
 
-/* NWG warpgroups of 64 rows; a chunk: H (waited for: the wait also retires
- * the previous chunk's Y, so P is free), then Y += P W2^T (8 wgmma, not
- * waited for). A stage is refilled two chunks after its Y was issued, when
- * every warpgroup's wait has retired it (NS - 2 chunks load ahead). A
- * warpgroup past the block's rows computes on zeros and stores nothing. */
-template <typename T, int NWG, int NS, int KS, bool RELU>
-__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
-k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
-           const T *W2, int ld2, int hid, int out, float *part, int per_slice)
-{
-    static_assert(NS >= 3 && (KS == 1 || KS == 2), "stages: one in use, one retiring, one loading");
-    extern __shared__ unsigned char smem_raw[];
-    auto *st = (mlp2_wgh_stage<T, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
-    const int tid = b.tid, n0 = b.n0, c0 = b.c0, c1 = b.c1;
-    const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
-    uint32_t xa[KS][4];
-    mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
-    mlp2_wgh_prefill<T, 128 * NWG, NS, KS>(st, cp, W1a, W2, ld2, hid, out, b);
-    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
-    uint32_t pk[MLP2_HC / 16][4];
-    for (int c = c0; c < c1; c++) {
-        cp_async_wait<NS - 3>(); /* chunk c is in */
-        fence_proxy_async();
-        __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
-        if (c + NS - 2 < c1)
-            mlp2_wgh_load<T, 128 * NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0,
-                                            (c + NS - 2) * MLP2_HC, tid);
-        cp_async_commit();
-        const mlp2_wgh_stage<T, KS> *s = &st[(c - c0) % NS];
-        mlp2_wgh_h<T, KS>(s, xa, h);
-        wg_wait<0>();
-        mlp2_wgh_p<T, RELU>(h, pk);
-        mlp2_wg_mma<T>(s->w2, pk, y);
-    }
-    wg_wait<0>();
-    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
-}
-
-/* One turn of k_mlp2_wgho for chunk c: H(c + 1) issued, then Y(c) from P(c);
+/* One turn of k_mlp2_wgh's overlapped form (OVL) for chunk c: H(c + 1) issued, then Y(c) from P(c);
  * wait for all but Y(c) (so H(c + 1) and Y(c - 1) are done); P(c + 1) packed
  * into the other set while Y(c) runs. Y(c - 2) is retired by every
  * warpgroup at this turn's barrier, so its stage is refilled then (NS - 2
@@ -615,15 +575,23 @@ __device__ __forceinline__ void mlp2_wgho_turn(mlp2_wgh_stage<T, KS> *st, int c,
     mlp2_wgh_p<T, RELU>(h, pn);
 }
 
-/* k_mlp2_wgh with chunk c + 1's H under chunk c's Y (k_mlp2_wgo's overlap):
- * two P sets, so one CTA an SM (below 256 rows, where rows are few and
- * every slice short, it is the faster one). */
-template <typename T, int NWG, int NS, int KS, bool RELU>
-__global__ void __launch_bounds__(128 * NWG, 1)
-k_mlp2_wgho(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
-            const T *W2, int ld2, int hid, int out, float *part, int per_slice)
+/* NWG warpgroups of 64 rows over block b's slice. A warpgroup past the
+ * block's rows computes on zeros and stores nothing.
+ * OVL false (from 256 rows): a chunk is H (waited for: the wait also
+ * retires the previous chunk's Y, so P is free), then Y += P W2^T (8
+ * wgmma, not waited for). A stage is refilled two chunks after its Y was
+ * issued, when every warpgroup's wait has retired it (NS - 2 chunks load
+ * ahead).
+ * OVL true (below 256 rows, where every slice is short and one chunk's
+ * chain is what the SM waits on): chunk c + 1's H under chunk c's Y
+ * (k_mlp2_wgo's overlap), two P sets, so one CTA an SM. */
+template <typename T, int NWG, int NS, int KS, bool RELU, bool OVL>
+__global__ void __launch_bounds__(128 * NWG, NWG >= 3 || OVL ? 1 : 2)
+k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
+           const T *W2, int ld2, int hid, int out, float *part, int per_slice)
 {
-    static_assert(NS >= 4 && (KS == 1 || KS == 2), "stages: Y's, H's, one retiring, one loading");
+    static_assert(NS >= (OVL ? 4 : 3) && (KS == 1 || KS == 2),
+                  "stages: Y's, (OVL: H's,) one retiring, one loading");
     extern __shared__ unsigned char smem_raw[];
     auto *st = (mlp2_wgh_stage<T, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
@@ -633,19 +601,39 @@ k_mlp2_wgho(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, co
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
     mlp2_wgh_prefill<T, 128 * NWG, NS, KS>(st, cp, W1a, W2, ld2, hid, out, b);
     float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
-    uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
-    cp_async_wait<NS - 3>(); /* chunk c0 */
-    fence_proxy_async();
-    __syncthreads();
-    mlp2_wgh_h<T, KS>(&st[0], xa, h);
-    wg_wait<0>();
-    mlp2_wgh_p<T, RELU>(h, p0);
-    int c = c0;
-    for (; c + 1 < c1; c += 2) {
-        mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c, c0, c1, xa, h, p0, p1, y, cp, W1a, W2, ld2, hid, out, n0, tid);
-        mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c + 1, c0, c1, xa, h, p1, p0, y, cp, W1a, W2, ld2, hid, out, n0, tid);
+    if constexpr (OVL) {
+        uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
+        cp_async_wait<NS - 3>(); /* chunk c0 */
+        fence_proxy_async();
+        __syncthreads();
+        mlp2_wgh_h<T, KS>(&st[0], xa, h);
+        wg_wait<0>();
+        mlp2_wgh_p<T, RELU>(h, p0);
+        int c = c0;
+        for (; c + 1 < c1; c += 2) {
+            mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c, c0, c1, xa, h, p0, p1, y, cp, W1a, W2, ld2,
+                                                 hid, out, n0, tid);
+            mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c + 1, c0, c1, xa, h, p1, p0, y, cp, W1a, W2,
+                                                 ld2, hid, out, n0, tid);
+        }
+        if (c < c1) mlp2_wg_mma<T>(st[(c - c0) % NS].w2, p0, y);
+    } else {
+        uint32_t pk[MLP2_HC / 16][4];
+        for (int c = c0; c < c1; c++) {
+            cp_async_wait<NS - 3>(); /* chunk c is in */
+            fence_proxy_async();
+            __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
+            if (c + NS - 2 < c1)
+                mlp2_wgh_load<T, 128 * NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid,
+                                                out, n0, (c + NS - 2) * MLP2_HC, tid);
+            cp_async_commit();
+            const mlp2_wgh_stage<T, KS> *s = &st[(c - c0) % NS];
+            mlp2_wgh_h<T, KS>(s, xa, h);
+            wg_wait<0>();
+            mlp2_wgh_p<T, RELU>(h, pk);
+            mlp2_wg_mma<T>(s->w2, pk, y);
+        }
     }
-    if (c < c1) mlp2_wg_mma<T>(st[(c - c0) % NS].w2, p0, y);
     wg_wait<0>();
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
     mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
@@ -753,7 +741,7 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
  * zt output tiles, S slices of per chunks, at most cps CTAs an SM. */
 struct mlp2_plan {
     int unit, units, ns, wg, rb, rows_cta, zt, S, per;
-    int ks; /* k_mlp2_wgh/wgho: W1a's k-steps (1 or 2); 0: the other kernels */
+    int ks; /* k_mlp2_wgh: W1a's k-steps (1 or 2); 0: the other kernels */
 };
 
 static mlp2_plan mlp2_plan_for(int rows, int hid, int out, int sm_count, int unit, int units,
@@ -787,8 +775,8 @@ static size_t mlp2_smem(const mlp2_plan &p)
 
 /* Production's shapes (bench/RESULTS.md). With W1a (bf16/fp16, in <= 16):
  * from 256 rows k_mlp2_wgh, 3 warpgroups of 64 rows, 4 stages, one CTA an
- * SM; below, k_mlp2_wgho, 2 warpgroups, 5 stages (H100: 75.3 and 17.9 us
- * at 1120 and 70 rows). Without (a graph being captured before W1a was
+ * SM; below, its overlapped form (OVL), 2 warpgroups, 5 stages (H100: 75.3
+ * and 17.9 us at 1120 and 70 rows). Without (a graph being captured before W1a was
  * built): from 256 rows k_mlp2_wgo, 2 warpgroups, 4 stages; below, k_mlp2
  * with 16 rows a warp, 8 warps, 4 stages; ~2 CTAs an SM. mlp2_launch
  * instantiates these from the same constants, so the plan and the launched
@@ -798,7 +786,7 @@ static size_t mlp2_smem(const mlp2_plan &p)
 #define MLP2_PROD_NS 4   /* stages, both */
 #define MLP2_WGH_NWG 3   /* k_mlp2_wgh's warpgroups */
 #define MLP2_WGH_NS 4    /* its stages */
-#define MLP2_WGHO_NWG 2  /* k_mlp2_wgho's */
+#define MLP2_WGHO_NWG 2  /* the overlapped form's */
 #define MLP2_WGHO_NS 5
 
 static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count, int ks)
@@ -845,21 +833,22 @@ static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
 /* The kernel mlp2_run_wgh launches for rows. */
 template <typename T, int KS, bool RELU> static const void *mlp2_wgh_fn(int rows)
 {
-    return rows >= 256 ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU>
-                       : (const void *)k_mlp2_wgho<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU>;
+    return rows >= 256 ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
+                       : (const void *)k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true>;
 }
 
-/* k_mlp2_wgh (from 256 rows) or k_mlp2_wgho, as mlp2_production planned. */
+/* k_mlp2_wgh (overlapped below 256 rows), as mlp2_production planned. */
 template <typename T, int KS, bool RELU>
 static void mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in, int rows,
                          const T *W1a, const T *W2, int ld2, int hid, int out, float *part)
 {
     const dim3 g(p.rb, p.S, p.zt);
     if (rows >= 256)
-        k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU><<<g, 128 * MLP2_WGH_NWG, mlp2_smem(p), st>>>(
-            x, ldx, in, rows, p.rows_cta, W1a, W2, ld2, hid, out, part, p.per);
+        k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
+            <<<g, 128 * MLP2_WGH_NWG, mlp2_smem(p), st>>>(x, ldx, in, rows, p.rows_cta, W1a, W2, ld2,
+                                                         hid, out, part, p.per);
     else
-        k_mlp2_wgho<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU>
+        k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true>
             <<<g, 128 * MLP2_WGHO_NWG, mlp2_smem(p), st>>>(x, ldx, in, rows, p.rows_cta, W1a, W2,
                                                           ld2, hid, out, part, p.per);
 }
