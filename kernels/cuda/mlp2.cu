@@ -18,7 +18,10 @@
  * too; k_mlp2_wgo (from 256 rows: 2 warpgroups of 64 rows) on wgmma in its
  * RS form, W2 in shared memory 128-byte swizzled, the next chunk's hidden
  * values made while this chunk's wgmma run (bench/RESULTS.md has each
- * step's figures on an H200). Row blocks take even shares of the rows.
+ * step's figures). In bf16 both products run on wgmma instead (k_mlp2_wgh,
+ * "both products on wgmma" below: H from W1a, W1 with b1 as a column, made
+ * once per weight); the kernels above serve fp16 and graphs captured before
+ * W1a exists. Row blocks take even shares of the rows.
  * Each slice writes fp32 partials to the stream's scratch; k_mlp2_sum adds
  * add, the slices in a fixed order for a given slice count (every row
  * alike) and addu, then applies act2. Elsewhere (fp32, in > 16) the
