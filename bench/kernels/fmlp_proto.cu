@@ -14,7 +14,9 @@
  * moved to kernels/cuda/mlp2.cu, the fold's mlp2. Its first variants (1 to
  * 3 CTAs an SM, at e0ba0d8) are in bench/RESULTS.md; this now times
  * mlp2.cu's kernels at the shapes in `variants` (production's among them,
- * v1's too, and k_mlp2_wg, below: the wgmma kernel without the overlap)
+ * marked prod>=256 and prod<256; v1's too; k_mlp2_wg, below: the wgmma
+ * kernel without the overlap; k_mlp2_wgh's shapes, on a W1a made here
+ * once, as production makes it once per weight)
  * against the reference, today's two steps on cuBLAS (H through
  * fp32, rounded to bf16 after bias and ReLU, then Y), and the baseline:
  * H's write alone (step 1's floor) plus cuBLAS's step 2. Each variant's
