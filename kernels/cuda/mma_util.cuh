@@ -56,52 +56,35 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *sme
 template <typename T> __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4],
                                                                const uint32_t b[2]);
 
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float d[4], const uint32_t a[4],
-                                                        const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <>
-__device__ __forceinline__ void mma16816<__half>(float d[4], const uint32_t a[4],
-                                                 const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 /* d = a * b + c for one m16n8k16 tile, c's pair (c.x, c.y) in both of
  * the thread's rows: a bias in the accumulator's place, no adds after. */
 template <typename T> __device__ __forceinline__ void mma16816_c(float d[4], const uint32_t a[4],
                                                                  const uint32_t b[2], float2 c);
 
-template <>
-__device__ __forceinline__ void mma16816_c<__nv_bfloat16>(float d[4], const uint32_t a[4],
-                                                          const uint32_t b[2], float2 c)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c.x),
-                   "f"(c.y));
-}
-
-template <>
-__device__ __forceinline__ void mma16816_c<__half>(float d[4], const uint32_t a[4],
-                                                   const uint32_t b[2], float2 c)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c.x),
-                   "f"(c.y));
-}
+/* Both, for input type T spelled TY in PTX. */
+#define IKBO_MMA16816(T, TY)                                                                      \
+    template <>                                                                                   \
+    __device__ __forceinline__ void mma16816<T>(float d[4], const uint32_t a[4],                  \
+                                                const uint32_t b[2])                              \
+    {                                                                                             \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 "                   \
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                     \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));         \
+    }                                                                                             \
+    template <>                                                                                   \
+    __device__ __forceinline__ void mma16816_c<T>(float d[4], const uint32_t a[4],                \
+                                                  const uint32_t b[2], float2 c)                  \
+    {                                                                                             \
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 "                   \
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};\n"                 \
+                     : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                             \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),          \
+                       "f"(c.x), "f"(c.y));                                                       \
+    }
+IKBO_MMA16816(__nv_bfloat16, "bf16")
+IKBO_MMA16816(__half, "f16")
+#undef IKBO_MMA16816
 
 /* Two fp32 values packed as one 32-bit pair of T (low half = x). */
 template <typename T> __device__ __forceinline__ uint32_t pack2(float x, float y);
