@@ -746,13 +746,14 @@ static int mlp2_composed(bk_stream *s, const void *x, int ldx, int rows, const b
  * zt output tiles, S slices of per chunks, at most cps CTAs an SM. */
 struct mlp2_plan {
     int unit, units, ns, wg, rb, rows_cta, zt, S, per;
-    int ks; /* k_mlp2_wgh: W1a's k-steps (1 or 2); 0: the other kernels */
+    int ks;  /* k_mlp2_wgh: W1a's k-steps (1 or 2); 0: the other kernels */
+    int ovl; /* k_mlp2_wgh's overlapped form */
 };
 
 static mlp2_plan mlp2_plan_for(int rows, int hid, int out, int sm_count, int unit, int units,
                                int ns, int wg, int cps)
 {
-    mlp2_plan p = {unit, units, ns, wg, 0, 0, 0, 0, 0, 0};
+    mlp2_plan p = {unit, units, ns, wg, 0, 0, 0, 0, 0, 0, 0};
     const int cap = unit * units, nchunks = (hid + MLP2_HC - 1) / MLP2_HC;
     p.rb = (rows + cap - 1) / cap;
     p.rows_cta = ((rows + p.rb - 1) / p.rb + unit - 1) / unit * unit;
@@ -799,8 +800,10 @@ static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count, int k
     mlp2_plan p;
     if (ks && rows >= 256)
         p = mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_WGH_NWG, MLP2_WGH_NS, 1, 1);
-    else if (ks)
+    else if (ks) {
         p = mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_WGHO_NWG, MLP2_WGHO_NS, 1, 1);
+        p.ovl = 1;
+    }
     else if (rows >= 256)
         return mlp2_plan_for(rows, hid, out, sm_count, 64, MLP2_PROD_NWG, MLP2_PROD_NS, 1, 2);
     else
@@ -835,10 +838,10 @@ static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
         x, ldx, in, rows, p.rows_cta, W1, ld1, b1, W2, ld2, hid, out, part, p.per);
 }
 
-/* The kernel mlp2_run_wgh launches for rows. */
-template <typename T, int KS, bool RELU> static const void *mlp2_wgh_fn(int rows)
+/* The kernel mlp2_run_wgh launches for plan p. */
+template <typename T, int KS, bool RELU> static const void *mlp2_wgh_fn(const mlp2_plan &p)
 {
-    return rows >= 256 ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
+    return !p.ovl ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
                        : (const void *)k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true>;
 }
 
@@ -848,7 +851,7 @@ static void mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
                          const T *W1a, const T *W2, int ld2, int hid, int out, float *part)
 {
     const dim3 g(p.rb, p.S, p.zt);
-    if (rows >= 256)
+    if (!p.ovl)
         k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
             <<<g, 128 * MLP2_WGH_NWG, mlp2_smem(p), st>>>(x, ldx, in, rows, p.rows_cta, W1a, W2, ld2,
                                                          hid, out, part, p.per);
@@ -860,11 +863,11 @@ static void mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
 
 /* The kernel mlp2_launch runs for plan p. */
 template <typename T>
-static const void *mlp2_fn(const mlp2_plan &p, int rows, int relu)
+static const void *mlp2_fn(const mlp2_plan &p, int relu)
 {
     if constexpr (std::is_same<T, __nv_bfloat16>::value) { /* see mlp2_launch */
-        if (p.ks == 2) return relu ? mlp2_wgh_fn<T, 2, true>(rows) : mlp2_wgh_fn<T, 2, false>(rows);
-        if (p.ks == 1) return relu ? mlp2_wgh_fn<T, 1, true>(rows) : mlp2_wgh_fn<T, 1, false>(rows);
+        if (p.ks == 2) return relu ? mlp2_wgh_fn<T, 2, true>(p) : mlp2_wgh_fn<T, 2, false>(p);
+        if (p.ks == 1) return relu ? mlp2_wgh_fn<T, 1, true>(p) : mlp2_wgh_fn<T, 1, false>(p);
     }
     return p.wg ? mlp2_wgo_fn<T, MLP2_PROD_NWG, MLP2_PROD_NS>(relu)
                 : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
@@ -931,7 +934,7 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
         if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
     const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count, w1a ? ks : 0);
     if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
-        cu_smem_limit(s, mlp2_fn<T>(p, rows, relu), (int)mlp2_smem(p), err))
+        cu_smem_limit(s, mlp2_fn<T>(p, relu), (int)mlp2_smem(p), err))
         return -1;
     float *part = (float *)s->mlp2_part.p;
     const T *W2 = (const T *)w2->data;
