@@ -134,34 +134,17 @@ static const bf *wgh_w1a(const bf *W1, int ld1, const bf *b1, int in, int hid, i
     return buf;
 }
 
-template <int NWG, int NS>
+/* k_mlp2_wgh (OVL: its overlapped form) at the prototype's in = KIN = 16,
+ * so W1a of two k-steps. */
+template <int NWG, int NS, bool OVL>
 static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
                     float *part)
 {
-    const dim3 grid(p.rb, p.S, p.zt);
-    static bool attr1; /* KS = 2's is set by main, as the variant's fn */
-    if (in < 16 && !attr1) {
-        CK(cudaFuncSetAttribute(k_mlp2_wgh<bf, NWG, NS, 1, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(NS * sizeof(mlp2_wgh_stage<bf, 1>) + 1024)));
-        attr1 = true;
-    }
-    if (in < 16)
-        k_mlp2_wgh<bf, NWG, NS, 1, true, false><<<grid, 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 1>) + 1024, st>>>(
-            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 16), W2, ld2, hid, out, part, p.per);
-    else
-        k_mlp2_wgh<bf, NWG, NS, 2, true, false><<<grid, 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
-            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
-}
-
-template <int NWG, int NS>
-static void run_wgho(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
-                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
-                     float *part)
-{
-    if (in < 16) { fprintf(stderr, "fmlp_proto: wgho is built for in = 16 only\n"); exit(2); }
-    k_mlp2_wgh<bf, NWG, NS, 2, true, true><<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
-        x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part, p.per);
+    k_mlp2_wgh<bf, NWG, NS, 2, true, OVL>
+        <<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
+            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part,
+            p.per);
 }
 
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
@@ -182,12 +165,9 @@ struct variant {
     {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
-#define VWGHO(name, nwg, ns)                                                                        \
-    {name, 64, nwg, ns, 1, 1, 1, run_wgho<nwg, ns>, (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, true>,          \
-     sizeof(mlp2_wgh_stage<bf, 2>)}
-#define VWGH(name, nwg, ns, cps)                                                                    \
-    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns>, (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, false>,          \
-     sizeof(mlp2_wgh_stage<bf, 2>)}
+#define VWGH(name, nwg, ns, cps, ovl)                                                              \
+    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl>,                                            \
+     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl>, sizeof(mlp2_wgh_stage<bf, 2>)}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
@@ -197,10 +177,10 @@ static const variant variants[] = {
     VWG("wg 2x64r 3st 3cta", 2, 3, 3),   VWGO("wgo 2x64r 4st (fallback)", 2, 4, 2),
     VWGO("wgo 2x64r 5st", 2, 5, 2),       VWGO("wgo 4x64r 4st 1cta", 4, 4, 1),
     VWGO("wgo 1x64r 3st 3cta", 1, 3, 3),   VWGO("wgo 3x64r 4st 1cta", 3, 4, 1),
-    VWGH("wgh 2x64r 4st", 2, 4, 2),         VWGH("wgh 2x64r 3st", 2, 3, 2),
-    VWGH("wgh 3x64r 4st (prod>=256)", 3, 4, 1), VWGHO("wgho 2x64r 5st (prod<256)", 2, 5),
-    VWGH("wgh 4x64r 4st 1cta", 4, 4, 1),
-    VWGHO("wgho 2x64r 6st 1cta", 2, 6),    VWGHO("wgho 3x64r 5st 1cta", 3, 5),
+    VWGH("wgh 2x64r 4st", 2, 4, 2, false),  VWGH("wgh 2x64r 3st", 2, 3, 2, false),
+    VWGH("wgh 3x64r 4st (prod>=256)", 3, 4, 1, false), VWGH("wgho 2x64r 5st (prod<256)", 2, 5, 1, true),
+    VWGH("wgh 4x64r 4st 1cta", 4, 4, 1, false),
+    VWGH("wgho 2x64r 6st 1cta", 2, 6, 1, true), VWGH("wgho 3x64r 5st 1cta", 3, 5, 1, true),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)
