@@ -18,18 +18,16 @@
  * too; k_mlp2_wgo (from 256 rows: 2 warpgroups of 64 rows) on wgmma in its
  * RS form, W2 in shared memory 128-byte swizzled, the next chunk's hidden
  * values made while this chunk's wgmma run (bench/RESULTS.md has each
- * step's figures). In bf16 both products run on wgmma instead (k_mlp2_wgh,
- * "both products on wgmma" below: H from W1a, W1 with b1 as a column, made
- * once per weight); the kernels above serve fp16 and graphs captured before
- * W1a exists. Row blocks take even shares of the rows.
+ * step's figures). Where W1a exists both products run on wgmma instead
+ * (k_mlp2_wgh, "both products on wgmma" below: H from W1a, W1 with b1 as a
+ * column, made once per weight); the kernels above serve graphs captured
+ * before W1a exists. Row blocks take even shares of the rows.
  * Each slice writes fp32 partials to the stream's scratch; k_mlp2_sum adds
  * add, the slices in a fixed order for a given slice count (every row
  * alike) and addu, then applies act2. Elsewhere (fp32, in > 16) the
  * composition through a scratch of MLP2_CHUNK hidden units: linear into
  * it, linear out of it into a second scratch, added; then addu and act2.
  */
-#include <type_traits>
-
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/cuda/wgmma_gen.cuh"
@@ -865,10 +863,8 @@ static void mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
 template <typename T>
 static const void *mlp2_fn(const mlp2_plan &p, int relu)
 {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) { /* see mlp2_launch */
-        if (p.ks == 2) return relu ? mlp2_wgh_fn<T, 2, true>(p) : mlp2_wgh_fn<T, 2, false>(p);
-        if (p.ks == 1) return relu ? mlp2_wgh_fn<T, 1, true>(p) : mlp2_wgh_fn<T, 1, false>(p);
-    }
+    if (p.ks == 2) return relu ? mlp2_wgh_fn<T, 2, true>(p) : mlp2_wgh_fn<T, 2, false>(p);
+    if (p.ks == 1) return relu ? mlp2_wgh_fn<T, 1, true>(p) : mlp2_wgh_fn<T, 1, false>(p);
     return p.wg ? mlp2_wgo_fn<T, MLP2_PROD_NWG, MLP2_PROD_NS>(relu)
                 : (const void *)k_mlp2<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
 }
@@ -928,24 +924,18 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
 {
     const int out = w2->rows, hid = w1->rows, ks = in < 16 ? 1 : 2;
     const T *w1a = NULL;
-    /* bf16 only until k_mlp2_wgh has run in fp16 on a GPU (bench/RESULTS.md,
-     * 2026-12-07): fp16 keeps the kernels checked there. */
-    if constexpr (std::is_same<T, __nv_bfloat16>::value)
-        if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
+    if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
     const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count, w1a ? ks : 0);
     if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
         cu_smem_limit(s, mlp2_fn<T>(p, relu), (int)mlp2_smem(p), err))
         return -1;
     float *part = (float *)s->mlp2_part.p;
     const T *W2 = (const T *)w2->data;
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        if (p.ks) {
-            auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
-                                 : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
-            run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out, part);
-        }
-    }
-    if (!p.ks) {
+    if (p.ks) {
+        auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
+                             : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
+        run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out, part);
+    } else {
         auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
                         : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
         run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
