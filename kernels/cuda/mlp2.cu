@@ -777,11 +777,11 @@ static size_t mlp2_smem(const mlp2_plan &p)
                 : (size_t)p.ns * sizeof(mlp2_stage<__half>);
 }
 
-/* Production's shapes (bench/RESULTS.md). With W1a (bf16, in <= 16): from
- * 256 rows k_mlp2_wgh, 3 warpgroups of 64 rows, 4 stages, one CTA an SM;
- * below, its overlapped form (OVL), 2 warpgroups, 5 stages (H100: 75.3 and
- * 17.9 us at 1120 and 70 rows). Without (fp16, see mlp2_launch, or a graph
- * captured before W1a was built): from 256 rows k_mlp2_wgo, 2 warpgroups, 4
+/* Production's shapes (bench/RESULTS.md). With W1a (bf16 or fp16, in <=
+ * 16): from 256 rows k_mlp2_wgh, 3 warpgroups of 64 rows, 4 stages, one CTA
+ * an SM; below, its overlapped form (OVL), 2 warpgroups, 5 stages (H100:
+ * 74.5 and 17.2 us at 1120 and 70 rows). Without (a graph captured before
+ * W1a was built): from 256 rows k_mlp2_wgo, 2 warpgroups, 4
  * stages; below, k_mlp2 with 16 rows a warp, 8 warps, 4 stages; ~2 CTAs an
  * SM. mlp2_launch instantiates these from the same constants, so the plan
  * and the launched kernel cannot disagree. */
