@@ -38,7 +38,6 @@
 
 #include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/mlp2.cu" /* its kernels, launched directly below */
-#include "kernels/cuda/tma_util.cuh"
 
 typedef __nv_bfloat16 bf;
 
@@ -148,155 +147,6 @@ static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, i
             p.per);
 }
 
-/* k_mlp2_wgh's form from 256 rows with per-stage mbarriers in place of its
- * CTA barrier a chunk (a lead of the twenty-seventh session: that barrier
- * was its top stall, and it keeps the warpgroups in step, so their
- * conversions of H to P leave the tensor cores idle together). full[s]
- * completes when every thread's copies into stage s have landed
- * (cp.async.mbarrier.arrive.noinc, NT arrivals), empty[s] when every warp's
- * wait has retired the Y that read it (a lane a warp). After issuing chunk
- * i's Y a thread refills the stage of chunk i - 2 with chunk i + NS - 2, so
- * a warpgroup may run up to a chunk ahead of the slowest. */
-template <int NWG, int NS, int KS, bool RELU>
-__global__ void __launch_bounds__(128 * NWG, NWG >= 3 ? 1 : 2)
-k_mlp2_wghm(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
-            const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
-{
-    static_assert(NS >= 3, "stages: Y's, one retiring, one loading");
-    constexpr int NT = 128 * NWG;
-    extern __shared__ unsigned char smem_raw[];
-    __shared__ uint64_t full[NS], empty[NS];
-    auto *st = (mlp2_wgh_stage<bf, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
-    const int tid = b.tid, n0 = b.n0, c0 = b.c0, n = b.c1 - b.c0;
-    if (tid == 0) {
-        for (int i = 0; i < NS; i++) {
-            mbar_init(&full[i], NT);
-            mbar_init(&empty[i], NT / 32);
-        }
-        mbar_fence_init();
-    }
-    __syncthreads();
-    const mlp2_wg_copy<bf, NT> cp(W2, ld2, n0, tid);
-    uint32_t xa[KS][4];
-    mlp2_xfrags_aug<bf, KS>(x, ldx, in, b, xa);
-    auto load = [&](int j) { /* chunk c0 + j into its stage */
-        mlp2_wgh_load<bf, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, (c0 + j) * MLP2_HC, tid);
-        cp_async_mbar_arrive_noinc(&full[j % NS]);
-    };
-    for (int j = 0; j < NS - 2 && j < n; j++) load(j);
-    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
-    uint32_t pk[MLP2_HC / 16][4];
-    for (int i = 0; i < n; i++) {
-        const int s = i % NS;
-        mbar_wait(&full[s], (i / NS) & 1);
-        fence_proxy_async();
-        mlp2_wgh_h<bf, KS>(&st[s], xa, h);
-        wg_wait<0>(); /* H(i), and Y(i - 1): its stage is free for this warp */
-        if (i > 0 && b.lane == 0) mbar_arrive(&empty[(i - 1) % NS]);
-        mlp2_wgh_p<bf, RELU>(h, pk);
-        mlp2_wg_mma<bf>(st[s].w2, pk, y);
-        if (i + NS - 2 < n) {
-            if (i >= 2) mbar_wait(&empty[(i - 2) % NS], ((i - 2) / NS) & 1);
-            load(i + NS - 2);
-        }
-    }
-    wg_wait<0>();
-    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
-}
-
-/* The overlapped form (OVL, below 256 rows) with the same mbarriers: turn
- * i issues H(i + 1) and Y(i), waits for all but Y(i) (so H(i + 1) and
- * Y(i - 1) are done: the stage of i - 1 is free), packs P(i + 1) into the
- * other set, then refills the stage of i - 2 with chunk i + NS - 2. */
-template <int NWG, int NS, int KS, bool RELU>
-__global__ void __launch_bounds__(128 * NWG, 1)
-k_mlp2_wghmo(const bf *__restrict__ x, int ldx, int in, int rows, int rows_cta, const bf *W1a,
-             const bf *W2, int ld2, int hid, int out, float *part, int per_slice)
-{
-    static_assert(NS >= 4, "stages: Y's, H's, one retiring, one loading");
-    constexpr int NT = 128 * NWG;
-    extern __shared__ unsigned char smem_raw[];
-    __shared__ uint64_t full[NS], empty[NS];
-    auto *st = (mlp2_wgh_stage<bf, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
-    const int tid = b.tid, n0 = b.n0, c0 = b.c0, n = b.c1 - b.c0;
-    if (tid == 0) {
-        for (int i = 0; i < NS; i++) {
-            mbar_init(&full[i], NT);
-            mbar_init(&empty[i], NT / 32);
-        }
-        mbar_fence_init();
-    }
-    __syncthreads();
-    const mlp2_wg_copy<bf, NT> cp(W2, ld2, n0, tid);
-    uint32_t xa[KS][4];
-    mlp2_xfrags_aug<bf, KS>(x, ldx, in, b, xa);
-    auto load = [&](int j) {
-        mlp2_wgh_load<bf, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, (c0 + j) * MLP2_HC, tid);
-        cp_async_mbar_arrive_noinc(&full[j % NS]);
-    };
-    auto ready = [&](int j) {
-        mbar_wait(&full[j % NS], (j / NS) & 1);
-        fence_proxy_async();
-    };
-    for (int j = 0; j < NS - 2 && j < n; j++) load(j);
-    float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
-    uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
-    auto turn = [&](int i, uint32_t (*pc)[4], uint32_t (*pn)[4]) {
-        if (i + 1 < n) {
-            ready(i + 1);
-            mlp2_wgh_h<bf, KS>(&st[(i + 1) % NS], xa, h);
-        }
-        mlp2_wg_mma<bf>(st[i % NS].w2, pc, y);
-        wg_wait<1>();
-        if (i > 0 && b.lane == 0) mbar_arrive(&empty[(i - 1) % NS]);
-        if (i + 1 < n) mlp2_wgh_p<bf, RELU>(h, pn);
-        if (i + NS - 2 < n) {
-            if (i >= 2) mbar_wait(&empty[(i - 2) % NS], ((i - 2) / NS) & 1);
-            load(i + NS - 2);
-        }
-    };
-    if (n > 0) {
-        ready(0);
-        mlp2_wgh_h<bf, KS>(&st[0], xa, h);
-        wg_wait<0>();
-        mlp2_wgh_p<bf, RELU>(h, p0);
-    }
-    int i = 0;
-    for (; i + 1 < n; i += 2) {
-        turn(i, p0, p1);
-        turn(i + 1, p1, p0);
-    }
-    if (i < n) turn(i, p0, p1);
-    wg_wait<0>();
-    wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
-}
-
-template <int NWG, int NS>
-static void run_wghmo(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
-                      const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
-                      float *part)
-{
-    k_mlp2_wghmo<NWG, NS, 2, true>
-        <<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
-            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part,
-            p.per);
-}
-
-template <int NWG, int NS>
-static void run_wghm(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
-                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
-                     float *part)
-{
-    k_mlp2_wghm<NWG, NS, 2, true>
-        <<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
-            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part,
-            p.per);
-}
-
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
  * k_mlp2_wg (warpgroups, stages), CTAs an SM aimed at, balanced row blocks
  * (0: rows_cta at its capacity, as v1). */
@@ -318,12 +168,6 @@ struct variant {
 #define VWGH(name, nwg, ns, cps, ovl)                                                              \
     {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl>,                                            \
      (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl>, sizeof(mlp2_wgh_stage<bf, 2>)}
-#define VWGM(name, nwg, ns, cps)                                                                    \
-    {name, 64, nwg, ns, 1, cps, 1, run_wghm<nwg, ns>, (const void *)k_mlp2_wghm<nwg, ns, 2, true>,   \
-     sizeof(mlp2_wgh_stage<bf, 2>)}
-#define VWGMO(name, nwg, ns, cps)                                                                   \
-    {name, 64, nwg, ns, 1, cps, 1, run_wghmo<nwg, ns>, (const void *)k_mlp2_wghmo<nwg, ns, 2, true>, \
-     sizeof(mlp2_wgh_stage<bf, 2>)}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
@@ -337,10 +181,6 @@ static const variant variants[] = {
     VWGH("wgh 3x64r 4st (prod>=256)", 3, 4, 1, false), VWGH("wgho 2x64r 5st (prod<256)", 2, 5, 1, true),
     VWGH("wgh 4x64r 4st 1cta", 4, 4, 1, false),
     VWGH("wgho 2x64r 6st 1cta", 2, 6, 1, true), VWGH("wgho 3x64r 5st 1cta", 3, 5, 1, true),
-    VWGM("wghm 3x64r 4st", 3, 4, 1),       VWGM("wghm 3x64r 5st", 3, 5, 1),
-    VWGM("wghm 3x64r 6st", 3, 6, 1),       VWGM("wghm 2x64r 4st 2cta", 2, 4, 2),
-    VWGM("wghm 4x64r 5st", 4, 5, 1),
-    VWGMO("wghmo 2x64r 5st", 2, 5, 1),     VWGMO("wghmo 2x64r 6st", 2, 6, 1),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)
