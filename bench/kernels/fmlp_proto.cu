@@ -181,6 +181,7 @@ static const variant variants[] = {
     VWGH("wgh 3x64r 4st (prod>=256)", 3, 4, 1, false), VWGH("wgho 2x64r 5st (prod<256)", 2, 5, 1, true),
     VWGH("wgh 4x64r 4st 1cta", 4, 4, 1, false),
     VWGH("wgho 2x64r 6st 1cta", 2, 6, 1, true), VWGH("wgho 3x64r 5st 1cta", 3, 5, 1, true),
+    VWGH("wgh 3x64r 5st", 3, 5, 1, false), VWGH("wgh 3x64r 6st", 3, 6, 1, false),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)

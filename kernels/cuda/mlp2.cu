@@ -30,6 +30,7 @@
  */
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
+#include "kernels/cuda/tma_util.cuh"
 #include "kernels/cuda/wgmma_gen.cuh"
 
 #define MLP2_HC 128     /* hidden units a chunk */
@@ -538,56 +539,62 @@ __device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, con
     for (int ks = 0; ks < KS; ks++) mlp2_xfrag_aug<T>(x, ldx, in, b.r0, b.rend, b.lane, ks, xa[ks]);
 }
 
-/* The first NS - 2 chunks of block b's slice into stages 0.., a commit
- * group each (empty past the slice). */
-template <typename T, int NT, int NS, int KS>
-__device__ __forceinline__ void mlp2_wgh_prefill(mlp2_wgh_stage<T, KS> *st, const mlp2_wg_copy<T, NT> &cp,
-                                                 const T *W1a, const T *W2, int ld2, int hid, int out,
-                                                 const mlp2_blk &b)
-{
-    for (int i = 0; i < NS - 2; i++) {
-        if (b.c0 + i < b.c1)
-            mlp2_wgh_load<T, NT, KS>(&st[i], cp, W1a, W2, ld2, hid, out, b.n0, (b.c0 + i) * MLP2_HC, b.tid);
-        cp_async_commit();
-    }
-}
+/* k_mlp2_wgh's ring of NS stages, on mbarriers rather than a CTA barrier a
+ * chunk. That barrier was the kernel's top stall under ncu, but this ring
+ * measured the same (H100: 74.5 us at 1120 rows, 17.2 at 70, either way;
+ * bench/RESULTS.md 2026-12-07), so the stall was not what bounds it; the
+ * ring stays as the form checked on a GPU in bf16 and fp16. Chunk
+ * j of the slice lives in stage j % NS. full[s] completes when every
+ * thread's copies into stage s have landed (cp.async.mbarrier.arrive.noinc:
+ * NT arrivals), empty[s] when every warp's wait has retired the Y that read
+ * it (its lane 0). A thread refills the stage of chunk i - 2 with chunk
+ * i + NS - 2 after issuing chunk i's Y, so a warpgroup runs up to a chunk
+ * ahead of the slowest. The barriers live in static shared memory. */
+template <typename T, int NT, int NS, int KS> struct mlp2_ring {
+    mlp2_wgh_stage<T, KS> *st;
+    uint64_t *full, *empty;
+    const mlp2_wg_copy<T, NT> &cp;
+    const T *W1a, *W2;
+    int ld2, hid, out, n0, c0, n, tid, lane;
 
-/* One turn of k_mlp2_wgh's overlapped form (OVL) for chunk c: H(c + 1) issued, then Y(c) from P(c);
- * wait for all but Y(c) (so H(c + 1) and Y(c - 1) are done); P(c + 1) packed
- * into the other set while Y(c) runs. Y(c - 2) is retired by every
- * warpgroup at this turn's barrier, so its stage is refilled then (NS - 2
- * chunks ahead of Y, NS - 3 of H). H past the slice's end reads a stale
- * stage and is not used. */
-template <typename T, int NWG, int NS, int KS, bool RELU>
-__device__ __forceinline__ void mlp2_wgho_turn(mlp2_wgh_stage<T, KS> *st, int c, int c0, int c1,
-                                               const uint32_t (*xa)[4], float (*h)[32],
-                                               uint32_t (*pc)[4], uint32_t (*pn)[4], float (*y)[4],
-                                               const mlp2_wg_copy<T, 128 * NWG> &cp, const T *W1a,
-                                               const T *W2, int ld2, int hid, int out, int n0, int tid)
-{
-    cp_async_wait<NS - 4>(); /* chunk c + 1 is in */
-    fence_proxy_async();
-    __syncthreads();
-    if (c + NS - 2 < c1)
-        mlp2_wgh_load<T, 128 * NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid, out, n0,
-                                        (c + NS - 2) * MLP2_HC, tid);
-    cp_async_commit();
-    mlp2_wgh_h<T, KS>(&st[(c + 1 - c0) % NS], xa, h);
-    mlp2_wg_mma<T>(st[(c - c0) % NS].w2, pc, y);
-    wg_wait<1>();
-    mlp2_wgh_p<T, RELU>(h, pn);
-}
+    /* Chunk j into its stage, then this thread's arrival on its full[]. */
+    __device__ __forceinline__ void load(int j) const
+    {
+        mlp2_wgh_load<T, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, (c0 + j) * MLP2_HC, tid);
+        cp_async_mbar_arrive_noinc(&full[j % NS]);
+    }
+    __device__ __forceinline__ void prefill() const
+    {
+        for (int j = 0; j < NS - 2 && j < n; j++) load(j);
+    }
+    /* Chunk j's stage, landed and visible to wgmma. */
+    __device__ __forceinline__ const mlp2_wgh_stage<T, KS> *ready(int j) const
+    {
+        mbar_wait(&full[j % NS], (j / NS) & 1);
+        fence_proxy_async();
+        return &st[j % NS];
+    }
+    /* After chunk i's Y is issued, with chunk i - 1's Y retired by this
+     * warp's last wait: that stage freed, chunk i + NS - 2 loaded. */
+    __device__ __forceinline__ void advance(int i) const
+    {
+        if (i > 0 && lane == 0) mbar_arrive(&empty[(i - 1) % NS]);
+        if (i + NS - 2 < n) {
+            if (i >= 2) mbar_wait(&empty[(i - 2) % NS], ((i - 2) / NS) & 1);
+            load(i + NS - 2);
+        }
+    }
+};
 
 /* NWG warpgroups of 64 rows over block b's slice. A warpgroup past the
  * block's rows computes on zeros and stores nothing.
  * OVL false (from 256 rows): a chunk is H (waited for: the wait also
  * retires the previous chunk's Y, so P is free), then Y += P W2^T (8
- * wgmma, not waited for). A stage is refilled two chunks after its Y was
- * issued, when every warpgroup's wait has retired it (NS - 2 chunks load
- * ahead).
+ * wgmma, not waited for).
  * OVL true (below 256 rows, where every slice is short and one chunk's
- * chain is what the SM waits on): chunk c + 1's H under chunk c's Y
- * (k_mlp2_wgo's overlap), two P sets, so one CTA an SM. */
+ * chain is what the SM waits on): chunk i + 1's H under chunk i's Y
+ * (k_mlp2_wgo's overlap), two P sets, so one CTA an SM; the wait leaves
+ * only Y(i) in flight. H past the slice's end is not issued. */
 template <typename T, int NWG, int NS, int KS, bool RELU, bool OVL>
 __global__ void __launch_bounds__(128 * NWG, NWG >= 3 || OVL ? 1 : 2)
 k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
@@ -595,51 +602,61 @@ k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
 {
     static_assert(NS >= (OVL ? 4 : 3) && (KS == 1 || KS == 2),
                   "stages: Y's, (OVL: H's,) one retiring, one loading");
+    constexpr int NT = 128 * NWG;
     extern __shared__ unsigned char smem_raw[];
+    __shared__ uint64_t full[NS], empty[NS];
     auto *st = (mlp2_wgh_stage<T, KS> *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
-    const int tid = b.tid, n0 = b.n0, c0 = b.c0, c1 = b.c1;
-    const mlp2_wg_copy<T, 128 * NWG> cp(W2, ld2, n0, tid);
+    if (b.tid == 0) {
+        for (int i = 0; i < NS; i++) {
+            mbar_init(&full[i], NT);
+            mbar_init(&empty[i], NT / 32);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+    const mlp2_wg_copy<T, NT> cp(W2, ld2, b.n0, b.tid);
+    const mlp2_ring<T, NT, NS, KS> ring = {st, full, empty, cp, W1a, W2, ld2, hid, out,
+                                           b.n0, b.c0, b.c1 - b.c0, b.tid, b.lane};
+    const int n = ring.n;
     uint32_t xa[KS][4];
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
-    mlp2_wgh_prefill<T, 128 * NWG, NS, KS>(st, cp, W1a, W2, ld2, hid, out, b);
+    ring.prefill();
     float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
     if constexpr (OVL) {
         uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
-        cp_async_wait<NS - 3>(); /* chunk c0 */
-        fence_proxy_async();
-        __syncthreads();
-        mlp2_wgh_h<T, KS>(&st[0], xa, h);
-        wg_wait<0>();
-        mlp2_wgh_p<T, RELU>(h, p0);
-        int c = c0;
-        for (; c + 1 < c1; c += 2) {
-            mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c, c0, c1, xa, h, p0, p1, y, cp, W1a, W2, ld2,
-                                                 hid, out, n0, tid);
-            mlp2_wgho_turn<T, NWG, NS, KS, RELU>(st, c + 1, c0, c1, xa, h, p1, p0, y, cp, W1a, W2,
-                                                 ld2, hid, out, n0, tid);
+        auto turn = [&](int i, uint32_t (*pc)[4], uint32_t (*pn)[4]) {
+            if (i + 1 < n) mlp2_wgh_h<T, KS>(ring.ready(i + 1), xa, h);
+            mlp2_wg_mma<T>(st[i % NS].w2, pc, y);
+            wg_wait<1>(); /* H(i + 1) and Y(i - 1) done */
+            if (i + 1 < n) mlp2_wgh_p<T, RELU>(h, pn);
+            ring.advance(i);
+        };
+        if (n > 0) {
+            mlp2_wgh_h<T, KS>(ring.ready(0), xa, h);
+            wg_wait<0>();
+            mlp2_wgh_p<T, RELU>(h, p0);
         }
-        if (c < c1) mlp2_wg_mma<T>(st[(c - c0) % NS].w2, p0, y);
+        int i = 0;
+        for (; i + 1 < n; i += 2) {
+            turn(i, p0, p1);
+            turn(i + 1, p1, p0);
+        }
+        if (i < n) turn(i, p0, p1);
     } else {
         uint32_t pk[MLP2_HC / 16][4];
-        for (int c = c0; c < c1; c++) {
-            cp_async_wait<NS - 3>(); /* chunk c is in */
-            fence_proxy_async();
-            __syncthreads(); /* and every warpgroup's Y of chunk c - 2 is retired */
-            if (c + NS - 2 < c1)
-                mlp2_wgh_load<T, 128 * NWG, KS>(&st[(c - c0 + NS - 2) % NS], cp, W1a, W2, ld2, hid,
-                                                out, n0, (c + NS - 2) * MLP2_HC, tid);
-            cp_async_commit();
-            const mlp2_wgh_stage<T, KS> *s = &st[(c - c0) % NS];
+        for (int i = 0; i < n; i++) {
+            const mlp2_wgh_stage<T, KS> *s = ring.ready(i);
             mlp2_wgh_h<T, KS>(s, xa, h);
-            wg_wait<0>();
+            wg_wait<0>(); /* H(i) and Y(i - 1) done */
             mlp2_wgh_p<T, RELU>(h, pk);
             mlp2_wg_mma<T>(s->w2, pk, y);
+            ring.advance(i);
         }
     }
     wg_wait<0>();
     wg_fence_regs<MLP2_NO / 2>(&y[0][0]);
-    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, n0, out, b.lane);
+    mlp2_store_part(part + (size_t)blockIdx.y * rows * out, y, b.r0, b.rend, b.n0, out, b.lane);
 }
 
 /* y[r, n] = act2(add[r, n] + the S slices' partials + addu[map[r], n]): W
