@@ -23,6 +23,10 @@
  * kernel and sum are timed apart (v1's sum beside the current one), and
  * production's sum at each split (1 to 8 warps to 32 outputs). The
  * weights sit in a folded weight's wider rows (ld2 = hidden + 4096).
+ * The "diag" variants take one part of k_mlp2_wgh's work away (mlp2.cu's
+ * MLP2_DG_* bits: the stage refills, H's wgmma, Y's wgmma, the conversion
+ * to P); their results are wrong by construction, their times bound the
+ * kernel (attention's DG bits, NOTES.md, are the model).
  * --only I runs variant I alone; --profile launches each once, untimed
  * (for ncu).
  *
@@ -136,12 +140,12 @@ static const bf *wgh_w1a(const bf *W1, int ld1, const bf *b1, int in, int hid, i
 
 /* k_mlp2_wgh (OVL: its overlapped form) at the prototype's in = KIN = 16,
  * so W1a of two k-steps. */
-template <int NWG, int NS, bool OVL>
+template <int NWG, int NS, bool OVL, int DG = 0>
 static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
                     float *part)
 {
-    k_mlp2_wgh<bf, NWG, NS, 2, true, OVL>
+    k_mlp2_wgh<bf, NWG, NS, 2, true, OVL, DG>
         <<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
             x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part,
             p.per);
@@ -168,6 +172,11 @@ struct variant {
 #define VWGH(name, nwg, ns, cps, ovl)                                                              \
     {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl>,                                            \
      (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl>, sizeof(mlp2_wgh_stage<bf, 2>)}
+/* k_mlp2_wgh with DG bits (mlp2.cu's MLP2_DG_*): a part of the work taken
+ * away, for its bound; the results are wrong (FAIL) by construction. */
+#define VWGHD(name, nwg, ns, cps, ovl, dg)                                                         \
+    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl, dg>,                                        \
+     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl, dg>, sizeof(mlp2_wgh_stage<bf, 2>)}
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
@@ -182,6 +191,13 @@ static const variant variants[] = {
     VWGH("wgh 4x64r 4st 1cta", 4, 4, 1, false),
     VWGH("wgho 2x64r 6st 1cta", 2, 6, 1, true), VWGH("wgho 3x64r 5st 1cta", 3, 5, 1, true),
     VWGH("wgh 3x64r 5st", 3, 5, 1, false), VWGH("wgh 3x64r 6st", 3, 6, 1, false),
+    VWGHD("diag >=256 no loads", 3, 4, 1, false, MLP2_DG_NO_LOAD),
+    VWGHD("diag >=256 no H", 3, 4, 1, false, MLP2_DG_NO_H),
+    VWGHD("diag >=256 no Y", 3, 4, 1, false, MLP2_DG_NO_Y),
+    VWGHD("diag >=256 no P", 3, 4, 1, false, MLP2_DG_NO_P),
+    VWGHD("diag >=256 no loads, no P", 3, 4, 1, false, MLP2_DG_NO_LOAD | MLP2_DG_NO_P),
+    VWGHD("diag <256 no loads", 2, 5, 1, true, MLP2_DG_NO_LOAD),
+    VWGHD("diag <256 no P", 2, 5, 1, true, MLP2_DG_NO_P),
 };
 
 static double rel_l2(const float *a, const float *b, size_t n)

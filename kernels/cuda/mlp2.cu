@@ -550,7 +550,15 @@ __device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, con
  * it (its lane 0). A thread refills the stage of chunk i - 2 with chunk
  * i + NS - 2 after issuing chunk i's Y, so a warpgroup runs up to a chunk
  * ahead of the slowest. The barriers live in static shared memory. */
-template <typename T, int NT, int NS, int KS> struct mlp2_ring {
+/* Diagnostics of k_mlp2_wgh's bounds (its DG bits; bench/kernels/fmlp_proto.cu
+ * times them, production runs DG = 0): each takes one part of a chunk's work
+ * away, so its result is wrong and only its time means anything. */
+#define MLP2_DG_NO_LOAD 1 /* stages loaded once (the prefill), never refilled */
+#define MLP2_DG_NO_H 2    /* H's wgmma not issued (P from zeros) */
+#define MLP2_DG_NO_Y 4    /* Y's wgmma not issued */
+#define MLP2_DG_NO_P 8    /* H not converted to P (P stays as it was) */
+
+template <typename T, int NT, int NS, int KS, int DG = 0> struct mlp2_ring {
     mlp2_wgh_stage<T, KS> *st;
     uint64_t *full, *empty;
     const mlp2_wg_copy<T, NT> &cp;
@@ -560,7 +568,9 @@ template <typename T, int NT, int NS, int KS> struct mlp2_ring {
     /* Chunk j into its stage, then this thread's arrival on its full[]. */
     __device__ __forceinline__ void load(int j) const
     {
-        mlp2_wgh_load<T, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, (c0 + j) * MLP2_HC, tid);
+        if (!(DG & MLP2_DG_NO_LOAD) || j < NS - 2)
+            mlp2_wgh_load<T, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, (c0 + j) * MLP2_HC,
+                                     tid);
         cp_async_mbar_arrive_noinc(&full[j % NS]);
     }
     __device__ __forceinline__ void prefill() const
@@ -595,7 +605,7 @@ template <typename T, int NT, int NS, int KS> struct mlp2_ring {
  * chain is what the SM waits on): chunk i + 1's H under chunk i's Y
  * (k_mlp2_wgo's overlap), two P sets, so one CTA an SM; the wait leaves
  * only Y(i) in flight. H past the slice's end is not issued. */
-template <typename T, int NWG, int NS, int KS, bool RELU, bool OVL>
+template <typename T, int NWG, int NS, int KS, bool RELU, bool OVL, int DG = 0>
 __global__ void __launch_bounds__(128 * NWG, NWG >= 3 || OVL ? 1 : 2)
 k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
            const T *W2, int ld2, int hid, int out, float *part, int per_slice)
@@ -616,26 +626,43 @@ k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     }
     __syncthreads();
     const mlp2_wg_copy<T, NT> cp(W2, ld2, b.n0, b.tid);
-    const mlp2_ring<T, NT, NS, KS> ring = {st, full, empty, cp, W1a, W2, ld2, hid, out,
-                                           b.n0, b.c0, b.c1 - b.c0, b.tid, b.lane};
+    const mlp2_ring<T, NT, NS, KS, DG> ring = {st, full, empty, cp, W1a, W2, ld2, hid, out,
+                                               b.n0, b.c0, b.c1 - b.c0, b.tid, b.lane};
     const int n = ring.n;
     uint32_t xa[KS][4];
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
     ring.prefill();
     float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
+    /* a chunk's three steps, each skipped by its DG bit (NO_P: P zeros) */
+    auto p_zero = [](uint32_t (*pk)[4]) {
+        for (int k = 0; k < MLP2_HC / 16; k++) pk[k][0] = pk[k][1] = pk[k][2] = pk[k][3] = 0u;
+    };
+    auto hs = [&](const mlp2_wgh_stage<T, KS> *s) {
+        if constexpr (!(DG & MLP2_DG_NO_H)) mlp2_wgh_h<T, KS>(s, xa, h);
+    };
+    auto ps = [&](uint32_t (*pk)[4]) {
+        if constexpr (!(DG & MLP2_DG_NO_P)) mlp2_wgh_p<T, RELU>(h, pk);
+    };
+    auto ys = [&](const mlp2_wgh_stage<T, KS> *s, uint32_t (*pk)[4]) {
+        if constexpr (!(DG & MLP2_DG_NO_Y)) mlp2_wg_mma<T>(s->w2, pk, y);
+    };
     if constexpr (OVL) {
         uint32_t p0[MLP2_HC / 16][4], p1[MLP2_HC / 16][4];
+        if constexpr (DG & MLP2_DG_NO_P) {
+            p_zero(p0);
+            p_zero(p1);
+        }
         auto turn = [&](int i, uint32_t (*pc)[4], uint32_t (*pn)[4]) {
-            if (i + 1 < n) mlp2_wgh_h<T, KS>(ring.ready(i + 1), xa, h);
-            mlp2_wg_mma<T>(st[i % NS].w2, pc, y);
+            if (i + 1 < n) hs(ring.ready(i + 1));
+            ys(&st[i % NS], pc);
             wg_wait<1>(); /* H(i + 1) and Y(i - 1) done */
-            if (i + 1 < n) mlp2_wgh_p<T, RELU>(h, pn);
+            if (i + 1 < n) ps(pn);
             ring.advance(i);
         };
         if (n > 0) {
-            mlp2_wgh_h<T, KS>(ring.ready(0), xa, h);
+            hs(ring.ready(0));
             wg_wait<0>();
-            mlp2_wgh_p<T, RELU>(h, p0);
+            ps(p0);
         }
         int i = 0;
         for (; i + 1 < n; i += 2) {
@@ -645,12 +672,13 @@ k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
         if (i < n) turn(i, p0, p1);
     } else {
         uint32_t pk[MLP2_HC / 16][4];
+        if constexpr (DG & MLP2_DG_NO_P) p_zero(pk);
         for (int i = 0; i < n; i++) {
             const mlp2_wgh_stage<T, KS> *s = ring.ready(i);
-            mlp2_wgh_h<T, KS>(s, xa, h);
+            hs(s);
             wg_wait<0>(); /* H(i) and Y(i - 1) done */
-            mlp2_wgh_p<T, RELU>(h, pk);
-            mlp2_wg_mma<T>(s->w2, pk, y);
+            ps(pk);
+            ys(s, pk);
             ring.advance(i);
         }
     }
