@@ -539,6 +539,14 @@ __device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, con
     for (int ks = 0; ks < KS; ks++) mlp2_xfrag_aug<T>(x, ldx, in, b.r0, b.rend, b.lane, ks, xa[ks]);
 }
 
+/* Diagnostics of k_mlp2_wgh's bounds (its DG bits; bench/kernels/fmlp_proto.cu
+ * times them, production runs DG = 0): each takes one part of a chunk's work
+ * away, so its result is wrong and only its time means anything. */
+#define MLP2_DG_NO_LOAD 1 /* stages loaded once (the prefill), never refilled */
+#define MLP2_DG_NO_H 2    /* H's wgmma not issued (P from zeros) */
+#define MLP2_DG_NO_Y 4    /* Y's wgmma not issued */
+#define MLP2_DG_NO_P 8    /* H not converted to P (P stays zero) */
+
 /* k_mlp2_wgh's ring of NS stages, on mbarriers rather than a CTA barrier a
  * chunk. That barrier was the kernel's top stall under ncu, but this ring
  * measured the same (H100: 74.5 us at 1120 rows, 17.2 at 70, either way;
@@ -550,14 +558,6 @@ __device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, con
  * it (its lane 0). A thread refills the stage of chunk i - 2 with chunk
  * i + NS - 2 after issuing chunk i's Y, so a warpgroup runs up to a chunk
  * ahead of the slowest. The barriers live in static shared memory. */
-/* Diagnostics of k_mlp2_wgh's bounds (its DG bits; bench/kernels/fmlp_proto.cu
- * times them, production runs DG = 0): each takes one part of a chunk's work
- * away, so its result is wrong and only its time means anything. */
-#define MLP2_DG_NO_LOAD 1 /* stages loaded once (the prefill), never refilled */
-#define MLP2_DG_NO_H 2    /* H's wgmma not issued (P from zeros) */
-#define MLP2_DG_NO_Y 4    /* Y's wgmma not issued */
-#define MLP2_DG_NO_P 8    /* H not converted to P (P stays as it was) */
-
 template <typename T, int NT, int NS, int KS, int DG = 0> struct mlp2_ring {
     mlp2_wgh_stage<T, KS> *st;
     uint64_t *full, *empty;
@@ -633,7 +633,7 @@ k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
     ring.prefill();
     float y[MLP2_NO / 8][4] = {}, h[2][32] = {};
-    /* a chunk's three steps, each skipped by its DG bit (NO_P: P zeros) */
+    /* a chunk's three steps, each skipped by its DG bit */
     auto p_zero = [](uint32_t (*pk)[4]) {
         for (int k = 0; k < MLP2_HC / 16; k++) pk[k][0] = pk[k][1] = pk[k][2] = pk[k][3] = 0u;
     };
