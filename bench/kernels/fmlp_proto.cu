@@ -27,10 +27,10 @@
  * MLP2_DG_* bits: the stage refills, H's wgmma, Y's wgmma, the conversion
  * to P); their results are wrong by construction, their times bound the
  * kernel (attention's DG bits, NOTES.md, are the model).
- * --only I runs variant I alone; --profile launches each once, untimed
+ * --only I[,J...] runs those variants alone; --profile launches each once, untimed
  * (for ncu).
  *
- *   fmlp_proto [--rows M] [--hidden N] [--slices S] [--only I] [--profile]
+ *   fmlp_proto [--rows M] [--hidden N] [--slices S] [--only I[,J...]] [--profile]
  */
 #include <math.h>
 #include <stdint.h>
@@ -200,6 +200,19 @@ static const variant variants[] = {
     VWGHD("diag <256 no P", 2, 5, 1, true, MLP2_DG_NO_P),
 };
 
+/* Whether index v is in the comma-separated list (e.g. "18,25,26"). */
+static bool listed(const char *list, int v)
+{
+    for (const char *p = list; *p;) {
+        char *end;
+        const long i = strtol(p, &end, 10);
+        if (end == p) return false;
+        if (i == v) return true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return false;
+}
+
 static double rel_l2(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
@@ -213,13 +226,14 @@ static double rel_l2(const float *a, const float *b, size_t n)
 
 int main(int argc, char **argv)
 {
-    int M = 1120, N = 190464, S = 0, only = -1, profile = 0;
+    int M = 1120, N = 190464, S = 0, profile = 0;
+    const char *only = NULL; /* a comma-separated list of variant indices */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--profile")) profile = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--profile")) { i--; continue; }
         if (!strcmp(argv[i], "--rows")) M = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--only")) only = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--only")) only = argv[i + 1];
         else if (!strcmp(argv[i], "--hidden")) N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--slices")) S = atoi(argv[i + 1]);
         else { fprintf(stderr, "fmlp_proto: unknown flag %s\n", argv[i]); return 2; }
@@ -298,7 +312,7 @@ int main(int argc, char **argv)
     CK(cudaMemcpy(hr.data(), Yref, hr.size() * 4, cudaMemcpyDeviceToHost));
     for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
         const variant &V = variants[v];
-        if (only >= 0 && (int)v != only) continue;
+        if (only && !listed(only, (int)v)) continue;
         mlp2_plan p = mlp2_plan_for(M, N, NOUT, prop.multiProcessorCount, V.unit, V.units, V.ns,
                                     V.wg, V.cps);
         if (!V.bal) p.rows_cta = V.unit * V.units;
