@@ -514,6 +514,34 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
  * weights, whose W1a (mlp2.cu) cannot be built while capturing. */
 static int mlp2_capture;
 
+/* The weights' device bytes (the ledger counts W1a with its weight). */
+static size_t weight_bytes(void)
+{
+    bk_stats st;
+    gpu->get_stats(gpu, &st);
+    return st.weight_bytes;
+}
+
+/* Which kernels ran, from the ledger: the first call on a 16-bit weight at
+ * in <= 16 builds W1a = [W1 | b1 | 0] of 16 or 32 columns (mlp2.cu) and the
+ * kernels on it run; under capture none is built and the kernels without it
+ * run; fp32 and wider inputs take the composition. `grew` is what the call
+ * added; `left` what the weights' frees left behind (0: W1a freed with W1). */
+static void check_w1a(const char *what, int in, int hid, size_t grew, size_t left)
+{
+    const int fused = gpu->act_size == 2 && in <= 16;
+    const size_t want = fused && !mlp2_capture ? (size_t)hid * (in < 16 ? 16 : 32) * 2 : 0;
+    checks += 2;
+    if (grew != want) {
+        failures++;
+        printf("FAIL %s: W1a of %zu bytes built, expected %zu\n", what, grew, want);
+    }
+    if (left) {
+        failures++;
+        printf("FAIL %s: %zu weight bytes left after the weights were freed\n", what, left);
+    }
+}
+
 static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, int addmode,
                       int pady, int nu, enum bk_act act2)
 {
@@ -525,6 +553,7 @@ static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, 
     float *ad = rand_vec(ny, 1.0f);
     for (size_t i = 0; i < ny; i++)
         if ((int)(i % (size_t)ldy) >= out) ad[i] = NAN;
+    const size_t wb0 = weight_bytes();
     wpair p1 = weight_pair(w1, hid, in), pb = weight_pair(b1, 1, hid), p2 = weight_pair(w2, out, hid);
     pair px = act_pair(x, (size_t)rows * ldx), py = addmode == 2 ? act_pair(ad, ny) : out_pair(ny);
     pair pa = {0};
@@ -544,9 +573,11 @@ static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, 
         ok_or_die(gpu->sync(gs, &eg), "sync", &eg);
         ok_or_die(gpu->graph_capture(gs, &eg), "graph_capture", &eg);
     }
+    const size_t wb1 = weight_bytes();
     ok_or_die(gpu->mlp2(gs, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g, ag, ldy,
                         nu ? pu.g : NULL, nu ? pm.g : NULL, act2, py.g, ldy, &eg),
               "gpu mlp2", &eg);
+    const size_t grew = weight_bytes() - wb1;
     char what[192];
     snprintf(what, sizeof what,
              "mlp2 rows %d in %d hidden %d out %d b1 %d relu %d add %d ldy %d users %d act2 %d%s",
@@ -566,6 +597,7 @@ static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, 
     pair_free(&px), pair_free(&py), pair_free(&pu), pair_free(&pm);
     if (addmode == 1) pair_free(&pa);
     wpair_free(&p1), wpair_free(&pb), wpair_free(&p2);
+    check_w1a(what, in, hid, grew, weight_bytes() - wb0);
     free(w1), free(b1), free(w2), free(x), free(ad), free(u), free(map);
 }
 
