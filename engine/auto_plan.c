@@ -472,23 +472,62 @@ out:
     return rc;
 }
 
+/* Columns cols[0..n) of w, as a new weight (*sub; -1: out of memory). */
+static int cols_of(const md_weight *w, const int *cols, int n, md_weight *sub)
+{
+    *sub = (md_weight){.rows = w->rows, .cols = n};
+    if (!(sub->data = malloc(((size_t)w->rows * n + 1) * sizeof(float)))) return -1;
+    for (int r = 0; r < w->rows; r++)
+        for (int c = 0; c < n; c++) sub->data[(size_t)r * n + c] = w->data[(size_t)r * w->cols + cols[c]];
+    return 0;
+}
+
+/* The folded weight of w over s's cols (all of w without cols) into to. */
+static int fold_cols(const ap_wsrc *s, const md_weight *w, const md_weight *w_top, md_weight *to)
+{
+    if (!s->cols) return fold_weight(w, w_top, s->fold_d, to);
+    md_weight sub;
+    if (cols_of(w, s->cols, s->n_cols, &sub)) return -1;
+    int rc = fold_weight(&sub, w_top, s->fold_d, to);
+    free(sub.data);
+    return rc;
+}
+
+/* fold.h's composed user part: AP_COMP_WEIGHT, [the fold over cols | the
+ * ccols tokens' columns composed with comp_src's weight]; AP_COMP_BIAS,
+ * those columns times comp_src's bias. */
+static int take_composed(const ap_wsrc *s, model_def *from, const md_weight *w, md_weight *to)
+{
+    const md_weight *w_top = &from->layers[s->fold_src].w[0];
+    const md_layer *q = &from->layers[s->comp_src];
+    if (s->comp == AP_COMP_BIAS) {
+        if (!(to->data = malloc(((size_t)to->rows * to->cols + 1) * sizeof(float)))) return -1;
+        return fold_compose(w, s->ccols, s->n_ccols, w_top, s->fold_d, q->w[1].data, 1,
+                            (size_t)to->rows * to->cols, to->data, 1);
+    }
+    md_weight keep = {.rows = to->rows, .cols = s->n_cols * s->fold_d};
+    const int in = q->w[0].cols;
+    if (to->cols != keep.cols + in || fold_cols(s, w, w_top, &keep)) return -1;
+    if (!(to->data = malloc(((size_t)to->rows * to->cols + 1) * sizeof(float)))) {
+        free(keep.data);
+        return -1;
+    }
+    for (int r = 0; r < to->rows; r++)
+        memcpy(to->data + (size_t)r * to->cols, keep.data + (size_t)r * keep.cols,
+               (size_t)keep.cols * sizeof(float));
+    free(keep.data);
+    return fold_compose(w, s->ccols, s->n_ccols, w_top, s->fold_d, q->w[0].data, in, to->rows,
+                        to->data + keep.cols, to->cols);
+}
+
 /* One weight: columns of the source (or all of it), or zeros. */
 static int take_one(const ap_wsrc *s, model_def *from, md_weight *to)
 {
     size_t n = (size_t)to->rows * to->cols;
     md_weight *w = s->src < 0 ? NULL : &from->layers[s->src].w[s->src_w];
     if (w && !w->data) return 0; /* planned without weights */
-    if (s->fold_d > 0 && s->cols) { /* the fold over some of w's columns (tokens) */
-        md_weight sub = {.rows = w->rows, .cols = s->n_cols};
-        if (!(sub.data = malloc(((size_t)w->rows * s->n_cols + 1) * sizeof(float)))) return -1;
-        for (int r = 0; r < w->rows; r++)
-            for (int c = 0; c < s->n_cols; c++)
-                sub.data[(size_t)r * s->n_cols + c] = w->data[(size_t)r * w->cols + s->cols[c]];
-        int rc = fold_weight(&sub, &from->layers[s->fold_src].w[0], s->fold_d, to);
-        free(sub.data);
-        return rc;
-    }
-    if (s->fold_d > 0) return fold_weight(w, &from->layers[s->fold_src].w[0], s->fold_d, to);
+    if (s->comp) return take_composed(s, from, w, to);
+    if (s->fold_d > 0) return fold_cols(s, w, &from->layers[s->fold_src].w[0], to);
     if (!(to->data = malloc((n ? n : 1) * sizeof(float)))) return -1;
     for (int r = 0; r < to->rows; r++)
         for (int c = 0; c < to->cols; c++)
@@ -527,7 +566,10 @@ void ap_result_free(ap_result *r)
     if (!r) return;
     json_decref(r->root);
     for (int k = 0; k < r->n; k++)
-        for (int j = 0; j < r->l[k].n_w; j++) free(r->l[k].w[j].cols);
+        for (int j = 0; j < r->l[k].n_w; j++) {
+            free(r->l[k].w[j].cols);
+            free(r->l[k].w[j].ccols);
+        }
     free(r->l);
     for (int i = 0; r->e && i < r->n_e; i++) free(r->e[i].name);
     free(r->e);

@@ -37,12 +37,19 @@
  * broadcast-form layer src (columns cols[0..n_cols) in order, or all of
  * them when cols is NULL), or zeros when src < 0. With fold_d > 0 (fold.h):
  * the folded weight of w_cand = (src, src_w) and w_top = (fold_src, 0)
- * over fold_d columns a token. */
+ * over fold_d columns a token. With comp (fold.h's composed user part,
+ * fold_compose): AP_COMP_WEIGHT, that folded weight over cols, then the
+ * columns of tokens ccols[0..n_ccols) composed with the weight of linear
+ * comp_src; AP_COMP_BIAS, those tokens' columns times comp_src's bias. */
+enum { AP_COMP_NONE = 0, AP_COMP_WEIGHT, AP_COMP_BIAS };
 typedef struct ap_wsrc {
     int src, src_w;
     int *cols;
     int n_cols;
     int fold_src, fold_d;
+    int comp, comp_src;
+    int *ccols;
+    int n_ccols;
 } ap_wsrc;
 
 /* One layer of the rewritten document, in its order. */

@@ -30,6 +30,18 @@
  * or activation launch after it), and the part's stack, reshape and linear
  * leave the plan too.
  *
+ * Where the user side folds and lce.user is a stack with a composed part
+ * (fold.h), the user term is instead
+ *
+ *   <stack>__ur  stack of the other parts                                   U
+ *   <flat>__u    flatten(<stack>__ur)                                       U
+ *   <flat>__ucat concat(<flat>__u, the part's linear input)                 U
+ *   <linear>__u  linear(<flat>__ucat, N)  weight [their columns of W_top
+ *                W_user | the part's columns composed with W_q], bias the
+ *                part's columns times b_q                                   U
+ *
+ * and the part's stack, reshape and linear leave the plan.
+ *
  * every other layer is copied as it is. All of them are ops with a CPU
  * kernel, a CUDA kernel and a reference (mlp2 is internal: only this pass
  * writes it).
@@ -50,6 +62,10 @@ typedef struct chain {
     /* the candidate operand's mlp2 part (-1: none): the stack, its part's
      * index in the stack's inputs, the reshape and the linear before it */
     int stack, part, reshape, mlin;
+    /* the user operand's composed part (-1: none; only with `user`): the
+     * same four for a linear with no activation, composed into the user
+     * term's weight (fold.h) */
+    int ustack, upart, ureshape, ulin;
 } chain;
 
 /* Readers of each layer (inputs of later layers, and the logits). */
@@ -70,32 +86,51 @@ static int side_folds(double K, double M, double D, double N)
     return 2 * K * D * N < 2 * M * D * (K + N) && N * K * D <= (double)FOLD_MAX_ELEMS;
 }
 
-/* The candidate operand's part that mlp2 computes from its linear's input
- * (fold.h): lce.candidate is a stack read only by the lce with other parts
- * too, and the part is a reshape read only by the stack, of a candidate
- * vector linear read only by the reshape, at most BK_MLP2_FUSED_MAX_IN inputs
- * wide, with no activation or ReLU. The part with the most tokens. */
-static void mlp2_part(const model_def *m, const int *readers, chain *c)
+/* Which linears may stand behind a stack part (stack_part). */
+typedef int (*part_ok)(const model_def *m, const md_layer *q, const md_layer *reshape);
+
+/* A part of the stack e (read only by the lce, with other parts too) that
+ * is a reshape, read only by the stack, of a linear read only by the
+ * reshape that `ok` accepts: the one with the most tokens. Sets *st (the
+ * stack), *part (its index in the stack's inputs), *rs and *lin; leaves
+ * them when there is none. */
+static void stack_part(const model_def *m, const int *readers, md_ref e, part_ok ok, int *st,
+                       int *part, int *rs, int *lin)
 {
-    md_ref e = m->layers[c->lce].in[1];
     if (e.src != MD_SRC_LAYER || readers[e.index] != 1) return;
-    const md_layer *st = &m->layers[e.index];
-    if (st->op != MD_STACK || st->n_in < 2) return;
+    const md_layer *s = &m->layers[e.index];
+    if (s->op != MD_STACK || s->n_in < 2) return;
     int best = 0;
-    for (int k = 0; k < st->n_in; k++) {
-        md_ref r = st->in[k];
+    for (int k = 0; k < s->n_in; k++) {
+        md_ref r = s->in[k];
         if (r.src != MD_SRC_LAYER || readers[r.index] != 1) continue;
-        const md_layer *rs = &m->layers[r.index];
-        if (rs->op != MD_RESHAPE || rs->in[0].src != MD_SRC_LAYER || readers[rs->in[0].index] != 1)
+        const md_layer *re = &m->layers[r.index];
+        if (re->op != MD_RESHAPE || re->in[0].src != MD_SRC_LAYER || readers[re->in[0].index] != 1)
             continue;
-        const md_layer *q = &m->layers[rs->in[0].index];
-        if (q->op != MD_LINEAR || q->domain != MD_CAND || q->kind != MD_VEC ||
-            (q->act != BK_ACT_NONE && q->act != BK_ACT_RELU) ||
-            md_ref_width(m, q->in[0]) > BK_MLP2_FUSED_MAX_IN || rs->tokens <= best)
+        const md_layer *q = &m->layers[re->in[0].index];
+        if (q->op != MD_LINEAR || q->kind != MD_VEC || !ok(m, q, re) || re->tokens <= best)
             continue;
-        best = rs->tokens;
-        c->stack = e.index, c->part = k, c->reshape = r.index, c->mlin = rs->in[0].index;
+        best = re->tokens;
+        *st = e.index, *part = k, *rs = r.index, *lin = re->in[0].index;
     }
+}
+
+/* mlp2's part (fold.h): a candidate linear of at most
+ * BK_MLP2_FUSED_MAX_IN inputs, with no activation or ReLU. */
+static int mlp2_ok(const model_def *m, const md_layer *q, const md_layer *rs)
+{
+    (void)rs;
+    return q->domain == MD_CAND && (q->act == BK_ACT_NONE || q->act == BK_ACT_RELU) &&
+           md_ref_width(m, q->in[0]) <= BK_MLP2_FUSED_MAX_IN;
+}
+
+/* A composed user part (fold.h): a user linear with no activation whose
+ * input is narrower than its output (the composed weight is narrower than
+ * the part's columns). */
+static int compose_ok(const model_def *m, const md_layer *q, const md_layer *rs)
+{
+    return q->domain == MD_USER && q->act == BK_ACT_NONE &&
+           md_ref_width(m, q->in[0]) < rs->tokens * rs->dim;
 }
 
 /* Whether linear i closes a chain worth folding (fold.h's rule). */
@@ -114,8 +149,11 @@ static int chain_at(const model_def *m, const int *readers, int i, chain *c)
     if (!side_folds(md_ref_tokens(m, l->in[1]), M, D, N)) return 0;
     *c = (chain){.lce = f->in[0].index, .flat = t->in[0].index, .lin = i,
                  .user = side_folds(md_ref_tokens(m, l->in[0]), M, D, N), .stack = -1,
-                 .part = -1, .reshape = -1, .mlin = -1};
-    mlp2_part(m, readers, c);
+                 .part = -1, .reshape = -1, .mlin = -1, .ustack = -1, .upart = -1,
+                 .ureshape = -1, .ulin = -1};
+    stack_part(m, readers, l->in[1], mlp2_ok, &c->stack, &c->part, &c->reshape, &c->mlin);
+    if (c->user)
+        stack_part(m, readers, l->in[0], compose_ok, &c->ustack, &c->upart, &c->ureshape, &c->ulin);
     return 1;
 }
 
@@ -153,6 +191,42 @@ static int linear(fw *w, const char *name, const char *input, int out, int origi
     return 0;
 }
 
+/* The stack `stack` without its input `part`: emitted as <stack>__<role>
+ * (named *sr), and the stack's token indices split into the other parts'
+ * (*keep, *nk) and the part's (*mine, *nm), both malloc'd. -1: out of
+ * memory (nothing to free). */
+static int split_stack(fw *w, int stack, int part, const char *role, const char **sr,
+                       int **keep, int *nk, int **mine, int *nm)
+{
+    const model_def *m = w->m;
+    const md_layer *st = &m->layers[stack];
+    int kt = 0;
+    for (int k = 0; k < st->n_in; k++) kt += md_ref_tokens(m, st->in[k]);
+    json_t *parts = json_array();
+    *keep = malloc((size_t)kt * sizeof **keep), *mine = malloc((size_t)kt * sizeof **mine);
+    *nk = *nm = 0;
+    if (!parts || !*keep || !*mine || ap_fresh_name(w->names, st->name, role, sr)) goto oom;
+    for (int k = 0, tok = 0; k < st->n_in; k++) {
+        const int n = md_ref_tokens(m, st->in[k]);
+        for (int j = 0; j < n; j++) {
+            if (k == part) (*mine)[(*nm)++] = tok + j;
+            else (*keep)[(*nk)++] = tok + j;
+        }
+        tok += n;
+        if (k != part && json_array_append_new(parts, json_string(md_value_ref_text(m, st->in[k]))))
+            goto oom;
+    }
+    json_t *o = json_pack("{s:s, s:s, s:o}", "name", *sr, "op", "stack", "inputs", parts);
+    parts = NULL;
+    if (ap_emit(w->res, w->out, o, stack, 0)) return 0;
+oom:
+    json_decref(parts);
+    free(*keep);
+    free(*mine);
+    *keep = *mine = NULL;
+    return -1;
+}
+
 /* The candidate term and the sum with an mlp2 part (fold.h): the stack's other parts
  * as <stack>__r, its flatten (fc) and their linear <linear>__r (their
  * tokens' columns of W_top W_cand, the linear's bias), then mlp2 over the
@@ -163,32 +237,13 @@ static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *y, 
 {
     const model_def *m = w->m;
     const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
-    const md_layer *st = &m->layers[c->stack], *q = &m->layers[c->mlin];
-    const int kc = md_ref_tokens(m, l->in[1]);
+    const md_layer *q = &m->layers[c->mlin];
     const char *sr, *yr;
-    int *keep = malloc((size_t)kc * sizeof *keep), *mine = malloc((size_t)kc * sizeof *mine);
-    int nk = 0, nm = 0, tok = 0;
-    json_t *parts = json_array();
-    if (!keep || !mine || !parts || ap_fresh_name(w->names, st->name, "r", &sr) ||
-        ap_fresh_name(w->names, t->name, "r", &yr))
-        goto oom;
-    for (int k = 0; k < st->n_in; k++) {
-        const int kt = md_ref_tokens(m, st->in[k]);
-        for (int j = 0; j < kt; j++) {
-            if (k == c->part) mine[nm++] = tok + j;
-            else keep[nk++] = tok + j;
-        }
-        tok += kt;
-        if (k != c->part && json_array_append_new(parts, json_string(md_value_ref_text(m, st->in[k]))))
-            goto oom;
-    }
-    ap_layer *a = ap_emit(w->res, w->out,
-                          json_pack("{s:s, s:s, s:o}", "name", sr, "op", "stack", "inputs", parts),
-                          c->stack, 0);
-    parts = NULL;
-    if (!a || !ap_emit(w->res, w->out,
-                       json_pack("{s:s, s:s, s:s}", "name", fc, "op", "flatten", "input", sr),
-                       c->flat, 0))
+    int *keep, *mine, nk, nm;
+    if (split_stack(w, c->stack, c->part, "r", &sr, &keep, &nk, &mine, &nm)) return -1;
+    if (ap_fresh_name(w->names, t->name, "r", &yr) ||
+        !ap_emit(w->res, w->out,
+                 json_pack("{s:s, s:s, s:s}", "name", fc, "op", "flatten", "input", sr), c->flat, 0))
         goto oom;
     if (linear(w, yr, fc, t->dim, c->lin,
                (ap_wsrc){.src = c->lce, .src_w = 1, .cols = keep, .n_cols = nk,
@@ -196,7 +251,7 @@ static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *y, 
                (ap_wsrc){.src = c->lin, .src_w = 1}))
         goto oom;
     keep = NULL; /* the layer's now */
-    a = ap_emit(w->res, w->out,
+    ap_layer *a = ap_emit(w->res, w->out,
                 json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:s, s:s}", "name", y, "op", "mlp2",
                           "input", md_value_ref_text(m, q->in[0]), "addend", yr, "hidden", q->dim,
                           "out", t->dim, "activation", q->act == BK_ACT_RELU ? "relu" : "none",
@@ -210,9 +265,47 @@ static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *y, 
     a->n_w = 3;
     return 0;
 oom:
-    json_decref(parts);
     free(keep);
     free(mine);
+    return -1;
+}
+
+/* The user term with a composed part (fold.h): the stack's other parts as
+ * <stack>__ur, their flatten fu, its concat with the part's linear input
+ * (<flat>__ucat), and the user linear yu over it: weight [the other
+ * tokens' columns of W_top W_user | the part's columns composed with the
+ * part's linear weight], bias the part's columns times that linear's bias.
+ * -1: out of memory. */
+static int user_with_part(fw *w, const chain *c, const char *fu, const char *yu)
+{
+    const model_def *m = w->m;
+    const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
+    const md_layer *q = &m->layers[c->ulin];
+    const char *sr, *cat;
+    int *keep, *mine, *mine2 = NULL, nk, nm;
+    if (split_stack(w, c->ustack, c->upart, "ur", &sr, &keep, &nk, &mine, &nm)) return -1;
+    if (!(mine2 = malloc((size_t)nm * sizeof *mine2)) ||
+        ap_fresh_name(w->names, m->layers[c->flat].name, "ucat", &cat) ||
+        !ap_emit(w->res, w->out,
+                 json_pack("{s:s, s:s, s:s}", "name", fu, "op", "flatten", "input", sr), c->flat, 0) ||
+        !ap_emit(w->res, w->out,
+                 json_pack("{s:s, s:s, s:[s, s]}", "name", cat, "op", "concat", "inputs", fu,
+                           md_value_ref_text(m, q->in[0])),
+                 c->ulin, 0))
+        goto oom;
+    memcpy(mine2, mine, (size_t)nm * sizeof *mine2);
+    if (linear(w, yu, cat, t->dim, c->lin,
+               (ap_wsrc){.src = c->lce, .src_w = 0, .cols = keep, .n_cols = nk,
+                         .fold_src = c->lin, .fold_d = l->dim, .comp = AP_COMP_WEIGHT,
+                         .comp_src = c->ulin, .ccols = mine, .n_ccols = nm},
+               (ap_wsrc){.src = c->lce, .src_w = 0, .fold_src = c->lin, .fold_d = l->dim,
+                         .comp = AP_COMP_BIAS, .comp_src = c->ulin, .ccols = mine2, .n_ccols = nm}))
+        goto oom;
+    return 0;
+oom:
+    free(keep);
+    free(mine);
+    free(mine2);
     return -1;
 }
 
@@ -231,7 +324,9 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
         ap_fresh_name(w->names, t->name, "c", &yc) ||
         (has_act && ap_fresh_name(w->names, t->name, "sum", &sum)))
         return -1;
-    if (c->user) { /* W_top W_user over the user tokens, at U */
+    if (c->user && c->ustack >= 0) { /* the same, a part composed */
+        if (user_with_part(w, c, fu, yu)) return -1;
+    } else if (c->user) { /* W_top W_user over the user tokens, at U */
         if (flat_of(w, l->in[0], fu, c->flat, &in) ||
             linear(w, yu, in, t->dim, c->lin,
                    (ap_wsrc){.src = c->lce, .src_w = 0, .fold_src = c->lin, .fold_d = l->dim},
@@ -249,7 +344,8 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
         if (!ap_emit(w->res, w->out,
                      json_pack("{s:s, s:s, s:s}", "name", fu, "op", "flatten", "input", zu),
                      c->flat, 0) ||
-            linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0}, zeros))
+            linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0},
+                   zeros))
             return -1;
     }
     if (c->stack >= 0) return cand_with_mlp2(w, c, fc, t->name, yu, has_act ? act : "none");
@@ -282,6 +378,7 @@ static int find_chains(const model_def *m, int *folded_into, chain *ch)
         if (!chain_at(m, readers, i, &c)) continue;
         folded_into[c.lce] = folded_into[c.flat] = folded_into[c.lin] = i;
         if (c.stack >= 0) folded_into[c.stack] = folded_into[c.reshape] = folded_into[c.mlin] = i;
+        if (c.ustack >= 0) folded_into[c.ustack] = folded_into[c.ureshape] = folded_into[c.ulin] = i;
         ch[i] = c;
         n++;
     }
@@ -342,6 +439,13 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
     const md_layer *l = &m->layers[f->in[0].index];
     e->rw = MD_RW_FOLDED;
     const md_layer *self = &m->layers[i];
+    if (self != t && self != l && self != f && self->domain == MD_USER) { /* the composed part's */
+        snprintf(e->note, sizeof e->note,
+                 "folded into linear '%s': its part of the user term is composed into the user "
+                 "linear's weight (no [U, %d] output)",
+                 t->name, self->tokens * self->dim);
+        return;
+    }
     if (self != t && self != l && self != f) { /* the mlp2 part's stack, reshape or linear */
         snprintf(e->note, sizeof e->note,
                  "folded into linear '%s': its part of the candidate term is one mlp2 over "
@@ -355,21 +459,30 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
         return;
     }
     int ku = md_ref_tokens(m, l->in[0]), kc = md_ref_tokens(m, l->in[1]);
+    const char *part = NULL, *upart = NULL; /* the parts' linears, if any */
+    int ucols = ku * l->dim; /* the user linear's inputs */
+    for (int j = 0; j < m->n_layers; j++)
+        if (folded_into[j] == folded_into[i] && m->layers[j].op == MD_RESHAPE) {
+            const md_layer *q = &m->layers[m->layers[j].in[0].index];
+            if (m->layers[j].domain == MD_USER) {
+                upart = q->name;
+                ucols += md_ref_width(m, q->in[0]) - m->layers[j].tokens * l->dim;
+            } else {
+                part = q->name;
+            }
+        }
     char user[64];
     if (side_folds(ku, l->tokens, l->dim, t->dim))
-        snprintf(user, sizeof user, "W_top W_user [%d, %d]", t->dim, ku * l->dim);
+        snprintf(user, sizeof user, "W_top W_user [%d, %d]", t->dim, ucols);
     else
         snprintf(user, sizeof user, "W_top (W_user E_user)");
-    const char *part = NULL; /* the linear whose share mlp2 computes, if any */
-    for (int j = 0; j < m->n_layers && !part; j++)
-        if (folded_into[j] == folded_into[i] && m->layers[j].op == MD_RESHAPE)
-            part = m->layers[m->layers[j].in[0].index].name;
-    char mlp[80] = "";
+    char mlp[80] = "", comp[80] = "";
     if (part) snprintf(mlp, sizeof mlp, " ('%s''s share through mlp2)", part);
+    if (upart) snprintf(comp, sizeof comp, " ('%s' composed into it)", upart);
     snprintf(e->note, sizeof e->note,
-             "folds lce '%s': user term %s at U, candidate term W_top W_cand [%d, %d]%s at C, "
+             "folds lce '%s': user term %s%s at U, candidate term W_top W_cand [%d, %d]%s at C, "
              "added through the map",
-             l->name, user, t->dim, kc * l->dim, mlp);
+             l->name, user, comp, t->dim, kc * l->dim, mlp);
 }
 
 /* y += a x, four lanes at a time (-O2 does not vectorize it by itself). */
@@ -478,4 +591,33 @@ int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to
     int threads = (int)(work / FOLD_THREAD_WORK);
     if (threads > cpus) threads = (int)cpus;
     return fold_weight_n(w, w_top, D, to, threads);
+}
+
+int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_top, int D,
+                 const float *wq, int in, size_t rows, float *out, int ldo)
+{
+    const int M = w->rows, N = w_top->rows;
+    if ((size_t)N != rows || (size_t)w_top->cols != (size_t)M * D || in < 1 || ldo < in)
+        return -1; /* cannot happen: the planner made these shapes */
+    float *g = calloc((size_t)M * D * in + 1, sizeof *g), *row = malloc((size_t)in * sizeof *row);
+    if (!g || !row) {
+        free(g);
+        free(row);
+        return -1;
+    }
+    for (int m = 0; m < M; m++) /* G[m, d, :] += w[m, cols[k]] wq[k*D + d, :], in k order */
+        for (int k = 0; k < n; k++) {
+            const float a = w->data[(size_t)m * w->cols + cols[k]];
+            for (int d = 0; d < D; d++)
+                axpy(g + ((size_t)m * D + d) * in, wq + ((size_t)k * D + d) * in, a, in);
+        }
+    for (int j = 0; j < N; j++) { /* out[j, :] = sum_{m, d} W_top[j, m*D + d] G[m, d, :] */
+        const float *top = w_top->data + (size_t)j * w_top->cols;
+        memset(row, 0, (size_t)in * sizeof *row);
+        for (size_t md = 0; md < (size_t)M * D; md++) axpy(row, g + md * in, top[md], in);
+        memcpy(out + (size_t)j * ldo, row, (size_t)in * sizeof *row);
+    }
+    free(g);
+    free(row);
+    return 0;
 }

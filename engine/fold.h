@@ -30,10 +30,27 @@
  * mlp2 also adds the user term and applies the folded linear's activation
  * in its last pass.
  *
+ * A composed user part: when the user side folds and lce.user is a stack
+ * read only by the lce, with other parts too, one of whose parts is a
+ * reshape, read only by the stack, of a user vector linear, read only by
+ * the reshape, with no activation and an input narrower than the part
+ * (x [F] -> q = W_q x + b_q, F < the part's tokens * D), that part's share
+ * of the user term is linear in x:
+ *
+ *   W_u'[:, part] q = (W_u'[:, part] W_q) x + W_u'[:, part] b_q,
+ *
+ * so the user linear reads concat(flatten(the other parts), x) with weight
+ * [W_u'[:, others] | W_u'[:, part] W_q] and bias W_u'[:, part] b_q
+ * (fold_compose: from W_top, W_user and W_q without forming W_u'[:, part]).
+ * The part's linear, reshape and the stack leave the plan; the bench
+ * model's u_d2 ([U, 32] -> [U, 300800]) is no longer written, and the user
+ * linear reads 2336 columns instead of 303104.
+ *
  * Numerics: the function is the same; the roundings differ. The activation-
- * dtype rounding of the lce output is gone, the folded weights are computed
- * in fp32 and rounded once to the backend's dtype (bench/RESULTS.md has the differences
- * measured against the unfolded run and the PyTorch reference).
+ * dtype rounding of the lce output (and of a composed part's output) is
+ * gone, the folded weights are computed in fp32 and rounded once to the
+ * backend's dtype (bench/RESULTS.md has the differences measured against
+ * the unfolded run and the PyTorch reference).
  *
  * The pass works like auto_plan.c: it writes the folded model.json layers
  * (an ap_result: the document and each new layer's origin and weight
@@ -78,5 +95,17 @@ int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to
 /* fold_weight on exactly `threads` threads (clamped to 1..min(N,
  * FOLD_MAX_THREADS)); for tests. */
 int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *to, int threads);
+
+/* The composed part's columns (fold.h's user part): for the n tokens
+ * cols[0..n) of w [M, Ku] (w_user) and a part weight wq [n*D, in] (row
+ * k*D + d of wq feeds token cols[k]'s column d; in = 1: a bias),
+ *   out[j*ldo + i] = sum_{k, d} W'[j, cols[k]*D + d] wq[k*D + d, i],
+ * W' = W_top W_user as fold_weight defines it, computed without W' as
+ *   sum_{m, d} W_top[j, m*D + d] G[m, d, i],  G[m, d, i] = sum_k w[m, cols[k]] wq[k*D + d, i]
+ * (M n D in + N M D in multiply-adds, in a fixed order). rows must be
+ * w_top's rows. Returns 0, or -1 on out of memory or shapes that do not
+ * match. Called from the loading thread only. */
+int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_top, int D,
+                 const float *wq, int in, size_t rows, float *out, int ldo);
 
 #endif

@@ -387,6 +387,112 @@ static void test_mlp2_part_refused(void **s)
     free(json);
 }
 
+/* The fixture with u_d1 a linear with no activation: e_user's part u_d
+ * (2 tokens of 8 = 16 columns of W_top W_user) over user.dense (6 wide)
+ * composes (fold.h). */
+static const char *UD1_RELU = "\"input\": \"user.dense\", \"out\": 16, \"activation\": \"relu\"}";
+static const char *UD1_NONE = "\"input\": \"user.dense\", \"out\": 16, \"activation\": \"none\"}";
+
+/* The composed user part: u_d1, u_d and e_user leave the plan; the other
+ * parts (u_country, hist_mean) are one stack and flatten, concatenated
+ * with u_d1's input, and the user linear reads that: [N, 2*8 + 6], with a
+ * bias (the part's columns times u_d1's bias). The plan names them folded. */
+static void test_user_part_plan(void **s)
+{
+    (void)s;
+    char *json = variant(UD1_RELU, UD1_NONE);
+    model_def *m = plan(json);
+    static const char *const names[] = {"e_user__ur", "flat__u", "flat__ucat", "top1__u"};
+    static const enum md_op ops[] = {MD_STACK, MD_FLATTEN, MD_CONCAT, MD_LINEAR};
+    static const enum md_domain doms[] = {MD_USER, MD_USER, MD_USER, MD_USER};
+    static const int dims[] = {8, 16, 22, 8};
+    expect_layers(m, names, ops, doms, dims, 4);
+    for (const char *const *n = (const char *const[]){"u_d1", "u_d", "e_user", "lce", NULL}; *n; n++) {
+        assert_null(layer(m, *n));
+        assert_int_equal(rw_of(m, *n), MD_RW_FOLDED);
+    }
+    const md_layer *u = layer(m, "top1__u");
+    assert_int_equal(u->w[0].rows, 8), assert_int_equal(u->w[0].cols, 22);
+    for (int i = 0; i < m->plan.n; i++)
+        if (!strcmp(m->plan.e[i].name, "top1"))
+            assert_non_null(strstr(m->plan.e[i].note, "'u_d1' composed into it"));
+    model_def_free(m);
+    free(json);
+    /* Refused: u_d1 with its ReLU (the fixture: e_user stays whole), and
+     * an input as wide as the part (user.dense 16: nothing saved). */
+    m = plan(EF_MODEL_JSON);
+    assert_non_null(layer(m, "u_d1"));
+    assert_null(layer(m, "flat__ucat"));
+    model_def_free(m);
+    char *wide = subst(json = variant(UD1_RELU, UD1_NONE), "\"dense\": 6,", "\"dense\": 16,");
+    m = plan(wide);
+    assert_non_null(layer(m, "u_d1"));
+    assert_null(layer(m, "flat__ucat"));
+    assert_int_equal(rw_of(m, "top1"), MD_RW_FOLDED); /* the chain still folds */
+    model_def_free(m);
+    free(wide);
+    free(json);
+}
+
+/* fold_compose against W' (fold_weight) times the part weight, summed in
+ * double; and the bias form (in = 1). */
+static void test_fold_compose(void **s)
+{
+    (void)s;
+    const int M = 4, Ku = 6, D = 5, N = 3, in = 7, cols[] = {4, 1, 5}, n = 3;
+    md_weight wu = {.rows = M, .cols = Ku}, wt = {.rows = N, .cols = M * D};
+    md_weight wf = {.rows = N, .cols = Ku * D};
+    float wq[3 * 5 * 7], bq[3 * 5], got[3 * 9], gotb[3];
+    wu.data = malloc(sizeof(float) * M * Ku);
+    wt.data = malloc(sizeof(float) * N * M * D);
+    uint64_t r = 11;
+#define RND() (r = r * 6364136223846793005ULL + 1442695040888963407ULL, \
+               (float)((double)(r >> 11) / (double)(1ULL << 53) - 0.5))
+    for (int i = 0; i < M * Ku; i++) wu.data[i] = RND();
+    for (int i = 0; i < N * M * D; i++) wt.data[i] = RND();
+    for (int i = 0; i < n * D * in; i++) wq[i] = RND();
+    for (int i = 0; i < n * D; i++) bq[i] = RND();
+#undef RND
+    assert_int_equal(fold_weight(&wu, &wt, D, &wf), 0);
+    for (int i = 0; i < N * 9; i++) got[i] = NAN;
+    assert_int_equal(fold_compose(&wu, cols, n, &wt, D, wq, in, N, got + 2, 9), 0);
+    assert_int_equal(fold_compose(&wu, cols, n, &wt, D, bq, 1, N, gotb, 1), 0);
+    for (int j = 0; j < N; j++) {
+        assert_true(isnan(got[j * 9]) && isnan(got[j * 9 + 1])); /* only its columns */
+        double wantb = 0;
+        for (int k = 0; k < n; k++)
+            for (int d = 0; d < D; d++)
+                wantb += (double)wf.data[(size_t)j * Ku * D + cols[k] * D + d] * bq[k * D + d];
+        if (fabs(gotb[j] - wantb) > 1e-5 * (1 + fabs(wantb)))
+            fail_msg("bias[%d] = %g, want %g", j, gotb[j], wantb);
+        for (int i = 0; i < in; i++) {
+            double want = 0;
+            for (int k = 0; k < n; k++)
+                for (int d = 0; d < D; d++)
+                    want += (double)wf.data[(size_t)j * Ku * D + cols[k] * D + d] * wq[(k * D + d) * in + i];
+            if (fabs(got[j * 9 + 2 + i] - want) > 1e-5 * (1 + fabs(want)))
+                fail_msg("W_comp[%d, %d] = %g, want %g", j, i, got[j * 9 + 2 + i], want);
+        }
+    }
+    /* Shapes the planner did not make are refused. */
+    assert_int_equal(fold_compose(&wu, cols, n, &wt, D, wq, in, N + 1, got, 9), -1);
+    free(wu.data);
+    free(wt.data);
+    free(wf.data);
+}
+
+/* The folded model with the composed part scores what the model as
+ * written scores. */
+static void test_scores_match_unfolded_user_part(void **s)
+{
+    (void)s;
+    char dir[256], *json = variant(UD1_RELU, UD1_NONE);
+    assert_int_equal(ef_write_model_as("fold_upart", json, EF_TENSORS, EF_N_TENSORS, dir, sizeof dir), 0);
+    scores_match(dir);
+    ef_remove_model(dir);
+    free(json);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -398,6 +504,9 @@ int main(void)
         cmocka_unit_test(test_mlp2_part_refused),
         cmocka_unit_test_setup_teardown(test_scores_match_unfolded, setup, teardown),
         cmocka_unit_test(test_scores_match_unfolded_mlp2),
+        cmocka_unit_test(test_user_part_plan),
+        cmocka_unit_test(test_fold_compose),
+        cmocka_unit_test(test_scores_match_unfolded_user_part),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
