@@ -29,6 +29,10 @@
  * read only by a stack writes its Tq output tokens there too (its output
  * projection as a grouped linear, be->linear_grouped): another 7% of E_cand;
  * and pool/mean_pool write their vector the same way (E_user's history mean).
+ * A stack read by another gatherer lives in it too (its parts land in the
+ * outer rows): read directly, or read only through views (the fold's user
+ * term concatenates its stack's flatten with a linear's output, which
+ * then is no copy at all).
  *
  * Embedding bags: embedding_bag layers (OP_QUEUED) queue their bags and
  * run as one be->embedding_bags call. Those that read only request inputs
@@ -178,8 +182,9 @@ static int gatherer_placeable(const model_def *d, int p, int s)
  * a vector output of an OP_PLACED op (linear, embedding_bag, pool) or a tokens
  * output of an OP_PLACED_TOKENS op (target_attention) of the gatherer's
  * domain, read once, through views each read once; and a stack read by
- * another (gatherer_placeable), whose own placed inputs then land in the
- * outer stack's rows. */
+ * another (gatherer_placeable), or read once through views each read once
+ * (a concat of a stack's flatten: the fold's user term), whose own placed
+ * inputs then land in the outer gatherer's rows. */
 static int plan_in_place(ikbo_model *m)
 {
     const model_def *d = m->def;
@@ -206,11 +211,12 @@ static int plan_in_place(ikbo_model *m)
             int p = producer(d, r);
             int fl = p >= 0 ? md_ops[d->layers[p].op]->flags : 0;
             int ok = p >= 0 && m->into[p] < 0 && d->layers[p].domain == st->domain;
-            if (ok && (fl & OP_GATHERS)) {
-                ok = r.index == p && gatherer_placeable(d, p, s);
-            } else {
+            if (ok && (fl & OP_GATHERS) && r.index == p) {
+                ok = gatherer_placeable(d, p, s);
+            } else { /* through views, each read once (a gatherer too: a flatten of a stack) */
                 ok = ok && (((fl & OP_PLACED) && d->layers[p].kind == MD_VEC) ||
-                            ((fl & OP_PLACED_TOKENS) && d->layers[p].kind == MD_TOKENS));
+                            ((fl & OP_PLACED_TOKENS) && d->layers[p].kind == MD_TOKENS) ||
+                            (fl & OP_GATHERS));
                 for (md_ref q = r; ok; q = d->layers[q.index].in[0]) {
                     ok = uses[q.index] == 1;
                     if (q.index == p) break;
