@@ -15,7 +15,7 @@
  *   - leak nothing: the live block count returns to what it was;
  *   - leave the object working: the same registry / batcher / loader then
  *     succeeds with failures off, with bitwise the reference scores.
- * Sweeps: model load + score (ikbo and broadcast mode), two folded models'
+ * Sweeps: model load + score (ikbo and broadcast mode), three folded models'
  * load and plan (engine/fold.h), the registry's first
  * load, a hot swap to a new version and an unload of 66 versions at once, a
  * Rank request end to end (gRPC wire bytes through the fast decoder, through
@@ -189,6 +189,7 @@ static uint8_t *pack_request(const Ikbo__V1__RankRequest *r, size_t extra, size_
 
 static char g_fold[256];      /* the engine fixture's version directory (fold_load_op) */
 static char g_fold_mlp2[256]; /* its mlp2 variant's (ef_write_mlp2_model) */
+static char g_fold_upart[256]; /* its composed user part's (ef_write_upart_model) */
 
 static int fixtures(char *why)
 {
@@ -200,7 +201,8 @@ static int fixtures(char *why)
     snprintf(g_v2, sizeof g_v2, "%s/demo/2", g_repo);
     if (mkdir(path, 0755) || copy_version(g_v1)) return failf(why, "cannot copy models/demo/1");
     if (ef_write_model("alloc_fold", g_fold, sizeof g_fold) ||
-        ef_write_mlp2_model("alloc_fold_mlp2", g_fold_mlp2, sizeof g_fold_mlp2))
+        ef_write_mlp2_model("alloc_fold_mlp2", g_fold_mlp2, sizeof g_fold_mlp2) ||
+        ef_write_upart_model("alloc_fold_upart", g_fold_upart, sizeof g_fold_upart))
         return failf(why, "cannot write the engine fixture models");
     snprintf(path, sizeof path, "%s/models/demo/example_request.json", g_root);
     g_json = read_file(path, &g_json_len);
@@ -1318,6 +1320,7 @@ static void cleanup(void)
     remove_version(g_v1);
     if (g_fold[0]) ef_remove_model(g_fold);
     if (g_fold_mlp2[0]) ef_remove_model(g_fold_mlp2);
+    if (g_fold_upart[0]) ef_remove_model(g_fold_upart);
     snprintf(p, sizeof p, "%s/demo", g_repo);
     rmdir(p);
     unlink(g_config_path);
@@ -1368,6 +1371,8 @@ int main(void)
          NULL, 0},
         {"folded model with an mlp2 part load+plan", AF_MAIN, NULL, fold_load_op, fold_load_after,
          no_teardown, g_fold_mlp2, 0},
+        {"folded model with a composed user part load+plan", AF_MAIN, NULL, fold_load_op,
+         fold_load_after, no_teardown, g_fold_upart, 0},
         {"model peek serving", AF_MAIN | AF_LIBS, NULL, peek_op, NULL, no_teardown, NULL, 0},
         {"batch-graph cache", AF_MAIN, NULL, graph_cache_op, NULL, no_teardown, NULL, 0},
         {"registry first load", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after, req_teardown,

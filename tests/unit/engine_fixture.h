@@ -4,8 +4,9 @@
  *
  * Header-only, libc only (tests/alloc/test_alloc_fail.c writes it too):
  * ef_write_model returns 0 or -1; ef_write_mlp2_model writes the variant
- * whose E_cand has a part the fold computes with mlp2. Single-threaded: call it from a setup,
- * ef_remove_model from its teardown.
+ * whose E_cand has a part the fold computes with mlp2, ef_write_upart_model
+ * the one whose E_user has a part the fold composes into the user term.
+ * Single-threaded: call it from a setup, ef_remove_model from its teardown.
  */
 #ifndef IKBO_ENGINE_FIXTURE_H
 #define IKBO_ENGINE_FIXTURE_H
@@ -174,6 +175,22 @@ static inline int ef_write_mlp2_model(const char *tag, char *dir, size_t dir_n)
     ef_tensor t[EF_N_TENSORS + 2];
     char *json = ef_mlp2_json();
     int rc = json ? ef_write_model_as(tag, json, t, ef_mlp2_tensors(t), dir, dir_n) : -1;
+    free(json);
+    return rc;
+}
+
+/* The fixture with u_d1 a linear with no activation: e_user's part u_d (2
+ * tokens of 8 = 16 columns of the folded user weight) over user.dense (6
+ * wide), which the fold composes into the user term (engine/fold.h).
+ * Malloc'd, NULL on out of memory. */
+#define EF_UD1_RELU "\"input\": \"user.dense\", \"out\": 16, \"activation\": \"relu\"}"
+#define EF_UD1_NONE "\"input\": \"user.dense\", \"out\": 16, \"activation\": \"none\"}"
+static inline char *ef_upart_json(void) { return ef_replace(EF_MODEL_JSON, EF_UD1_RELU, EF_UD1_NONE); }
+
+static inline int ef_write_upart_model(const char *tag, char *dir, size_t dir_n)
+{
+    char *json = ef_upart_json();
+    int rc = json ? ef_write_model_as(tag, json, EF_TENSORS, EF_N_TENSORS, dir, dir_n) : -1;
     free(json);
     return rc;
 }

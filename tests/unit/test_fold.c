@@ -387,12 +387,6 @@ static void test_mlp2_part_refused(void **s)
     free(json);
 }
 
-/* The fixture with u_d1 a linear with no activation: e_user's part u_d
- * (2 tokens of 8 = 16 columns of W_top W_user) over user.dense (6 wide)
- * composes (fold.h). */
-static const char *UD1_RELU = "\"input\": \"user.dense\", \"out\": 16, \"activation\": \"relu\"}";
-static const char *UD1_NONE = "\"input\": \"user.dense\", \"out\": 16, \"activation\": \"none\"}";
-
 /* The composed user part: u_d1, u_d and e_user leave the plan; the other
  * parts (u_country, hist_mean) are one stack and flatten, concatenated
  * with u_d1's input, and the user linear reads that: [N, 2*8 + 6], with a
@@ -400,7 +394,7 @@ static const char *UD1_NONE = "\"input\": \"user.dense\", \"out\": 16, \"activat
 static void test_user_part_plan(void **s)
 {
     (void)s;
-    char *json = variant(UD1_RELU, UD1_NONE);
+    char *json = ef_upart_json();
     model_def *m = plan(json);
     static const char *const names[] = {"e_user__ur", "flat__u", "flat__ucat", "top1__u"};
     static const enum md_op ops[] = {MD_STACK, MD_FLATTEN, MD_CONCAT, MD_LINEAR};
@@ -424,7 +418,7 @@ static void test_user_part_plan(void **s)
     assert_non_null(layer(m, "u_d1"));
     assert_null(layer(m, "flat__ucat"));
     model_def_free(m);
-    char *wide = subst(json = variant(UD1_RELU, UD1_NONE), "\"dense\": 6,", "\"dense\": 16,");
+    char *wide = subst(json = ef_upart_json(), "\"dense\": 6,", "\"dense\": 16,");
     m = plan(wide);
     assert_non_null(layer(m, "u_d1"));
     assert_null(layer(m, "flat__ucat"));
@@ -486,11 +480,10 @@ static void test_fold_compose(void **s)
 static void test_scores_match_unfolded_user_part(void **s)
 {
     (void)s;
-    char dir[256], *json = variant(UD1_RELU, UD1_NONE);
-    assert_int_equal(ef_write_model_as("fold_upart", json, EF_TENSORS, EF_N_TENSORS, dir, sizeof dir), 0);
+    char dir[256];
+    assert_int_equal(ef_write_upart_model("fold_upart", dir, sizeof dir), 0);
     scores_match(dir);
     ef_remove_model(dir);
-    free(json);
 }
 
 int main(void)
