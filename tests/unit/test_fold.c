@@ -260,7 +260,9 @@ static int teardown(void **s)
     return 0;
 }
 
-static float *score_dir(const char *dir, int no_fold, enum ikbo_mode mode, const ikbo_batch *b)
+/* The batch's scores; *user (when not NULL): its user-domain arena bytes. */
+static float *score_dir(const char *dir, int no_fold, enum ikbo_mode mode, const ikbo_batch *b,
+                        size_t *user)
 {
     ikbo_err err = {{0}};
     ikbo_load_opts o = {.device = "cpu", .mode = mode, .no_fold = no_fold};
@@ -272,6 +274,11 @@ static float *score_dir(const char *dir, int no_fold, enum ikbo_mode mode, const
     for (int i = 0; i < b->n_cands * 3; i++) out[i] = NAN; /* poison */
     if (ikbo_score(ctx, b, out, out + (size_t)b->n_cands * 2, &err))
         fail_msg("score failed: %s", err.msg);
+    if (user) {
+        size_t last[BK_TAG_COUNT];
+        ikbo_ctx_last_bytes(ctx, last);
+        *user = last[BK_TAG_USER];
+    }
     char *plan_text = ikbo_model_plan(m, 0, 70);
     assert_non_null(plan_text);
     assert_true((strstr(plan_text, "folded") != NULL) == !no_fold);
@@ -283,8 +290,9 @@ static float *score_dir(const char *dir, int no_fold, enum ikbo_mode mode, const
 
 /* The folded model scores what the model as written scores (both modes):
  * random batches, relative error over all task scores and scores; with
- * mlp2, the fixture with an mlp2 part (with_mlp2_part). */
-static void scores_match(const char *dir)
+ * mlp2, the fixture with an mlp2 part (with_mlp2_part). want_user > 0: the
+ * folded IKBO run's user-domain bytes must be that. */
+static void scores_match(const char *dir, size_t want_user)
 {
     enum { U = 3, C = 40 };
     uint64_t r = 12345;
@@ -307,7 +315,10 @@ static void scores_match(const char *dir)
                     .cand_sparse = &cs, .map = map};
     for (int mode = 0; mode < 2; mode++) {
         enum ikbo_mode md = mode ? IKBO_MODE_BROADCAST : IKBO_MODE_IKBO;
-        float *f = score_dir(dir, 0, md, &b), *w = score_dir(dir, 1, md, &b);
+        size_t user;
+        float *f = score_dir(dir, 0, md, &b, &user), *w = score_dir(dir, 1, md, &b, NULL);
+        if (want_user && !mode && user != want_user)
+            fail_msg("%s: %zu user bytes, expected %zu", dir, user, want_user);
         double worst = 0;
         for (int i = 0; i < C * 3; i++) {
             assert_true(isfinite(f[i]));
@@ -324,7 +335,7 @@ static void scores_match(const char *dir)
 static void test_scores_match_unfolded(void **s)
 {
     (void)s;
-    scores_match(model_dir);
+    scores_match(model_dir, 0);
 }
 
 static void test_scores_match_unfolded_mlp2(void **s)
@@ -332,7 +343,7 @@ static void test_scores_match_unfolded_mlp2(void **s)
     (void)s;
     char dir[256];
     assert_int_equal(ef_write_mlp2_model("fold_mlp2", dir, sizeof dir), 0);
-    scores_match(dir);
+    scores_match(dir, 0);
     ef_remove_model(dir);
 }
 
@@ -475,14 +486,23 @@ static void test_fold_compose(void **s)
     free(wf.data);
 }
 
+/* One user tensor of the batch in the CPU arena: fp32, 256-byte blocks. */
+static size_t user_block(size_t rows, size_t width) { return (rows * width * 4 + 255) / 256 * 256; }
+
 /* The folded model with the composed part scores what the model as
- * written scores. */
+ * written scores; and the concat it reads is built in place (engine.c's
+ * plan_in_place): at 3 users of 4 events, the user tensors are the concat
+ * [U, 2 tokens of 8 + 6], the history [12, 8], the attention's K|V [12,
+ * 16], the user term [U, 8] and u_vec [U, 8]. The other parts' stack (read
+ * only through its flatten) and u_d1 write into the concat's rows: a
+ * buffer of their own ([U, 16] or [U, 6]) would add a block. */
 static void test_scores_match_unfolded_user_part(void **s)
 {
     (void)s;
     char dir[256];
     assert_int_equal(ef_write_upart_model("fold_upart", dir, sizeof dir), 0);
-    scores_match(dir);
+    scores_match(dir, user_block(3, 22) + user_block(12, 8) + user_block(12, 16) +
+                          2 * user_block(3, 8));
     ef_remove_model(dir);
 }
 
