@@ -14,8 +14,6 @@
 
 #include <math.h>
 
-#include <type_traits>
-
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
 #include "kernels/cuda/tma_util.cuh"
@@ -670,8 +668,7 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
         const uint64_t es = sizeof(T), hd = (uint64_t)j.heads * DH;
         uint64_t dims[2] = {hd, (uint64_t)1 << 31}, strides[1] = {(uint64_t)j.ldkv * es};
         uint32_t box[2] = {64, (uint32_t)attw_cfg<DH>::BN};
-        CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+        const CUtensorMapDataType dt = cu_tmap_dtype<T>();
         int rc = cu_tmap_encode(&a.tk, dt, 2, j.k, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
         if (!rc)
             rc = cu_tmap_encode(&a.tv, dt, 2, j.v, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);

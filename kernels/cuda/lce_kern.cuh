@@ -389,8 +389,7 @@ static int lce_tmaps(const T *w, int ldw, const T *e, int nb, int K, int M, int 
                      int bnm, int cl, CUtensorMap *tw, CUtensorMap *te, CUtensorMap *tz,
                      bk_err *err)
 {
-    CUtensorMapDataType dt = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const CUtensorMapDataType dt = cu_tmap_dtype<T>();
     const uint64_t es = sizeof(T);
     uint64_t wd[2] = {(uint64_t)ldw, (uint64_t)M}, ws[1] = {ldw * es};
     uint32_t wb[2] = {64, (uint32_t)(bnm / cl)};

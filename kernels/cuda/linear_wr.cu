@@ -38,7 +38,6 @@
  * units; act NONE or RELU (bk_grouped_check). Accumulation is fp32 in the
  * tensor cores, k in increasing 16-deep steps.
  */
-#include <type_traits>
 
 #include "kernels/cuda/cuda_internal.h"
 #include "kernels/cuda/mma_util.cuh"
@@ -206,9 +205,7 @@ template <typename T>
 static int wr_tmaps(const bk_weight *w, const void *x, int ldx, int64_t gx, int groups, int g,
                     CUtensorMap *tw, CUtensorMap *tx, bk_err *err)
 {
-    const CUtensorMapDataType dt = std::is_same<T, __half>::value
-                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    const CUtensorMapDataType dt = cu_tmap_dtype<T>();
     const uint64_t es = sizeof(T);
     uint64_t wd[2] = {(uint64_t)w->cols, (uint64_t)w->rows}, ws[1] = {(uint64_t)w->ld * es};
     uint32_t wb[2] = {64, WR_BN};

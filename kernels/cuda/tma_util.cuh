@@ -17,8 +17,11 @@
 #define IKBO_TMA_UTIL_CUH
 
 #include <cuda.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "kernels/cuda/mma_util.cuh"
 
@@ -260,6 +263,13 @@ static inline int max_clusters(const void *kern, unsigned threads, size_t smem, 
         n = 0;
     }
     return n;
+}
+
+/* The tensor-map element type of a kernel's T (__half, else bf16). */
+template <typename T> static inline CUtensorMapDataType cu_tmap_dtype()
+{
+    return std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 }
 
 /* Encodes a tiled tensor map (cuTensorMapEncodeTiled, reached through the
