@@ -23,6 +23,8 @@
  * kernel and sum are timed apart (v1's sum beside the current one), and
  * production's sum at each split (1 to 8 warps to 32 outputs). The
  * weights sit in a folded weight's wider rows (ld2 = hidden + 4096).
+ * Variants 32-35 run each k_mlp2_wgh form with the fill production does
+ * not pick for it (mlp2.cu's mlp2_ring: TMA or cp.async).
  * The "diag" variants take one part of k_mlp2_wgh's work away (mlp2.cu's
  * MLP2_DG_* bits: the stage refills, H's wgmma, Y's wgmma, the conversion
  * to P); their results are wrong by construction, their times bound the
@@ -138,17 +140,24 @@ static const bf *wgh_w1a(const bf *W1, int ld1, const bf *b1, int in, int hid, i
     return buf;
 }
 
-/* k_mlp2_wgh (OVL: its overlapped form) at the prototype's in = KIN = 16,
- * so W1a of two k-steps. */
-template <int NWG, int NS, bool OVL, int DG = 0>
+/* k_mlp2_wgh (OVL: its overlapped form; TMA: its stages filled by TMA, else
+ * by every thread's cp.async) at the prototype's in = KIN = 16, so W1a of
+ * two k-steps. */
+template <int NWG, int NS, bool OVL, int DG = 0, int FILL = OVL ? MLP2_WGHO_FILL : MLP2_WGH_FILL>
 static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
                     float *part)
 {
-    k_mlp2_wgh<bf, NWG, NS, 2, true, OVL, DG>
+    const bf *w1a = wgh_w1a(W1, ld1, b1, in, hid, 32);
+    CUtensorMap tw2, tw1a;
+    const int rc = mlp2_wgh_tmaps<bf, 2>(w1a, W2, ld2, hid, out, &tw2, &tw1a);
+    if (rc) {
+        fprintf(stderr, "fmlp_proto: encoding k_mlp2_wgh's tensor maps failed (CUresult %d)\n", rc);
+        exit(1);
+    }
+    k_mlp2_wgh<bf, NWG, NS, 2, true, OVL, FILL, DG>
         <<<dim3(p.rb, p.S, p.zt), 128 * NWG, NS * sizeof(mlp2_wgh_stage<bf, 2>) + 1024, st>>>(
-            x, ldx, in, rows, p.rows_cta, wgh_w1a(W1, ld1, b1, in, hid, 32), W2, ld2, hid, out, part,
-            p.per);
+            x, ldx, in, rows, p.rows_cta, w1a, W2, ld2, hid, out, part, p.per, tw2, tw1a);
 }
 
 /* The shapes timed here: k_mlp2 (m-tiles a warp, warps, stages) or
@@ -169,14 +178,15 @@ struct variant {
     {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
-#define VWGH(name, nwg, ns, cps, ovl)                                                              \
-    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl>,                                            \
-     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl>, sizeof(mlp2_wgh_stage<bf, 2>)}
+#define VWGHT(name, nwg, ns, cps, ovl, dg, tma)                                                    \
+    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl, dg, tma>,                                   \
+     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl, tma, dg>, sizeof(mlp2_wgh_stage<bf, 2>)}
+#define VWGH(name, nwg, ns, cps, ovl) \
+    VWGHT(name, nwg, ns, cps, ovl, 0, ovl ? MLP2_WGHO_FILL : MLP2_WGH_FILL)
 /* k_mlp2_wgh with DG bits (mlp2.cu's MLP2_DG_*): a part of the work taken
  * away, for its bound; the results are wrong (FAIL) by construction. */
-#define VWGHD(name, nwg, ns, cps, ovl, dg)                                                         \
-    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl, dg>,                                        \
-     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl, dg>, sizeof(mlp2_wgh_stage<bf, 2>)}
+#define VWGHD(name, nwg, ns, cps, ovl, dg) \
+    VWGHT(name, nwg, ns, cps, ovl, dg, ovl ? MLP2_WGHO_FILL : MLP2_WGH_FILL)
 static const variant variants[] = {
     VAR("v1: 32r 8w 2st", 2, 8, 2, 2, 0),        VAR("32r 8w 2st bal", 2, 8, 2, 2, 1),
     VAR("32r 8w 4st bal", 2, 8, 4, 2, 1), VAR("64r 4w 3st bal", 4, 4, 3, 2, 1),
@@ -198,6 +208,12 @@ static const variant variants[] = {
     VWGHD("diag >=256 no loads, no P", 3, 4, 1, false, MLP2_DG_NO_LOAD | MLP2_DG_NO_P),
     VWGHD("diag <256 no loads", 2, 5, 1, true, MLP2_DG_NO_LOAD),
     VWGHD("diag <256 no P", 2, 5, 1, true, MLP2_DG_NO_P),
+    /* each form with the other fill (mlp2_ring: cp.async at >= 256 rows was
+     * production until 2026-12-07, thirtieth session; TMA lost below) */
+    VWGHT("wgh 3x64r 4st cp.async", 3, 4, 1, false, 0, MLP2_FILL_CP),
+    VWGHT("wgho 2x64r 5st tma", 2, 5, 1, true, 0, MLP2_FILL_TMA),
+    VWGHT("diag >=256 cp.async no loads", 3, 4, 1, false, MLP2_DG_NO_LOAD, MLP2_FILL_CP),
+    VWGHT("diag <256 tma no loads", 2, 5, 1, true, MLP2_DG_NO_LOAD, MLP2_FILL_TMA),
 };
 
 /* Whether index v is in the comma-separated list (e.g. "18,25,26"). */

@@ -550,38 +550,73 @@ __device__ __forceinline__ void mlp2_xfrags_aug(const T *x, int ldx, int in, con
 /* k_mlp2_wgh's ring of NS stages, on mbarriers rather than a CTA barrier a
  * chunk. That barrier was the kernel's top stall under ncu, but this ring
  * measured the same (H100: 74.5 us at 1120 rows, 17.2 at 70, either way;
- * bench/RESULTS.md 2026-12-07), so the stall was not what bounds it; the
- * ring stays as the form checked on a GPU in bf16 and fp16. Chunk
- * j of the slice lives in stage j % NS. full[s] completes when every
- * thread's copies into stage s have landed (cp.async.mbarrier.arrive.noinc:
- * NT arrivals), empty[s] when every warp's wait has retired the Y that read
- * it (its lane 0). A thread refills the stage of chunk i - 2 with chunk
- * i + NS - 2 after issuing chunk i's Y, so a warpgroup runs up to a chunk
- * ahead of the slowest. The barriers live in static shared memory. */
-template <typename T, int NT, int NS, int KS, int DG = 0> struct mlp2_ring {
+ * bench/RESULTS.md 2026-12-07), so the stall was not what bounds it. Chunk
+ * j of the slice lives in stage j % NS; empty[s] completes when every
+ * warp's wait has retired the Y that read it (its lane 0). A refill of the
+ * stage of chunk i - 2 with chunk i + NS - 2 follows chunk i's Y, so a
+ * warpgroup runs up to a chunk ahead of the slowest. Every thread waits on
+ * empty[] before a refill (thread 0 alone waiting, with the other warps
+ * running on to full[], left warp 0's warpgroup carrying the ring's waits:
+ * 7 us slower at 1120 rows, NOTES.md, thirtieth session). Two ways to fill:
+ * - cp.async (MLP2_FILL_CP): every thread copies its share of the stage's
+ *   16-byte pieces and arrives on full[s] once they land (NT arrivals).
+ * - TMA (MLP2_FILL_TMA): thread 0 arrives on full[s] with the stage's
+ *   bytes and issues three tensor copies (W2's two 128B-swizzled halves,
+ *   W1a swizzled at its row width; zeros past hid and out), which complete
+ *   full[s]; the consumers' copy instructions go. H100, 1120 rows: 74-75
+ *   -> 66-68 us; 70 rows (the overlapped form): 18.7-20.1 -> 20.2-20.5,
+ *   so that form keeps cp.async (mlp2_production).
+ * The barriers live in static shared memory. */
+#define MLP2_FILL_CP 0
+#define MLP2_FILL_TMA 1
+template <typename T, int NT, int NS, int KS, int FILL, int DG = 0> struct mlp2_ring {
+    static constexpr bool TMA = FILL == MLP2_FILL_TMA;
     mlp2_wgh_stage<T, KS> *st;
     uint64_t *full, *empty;
     const mlp2_wg_copy<T, NT> &cp;
     const T *W1a, *W2;
+    const CUtensorMap *tw2, *tw1a; /* TMA: mlp2_wgh_tmaps' maps */
     int ld2, hid, out, n0, c0, n, tid, lane;
 
-    /* Chunk j into its stage, then this thread's arrival on its full[]. */
+    static constexpr uint32_t TX = (2 * MLP2_NO * 64 + MLP2_HC * 16 * KS) * sizeof(T);
+    static constexpr int FULL = TMA ? 1 : NT; /* full[]'s arrivals a fill */
+
+    /* Chunk j into its stage and the arrival on its full[] (TMA: thread 0's). */
     __device__ __forceinline__ void load(int j) const
     {
-        if (!(DG & MLP2_DG_NO_LOAD) || j < NS - 2)
-            mlp2_wgh_load<T, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, (c0 + j) * MLP2_HC,
-                                     tid);
-        cp_async_mbar_arrive_noinc(&full[j % NS]);
+        uint64_t *f = &full[j % NS];
+        const bool copy = !(DG & MLP2_DG_NO_LOAD) || j < NS - 2;
+        const int j0 = (c0 + j) * MLP2_HC;
+        if constexpr (TMA) {
+            if (tid != 0) return;
+            if (!copy) {
+                mbar_arrive(f);
+                return;
+            }
+            mlp2_wgh_stage<T, KS> *s = &st[j % NS];
+            mbar_expect_tx(f, TX);
+            tma_load_2d(s->w2, tw2, f, j0, n0);
+            tma_load_2d(s->w2 + MLP2_NO * 64, tw2, f, j0 + 64, n0);
+            tma_load_2d(s->w1a, tw1a, f, 0, j0);
+        } else {
+            if (copy) mlp2_wgh_load<T, NT, KS>(&st[j % NS], cp, W1a, W2, ld2, hid, out, n0, j0, tid);
+            cp_async_mbar_arrive_noinc(f);
+        }
     }
     __device__ __forceinline__ void prefill() const
     {
+        if (TMA && tid == 0) {
+            tma_prefetch_desc(tw2);
+            tma_prefetch_desc(tw1a);
+        }
         for (int j = 0; j < NS - 2 && j < n; j++) load(j);
     }
-    /* Chunk j's stage, landed and visible to wgmma. */
+    /* Chunk j's stage, landed and visible to wgmma (cp.async's writes are
+     * the generic proxy's, fenced for the async one). */
     __device__ __forceinline__ const mlp2_wgh_stage<T, KS> *ready(int j) const
     {
         mbar_wait(&full[j % NS], (j / NS) & 1);
-        fence_proxy_async();
+        if constexpr (!TMA) fence_proxy_async();
         return &st[j % NS];
     }
     /* After chunk i's Y is issued, with chunk i - 1's Y retired by this
@@ -596,6 +631,24 @@ template <typename T, int NT, int NS, int KS, int DG = 0> struct mlp2_ring {
     }
 };
 
+/* k_mlp2_wgh's tensor maps for the TMA ring: W2 [out, hid] at ld2 in 64 x
+ * 64 boxes, 128B-swizzled (a stage's half); W1a [hid, 16 KS] in 128-row
+ * boxes swizzled at its row width (64 or 32 bytes, mlp2_w1a_desc's
+ * layout). Out-of-bounds elements read as zeros. 0 or a CUresult. */
+template <typename T, int KS>
+static int mlp2_wgh_tmaps(const T *W1a, const T *W2, int ld2, int hid, int out, CUtensorMap *tw2,
+                          CUtensorMap *tw1a)
+{
+    const uint64_t d2[2] = {(uint64_t)hid, (uint64_t)out}, s2[1] = {(uint64_t)ld2 * sizeof(T)};
+    const uint64_t d1[2] = {16u * KS, (uint64_t)hid}, s1[1] = {16u * KS * sizeof(T)};
+    const uint32_t b2[2] = {64, MLP2_NO}, b1[2] = {16u * KS, MLP2_HC};
+    int rc = cu_tmap_encode(tw2, cu_tmap_dtype<T>(), 2, W2, d2, s2, b2, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (!rc)
+        rc = cu_tmap_encode(tw1a, cu_tmap_dtype<T>(), 2, W1a, d1, s1, b1,
+                            KS == 2 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_32B);
+    return rc;
+}
+
 /* NWG warpgroups of 64 rows over block b's slice. A warpgroup past the
  * block's rows computes on zeros and stores nothing.
  * OVL false (from 256 rows): a chunk is H (waited for: the wait also
@@ -604,11 +657,14 @@ template <typename T, int NT, int NS, int KS, int DG = 0> struct mlp2_ring {
  * OVL true (below 256 rows, where every slice is short and one chunk's
  * chain is what the SM waits on): chunk i + 1's H under chunk i's Y
  * (k_mlp2_wgo's overlap), two P sets, so one CTA an SM; the wait leaves
- * only Y(i) in flight. H past the slice's end is not issued. */
-template <typename T, int NWG, int NS, int KS, bool RELU, bool OVL, int DG = 0>
+ * only Y(i) in flight. H past the slice's end is not issued.
+ * FILL: how the ring fills its stages (mlp2_ring's MLP2_FILL_*; tw2 and
+ * tw1a are mlp2_wgh_tmaps' maps, unread by the cp.async fill). */
+template <typename T, int NWG, int NS, int KS, bool RELU, bool OVL, int FILL, int DG = 0>
 __global__ void __launch_bounds__(128 * NWG, NWG >= 3 || OVL ? 1 : 2)
 k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, const T *W1a,
-           const T *W2, int ld2, int hid, int out, float *part, int per_slice)
+           const T *W2, int ld2, int hid, int out, float *part, int per_slice,
+           const __grid_constant__ CUtensorMap tw2, const __grid_constant__ CUtensorMap tw1a)
 {
     static_assert(NS >= (OVL ? 4 : 3) && (KS == 1 || KS == 2),
                   "stages: Y's, (OVL: H's,) one retiring, one loading");
@@ -619,15 +675,16 @@ k_mlp2_wgh(const T *__restrict__ x, int ldx, int in, int rows, int rows_cta, con
     const mlp2_blk b = mlp2_block(rows, rows_cta, hid, per_slice);
     if (b.tid == 0) {
         for (int i = 0; i < NS; i++) {
-            mbar_init(&full[i], NT);
+            mbar_init(&full[i], mlp2_ring<T, NT, NS, KS, FILL, DG>::FULL);
             mbar_init(&empty[i], NT / 32);
         }
         mbar_fence_init();
     }
     __syncthreads();
     const mlp2_wg_copy<T, NT> cp(W2, ld2, b.n0, b.tid);
-    const mlp2_ring<T, NT, NS, KS, DG> ring = {st, full, empty, cp, W1a, W2, ld2, hid, out,
-                                               b.n0, b.c0, b.c1 - b.c0, b.tid, b.lane};
+    const mlp2_ring<T, NT, NS, KS, FILL, DG> ring = {st,  full, empty, cp,  W1a, W2,   &tw2,
+                                                    &tw1a, ld2, hid, out, b.n0, b.c0, b.c1 - b.c0,
+                                                    b.tid, b.lane};
     const int n = ring.n;
     uint32_t xa[KS][4];
     mlp2_xfrags_aug<T, KS>(x, ldx, in, b, xa);
@@ -823,9 +880,10 @@ static size_t mlp2_smem(const mlp2_plan &p)
 }
 
 /* Production's shapes (bench/RESULTS.md). With W1a (bf16 or fp16, in <=
- * 16): from 256 rows k_mlp2_wgh, 3 warpgroups of 64 rows, 4 stages, one CTA
- * an SM; below, its overlapped form (OVL), 2 warpgroups, 5 stages (H100:
- * 74.5 and 17.2 us at 1120 and 70 rows). Without (a graph captured before
+ * 16): from 256 rows k_mlp2_wgh, 3 warpgroups of 64 rows, 4 stages filled
+ * by TMA, one CTA an SM; below, its overlapped form (OVL), 2 warpgroups, 5
+ * stages filled by cp.async (H100: 66-68 and 17-20 us at 1120 and 70
+ * rows). Without (a graph captured before
  * W1a was built): from 256 rows k_mlp2_wgo, 2 warpgroups, 4
  * stages; below, k_mlp2 with 16 rows a warp, 8 warps, 4 stages; ~2 CTAs an
  * SM. mlp2_launch instantiates these from the same constants, so the plan
@@ -837,6 +895,8 @@ static size_t mlp2_smem(const mlp2_plan &p)
 #define MLP2_WGH_NS 4    /* its stages */
 #define MLP2_WGHO_NWG 2  /* the overlapped form's */
 #define MLP2_WGHO_NS 5
+#define MLP2_WGH_FILL MLP2_FILL_TMA  /* how each form fills its stages (mlp2_ring) */
+#define MLP2_WGHO_FILL MLP2_FILL_CP
 
 static mlp2_plan mlp2_production(int rows, int hid, int out, int sm_count, int ks)
 {
@@ -884,24 +944,32 @@ static void mlp2_run_wgo(const mlp2_plan &p, cudaStream_t st, const T *x, int ld
 /* The kernel mlp2_run_wgh launches for plan p. */
 template <typename T, int KS, bool RELU> static const void *mlp2_wgh_fn(const mlp2_plan &p)
 {
-    return !p.ovl ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
-                       : (const void *)k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true>;
+    return !p.ovl
+               ? (const void *)k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false, MLP2_WGH_FILL>
+               : (const void *)k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true, MLP2_WGHO_FILL>;
 }
 
-/* k_mlp2_wgh (overlapped below 256 rows), as mlp2_production planned. */
+/* k_mlp2_wgh (overlapped below 256 rows), as mlp2_production planned; 0 or
+ * a CUresult from encoding its tensor maps. */
 template <typename T, int KS, bool RELU>
-static void mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in, int rows,
-                         const T *W1a, const T *W2, int ld2, int hid, int out, float *part)
+static int mlp2_run_wgh(const mlp2_plan &p, cudaStream_t st, const T *x, int ldx, int in, int rows,
+                        const T *W1a, const T *W2, int ld2, int hid, int out, float *part)
 {
+    CUtensorMap tw2 = {}, tw1a = {};
+    const int fill = p.ovl ? MLP2_WGHO_FILL : MLP2_WGH_FILL;
+    const int rc = fill == MLP2_FILL_TMA ? mlp2_wgh_tmaps<T, KS>(W1a, W2, ld2, hid, out, &tw2, &tw1a)
+                                         : 0;
+    if (rc) return rc;
     const dim3 g(p.rb, p.S, p.zt);
     if (!p.ovl)
-        k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false>
+        k_mlp2_wgh<T, MLP2_WGH_NWG, MLP2_WGH_NS, KS, RELU, false, MLP2_WGH_FILL>
             <<<g, 128 * MLP2_WGH_NWG, mlp2_smem(p), st>>>(x, ldx, in, rows, p.rows_cta, W1a, W2, ld2,
-                                                         hid, out, part, p.per);
+                                                         hid, out, part, p.per, tw2, tw1a);
     else
-        k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true>
+        k_mlp2_wgh<T, MLP2_WGHO_NWG, MLP2_WGHO_NS, KS, RELU, true, MLP2_WGHO_FILL>
             <<<g, 128 * MLP2_WGHO_NWG, mlp2_smem(p), st>>>(x, ldx, in, rows, p.rows_cta, W1a, W2,
-                                                          ld2, hid, out, part, p.per);
+                                                          ld2, hid, out, part, p.per, tw2, tw1a);
+    return 0;
 }
 
 /* The kernel mlp2_launch runs for plan p. */
@@ -979,7 +1047,12 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
     if (p.ks) {
         auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
                              : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
-        run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out, part);
+        const int rc = run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out, part);
+        if (rc) {
+            bk_seterr(err, "mlp2: encoding a TMA tensor map failed (CUresult %d; hidden %d, out %d, "
+                      "W2's ld %d)", rc, hid, out, w2->ld);
+            return -1;
+        }
     } else {
         auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
                         : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
