@@ -756,10 +756,6 @@ struct mlp2_tail {
     int ldadd, act2;
 };
 
-/* Partials a thread loads before adding them in order (an unroll of 4 left
- * six L2 round trips a thread at 22 slices). */
-#define MLP2_SUM_LOADS 16
-
 template <typename T, int W>
 __global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, mlp2_tail t, T *y,
                                                   int ldy, int rows, int out)
@@ -771,16 +767,10 @@ __global__ void __launch_bounds__(256) k_mlp2_sum(const float *part, int S, mlp2
     for (size_t b0 = (size_t)blockIdx.x * step; b0 < total; b0 += (size_t)gridDim.x * step) {
         const size_t i = b0 + (size_t)(warp / W) * 32 + lane;
         float acc = 0.f;
-        if (i < total)
-            for (int s0 = way; s0 < S; s0 += MLP2_SUM_LOADS * W) {
-                float v[MLP2_SUM_LOADS]; /* all loads issued, then added in slice order */
-#pragma unroll
-                for (int q = 0; q < MLP2_SUM_LOADS; q++)
-                    v[q] = s0 + q * W < S ? part[(size_t)(s0 + q * W) * total + i] : 0.f;
-#pragma unroll
-                for (int q = 0; q < MLP2_SUM_LOADS; q++)
-                    if (s0 + q * W < S) acc += v[q];
-            }
+        if (i < total) {
+#pragma unroll 4
+            for (int sl = way; sl < S; sl += W) acc += part[(size_t)sl * total + i];
+        }
         if (W > 1) {
             accw[warp][lane] = acc;
             __syncthreads();
