@@ -140,9 +140,9 @@ static const bf *wgh_w1a(const bf *W1, int ld1, const bf *b1, int in, int hid, i
     return buf;
 }
 
-/* k_mlp2_wgh (OVL: its overlapped form; TMA: its stages filled by TMA, else
- * by every thread's cp.async) at the prototype's in = KIN = 16, so W1a of
- * two k-steps. */
+/* k_mlp2_wgh (OVL: its overlapped form; FILL: how its stages are filled,
+ * mlp2.cu's MLP2_FILL_*, by default production's for the form) at the
+ * prototype's in = KIN = 16, so W1a of two k-steps. */
 template <int NWG, int NS, bool OVL, int DG = 0, int FILL = OVL ? MLP2_WGHO_FILL : MLP2_WGH_FILL>
 static void run_wgh(const mlp2_plan &p, cudaStream_t st, const bf *x, int ldx, int in, int rows,
                     const bf *W1, int ld1, const bf *b1, int, const bf *W2, int ld2, int hid, int out,
@@ -178,9 +178,9 @@ struct variant {
     {name, 64, nwg, ns, 1, cps, 1, run_wg<nwg, ns>, (const void *)k_mlp2_wg<nwg, ns>}
 #define VWGO(name, nwg, ns, cps) \
     {name, 64, nwg, ns, 1, cps, 1, mlp2_run_wgo<bf, nwg, ns>, (const void *)k_mlp2_wgo<bf, nwg, ns, true>}
-#define VWGHT(name, nwg, ns, cps, ovl, dg, tma)                                                    \
-    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl, dg, tma>,                                   \
-     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl, tma, dg>, sizeof(mlp2_wgh_stage<bf, 2>)}
+#define VWGHT(name, nwg, ns, cps, ovl, dg, fill)                                                   \
+    {name, 64, nwg, ns, 1, cps, 1, run_wgh<nwg, ns, ovl, dg, fill>,                                  \
+     (const void *)k_mlp2_wgh<bf, nwg, ns, 2, true, ovl, fill, dg>, sizeof(mlp2_wgh_stage<bf, 2>)}
 #define VWGH(name, nwg, ns, cps, ovl) \
     VWGHT(name, nwg, ns, cps, ovl, 0, ovl ? MLP2_WGHO_FILL : MLP2_WGH_FILL)
 /* k_mlp2_wgh with DG bits (mlp2.cu's MLP2_DG_*): a part of the work taken
