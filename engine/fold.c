@@ -344,8 +344,7 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
         if (!ap_emit(w->res, w->out,
                      json_pack("{s:s, s:s, s:s}", "name", fu, "op", "flatten", "input", zu),
                      c->flat, 0) ||
-            linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0},
-                   zeros))
+            linear(w, yu, fu, t->dim, c->lin, (ap_wsrc){.src = c->lin, .src_w = 0}, zeros))
             return -1;
     }
     if (c->stack >= 0) return cand_with_mlp2(w, c, fc, t->name, yu, has_act ? act : "none");
