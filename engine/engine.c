@@ -45,6 +45,16 @@
  * Batch graphs (batch_graph.h, with ikbo_load_opts.graphs on a backend that
  * records them): the dry pass also builds the batch's key; score_graphed
  * replays the key's graph (only the inputs are staged) or records it.
+ *
+ * The user lane (lane.h; IKBO mode on a backend with be->lane, unless
+ * ikbo_load_opts.no_lane): the user side's layers are issued on the
+ * context's lane, which waits for the batch's one upload first; a layer
+ * that reads lane work makes the stream wait for the lane (or, an
+ * OP_LANE_SPLIT op, does so itself after putting its own user-only work
+ * there); the stream waits for the lane again before the logits come back.
+ * So the user side runs beside the candidate side, and a graph recorded on
+ * the stream holds both. A batch that failed with lane work pending is
+ * waited for before the next batch's upload reuses the arenas.
  */
 #include <errno.h>
 #include <limits.h>
@@ -54,6 +64,7 @@
 #include <string.h>
 
 #include "batch_graph.h"
+#include "lane.h"
 #include "ikbo.h"
 #include "model.h"
 #include "op.h"
@@ -76,6 +87,9 @@ struct ikbo_model {
     /* [n_layers]: a self_attention's fused target_attention, and a
      * target_attention's self_attention that computed it; -1 none. */
     int *fuse;
+    /* [n_layers]: where each layer runs (lane.h); NULL: lanes off (not
+     * IKBO mode, no_lane, no be->lane, or no layer would run there). */
+    unsigned char *lane;
     ikbo_model_info info;
 };
 
@@ -115,7 +129,12 @@ struct ikbo_ctx {
     enum ikbo_graph_use last_graph;
     ikbo_graph_stats gst;
     bk_bag bags[BK_MAX_BAGS]; /* queued by OP_QUEUED layers (op_queue_bag) */
+    char bag_lane[BK_MAX_BAGS]; /* queued by a LANE_RUN layer */
     int n_bags;
+    /* The user lane (NULL: off) and whether launches were issued on it
+     * since the stream last waited for it. */
+    bk_stream *lane;
+    int lane_busy;
 };
 
 const char *ikbo_version(void) { return "0.1.0"; }
@@ -140,6 +159,7 @@ static void model_release(ikbo_model *m)
     free(m->into);
     free(m->into_col);
     free(m->fuse);
+    free(m->lane);
     model_def_free(m->def);
     free(m);
 }
@@ -327,6 +347,16 @@ ikbo_model *ikbo_model_load(const char *dir, const ikbo_load_opts *opts, ikbo_er
         bk_seterr(err, "out of memory");
         goto fail;
     }
+    if (m->mode == IKBO_MODE_IKBO && m->be->lane && !(opts && opts->no_lane)) {
+        if (!(m->lane = lane_plan(d, m->fuse))) {
+            bk_seterr(err, "out of memory");
+            goto fail;
+        }
+        if (!lane_count(d, m->lane)) {
+            free(m->lane);
+            m->lane = NULL;
+        }
+    }
 
     ikbo_model_info *in = &m->info;
     in->dir = d->dir;
@@ -443,7 +473,7 @@ ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
         bk_seterr(err, "out of memory");
         return NULL;
     }
-    if (!(c->s = m->be->stream_new(m->be, err))) {
+    if (!(c->s = m->be->stream_new(m->be, err)) || (m->lane && !(c->lane = m->be->lane(c->s, err)))) {
         ctx_release(c);
         return NULL;
     }
@@ -834,12 +864,46 @@ int op_in_placed(const op_run *r, int k)
 
 const bk_weight *op_table_w(const op_run *r, int t) { return r->c->m->table_w[t]; }
 
-/* Launches the queued bags (one backend call). */
+/* The lane's launches from now on: marked pending (real pass). */
+static bk_stream *lane_use(ikbo_ctx *c)
+{
+    if (!c->dry) c->lane_busy = 1;
+    return c->lane;
+}
+
+/* The stream waits for the lane's pending launches (none: no call). */
+static int lane_join(ikbo_ctx *c, ikbo_err *err)
+{
+    if (c->dry || !c->lane_busy) return 0;
+    c->lane_busy = 0;
+    return c->m->be->lane_wait(c->s, c->lane, err);
+}
+
+bk_stream *op_lane(op_run *r)
+{
+    ikbo_ctx *c = r->c;
+    return c->lane && c->m->lane[r->li] == LANE_SPLIT && !r->dry ? lane_use(c) : r->s;
+}
+
+int op_join(op_run *r) { return lane_join(r->c, r->err); }
+
+/* Launches the queued bags: one backend call, or, with the lane on, one
+ * for the lane's bags there and one for the others on the stream. */
 static int flush_bags(ikbo_ctx *c, ikbo_err *err)
 {
-    int n = c->n_bags;
+    int n = c->n_bags, k = 0;
+    bk_bag own[BK_MAX_BAGS];
     c->n_bags = 0;
-    return n && !c->dry ? c->m->be->embedding_bags(c->s, c->bags, n, err) : 0;
+    if (!n || c->dry) return 0;
+    bk_backend *be = c->m->be;
+    if (!c->lane) return be->embedding_bags(c->s, c->bags, n, err);
+    for (int i = 0; i < n; i++)
+        if (c->bag_lane[i]) own[k++] = c->bags[i];
+    if (k && be->embedding_bags(lane_use(c), own, k, err)) return -1;
+    k = 0;
+    for (int i = 0; i < n; i++)
+        if (!c->bag_lane[i]) own[k++] = c->bags[i];
+    return k ? be->embedding_bags(c->s, own, k, err) : 0;
 }
 
 int op_queue_bag(op_run *r, const bk_bag *bag)
@@ -847,6 +911,7 @@ int op_queue_bag(op_run *r, const bk_bag *bag)
     ikbo_ctx *c = r->c;
     if (r->dry) return 0;
     if (c->n_bags == BK_MAX_BAGS && flush_bags(c, r->err)) return -1;
+    c->bag_lane[c->n_bags] = c->lane && r->s == c->lane;
     c->bags[c->n_bags++] = *bag;
     return 0;
 }
@@ -868,13 +933,17 @@ void **op_aux(const op_run *r, int li) { return r->c->aux[li]; }
 
 int op_fuse(const op_run *r) { return r->c->m->fuse[r->li]; }
 
-/* One layer: its op's run from the table. */
+/* One layer: its op's run from the table, on the stream or the lane
+ * (lane.h), the stream first waiting for the lane where the layer says. */
 static int run_layer(ikbo_ctx *c, const fwd *f, int li, ikbo_err *err)
 {
     const model_def *d = c->m->def;
     const md_layer *l = &d->layers[li];
     int U = f->b->n_users, C = f->C;
-    op_run r = {.c = c, .f = f, .d = d, .l = l, .li = li, .be = c->m->be, .s = c->s,
+    int mode = c->lane ? c->m->lane[li] : LANE_MAIN;
+    if (mode == LANE_JOIN && lane_join(c, err)) return -1;
+    bk_stream *s = mode == LANE_RUN ? lane_use(c) : c->s;
+    op_run r = {.c = c, .f = f, .d = d, .l = l, .li = li, .be = c->m->be, .s = s,
                 .w = c->m->layer_w[li], .U = U, .C = C, .rows = l->domain == MD_USER ? U : C,
                 .bc = c->m->mode == IKBO_MODE_BROADCAST, .dry = c->dry, .out = &c->vals[li],
                 .err = err};
@@ -992,6 +1061,8 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, void **logits, ikbo_err *er
     fwd f;
     c->n_bags = 0;
     if (forward_inputs(c, b, &f, err)) return -1;
+    /* The lane starts after the upload (its first launches read it). */
+    if (c->lane && !c->dry && c->m->be->lane_wait(c->lane, c->s, err)) return -1;
     for (int li = 0; li < d->n_layers; li++)
         if (hoisted(d, li) && run_layer(c, &f, li, err)) return -1;
     for (int li = 0; li < d->n_layers; li++) {
@@ -999,7 +1070,7 @@ static int forward(ikbo_ctx *c, const ikbo_batch *b, void **logits, ikbo_err *er
         if (!(md_ops[d->layers[li].op]->flags & OP_QUEUED) && flush_bags(c, err)) return -1;
         if (run_layer(c, &f, li, err)) return -1;
     }
-    if (flush_bags(c, err)) return -1;
+    if (flush_bags(c, err) || lane_join(c, err)) return -1;
     *logits = c->vals[d->logits_layer].p;
     return 0;
 }
@@ -1074,7 +1145,9 @@ int ikbo_score(ikbo_ctx *c, const ikbo_batch *b, float *task_scores, float *scor
     c->dry = 0;
     if (dry_rc) return -1;
     c->avoided = 0;
-    if (grow_arenas(c, err)) return -1;
+    /* A failed batch may have left lane work queued that still reads the
+     * arenas this batch's upload rewrites. */
+    if (lane_join(c, err) || grow_arenas(c, err)) return -1;
     GROW(c->h_logits, c->h_logits_cap, (size_t)c->rows_c * T);
     int rc = c->graphs ? score_graphed(c, b, err) : 1;
     if (rc == 1 && (forward(c, b, &logits, err) || download_logits(c, logits, err))) return -1;

@@ -63,6 +63,10 @@ typedef struct ikbo_load_opts {
      * each into one linear over the candidate tokens where that takes FLOPs
      * off (engine/fold.h; the plan report marks them "folded"). */
     int no_fold;
+    /* 1: every layer on the context's one stream; 0 (default): in IKBO
+     * mode on a backend with a second stream (CUDA), the user side's
+     * layers on that lane, beside the candidate side (engine/lane.h). */
+    int no_lane;
 } ikbo_load_opts;
 
 /* What a model takes and returns. Pointers stay valid for the model's life. */
@@ -121,6 +125,7 @@ typedef struct ikbo_serving {
     long long max_queue_requests;
     long long graphs; /* batch graphs per instance (ikbo_load_opts.graphs) */
     long long fold;   /* 0: ikbo_load_opts.no_fold */
+    long long user_lane; /* 0: ikbo_load_opts.no_lane */
     long long idle_spin_us; /* how long an idle instance or completer polls before sleeping */
     long long gpu_spin_us;  /* how long an instance polls for its batch's end (ikbo_ctx_set_gpu_spin) */
     long long batch_timeout_ms; /* a batch computing longer means a hung device (server only) */

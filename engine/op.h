@@ -195,6 +195,14 @@ void **op_aux(const op_run *r, int li);
  * a target_attention: the self_attention that computed it; -1 none
  * (engine.c's plan_fuse). */
 int op_fuse(const op_run *r);
+/* The user lane (engine/lane.h) for an OP_LANE_SPLIT layer's user-only
+ * work: launches there may read only request inputs and user-domain layer
+ * outputs, and their results only after op_join. r->s when the layer does
+ * not split (lanes off, the CPU, the dry pass). */
+bk_stream *op_lane(op_run *r);
+/* r->s waits for every launch issued on the lane so far (none pending: no
+ * call). -1 on failure (r->err set). */
+int op_join(op_run *r);
 /* embedding_bag: queues the layer's bag; the engine runs the OP_QUEUED
  * layers that read only request inputs before all other layers and
  * launches their bags with one be->embedding_bags call (others: before
@@ -219,6 +227,8 @@ enum {
                               (its rows of Tq*D inside the reader's wider rows) */
     OP_READS_PITCHED = 64, /* input 0 may be pitched (value.ld): a stack read by it may
                               sit inside the stack that also reads it */
+    OP_LANE_SPLIT = 128, /* run issues its user-only work on op_lane and calls op_join
+                            before the stream reads that work (engine/lane.h) */
 };
 
 /* FLOPs of one layer per user row (u) and per candidate row (c) as the

@@ -61,6 +61,9 @@ const serving_key serving_keys[] = {
     INT_KEY(fold, 0, 1, SERVING_DEF_FOLD, BOTH,
             "1: fold each lce read only by flatten -> linear into one linear over the candidate "
             "tokens where that takes FLOPs off (engine/fold.h); 0 = run them as written"),
+    INT_KEY(user_lane, 0, 1, SERVING_DEF_USER_LANE, BOTH,
+            "1: run the user side's layers on a second stream beside the candidate side "
+            "(engine/lane.h; cuda, ikbo mode); 0 = one stream"),
     INT_KEY(idle_spin_us, 0, 10000, SERVING_DEF_IDLE_SPIN_US, BOTH,
             "how long an idle instance (and one completer) polls for work before it sleeps; "
             "0 = sleep at once"),

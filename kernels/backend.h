@@ -177,6 +177,19 @@ struct bk_backend {
      * leaves the core to other threads (bench/RESULTS.md has the A/B).
      * Optional: NULL where the work runs on the calling thread (the CPU). */
     int (*stream_set_spin)(bk_stream *s, long long spin_us, bk_err *err);
+    /* ---- lanes (optional: NULL where a stream's ops run in call order
+     * anyway, as on the CPU) ----
+     * lane: s's second stream on the same device, made on first call and
+     *   owned by s (freed with it; NULL with err set on failure). Ops issued
+     *   on the lane may run concurrently with s's ops: the engine puts the
+     *   user-only part of a batch there (engine.c, "The user lane"). The
+     *   lane shares s's profile and s's batch graph recording: a recording
+     *   of s takes in the lane's work between a lane_wait(lane, s) and the
+     *   lane_wait(s, lane) that must follow it before download_f32.
+     * lane_wait(a, b): a's later ops wait for every op queued on b so far
+     *   (a and b: a stream and its lane, either way round). No host wait. */
+    bk_stream *(*lane)(bk_stream *s, bk_err *err);
+    int (*lane_wait)(bk_stream *a, bk_stream *b, bk_err *err);
     /* 1 with why set when the device is lost: a fault left it unusable for
      * the rest of the process (CUDA's sticky errors: an illegal address or
      * instruction, a kernel's launch failure, an uncorrectable ECC error;

@@ -107,7 +107,8 @@ static registry_model *load_instance(registry *r, const reg_job *j, ikbo_err *er
     ikbo_mode_parse(s.mode, &mode);
     ikbo_load_opts lo = {.device = s.device, .mode = mode,
                          .graphs = (int)(s.graphs < 0 ? SERVING_DEF_GRAPHS : s.graphs),
-                         .no_fold = s.fold == 0};
+                         .no_fold = s.fold == 0,
+                         .no_lane = s.user_lane == 0};
     m->model = ikbo_model_load(j->dir, &lo, err);
     if (!m->model) {
         reg_instance_destroy(m);

@@ -17,7 +17,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ikbo-score [--mode ikbo|broadcast] [--device cpu|cuda:N] [--no-fold] "
+            "usage: ikbo-score [--mode ikbo|broadcast] [--device cpu|cuda:N] [--no-fold] [--no-lane] "
             "MODEL_VERSION_DIR "
             "REQUEST.json\n"
             "Scores one JSON RankRequest (proto3 JSON) with the model in MODEL_VERSION_DIR\n"
@@ -26,6 +26,7 @@ static void usage(FILE *f)
             "  --mode MODE     ikbo (default) or broadcast\n"
             "  --device DEV    cpu (default) or cuda:N\n"
             "  --no-fold       run lce -> flatten -> linear chains as written (engine/fold.h)\n"
+            "  --no-lane       every layer on one stream (engine/lane.h; cuda)\n"
             "  --help          print this help\n");
 }
 
@@ -110,6 +111,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(a, "--no-fold")) {
             lo.no_fold = 1;
+        } else if (!strcmp(a, "--no-lane")) {
+            lo.no_lane = 1;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "ikbo-score: unknown flag %s\n", a);
             usage(stderr);

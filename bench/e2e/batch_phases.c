@@ -32,7 +32,8 @@
  *
  *   batch_phases MODEL_VERSION_DIR [--device cuda:0] [--mode ikbo|broadcast]
  *                [--shapes "1x10 1x70 16x70"] [--iters 50] [--warmup 5] [--no-profile]
- *                [--profile-host] [--graphs N] [--no-fold]
+ *                [--profile-host] [--graphs N] [--no-fold] [--no-lane]
+ * (--no-lane: every layer on one stream, engine/lane.h, for an A/B.)
  */
 #include <math.h>
 #include <stdint.h>
@@ -187,7 +188,7 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "cuda:0", *shapes = "1x10 1x70 1x500 16x10 16x70 16x500";
     enum ikbo_mode mode = IKBO_MODE_IKBO;
-    int iters = 50, warmup = 5, profile = 1, graphs = 0, no_fold = 0;
+    int iters = 50, warmup = 5, profile = 1, graphs = 0, no_fold = 0, no_lane = 0;
     const char *pmode = "1"; /* IKBO_CUDA_PROFILE: gated; --profile-host: "host" */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -205,11 +206,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--profile-host")) pmode = "host";
         else if (!strcmp(a, "--graphs") && v) graphs = atoi(argv[++i]);
         else if (!strcmp(a, "--no-fold")) no_fold = 1;
+        else if (!strcmp(a, "--no-lane")) no_lane = 1;
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "usage: %s MODEL_VERSION_DIR [--device D] [--mode ikbo|broadcast] "
                             "[--shapes \"UxN ...\"] [--iters N] [--warmup N] [--no-profile] "
-                            "[--profile-host] [--graphs N] [--no-fold]\n",
+                            "[--profile-host] [--graphs N] [--no-fold] [--no-lane]\n",
                     argv[0]);
             return 2;
         }
@@ -221,7 +223,7 @@ int main(int argc, char **argv)
     unsetenv("IKBO_CUDA_PROFILE");
     gr_seed(0x853c49e6748fea9bull); /* the same inputs in every run: builds compare */
     ikbo_err e = {{0}};
-    ikbo_load_opts o = {.device = device, .mode = mode, .no_fold = no_fold};
+    ikbo_load_opts o = {.device = device, .mode = mode, .no_fold = no_fold, .no_lane = no_lane};
     ikbo_model *m = ikbo_model_load(dir, &o, &e);
     if (!m) {
         fprintf(stderr, "batch_phases: %s\n", e.msg);

@@ -165,22 +165,25 @@ static int run_target_attention(op_run *r)
         V = aux ? aux[AUX_V] : NULL;
     } else {
         /* Each event row holds its K then its V: one GEMM with [wk; wv],
-         * or, the baseline of a shared layer, its wk and wv side by side. */
+         * or, the baseline of a shared layer, its wk and wv side by side.
+         * In IKBO mode that reads the user side only: on the user lane,
+         * beside the query's projection (engine/lane.h). */
         enum bk_tag kv_tag = r->bc ? BK_TAG_BROADCAST : BK_TAG_USER;
         char *kv = op_take(r, kv_tag, (size_t)ev, 2 * (size_t)hd);
         char *v = kv ? kv + (size_t)hd * be->act_size : NULL;
+        bk_stream *ks = r->bc ? r->s : op_lane(r);
         ldkv = 2 * hd;
         if (l->shared < 0) {
-            OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[TA_WKV], NULL, BK_ACT_NONE, kv, ldkv,
-                                 r->err));
+            OP_TRY(r, be->linear(ks, hp, D, (int)ev, w[TA_WKV], NULL, BK_ACT_NONE, kv, ldkv, r->err));
         } else {
-            OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, kv, ldkv, r->err));
-            OP_TRY(r, be->linear(r->s, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, v, ldkv, r->err));
+            OP_TRY(r, be->linear(ks, hp, D, (int)ev, w[1], NULL, BK_ACT_NONE, kv, ldkv, r->err));
+            OP_TRY(r, be->linear(ks, hp, D, (int)ev, w[2], NULL, BK_ACT_NONE, v, ldkv, r->err));
         }
         K = kv;
         V = v;
     }
     OP_TRY(r, query_proj(r, q, D, tq, hd, wq, Q));
+    OP_TRY(r, op_join(r)); /* K and V (or the shared ones) were made on the lane */
     OP_TRY(r, be->attention(r->s, Q, K, V, ldkv, hoff, nu, map, C, tq, H, dh, O, r->err));
     OP_TRY(r, be->linear_grouped(r->s, O, hd, (int64_t)tq * hd, C, tq, wo, NULL, BK_ACT_NONE,
                                  out, D, ld, r->err));
@@ -229,7 +232,7 @@ static md_cost cost_target_attention(const model_def *m, const md_layer *l)
 }
 
 const md_op_def md_op_target_attention = {"target_attention", ta_keys,
-                                          OP_PLACED_TOKENS | OP_READS_PITCHED,
+                                          OP_PLACED_TOKENS | OP_READS_PITCHED | OP_LANE_SPLIT,
                                           plan_target_attention,
                                           run_target_attention, prepare_target_attention,
     cost_target_attention};

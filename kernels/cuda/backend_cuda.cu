@@ -411,14 +411,24 @@ static void prof_close(bk_stream *s)
         return;
     }
     cudaEventSynchronize(p->ev[2 * (p->n - 1) + 1]);
-    double busy = 0;
+    double busy = 0, op0 = 1e300, op1 = -1e300;
     for (int k = 0; k < p->n; k++) {
-        float ms = 0;
+        float ms = 0, t0 = 0, t1 = 0;
         if (cudaEventElapsedTime(&ms, p->ev[2 * k], p->ev[2 * k + 1]) != cudaSuccess)
             ms = 0;
         prof_add(p, k, ms * 1e3);
         busy += ms * 1e3;
+        /* The ops' wall: first op's start to last op's end, transfers left
+         * out; ops on a lane overlap, so this, not their sum, is the
+         * forward's time then. */
+        if (p->kind[k] != CU_WORK_TRANSFER && strcmp(p->name[k], "sync") &&
+            cudaEventElapsedTime(&t0, p->ev[0], p->ev[2 * k]) == cudaSuccess &&
+            cudaEventElapsedTime(&t1, p->ev[0], p->ev[2 * k + 1]) == cudaSuccess) {
+            op0 = t0 < op0 ? t0 : op0;
+            op1 = t1 > op1 ? t1 : op1;
+        }
     }
+    p->ops_wall_us += op1 > op0 ? (op1 - op0) * 1e3 : 0;
     float span = 0;
     if (cudaEventElapsedTime(&span, p->ev[0], p->ev[2 * (p->n - 1) + 1]) != cudaSuccess)
         span = 0;
@@ -475,8 +485,9 @@ static void prof_totals(const cu_prof *p, double b)
     if (p->ceil.ok && fl > 0)
         fprintf(stderr,
                 "  ops gpu us %.1f | sum of floors us %.1f | ratio %.2fx | gpu busy us %.1f / "
-                "sum of floors %.2fx | ceilings: %s\n",
-                gpu / b, fl / b, gpu / fl, p->busy_us / b, p->busy_us / fl, ceil);
+                "sum of floors %.2fx | ops wall us %.1f / sum of floors %.2fx | ceilings: %s\n",
+                gpu / b, fl / b, gpu / fl, p->busy_us / b, p->busy_us / fl, p->ops_wall_us / b,
+                p->ops_wall_us / fl, ceil);
     else
         fprintf(stderr, "  ops gpu us %.1f | sum of floors - | ceilings: %s\n", gpu / b, ceil);
     fprintf(stderr, "  not in the sums: transfers, not ops: %s (gpu us %.1f) | ", *xn ? xn : "none",
@@ -600,7 +611,7 @@ int cu_scratch_get(bk_stream *s, cu_scratch *sc, size_t bytes, bk_err *err)
         /* The stream may still read the old block: wait before freeing it. */
         cu_prof_release(s);
         CU_TRY(cudaStreamSynchronize(s->st), "waiting to grow scratch");
-        s->gen++;
+        cu_gen_bump(s);
         cuda_free(s->be, sc->p, sc->cap, sc->tag);
         sc->p = NULL;
         sc->cap = 0;
@@ -733,7 +744,7 @@ static char *host_stage(bk_stream *s, size_t bytes, bk_err *err)
         off = 0;
         if (bytes > h->cap) {
             size_t want = h->peak > bytes ? h->peak : bytes;
-            s->gen++;
+            cu_gen_bump(s);
             if (pinned_resize(h, want + want / 4 + 4096, err))
                 return NULL;
         }
@@ -752,7 +763,7 @@ static void host_idle(bk_stream *s)
     if (h->peak > h->cap) {
         bk_err ignore;
         size_t want = h->peak + h->peak / 4 + 4096;
-        s->gen++;
+        cu_gen_bump(s);
         (void)pinned_resize(h, want, &ignore); /* on failure the next stage() retries */
     }
     h->used = 0;
@@ -822,7 +833,8 @@ static int cuda_download_f32(bk_stream *s, float *dst, const void *src, size_t n
 {
     cu_prof_scope prof_(s, "download_f32", true);
     prof_.transfer();
-    if (enter(s->be, err)) /* allowed while replaying: see graph.cu */
+    /* allowed while replaying (graph.cu); the lane joins first */
+    if (enter(s->be, err) || cu_lane_join(s, err))
         return -1;
     if (!n) {
         if (stream_wait(s, err, "download_f32: stream"))
@@ -861,6 +873,9 @@ static void cuda_stream_free(bk_stream *s)
     if (!s)
         return;
     cudaSetDevice(cu_impl(s->be)->ordinal);
+    cuda_stream_free(s->lane);
+    if (s->owner)
+        s->prof = NULL; /* the owner's */
     cu_graph_stream_free(s);
     cu_prof_release(s);
     if (s->st)
@@ -886,10 +901,36 @@ static void cuda_stream_free(bk_stream *s)
         cublasLtDestroy(s->lt);
     if (s->done)
         cudaEventDestroy(s->done);
+    if (s->ev)
+        cudaEventDestroy(s->ev);
     if (s->st)
         cudaStreamDestroy(s->st);
     (void)cudaGetLastError();
     free(s);
+}
+
+/* What a stream and a lane both are: a CUDA stream at the given priority
+ * with its own cuBLASLt handle, workspace and scratch. */
+static int stream_init(bk_stream *s, bk_backend *be, int priority, bk_err *err)
+{
+    s->be = be;
+    s->spin_us = -1;
+    s->lce_y.tag = BK_TAG_USER;
+    s->att_tile.tag = BK_TAG_INDEX;
+    s->mlp2_part.tag = BK_TAG_CAND;
+    cublasStatus_t bs;
+    if (cu_check(cudaStreamCreateWithPriority(&s->st, cudaStreamNonBlocking, priority), err,
+                 "stream create") ||
+        cu_check(cudaEventCreateWithFlags(&s->ev, cudaEventDisableTiming), err, "event create"))
+        return -1;
+    if ((bs = cublasLtCreate(&s->lt)) != CUBLAS_STATUS_SUCCESS) {
+        s->lt = NULL;
+        return blas_check(bs, err, "handle create");
+    }
+    if (!(s->ws = cu_dev_malloc(be, WS_BYTES, err)))
+        return -1;
+    s->ws_size = WS_BYTES;
+    return 0;
 }
 
 static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
@@ -901,34 +942,69 @@ static bk_stream *cuda_stream_new(bk_backend *be, bk_err *err)
         bk_seterr(err, "out of host memory allocating %zu bytes", sizeof *s);
         return NULL;
     }
-    s->be = be;
-    s->spin_us = -1;
-    s->lce_y.tag = BK_TAG_USER;
-    s->att_tile.tag = BK_TAG_INDEX;
-    s->mlp2_part.tag = BK_TAG_CAND;
-    cublasStatus_t bs;
-    if (cu_check(cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking), err, "stream create"))
-        goto fail;
-    if ((bs = cublasLtCreate(&s->lt)) != CUBLAS_STATUS_SUCCESS) {
-        s->lt = NULL;
-        blas_check(bs, err, "handle create");
-        goto fail;
+    if (stream_init(s, be, 0, err)) {
+        cuda_stream_free(s);
+        return NULL;
     }
-    if (!(s->ws = cu_dev_malloc(be, WS_BYTES, err)))
-        goto fail;
-    s->ws_size = WS_BYTES;
     s->prof = prof_new(s);
     return s;
-fail:
-    cuda_stream_free(s);
-    return NULL;
+}
+
+/* be->lane. The lane runs at the device's highest priority: its kernels
+ * are the user side's few small grids, whose blocks then go first to SMs
+ * the candidate side's larger grids free. */
+static bk_stream *cuda_lane(bk_stream *s, bk_err *err)
+{
+    if (s->owner) {
+        bk_seterr(err, "lane: a lane has no lane of its own");
+        return NULL;
+    }
+    if (s->lane)
+        return s->lane;
+    if (enter(s->be, err))
+        return NULL;
+    int lo = 0, hi = 0;
+    if (cu_check(cudaDeviceGetStreamPriorityRange(&lo, &hi), err, "lane: stream priorities"))
+        return NULL;
+    bk_stream *l = (bk_stream *)calloc(1, sizeof *l);
+    if (!l) {
+        bk_seterr(err, "out of host memory allocating %zu bytes", sizeof *l);
+        return NULL;
+    }
+    l->owner = s;
+    if (stream_init(l, s->be, hi, err)) {
+        cuda_stream_free(l);
+        return NULL;
+    }
+    l->prof = s->prof;
+    s->lane = l;
+    return l;
+}
+
+static int cuda_lane_wait(bk_stream *a, bk_stream *b, bk_err *err)
+{
+    if (a->owner != b && b->owner != a) {
+        bk_seterr(err, "lane_wait: the streams are not a stream and its lane");
+        return -1;
+    }
+    if (cu_enter(a, err) ||
+        cu_check(cudaEventRecord(b->ev, b->st), err, "lane_wait: event record") ||
+        cu_check(cudaStreamWaitEvent(a->st, b->ev, 0), err, "lane_wait: stream wait"))
+        return -1;
+    (a->owner ? a->owner : a)->lane_open = a->owner != NULL;
+    return 0;
+}
+
+int cu_lane_join(bk_stream *s, bk_err *err)
+{
+    return s->lane && s->lane_open ? cuda_lane_wait(s, s->lane, err) : 0;
 }
 
 static int cuda_sync(bk_stream *s, bk_err *err)
 {
     cu_prof_scope prof_(s, "sync", true);
     prof_.transfer();
-    if (cu_enter(s, err))
+    if (cu_enter(s, err) || cu_lane_join(s, err))
         return -1;
     if (stream_wait(s, err, "stream (an earlier op on it failed)"))
         return -1;
@@ -2193,6 +2269,8 @@ extern "C" bk_backend *bk_cuda_new(int ordinal, bk_err *err)
     be->get_stats = cuda_get_stats;
     be->stream_new = cuda_stream_new;
     be->stream_free = cuda_stream_free;
+    be->lane = cuda_lane;
+    be->lane_wait = cuda_lane_wait;
     be->sync = cuda_sync;
     be->lost = cuda_lost;
     be->stream_set_spin = cuda_stream_set_spin;

@@ -175,6 +175,7 @@ typedef struct cu_prof {
     double t_first; /* host clock at the batch's first op (us) */
     long batches;
     double wall_us, span_us, busy_us;
+    double ops_wall_us; /* first op's start to last op's end, transfers out */
     cu_prof_stat st[CU_PROF_NAMES];
     int nst;
     /* Per-shape op names ("linear 1120x16>190464"), so a batch's linears
@@ -217,11 +218,28 @@ struct bk_stream {
      * buffers (staging, scratch): a graph recorded at another gen points at
      * freed memory and is refused. */
     unsigned long gen;
+    /* be->lane: on a stream, the lane it owns (NULL until asked for); on
+     * a lane, its owner, whose gen, profile and graph state the lane's ops
+     * use (NULL on a stream). lane_open (owner): the lane waited for the
+     * owner since the owner last waited for the lane, so its work may be
+     * in a recording the owner must join before it ends. ev: lane_wait's
+     * event, recorded on this stream and waited on by the other. */
+    bk_stream *lane, *owner;
+    int lane_open;
+    cudaEvent_t ev;
     int gmode;             /* enum cu_gmode */
     bk_graph *grec;        /* capture: the graph being recorded; then done */
     const bk_graph *gplay; /* replay: the graph replayed */
     int gnext;             /* replay: the next staged copy to check */
 };
+
+/* A move of the stream's private buffers (graph.cu's gen): a lane's count
+ * in its owner, whose graphs replay the lane's work too. */
+static inline void cu_gen_bump(bk_stream *s) { (s->owner ? s->owner : s)->gen++; }
+/* The owner waits for everything queued on its lane, if the lane was
+ * forked from it and not joined since (download_f32, sync, the end of a
+ * recording). */
+int cu_lane_join(bk_stream *s, bk_err *err);
 
 /* ------------------------------------------------------------ graphs
  * (graph.cu; the contract is backend.h's graph_* entries) */

@@ -12,6 +12,8 @@
  * - an upload that stages to another address or size than at recording
  *   (the bytes would not reach the graph's copy node);
  * - an op called while replaying (its launch would run outside the graph).
+ * A recording takes in the stream's lane (be->lane) from the lane's first
+ * wait for the stream; the lane rejoins before the recording ends.
  * The recording uses cudaStreamCaptureModeThreadLocal, so other instances'
  * threads keep working; anything illegal in a capture (a stream wait to
  * grow scratch, a new cuBLASLt workspace) fails the recording and the
@@ -50,7 +52,7 @@ static void graph_free(bk_graph *g)
 
 int cu_graph_refuse(bk_stream *s, bk_err *err)
 {
-    if (s->gmode != CU_G_REPLAY)
+    if ((s->owner ? s->owner : s)->gmode != CU_G_REPLAY)
         return 0;
     bk_seterr(err, "graph replay: an op was called; a replayed batch only stages its uploads");
     return -1;
@@ -204,11 +206,14 @@ static void graph_cancel(bk_stream *s)
     if (s->gmode == CU_G_CAPTURE) {
         cudaGraph_t gr = NULL;
         cudaSetDevice(cu_impl(s->be)->ordinal);
+        bk_err ignore;
+        (void)cu_lane_join(s, &ignore); /* a forked lane must rejoin for the capture to end */
         if (cudaStreamEndCapture(s->st, &gr) == cudaSuccess && gr)
             cudaGraphDestroy(gr);
         (void)cudaGetLastError();
     }
     s->gmode = CU_G_OFF;
+    s->lane_open = 0;
     s->gplay = NULL;
     graph_free(s->grec);
     s->grec = NULL;

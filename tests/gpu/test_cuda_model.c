@@ -12,7 +12,8 @@
  * tol: 1e-4 (fp32), 3e-2 (bf16/fp16; the activation dtype is the backend's,
  * IKBO_CUDA_DTYPE). It also checks that IKBO mode on the GPU allocates no
  * broadcast bytes, and that instances scoring at once on their own threads
- * (as the daemon's do) agree with one scoring alone.
+ * (as the daemon's do) agree with one scoring alone, and that the user lane
+ * (engine/lane.h) gives the same bits as one stream.
  *
  * With --no-fold every load keeps lce -> flatten -> linear as written
  * (engine/fold.h), so the lce kernels run where the fold would replace them.
@@ -473,6 +474,58 @@ out:
 
 static int g_no_fold; /* --no-fold */
 
+/* The user lane (engine/lane.h) against one stream: the same kernels in
+ * the same order on each side, so the task scores must be bit-identical;
+ * a difference means one side read the other's work before it was done.
+ * Shapes from one user to 15 x 70 (a fresh batch each, output NaN-poisoned
+ * on both sides), on a context with the lane (cg, the checks' IKBO
+ * context) and one without. Returns the failures; adds its checks. */
+static int check_lane(const char *dir, const ikbo_model_info *in, ikbo_ctx *cg, int *checks)
+{
+    ikbo_err e = {{0}};
+    ikbo_load_opts o1 = {.device = "cuda:0", .mode = IKBO_MODE_IKBO, .no_fold = g_no_fold,
+                         .no_lane = 1};
+    ikbo_model *m1 = ikbo_model_load(dir, &o1, &e);
+    ikbo_ctx *c1 = m1 ? ikbo_ctx_new(m1, &e) : NULL;
+    int failures = 0, c70[15];
+    for (int i = 0; i < 15; i++)
+        c70[i] = 70;
+    (*checks)++;
+    if (!c1) {
+        printf("FAIL %s: lane check: one-stream load: %s\n", dir, e.msg);
+        ikbo_model_free(m1);
+        return 1;
+    }
+    for (int nu = 1; nu <= 15 && !failures; nu += 7) {
+        batch_mem bm = make_batch(in, nu, c70);
+        size_t n = (size_t)bm.b.n_cands * in->n_tasks;
+        float *a = xcalloc(n, sizeof(float)), *b = xcalloc(n, sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            a[i] = b[i] = NAN;
+        (*checks)++;
+        if (ikbo_score(cg, &bm.b, a, NULL, &e) || ikbo_score(c1, &bm.b, b, NULL, &e)) {
+            printf("FAIL %s lane %d x 70: %s\n", dir, nu, e.msg);
+            stop_if_lost(cg, &bm.b, dir, "lane");
+            failures++;
+        } else {
+            size_t diff = 0, nan = 0;
+            for (size_t i = 0; i < n; i++) {
+                diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+                nan += isnan(a[i]);
+            }
+            failures += diff || nan;
+            printf("%s %-28s lane %2d x 70       %zu of %zu task scores differ from one stream, "
+                   "%zu NaN\n", diff || nan ? "FAIL" : "ok  ", dir, nu, diff, n, nan);
+        }
+        free(a);
+        free(b);
+        free_batch(&bm);
+    }
+    ikbo_ctx_free(c1);
+    ikbo_model_free(m1);
+    return failures;
+}
+
 /* Every check of one model version directory. Returns the failures. */
 static int check_model(const char *dir, double tol, int *checks)
 {
@@ -517,6 +570,7 @@ static int check_model(const char *dir, double tol, int *checks)
                st.bytes_peak[BK_TAG_BROADCAST]);
         failures++;
     }
+    failures += check_lane(dir, t.in, t.cg, checks);
     failures += check_graph_modes(&t, &og, &ob, checks);
     failures += check_concurrent(dir, mg, t.cg, t.in, tol, checks);
 out:

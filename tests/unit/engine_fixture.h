@@ -64,7 +64,7 @@ static const ef_tensor EF_TENSORS[] = {
 };
 #define EF_N_TENSORS (sizeof(EF_TENSORS) / sizeof(EF_TENSORS[0]))
 
-static int ef_write_file(const char *path, const void *data, size_t n)
+static inline int ef_write_file(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
@@ -76,7 +76,7 @@ static int ef_write_file(const char *path, const void *data, size_t n)
  * model.json and weights.safetensors, weights uniform in [-0.5, 0.5) from
  * seed 42. */
 /* ef_write_model with another model.json and tensor list (a variant). */
-static int ef_write_model_as(const char *tag, const char *json, const ef_tensor *tensors,
+static inline int ef_write_model_as(const char *tag, const char *json, const ef_tensor *tensors,
                              size_t n_tensors, char *dir, size_t dir_n)
 {
     snprintf(dir, dir_n, "/tmp/ikbo_test_%s_%d", tag, (int)getpid());
@@ -117,7 +117,7 @@ static int ef_write_model_as(const char *tag, const char *json, const ef_tensor 
     return rc;
 }
 
-static int ef_write_model(const char *tag, char *dir, size_t dir_n)
+static inline int ef_write_model(const char *tag, char *dir, size_t dir_n)
 {
     return ef_write_model_as(tag, EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS, dir, dir_n);
 }
@@ -195,7 +195,7 @@ static inline int ef_write_upart_model(const char *tag, char *dir, size_t dir_n)
     return rc;
 }
 
-static void ef_remove_model(const char *dir)
+static inline void ef_remove_model(const char *dir)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/model.json", dir);
