@@ -103,7 +103,11 @@ static int end_capture(bk_stream *s, bk_graph *g, bk_err *err)
         bk_seterr(err, "graph capture: instantiate failed" BK_FAULT_INJECTED);
         rc = -1;
     } else {
-        rc = cu_check(cudaGraphInstantiate(&g->exec, gr, 0), err, "graph capture: instantiate");
+        /* Node priorities as captured: the lane's launches keep its high
+         * priority on replay (without the flag a graph runs at the priority
+         * of the stream it is launched into). */
+        rc = cu_check(cudaGraphInstantiate(&g->exec, gr, cudaGraphInstantiateFlagUseNodePriority), err,
+                      "graph capture: instantiate");
         if (rc)
             g->exec = NULL;
     }
