@@ -293,7 +293,7 @@ static void test_batching(void **s)
     json_has(&c, "\"batching\":{\"max_batch_candidates\":2048,\"max_batch_users\":8,"
                  "\"max_queue_delay_us\":250,\"instances\":3,"
                  "\"max_queue_candidates\":800,\"max_queue_requests\":20,"
-                 "\"graphs\":16,\"fold\":1,\"idle_spin_us\":0,\"gpu_spin_us\":10000000,"
+                 "\"graphs\":16,\"fold\":1,\"user_lane\":1,\"idle_spin_us\":0,\"gpu_spin_us\":10000000,"
                  "\"batch_timeout_ms\":30000}");
     config_free(&c);
     apply_err("{\"batching\":1}", "batching: expected object, got 1");
@@ -360,15 +360,15 @@ static void test_serving_table(void **s)
               "batching.gpu_spin_us: expected integer 0..10000000, got \"50\"");
     serving_err("{\"max_queue_requests\":1}", SERVING_MODEL, "serving",
                 "serving.max_queue_requests: unknown key (known: max_batch_candidates, "
-                "max_batch_users, max_queue_delay_us, instances, graphs, fold, idle_spin_us, gpu_spin_us, mode, device)");
+                "max_batch_users, max_queue_delay_us, instances, graphs, fold, user_lane, idle_spin_us, gpu_spin_us, mode, device)");
     apply_err("{\"batching\":{\"mode\":\"ikbo\"}}",
               "batching.mode: unknown key (known: max_batch_candidates, max_batch_users, "
-              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, fold, idle_spin_us, gpu_spin_us, "
+              "max_queue_delay_us, instances, max_queue_candidates, max_queue_requests, graphs, fold, user_lane, idle_spin_us, gpu_spin_us, "
               "batch_timeout_ms)");
     /* batch_timeout_ms: the server's only (a model cannot set it), 0..3600000. */
     serving_err("{\"batch_timeout_ms\":5}", SERVING_MODEL, "serving",
                 "serving.batch_timeout_ms: unknown key (known: max_batch_candidates, "
-                "max_batch_users, max_queue_delay_us, instances, graphs, fold, idle_spin_us, gpu_spin_us, mode, device)");
+                "max_batch_users, max_queue_delay_us, instances, graphs, fold, user_lane, idle_spin_us, gpu_spin_us, mode, device)");
     apply_err("{\"batching\":{\"batch_timeout_ms\":3600001}}",
               "batching.batch_timeout_ms: expected integer 0..3600000, got 3600001");
     apply_err("{\"batching\":{\"max_queue_candidates\":0}}",
@@ -407,7 +407,7 @@ static void test_serving_table(void **s)
     json_t *o = serving_to_json(&src, SERVING_MODEL);
     char *txt = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     assert_string_equal(txt, "{\"max_batch_candidates\":-1,\"max_batch_users\":0,"
-                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"fold\":-1,\"idle_spin_us\":-1,\"gpu_spin_us\":-1,"
+                             "\"max_queue_delay_us\":-1,\"instances\":-1,\"graphs\":-1,\"fold\":-1,\"user_lane\":-1,\"idle_spin_us\":-1,\"gpu_spin_us\":-1,"
                              "\"mode\":\"\","
                              "\"device\":\"cuda:3\"}");
     free(txt);

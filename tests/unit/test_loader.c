@@ -528,7 +528,7 @@ static void test_serving_errors(void **state)
     SERVING_ERR("{\"device\": \"cuda:1000\"}", "serving.device: expected");
     SERVING_ERR("{\"mode\": 1}", "serving.mode: expected string, got 1");
     SERVING_ERR("{\"batch\": 1}", "serving.batch: unknown key (known: max_batch_candidates, "
-                "max_batch_users, max_queue_delay_us, instances, graphs, fold, idle_spin_us, gpu_spin_us, mode, device)");
+                "max_batch_users, max_queue_delay_us, instances, graphs, fold, user_lane, idle_spin_us, gpu_spin_us, mode, device)");
     /* The queue limits are the server's (config.json "batching") only. */
     SERVING_ERR("{\"max_queue_requests\": 5}", "serving.max_queue_requests: unknown key");
     /* A key from the file reaches the message on one line. */
