@@ -473,7 +473,8 @@ ikbo_ctx *ikbo_ctx_new(ikbo_model *m, ikbo_err *err)
         bk_seterr(err, "out of memory");
         return NULL;
     }
-    if (!(c->s = m->be->stream_new(m->be, err)) || (m->lane && !(c->lane = m->be->lane(c->s, err)))) {
+    if (!(c->s = m->be->stream_new(m->be, err)) ||
+        (m->lane && !(c->lane = m->be->lane(c->s, err)))) {
         ctx_release(c);
         return NULL;
     }
@@ -888,22 +889,22 @@ bk_stream *op_lane(op_run *r)
 int op_join(op_run *r) { return lane_join(r->c, r->err); }
 
 /* Launches the queued bags: one backend call, or, with the lane on, one
- * for the lane's bags there and one for the others on the stream. */
+ * for the lane's bags there (side 1) and one for the others on the stream. */
 static int flush_bags(ikbo_ctx *c, ikbo_err *err)
 {
-    int n = c->n_bags, k = 0;
-    bk_bag own[BK_MAX_BAGS];
+    int n = c->n_bags;
     c->n_bags = 0;
     if (!n || c->dry) return 0;
     bk_backend *be = c->m->be;
     if (!c->lane) return be->embedding_bags(c->s, c->bags, n, err);
-    for (int i = 0; i < n; i++)
-        if (c->bag_lane[i]) own[k++] = c->bags[i];
-    if (k && be->embedding_bags(lane_use(c), own, k, err)) return -1;
-    k = 0;
-    for (int i = 0; i < n; i++)
-        if (!c->bag_lane[i]) own[k++] = c->bags[i];
-    return k ? be->embedding_bags(c->s, own, k, err) : 0;
+    for (int side = 1; side >= 0; side--) {
+        bk_bag own[BK_MAX_BAGS];
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (c->bag_lane[i] == side) own[k++] = c->bags[i];
+        if (k && be->embedding_bags(side ? lane_use(c) : c->s, own, k, err)) return -1;
+    }
+    return 0;
 }
 
 int op_queue_bag(op_run *r, const bk_bag *bag)
