@@ -64,8 +64,9 @@ typedef struct ikbo_load_opts {
      * off (engine/fold.h; the plan report marks them "folded"). */
     int no_fold;
     /* 1: every layer on the context's one stream; 0 (default): in IKBO
-     * mode on a backend with a second stream (CUDA), the user side's
-     * layers on that lane, beside the candidate side (engine/lane.h). */
+     * mode the user side's layers on a second stream (a lane), beside the
+     * candidate side on a GPU; on the CPU, in call order as before
+     * (engine/lane.h). */
     int no_lane;
 } ikbo_load_opts;
 

@@ -7,7 +7,9 @@
  * after another between the candidate side's; on a second stream of the
  * same device (be->lane) they run beside it. This file decides, once per
  * model at load, where each layer runs and where the candidate side must
- * wait; engine.c issues the waits (engine.c, "The user lane").
+ * wait; engine.c issues the waits (engine.c, "The user lane"). On the CPU
+ * the lane's ops run in call order like the stream's, so the same path is
+ * exercised by the CPU tests and the golden check, without overlap.
  *
  * The rule, in model order:
  * - LANE_RUN: a user-domain layer that reads only request inputs and other

@@ -63,7 +63,7 @@ const serving_key serving_keys[] = {
             "tokens where that takes FLOPs off (engine/fold.h); 0 = run them as written"),
     INT_KEY(user_lane, 0, 1, SERVING_DEF_USER_LANE, BOTH,
             "1: run the user side's layers on a second stream beside the candidate side "
-            "(engine/lane.h; cuda, ikbo mode); 0 = one stream"),
+            "(engine/lane.h; ikbo mode; overlaps on cuda only); 0 = one stream"),
     INT_KEY(idle_spin_us, 0, 10000, SERVING_DEF_IDLE_SPIN_US, BOTH,
             "how long an idle instance (and one completer) polls for work before it sleeps; "
             "0 = sleep at once"),

@@ -177,11 +177,11 @@ struct bk_backend {
      * leaves the core to other threads (bench/RESULTS.md has the A/B).
      * Optional: NULL where the work runs on the calling thread (the CPU). */
     int (*stream_set_spin)(bk_stream *s, long long spin_us, bk_err *err);
-    /* ---- lanes (optional: NULL where a stream's ops run in call order
-     * anyway, as on the CPU) ----
+    /* ---- lanes (optional: NULL on a backend without them) ----
      * lane: s's second stream on the same device, made on first call and
      *   owned by s (freed with it; NULL with err set on failure). Ops issued
-     *   on the lane may run concurrently with s's ops: the engine puts the
+     *   on the lane may run concurrently with s's ops (on the CPU, whose ops
+     *   complete in call order, they never do): the engine puts the
      *   user-only part of a batch there (engine.c, "The user lane"). The
      *   lane shares s's profile and s's batch graph recording: a recording
      *   of s takes in the lane's work between a lane_wait(lane, s) and the

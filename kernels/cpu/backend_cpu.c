@@ -103,7 +103,7 @@ static void cpu_get_stats(bk_backend *be, bk_stats *out)
 
 static bk_stream *cpu_stream_new(bk_backend *be, bk_err *err)
 {
-    bk_stream *s = malloc(sizeof *s);
+    bk_stream *s = calloc(1, sizeof *s);
     if (!s) {
         bk_seterr(err, "out of host memory allocating %zu bytes", sizeof *s);
         return NULL;
@@ -112,7 +112,36 @@ static bk_stream *cpu_stream_new(bk_backend *be, bk_err *err)
     return s;
 }
 
-static void cpu_stream_free(bk_stream *s) { free(s); }
+static void cpu_stream_free(bk_stream *s)
+{
+    if (s) free(s->lane);
+    free(s);
+}
+
+/* be->lane: ops here run on the calling thread in call order, so a lane
+ * overlaps nothing; it exists so that the engine's lane path (where each
+ * layer is issued, the bags split by side, the waits) runs in the CPU's
+ * tests and in the golden check against the PyTorch reference. */
+static bk_stream *cpu_lane(bk_stream *s, bk_err *err)
+{
+    if (s->owner) {
+        bk_seterr(err, "lane: a lane has no lane of its own");
+        return NULL;
+    }
+    if (!s->lane) {
+        if (!(s->lane = cpu_stream_new(s->be, err))) return NULL;
+        s->lane->owner = s;
+    }
+    return s->lane;
+}
+
+/* Every op has completed on return, so there is nothing to wait for. */
+static int cpu_lane_wait(bk_stream *a, bk_stream *b, bk_err *err)
+{
+    if (a->owner == b || b->owner == a) return 0;
+    bk_seterr(err, "lane_wait: the streams are not a stream and its lane");
+    return -1;
+}
 
 static int cpu_sync(bk_stream *s, bk_err *err) { return bk_fault_wait(&s->be->fault, "sync", err); }
 
@@ -251,6 +280,8 @@ bk_backend *bk_cpu_new(bk_err *err)
     be->get_stats = cpu_get_stats;
     be->stream_new = cpu_stream_new;
     be->stream_free = cpu_stream_free;
+    be->lane = cpu_lane;
+    be->lane_wait = cpu_lane_wait;
     be->sync = cpu_sync;
     be->lost = cpu_lost;
     be->weight_new = cpu_weight_new;

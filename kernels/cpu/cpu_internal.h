@@ -51,6 +51,7 @@ typedef struct cpu_backend {
 
 struct bk_stream {
     bk_backend *be; /* ops allocate their transient scratch through it */
+    bk_stream *lane, *owner; /* be->lane: the lane a stream owns; a lane's owner */
 };
 
 struct bk_weight {

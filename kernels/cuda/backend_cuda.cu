@@ -421,7 +421,7 @@ static void prof_close(bk_stream *s)
         /* The ops' wall: first op's start to last op's end, transfers left
          * out; ops on a lane overlap, so this, not their sum, is the
          * forward's time then. */
-        if (p->kind[k] != CU_WORK_TRANSFER && strcmp(p->name[k], "sync") &&
+        if (p->kind[k] != CU_WORK_TRANSFER &&
             cudaEventElapsedTime(&t0, p->ev[0], p->ev[2 * k]) == cudaSuccess &&
             cudaEventElapsedTime(&t1, p->ev[0], p->ev[2 * k + 1]) == cudaSuccess) {
             op0 = t0 < op0 ? t0 : op0;

@@ -16,7 +16,7 @@
  *   - leave the object working: the same registry / batcher / loader then
  *     succeeds with failures off, with bitwise the reference scores.
  * Sweeps: model load + score (ikbo and broadcast mode), three folded models'
- * load and plan (engine/fold.h), the user lane's plan (engine/lane.h), the registry's first
+ * load and plan (engine/fold.h), the registry's first
  * load, a hot swap to a new version and an unload of 66 versions at once, a
  * Rank request end to end (gRPC wire bytes through the fast decoder, through
  * the protobuf-c fallback, and the HTTP JSON body; on a fresh server and on
@@ -62,8 +62,6 @@
 #include "alloc_fail.h"
 #include "engine/batch_graph.h"
 #include "engine/ikbo.h"
-#include "engine/lane.h"
-#include "engine/model.h"
 #include "server/batcher.h"
 #include "server/batcher_set.h"
 #include "server/config.h"
@@ -908,39 +906,6 @@ static int graph_cache_op(void *p, char *why)
                                (unsigned long long)ev);
 }
 
-/* The user lane's plan (engine/lane.h) is only made over a backend with a
- * lane (CUDA); its allocation is swept here directly, on the folded
- * fixture's plan (loaded before arming). */
-static model_def *g_lane_def;
-#define MD_MAX_LANE_TEST 64 /* the fixture's layers, at most */
-
-static int lane_setup(void *p, char *why)
-{
-    (void)p;
-    bk_err e = {{0}};
-    return model_def_load_opts(g_fold, 0, &g_lane_def, &e) ? failf(why, "load: %s", e.msg) : 0;
-}
-
-static int lane_op(void *p, char *why)
-{
-    (void)p;
-    int fuse[MD_MAX_LANE_TEST];
-    if (g_lane_def->n_layers > MD_MAX_LANE_TEST) return failf(why, "the fixture grew");
-    for (int i = 0; i < g_lane_def->n_layers; i++) fuse[i] = -1;
-    unsigned char *m = lane_plan(g_lane_def, fuse);
-    if (!m) return 1;
-    int n = lane_count(g_lane_def, m);
-    free(m);
-    return n > 0 ? 0 : failf(why, "no layer of the fixture on the lane");
-}
-
-static void lane_teardown(void *p)
-{
-    (void)p;
-    model_def_free(g_lane_def);
-    g_lane_def = NULL;
-}
-
 /* ---- sweeps: server ----------------------------------------------------- */
 
 typedef struct req_arg {
@@ -1410,7 +1375,6 @@ int main(void)
          fold_load_after, no_teardown, g_fold_upart, 0},
         {"model peek serving", AF_MAIN | AF_LIBS, NULL, peek_op, NULL, no_teardown, NULL, 0},
         {"batch-graph cache", AF_MAIN, NULL, graph_cache_op, NULL, no_teardown, NULL, 0},
-        {"user lane plan", AF_MAIN, lane_setup, lane_op, NULL, lane_teardown, NULL, 0},
         {"registry first load", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after, req_teardown,
          &reg_a[0], 0},
         {"registry first load (named)", AF_MAIN, reg_load_setup, reg_load_op, reg_load_after,

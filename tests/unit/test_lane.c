@@ -9,9 +9,13 @@
  * expectations), against the rule's invariants on every layer of the
  * fixture's folded and mlp2 variants, and with a fused self_attention's
  * layer, whose launch reads the stream, forcing its readers off the lane.
- * The bit-identity of lane and one-stream scores on the GPU is
- * tests/gpu/test_cuda_model.c's check_lane.
+ * The engine's side of the lane (which stream each layer and bag goes to,
+ * the waits) also runs on the CPU, whose lane executes in call order: there
+ * its scores must equal one stream's bit for bit, so a layer or bag the
+ * lane path drops or misroutes shows here. The bit-identity on the GPU,
+ * where the lane overlaps, is tests/gpu/test_cuda_model.c's check_lane.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "engine/ikbo.h"
 #include "engine/lane.h"
 #include "engine/model.h"
 #include "engine/op.h"
@@ -188,12 +193,78 @@ static void test_fused_layer(void **state)
     ef_remove_model(dir);
 }
 
+/* The fixture's scores (task scores, then scores) on the CPU, with or
+ * without the lane, for one batch of 3 users and 40 candidates. */
+static float *score(const char *dir, int no_lane)
+{
+    enum { U = 3, C = 40 };
+    float ud[U * 6], cd[C * 3];
+    int64_t us_ids[U], us_off[U + 1], cs_ids[C], cs_off[C + 1], h_ids[U * 4], h_off[U + 1];
+    int32_t h_act[U * 4], map[C];
+    for (int i = 0; i < U * 6; i++) ud[i] = (float)((i * 37) % 11) / 11 - 0.5f;
+    for (int i = 0; i < C * 3; i++) cd[i] = (float)((i * 53) % 13) / 13 - 0.5f;
+    for (int u = 0; u <= U; u++) us_off[u] = u, h_off[u] = 4 * u;
+    for (int u = 0; u < U; u++) us_ids[u] = u + 1;
+    for (int i = 0; i < U * 4; i++) h_ids[i] = 3 * i + 1, h_act[i] = i % 3;
+    for (int c = 0; c <= C; c++) cs_off[c] = c;
+    for (int c = 0; c < C; c++) cs_ids[c] = 7 * c + 2, map[c] = c * U / C;
+    ikbo_jagged us = {us_ids, us_off}, cs = {cs_ids, cs_off};
+    ikbo_batch b = {.n_users = U, .n_cands = C, .user_dense = ud, .user_sparse = &us,
+                    .hist = {h_ids, h_off}, .hist_actions = h_act, .cand_dense = cd,
+                    .cand_sparse = &cs, .map = map};
+    ikbo_err err = {{0}};
+    ikbo_load_opts o = {.device = "cpu", .mode = IKBO_MODE_IKBO, .no_lane = no_lane};
+    ikbo_model *m = ikbo_model_load(dir, &o, &err);
+    ikbo_ctx *ctx = m ? ikbo_ctx_new(m, &err) : NULL;
+    if (!ctx) fail_msg("load: %s", err.msg);
+    float *out = malloc(sizeof(float) * C * 3);
+    assert_non_null(out);
+    for (int i = 0; i < C * 3; i++) out[i] = NAN;
+    if (ikbo_score(ctx, &b, out, out + C * 2, &err)) fail_msg("score: %s", err.msg);
+    ikbo_ctx_free(ctx);
+    ikbo_model_free(m);
+    return out;
+}
+
+/* On the CPU the lane path scores what one stream does, to the bit, on the
+ * fixture as written and folded with its variants. */
+static void test_cpu_scores(void **state)
+{
+    (void)state;
+    ef_tensor t2[EF_N_TENSORS + 2];
+    size_t n2 = ef_mlp2_tensors(t2);
+    char *mj = ef_mlp2_json(), *uj = ef_upart_json();
+    assert_non_null(mj);
+    assert_non_null(uj);
+    struct {
+        const char *tag, *json;
+        const ef_tensor *t;
+        size_t n;
+    } v[] = {{"lane_s_fold", EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS},
+             {"lane_s_mlp2", mj, t2, n2},
+             {"lane_s_upart", uj, EF_TENSORS, EF_N_TENSORS}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char dir[256];
+        assert_int_equal(ef_write_model_as(v[i].tag, v[i].json, v[i].t, v[i].n, dir, sizeof dir), 0);
+        float *a = score(dir, 0), *b = score(dir, 1);
+        for (int k = 0; k < 40 * 3; k++)
+            if (isnan(a[k]) || memcmp(&a[k], &b[k], sizeof(float)))
+                fail_msg("%s: value %d: %g with the lane, %g on one stream", v[i].tag, k, a[k], b[k]);
+        free(a);
+        free(b);
+        ef_remove_model(dir);
+    }
+    free(mj);
+    free(uj);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixture_modes),
         cmocka_unit_test(test_folded_variants),
         cmocka_unit_test(test_fused_layer),
+        cmocka_unit_test(test_cpu_scores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
