@@ -30,9 +30,13 @@
  * to P); their results are wrong by construction, their times bound the
  * kernel (attention's DG bits, NOTES.md, are the model).
  * --only I[,J...] runs those variants alone; --profile launches each once, untimed
- * (for ncu).
+ * (for ncu). --overlap K instead times production's kernel beside the fold's
+ * addend linear (M x [K -> 64] on cuBLAS, the bench model's K = 32768): each
+ * alone, one after the other, and side by side on two streams with the
+ * kernel's grid left some SMs short so the memory-bound GEMM runs on those
+ * (overlap_run, below).
  *
- *   fmlp_proto [--rows M] [--hidden N] [--slices S] [--only I[,J...]] [--profile]
+ *   fmlp_proto [--rows M] [--hidden N] [--slices S] [--only I[,J...]] [--profile] [--overlap K]
  */
 #include <math.h>
 #include <stdint.h>
@@ -240,9 +244,105 @@ static double rel_l2(const float *a, const float *b, size_t n)
     return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
 }
 
+/* --overlap K: production's mlp2 (k_mlp2_wgh, 3 x 64 rows, 4 stages) and the
+ * addend linear Y2 = X2 Wa^T (M x [K -> 64], cuBLAS, bf16 out) that the fold
+ * runs before it, alone, in sequence, and side by side: the kernel's plan
+ * made for (SMs - k) SMs on a high-priority stream, the GEMM on a low-priority
+ * one, both after one event, the sum after both. Question: does the
+ * memory-bound GEMM run on the k SMs the compute-bound kernel leaves, so the
+ * pair takes about the longer of the two instead of their sum? */
+static void overlap_run(int M, int N, int K, const bf *X, const bf *W1, const bf *b1, const bf *Wf,
+                        long ldf, float *part, bf *Y, cublasHandle_t hb, int sms)
+{
+    bf *X2, *Wa, *Y2;
+    CK(cudaMalloc(&X2, (size_t)M * K * 2));
+    CK(cudaMalloc(&Wa, (size_t)NOUT * K * 2));
+    CK(cudaMalloc(&Y2, (size_t)M * NOUT * 2));
+    fill(X2, (size_t)M * K, 16, 1.0f);
+    fill(Wa, (size_t)NOUT * K, 17, 0.01f);
+    int lo, hi;
+    CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t s0, sh, sl;
+    CK(cudaStreamCreateWithPriority(&s0, cudaStreamNonBlocking, lo));
+    CK(cudaStreamCreateWithPriority(&sh, cudaStreamNonBlocking, hi));
+    CK(cudaStreamCreateWithPriority(&sl, cudaStreamNonBlocking, lo));
+    cudaEvent_t e0, eh, el;
+    CK(cudaEventCreateWithFlags(&e0, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&eh, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&el, cudaEventDisableTiming));
+    const float one = 1.f, zero = 0.f;
+    auto gemm = [&](cudaStream_t st) {
+        cublasSetStream(hb, st);
+        cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, NOUT, M, K, &one, Wa, CUDA_R_16BF, K, X2, CUDA_R_16BF,
+                     K, &zero, Y2, CUDA_R_16BF, NOUT, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    const int ways = mlp2_sum_ways((size_t)M * NOUT, sms);
+    const mlp2_tail tail = {Y2, NULL, NULL, NOUT, BK_ACT_NONE};
+    CK(cudaFuncSetAttribute((const void *)k_mlp2_wgh<bf, 3, 4, 2, true, false, MLP2_WGH_FILL>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)(4 * sizeof(mlp2_wgh_stage<bf, 2>) + 1024)));
+    auto kern = [&](const mlp2_plan &p, cudaStream_t st) {
+        run_wgh<3, 4, false>(p, st, X, KIN, KIN, M, W1, KIN, b1, 1, Wf, (int)ldf, N, NOUT, part);
+    };
+    const mlp2_plan full = mlp2_production(M, N, NOUT, sms, 2);
+    const double ta = median_ms(s0, [&] { gemm(s0); }, 3, 20);
+    const double tk = median_ms(s0, [&] { kern(full, s0); }, 3, 20);
+    const double tseq = median_ms(s0, [&] {
+        gemm(s0);
+        kern(full, s0);
+        mlp2_sum<bf>(ways, s0, part, full.S, tail, Y, NOUT, M, NOUT);
+    }, 3, 20);
+    printf("overlap: M %d, hidden %d, addend K %d; addend GEMM alone %.1f us, mlp2 kernel alone %.1f us "
+           "(%d CTAs), in sequence with the sum %.1f us\n", M, N, K, ta * 1e3, tk * 1e3,
+           full.rb * full.S * full.zt, tseq * 1e3);
+    std::vector<bf> ref((size_t)M * NOUT), got(ref.size());
+    CK(cudaMemcpy(ref.data(), Y, ref.size() * 2, cudaMemcpyDeviceToHost));
+    const int ks[] = {0, 8, 12, 16, 20, 24, 28, 32, 40};
+    for (int k : ks) {
+        const mlp2_plan p = mlp2_production(M, N, NOUT, sms - k, 2);
+        for (int order = 0; order < 2; order++) {
+            auto both = [&] {
+                CK(cudaEventRecord(e0, s0));
+                CK(cudaStreamWaitEvent(sh, e0, 0));
+                CK(cudaStreamWaitEvent(sl, e0, 0));
+                if (order == 0) {
+                    kern(p, sh);
+                    gemm(sl);
+                } else {
+                    gemm(sl);
+                    kern(p, sh);
+                }
+                CK(cudaEventRecord(eh, sh));
+                CK(cudaEventRecord(el, sl));
+                CK(cudaStreamWaitEvent(s0, eh, 0));
+                CK(cudaStreamWaitEvent(s0, el, 0));
+                mlp2_sum<bf>(ways, s0, part, p.S, tail, Y, NOUT, M, NOUT);
+            };
+            CK(cudaMemsetAsync(Y, 0xff, (size_t)M * NOUT * 2, s0));
+            both();
+            CK(cudaStreamSynchronize(s0));
+            CK(cudaMemcpy(got.data(), Y, got.size() * 2, cudaMemcpyDeviceToHost));
+            std::vector<float> a(got.size()), b(got.size());
+            for (size_t i = 0; i < got.size(); i++) {
+                a[i] = __bfloat162float(got[i]);
+                b[i] = __bfloat162float(ref[i]);
+            }
+            const double err = rel_l2(a.data(), b.data(), a.size());
+            const double t = median_ms(s0, both, 3, 20);
+            printf("  side by side, kernel on %3d SMs (%3d CTAs), %s first: %6.1f us (%.2fx the sequence)"
+                   "; rel L2 against the sequence %.1e %s\n", sms - k, p.rb * p.S * p.zt,
+                   order ? "GEMM" : "kernel", t * 1e3, t / tseq, err, err < 1e-2 ? "ok" : "FAIL");
+        }
+    }
+    cublasSetStream(hb, 0);
+    CK(cudaFree(X2));
+    CK(cudaFree(Wa));
+    CK(cudaFree(Y2));
+}
+
 int main(int argc, char **argv)
 {
-    int M = 1120, N = 190464, S = 0, profile = 0;
+    int M = 1120, N = 190464, S = 0, profile = 0, overlap = 0;
     const char *only = NULL; /* a comma-separated list of variant indices */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--profile")) profile = 1;
@@ -252,6 +352,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--only")) only = argv[i + 1];
         else if (!strcmp(argv[i], "--hidden")) N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--slices")) S = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--overlap")) overlap = atoi(argv[i + 1]);
         else { fprintf(stderr, "fmlp_proto: unknown flag %s\n", argv[i]); return 2; }
     }
     if (M < 1 || N < MLP2_HC || N % MLP2_HC) {
@@ -326,6 +427,10 @@ int main(int argc, char **argv)
     std::vector<float> hr((size_t)M * NOUT);
     std::vector<bf> hy((size_t)M * NOUT);
     CK(cudaMemcpy(hr.data(), Yref, hr.size() * 4, cudaMemcpyDeviceToHost));
+    if (overlap > 0) {
+        overlap_run(M, N, overlap, X, W1, b1, Wf, ldf, part, Y, hb, prop.multiProcessorCount);
+        return 0;
+    }
     for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
         const variant &V = variants[v];
         if (only && !listed(only, (int)v)) continue;
