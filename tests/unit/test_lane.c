@@ -121,25 +121,52 @@ static void test_fixture_modes(void **state)
     ef_remove_model(dir);
 }
 
+/* The fixture as written and folded with its mlp2 and composed-user-part
+ * variants, each model named prefix + its tag; free the JSON with
+ * variants_free. */
+typedef struct variant {
+    char tag[32];
+    const char *json;
+    const ef_tensor *t;
+    size_t n;
+} variant;
+typedef struct variants {
+    ef_tensor t2[EF_N_TENSORS + 2];
+    char *mj, *uj;
+    variant v[3];
+} variants;
+
+static void variants_make(variants *vs, const char *prefix)
+{
+    size_t n2 = ef_mlp2_tensors(vs->t2);
+    vs->mj = ef_mlp2_json(), vs->uj = ef_upart_json();
+    assert_non_null(vs->mj);
+    assert_non_null(vs->uj);
+    const variant v[3] = {{"fold", EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS},
+                          {"mlp2", vs->mj, vs->t2, n2},
+                          {"upart", vs->uj, EF_TENSORS, EF_N_TENSORS}};
+    for (int i = 0; i < 3; i++) {
+        vs->v[i] = v[i];
+        snprintf(vs->v[i].tag, sizeof vs->v[i].tag, "%.16s%.8s", prefix, v[i].tag);
+    }
+}
+
+static void variants_free(variants *vs)
+{
+    free(vs->mj);
+    free(vs->uj);
+}
+
 /* The folded fixture and its mlp2 and composed-user-part variants: the
  * rewritten layers obey the rule, the user term runs on the lane and the
  * candidate term that adds it waits. */
 static void test_folded_variants(void **state)
 {
     (void)state;
-    ef_tensor t2[EF_N_TENSORS + 2];
-    size_t n2 = ef_mlp2_tensors(t2);
-    char *mj = ef_mlp2_json(), *uj = ef_upart_json();
-    assert_non_null(mj);
-    assert_non_null(uj);
-    struct {
-        const char *tag, *json;
-        const ef_tensor *t;
-        size_t n;
-    } v[] = {{"lane_fold", EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS},
-             {"lane_mlp2", mj, t2, n2},
-             {"lane_upart", uj, EF_TENSORS, EF_N_TENSORS}};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    variants vs;
+    variants_make(&vs, "lane_");
+    const variant *v = vs.v;
+    for (size_t i = 0; i < 3; i++) {
         char dir[256];
         model_def *d = load(v[i].tag, v[i].json, v[i].t, v[i].n, 0, dir, sizeof dir);
         int *fuse = no_fuse(d);
@@ -165,8 +192,7 @@ static void test_folded_variants(void **state)
         model_def_free(d);
         ef_remove_model(dir);
     }
-    free(mj);
-    free(uj);
+    variants_free(&vs);
 }
 
 /* A layer fused into a launch that reads the candidate side (a shared
@@ -231,19 +257,10 @@ static float *score(const char *dir, int no_lane)
 static void test_cpu_scores(void **state)
 {
     (void)state;
-    ef_tensor t2[EF_N_TENSORS + 2];
-    size_t n2 = ef_mlp2_tensors(t2);
-    char *mj = ef_mlp2_json(), *uj = ef_upart_json();
-    assert_non_null(mj);
-    assert_non_null(uj);
-    struct {
-        const char *tag, *json;
-        const ef_tensor *t;
-        size_t n;
-    } v[] = {{"lane_s_fold", EF_MODEL_JSON, EF_TENSORS, EF_N_TENSORS},
-             {"lane_s_mlp2", mj, t2, n2},
-             {"lane_s_upart", uj, EF_TENSORS, EF_N_TENSORS}};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    variants vs;
+    variants_make(&vs, "lane_s_");
+    const variant *v = vs.v;
+    for (size_t i = 0; i < 3; i++) {
         char dir[256];
         assert_int_equal(ef_write_model_as(v[i].tag, v[i].json, v[i].t, v[i].n, dir, sizeof dir), 0);
         float *a = score(dir, 0), *b = score(dir, 1);
@@ -254,8 +271,7 @@ static void test_cpu_scores(void **state)
         free(b);
         ef_remove_model(dir);
     }
-    free(mj);
-    free(uj);
+    variants_free(&vs);
 }
 
 int main(void)
