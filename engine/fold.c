@@ -21,14 +21,15 @@
  *
  *   <stack>__r   stack of the other parts                                   C
  *   <flat>__c    flatten(<stack>__r)                                        C
- *   <linear>__r  linear(<flat>__c, N)  their columns of W_top W_cand, b     C
- *   <linear>     mlp2(part's linear input, addend <linear>__r, user_addend
- *                <linear>__u, out_activation the linear's)  W1, b1 the
- *                part's linear's, W2 the part's columns of W_top W_cand     C
+ *   <linear>     mlp2(part's linear input, addend_input <flat>__c,
+ *                user_addend <linear>__u, out_activation the linear's)
+ *                W1, b1 the part's linear's, W2 the part's columns of
+ *                W_top W_cand, wa the other parts' columns, ba b        C
  *
- * (mlp2's last pass adds the user term and applies the activation: no add
- * or activation launch after it), and the part's stack, reshape and linear
- * leave the plan too.
+ * (mlp2 runs the other parts' linear itself, where a backend can overlap
+ * it with the hidden layer's work, adds the user term and applies the
+ * activation: no add or activation launch after it), and the part's stack,
+ * reshape and linear leave the plan too.
  *
  * Where the user side folds and lce.user is a stack with a composed part
  * (fold.h), the user term is instead
@@ -228,41 +229,38 @@ oom:
 }
 
 /* The candidate term and the sum with an mlp2 part (fold.h): the stack's other parts
- * as <stack>__r, its flatten (fc) and their linear <linear>__r (their
- * tokens' columns of W_top W_cand, the linear's bias), then mlp2 over the
- * part's linear input (its W1 and b1, the part's columns of W_top W_cand
- * as W2) with <linear>__r as the addend, named yc. -1: out of memory. */
+ * as <stack>__r and its flatten (fc), then mlp2 over the part's linear
+ * input (its W1 and b1, the part's columns of W_top W_cand as W2) with
+ * fc's linear as the addend (the other tokens' columns of W_top W_cand,
+ * the linear's bias), named y. -1: out of memory. */
 static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *y, const char *yu,
                           const char *act)
 {
     const model_def *m = w->m;
     const md_layer *l = &m->layers[c->lce], *t = &m->layers[c->lin];
     const md_layer *q = &m->layers[c->mlin];
-    const char *sr, *yr;
+    const char *sr;
     int *keep, *mine, nk, nm;
     if (split_stack(w, c->stack, c->part, "r", &sr, &keep, &nk, &mine, &nm)) return -1;
-    if (ap_fresh_name(w->names, t->name, "r", &yr) ||
-        !ap_emit(w->res, w->out,
+    if (!ap_emit(w->res, w->out,
                  json_pack("{s:s, s:s, s:s}", "name", fc, "op", "flatten", "input", sr), c->flat, 0))
         goto oom;
-    if (linear(w, yr, fc, t->dim, c->lin,
-               (ap_wsrc){.src = c->lce, .src_w = 1, .cols = keep, .n_cols = nk,
-                         .fold_src = c->lin, .fold_d = l->dim},
-               (ap_wsrc){.src = c->lin, .src_w = 1}))
-        goto oom;
-    keep = NULL; /* the layer's now */
     ap_layer *a = ap_emit(w->res, w->out,
                 json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:s, s:s}", "name", y, "op", "mlp2",
-                          "input", md_value_ref_text(m, q->in[0]), "addend", yr, "hidden", q->dim,
-                          "out", t->dim, "activation", q->act == BK_ACT_RELU ? "relu" : "none",
-                          "user_addend", yu, "out_activation", act),
+                          "input", md_value_ref_text(m, q->in[0]), "addend_input", fc, "hidden",
+                          q->dim, "out", t->dim, "activation",
+                          q->act == BK_ACT_RELU ? "relu" : "none", "user_addend", yu,
+                          "out_activation", act),
                 c->mlin, 0);
     if (!a) goto oom;
     a->w[0] = (ap_wsrc){.src = c->mlin, .src_w = 0};
     a->w[1] = (ap_wsrc){.src = c->mlin, .src_w = 1};
     a->w[2] = (ap_wsrc){.src = c->lce, .src_w = 1, .cols = mine, .n_cols = nm,
                         .fold_src = c->lin, .fold_d = l->dim};
-    a->n_w = 3;
+    a->w[3] = (ap_wsrc){.src = c->lce, .src_w = 1, .cols = keep, .n_cols = nk,
+                        .fold_src = c->lin, .fold_d = l->dim};
+    a->w[4] = (ap_wsrc){.src = c->lin, .src_w = 1};
+    a->n_w = 5;
     return 0;
 oom:
     free(keep);

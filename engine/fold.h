@@ -26,9 +26,10 @@
  * is y = act(x W1^T + b1) W_c'[:, part]^T over the linear's input x: one
  * mlp2 (backend.h), whose [C, hidden] layer is never stored (the bench
  * model's c_r1: 427 MB at 16 x 70 not written nor read back). The other
- * parts keep one linear over their own stack, its output mlp2's addend;
- * mlp2 also adds the user term and applies the folded linear's activation
- * in its last pass.
+ * parts keep one linear over their own stack, which mlp2 runs as its
+ * addend (so a backend can overlap that memory-bound linear with the
+ * hidden layer's compute); mlp2 also adds the user term and applies the
+ * folded linear's activation in its last pass.
  *
  * A composed user part: when the user side folds and lce.user is a stack
  * read only by the lce, with other parts too, one of whose parts is a

@@ -137,7 +137,8 @@ int bk_bad_copy(const char *op, size_t n, size_t elem, const void *dst, const vo
 }
 
 int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, int64_t nb1,
-                  enum bk_act act1, enum bk_act act2, int ldx, int ldadd, int ldy, bk_err *err)
+                  enum bk_act act1, enum bk_act act2, int ldx, int ldy, int a_in, int a_out,
+                  int a_ldx, int64_t na_b, bk_err *err)
 {
     if (!has_w) {
         bk_seterr(err, "mlp2: weight is NULL");
@@ -151,9 +152,8 @@ int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, in
         bk_seterr(err, "mlp2: W2 has %d columns, W1 %d rows (the hidden width)", w2_cols, hid);
         return -1;
     }
-    if (ldx < in || ldy < out || (ldadd && ldadd < out)) {
-        bk_seterr(err, "mlp2: ldx %d / ldy %d / ldadd %d smaller than in %d / out %d", ldx, ldy,
-                  ldadd, in, out);
+    if (ldx < in || ldy < out) {
+        bk_seterr(err, "mlp2: ldx %d / ldy %d smaller than in %d / out %d", ldx, ldy, in, out);
         return -1;
     }
     if (nb1 >= 0 && nb1 != hid) {
@@ -166,6 +166,11 @@ int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, in
     }
     if ((int)act2 < 0 || act2 >= BK_ACT_COUNT) {
         bk_seterr(err, "mlp2: output activation %d", (int)act2);
+        return -1;
+    }
+    if (a_in >= 0 && (a_out != out || a_ldx < a_in || (na_b >= 0 && na_b != out))) {
+        bk_seterr(err, "mlp2: the addend's weight is [%d, %d] (want %d rows), its ldx %d, its "
+                  "bias %lld elements (want %d)", a_out, a_in, out, a_ldx, (long long)na_b, out);
         return -1;
     }
     return 0;

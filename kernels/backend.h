@@ -44,6 +44,14 @@ typedef struct bk_err {
 void bk_seterr(bk_err *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* mlp2's addend (be->mlp2): add[r, :] = x[r, :] w^T + b over the op's
+ * rows, w [out, in], b [1, out] (NULL: none), x [rows, ldx >= in]. */
+typedef struct bk_mlp2_addend {
+    const void *x;
+    int ldx;
+    const bk_weight *w, *b;
+} bk_mlp2_addend;
+
 /* Activations: relu, sigmoid, exact gelu 0.5 x (1 + erf(x / sqrt 2)),
  * silu x * sigmoid(x), tanh. */
 enum bk_act {
@@ -313,22 +321,26 @@ struct bk_backend {
     int (*linear)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                   const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 
-    /* A two-layer map whose hidden layer is never stored:
+    /* A two-layer map whose hidden layer is never stored, plus a linear:
      *   y[r, :] = act2(add[r, :] + act1(x[r, :] W1^T + b1) W2^T
      *                  + addu[map ? map[r] : r, :])
+     *   add[r, :] = a->x[r, :] a->w^T + a->b   (a NULL: add = 0)
      * W1 [hidden, in], b1 [1, hidden] (NULL: none), act1 NONE or RELU, W2
-     * [out, hidden]; x [rows, ldx >= in]; add [rows, ldadd >= out] (NULL:
-     * zeros) may be y itself (ldadd == ldy); addu packed rows of out (NULL:
-     * zeros; the fold's user term, read through the candidate-to-user map)
-     * must not overlap y, nor y x; act2 any activation (NONE: identity).
-     * Each hidden value is what linear(x, W1, b1, act1) would store (rounded
-     * to the activation dtype), so the result is the composition
-     * act2(linear(linear(x, W1, b1, act1), W2) + add + addu) up to the order
-     * of the sums over hidden; the CPU adds in that order. */
+     * [out, hidden]; x [rows, ldx >= in]; a (bk_mlp2_addend) a linear of
+     * out outputs over its own input, which must not overlap y; addu packed
+     * rows of out (NULL: zeros; the fold's user term, read through the
+     * candidate-to-user map) must not overlap y, nor y x; act2 any
+     * activation (NONE: identity). add is what linear(a->x, a->w, a->b)
+     * would store and each hidden value what linear(x, W1, b1, act1) would
+     * (both rounded to the activation dtype), so the result is the
+     * composition act2(linear(linear(x, W1, b1, act1), W2) + add + addu) up
+     * to the order of the sums over hidden; the CPU adds in that order. The
+     * addend is an argument, not a tensor, so a backend may run its linear
+     * beside the hidden layer's work (CUDA: kernels/cuda/mlp2.cu). */
     int (*mlp2)(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
-                const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
-                int ldadd, const void *addu, const int32_t *map, enum bk_act act2, void *y,
-                int ldy, bk_err *err);
+                const bk_weight *b1, enum bk_act act1, const bk_weight *w2,
+                const bk_mlp2_addend *a, const void *addu, const int32_t *map, enum bk_act act2,
+                void *y, int ldy, bk_err *err);
 
     /* linear over row groups, for a block of tokens that sits inside wider
      * rows (a layer writing its tokens straight into a stack): rows =
@@ -450,10 +462,12 @@ int bk_grouped_check(int has_w, int in, int out, int nbias, int ldx, int64_t gx,
 /* mlp2's arguments (both backends; bk_weight is each backend's own): has_w
  * (both weights not NULL), rows >= 0, W1 [hid, in], W2 [out, w2_cols] with
  * w2_cols = hid, nb1 b1 values (-1: no b1) = hid, act1 NONE or RELU, act2
- * an activation, strides
- * that hold the widths (ldadd 0: no addend). 0, or -1 with err set. */
+ * an activation, strides that hold the widths; the addend's (a_in < 0: no
+ * addend) weight [a_out, a_in] with a_out = out, its stride a_ldx >= a_in
+ * and na_b bias values (-1: none) = out. 0, or -1 with err set. */
 int bk_mlp2_check(int has_w, int rows, int in, int hid, int out, int w2_cols, int64_t nb1,
-                  enum bk_act act1, enum bk_act act2, int ldx, int ldadd, int ldy, bk_err *err);
+                  enum bk_act act1, enum bk_act act2, int ldx, int ldy, int a_in, int a_out,
+                  int a_ldx, int64_t na_b, bk_err *err);
 
 /* A row stride against the width it must hold (both backends): 0 when ld
  * >= width, else -1 with err "op: what ld is below of = width" (e.g.

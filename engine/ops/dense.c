@@ -161,24 +161,26 @@ const md_op_def md_op_cross = {"cross", cross_keys, 0, plan_cross, run_cross, NU
 
 /* mlp2 (internal; engine/fold.h writes it): y = out_activation(addend +
  * act(x W1^T + b1) W2^T + user_addend) over candidate vectors, the [rows,
- * hidden] layer never stored (backend.h). Keys: input, addend (a vector
- * layer of out), hidden, out, activation (the hidden layer's: none or
- * relu), and optionally user_addend (a vector layer of out, user or the
+ * hidden] layer never stored, where addend = addend_input wa^T + ba, a
+ * linear the backend runs inside the op (backend.h: CUDA runs it beside
+ * the hidden layer's work). Keys: input, addend_input (a vector layer in
+ * the input's domain), hidden, out, activation (the hidden layer's: none
+ * or relu), and optionally user_addend (a vector layer of out, user or the
  * input's domain) and out_activation. Weights w1 [hidden, in], b1
- * [hidden], w2 [out, hidden]. */
+ * [hidden], w2 [out, hidden], wa [out, the addend input's width], ba
+ * [out]. */
 static int plan_mlp2(op_plan *p)
 {
     md_shape s, a, u;
     long long hid, out;
     if (op_input(p, "input", "input", OP_ACC_VALUE, &s) ||
-        op_input(p, "addend", "addend", OP_ACC_VALUE, &a) ||
+        op_input(p, "addend_input", "addend_input", OP_ACC_VALUE, &a) ||
         op_int(p, "hidden", 1, 0, 1, INT_MAX, &hid) || op_int(p, "out", 1, 0, 1, INT_MAX, &out) ||
         op_act(p, "activation", 1, BK_ACT_NONE, &p->l->act) ||
         op_act(p, "out_activation", 1, BK_ACT_NONE, &p->l->act2))
         return -1;
-    if (s.kind != MD_VEC || a.kind != MD_VEC || a.dim != out || a.dom != s.dom)
-        return op_fail(p, "mlp2 takes a vector input and a vector addend of %lld in its domain",
-                       out);
+    if (s.kind != MD_VEC || a.kind != MD_VEC || a.dom != s.dom)
+        return op_fail(p, "mlp2 takes a vector input and a vector addend_input in its domain");
     if (json_object_get(p->o, "user_addend") &&
         (op_input(p, "user_addend", "user_addend", OP_ACC_VALUE, &u) ||
          ((u.kind != MD_VEC || u.dim != out || (u.dom != MD_USER && u.dom != s.dom)) &&
@@ -187,7 +189,8 @@ static int plan_mlp2(op_plan *p)
     if (p->l->act != BK_ACT_NONE && p->l->act != BK_ACT_RELU)
         return op_fail(p, "mlp2's hidden activation is none or relu");
     return op_output(p, s.dom, MD_VEC, 1, out) || op_weight(p, "w1", hid, s.dim) ||
-                   op_weight1(p, "b1", hid) || op_weight(p, "w2", out, hid)
+                   op_weight1(p, "b1", hid) || op_weight(p, "w2", out, hid) ||
+                   op_weight(p, "wa", out, a.dim) || op_weight1(p, "ba", out)
                ? -1
                : 0;
 }
@@ -200,20 +203,21 @@ static int run_mlp2(op_run *r)
     const int32_t *map = NULL;
     if (l->n_in > 2 && op_cand_operand(r, 2, l->dim, &up, &map)) return -1;
     r->out->p = op_out(r, (size_t)r->rows, (size_t)l->dim);
+    const bk_mlp2_addend a = {ad.p, op_in_width(r, 1), r->w[3], r->w[4]};
     OP_TRY(r, r->be->mlp2(r->s, in.p, op_in_width(r, 0), r->rows, r->w[0], r->w[1], l->act,
-                          r->w[2], ad.p, op_in_width(r, 1), up, map, l->act2, r->out->p, l->dim,
-                          r->err));
+                          r->w[2], &a, up, map, l->act2, r->out->p, l->dim, r->err));
     return 0;
 }
 
 static const char *const mlp2_keys[] = {"name",       "op",          "input",
-                                        "addend",     "hidden",      "out",
+                                        "addend_input", "hidden",    "out",
                                         "activation", "user_addend", "out_activation",
                                         NULL};
 static md_cost cost_mlp2(const model_def *m, const md_layer *l)
 {
     const double hid = l->w[0].rows;
-    return (md_cost){.c = 2.0 * hid * (md_ref_width(m, l->in[0]) + l->dim)};
+    return (md_cost){.c = 2.0 * hid * (md_ref_width(m, l->in[0]) + l->dim) +
+                          2.0 * l->dim * md_ref_width(m, l->in[1])};
 }
 
 const md_op_def md_op_mlp2 = {"mlp2", mlp2_keys, OP_INTERNAL, plan_mlp2, run_mlp2, NULL, cost_mlp2};

@@ -135,7 +135,7 @@ int cpu_history_embedding(bk_stream *s, const bk_weight *table, const bk_weight 
 int cpu_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 int cpu_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
-             const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add, int ldadd,
+             const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const bk_mlp2_addend *a,
              const void *addu, const int32_t *map, enum bk_act act2, void *y, int ldy, bk_err *err);
 int cpu_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, int g,
                        const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,

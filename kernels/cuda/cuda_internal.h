@@ -414,9 +414,9 @@ int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight 
                 const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 /* backend.h's mlp2 (mlp2.cu). */
 int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
-              const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
-              int ldadd, const void *addu, const int32_t *map, enum bk_act act2, void *y, int ldy,
-              bk_err *err);
+              const bk_weight *b1, enum bk_act act1, const bk_weight *w2,
+              const bk_mlp2_addend *a, const void *addu, const int32_t *map, enum bk_act act2,
+              void *y, int ldy, bk_err *err);
 
 /* Grid size for a grid-stride loop over n items (backend_cuda.cu). */
 unsigned cu_grid_for(size_t n, unsigned block);

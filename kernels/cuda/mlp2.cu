@@ -1028,69 +1028,110 @@ static int mlp2_w1a(bk_stream *s, const bk_weight *w1, const bk_weight *b1, int 
     return rc;
 }
 
-/* Production's kernel (mlp2_production's plan) then k_mlp2_sum, in T (bf16
- * or fp16). */
+/* SMs the hidden layer's kernel leaves to the addend's linear when the two
+ * run side by side (mlp2_launch): the kernel is compute-bound, the linear
+ * (the fold's other parts: 1120 x [32768 -> 64] at the bench model's 16 x
+ * 70) memory-bound, so a few SMs run it at most of its speed while the
+ * kernel loses only their share (bench/RESULTS.md, thirty-second session). */
+#define MLP2_ADDEND_SMS 24
+
+/* Production's kernel (mlp2_production's plan), the addend's linear and
+ * k_mlp2_sum, in T (bf16 or fp16). With an addend the kernel runs on the
+ * stream's lane (its highest priority, so its one-CTA-an-SM grid takes its
+ * SMs first), planned for MLP2_ADDEND_SMS fewer SMs, while the addend's
+ * linear (cuBLASLt, into y) runs on the stream on the SMs left, then on all;
+ * the sum waits for both. A lane's own call (no lane of its own) runs them
+ * in turn on the same plan, so a result never depends on where it ran. */
 template <typename T>
 static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, const bk_weight *w1,
-                       const bk_weight *b1, int relu, const bk_weight *w2, const mlp2_tail &t,
-                       void *y, int ldy, bk_err *err)
+                       const bk_weight *b1, int relu, const bk_weight *w2,
+                       const bk_mlp2_addend *a, mlp2_tail t, void *y, int ldy, bk_err *err)
 {
     const int out = w2->rows, hid = w1->rows, ks = in < 16 ? 1 : 2;
     const T *w1a = NULL;
     if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
-    const mlp2_plan p = mlp2_production(rows, hid, out, cu_impl(s->be)->sm_count, w1a ? ks : 0);
-    if (cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
+    const int sms = cu_impl(s->be)->sm_count - (a ? MLP2_ADDEND_SMS : 0);
+    const mlp2_plan p = mlp2_production(rows, hid, out, sms > 8 ? sms : 8, w1a ? ks : 0);
+    bk_stream *ln = a && !s->owner ? s->be->lane(s, err) : NULL, *ks_ = ln ? ln : s;
+    if (a && !s->owner && !ln) return -1;
+    /* the lane waits first: growing its scratch then also waits for the
+     * stream's earlier sums, which read the lane's partials */
+    if ((ln && s->be->lane_wait(ln, s, err)) ||
+        cu_scratch_get(ks_, &ks_->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
         cu_smem_limit(s, mlp2_fn<T>(p, relu), (int)mlp2_smem(p), err))
         return -1;
-    float *part = (float *)s->mlp2_part.p;
+    float *part = (float *)ks_->mlp2_part.p;
     const T *W2 = (const T *)w2->data;
-    if (p.ks) {
-        auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
-                             : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
-        const int rc = run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out, part);
-        if (rc) {
-            bk_seterr(err, "mlp2: encoding a TMA tensor map failed (CUresult %d; hidden %d, out %d, "
-                      "W2's ld %d)", rc, hid, out, w2->ld);
-            return -1;
+    {
+        cu_prof_scope prof_(ks_, "mlp2");
+        if (prof_.on())
+            prof_.work(2.0 * rows * hid * (in + out),
+                       ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
+        if (p.ks) {
+            auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
+                                 : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
+            const int rc = run(p, ks_->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out,
+                               part);
+            if (rc) {
+                bk_seterr(err, "mlp2: encoding a TMA tensor map failed (CUresult %d; hidden %d, "
+                          "out %d, W2's ld %d)", rc, hid, out, w2->ld);
+                return -1;
+            }
+        } else {
+            auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
+                            : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
+            run(p, ks_->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
+                b1 ? (const T *)b1->data : NULL, relu, W2, w2->ld, hid, out, part);
         }
-    } else {
-        auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
-                        : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
-        run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
-            b1 ? (const T *)b1->data : NULL, relu, W2, w2->ld, hid, out, part);
+        if (cu_check_launch(ks_, err, "mlp2")) return -1;
     }
-    if (cu_check_launch(s, err, "mlp2")) return -1;
+    if (a) {
+        if (cuda_linear(s, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE, y, ldy, err)) return -1;
+        t.add = y;
+        t.ldadd = ldy;
+    }
+    if (ln && s->be->lane_wait(s, ln, err)) return -1;
+    cu_prof_scope prof_(s, "mlp2");
+    prof_.work(0, 0); /* the sum's share of mlp2's one floor (above) */
     mlp2_sum<T>(mlp2_sum_ways((size_t)rows * out, cu_impl(s->be)->sm_count), s->st, part, p.S, t,
                 (T *)y, ldy, rows, out);
     return cu_check_launch(s, err, "mlp2 sum");
 }
 
 int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
-              const bk_weight *b1, enum bk_act act1, const bk_weight *w2, const void *add,
-              int ldadd, const void *addu, const int32_t *map, enum bk_act act2, void *y, int ldy,
-              bk_err *err)
+              const bk_weight *b1, enum bk_act act1, const bk_weight *w2,
+              const bk_mlp2_addend *a, const void *addu, const int32_t *map, enum bk_act act2,
+              void *y, int ldy, bk_err *err)
 {
+    if (a && !a->w) {
+        bk_seterr(err, "mlp2: the addend's weight is NULL");
+        return -1;
+    }
     if (bk_mlp2_check(w1 && w2, rows, w1 ? w1->cols : 0, w1 ? w1->rows : 0, w2 ? w2->rows : 0,
                       w2 ? w2->cols : 0, b1 ? (int64_t)b1->rows * b1->cols : -1, act1, act2, ldx,
-                      add ? ldadd : 0, ldy, err))
+                      ldy, a ? a->w->cols : -1, a ? a->w->rows : 0, a ? a->ldx : 0,
+                      a && a->b ? (int64_t)a->b->rows * a->b->cols : -1, err))
         return -1;
     const int in = w1->cols, hid = w1->rows, out = w2->rows;
-    cu_prof_scope prof_(s, "mlp2");
     if (rows == 0 || out == 0) return 0;
-    if (prof_.on())
-        prof_.work(2.0 * rows * hid * (in + out),
-                   ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
     if (cu_enter(s, err)) return -1;
     const enum cu_dtype dt = cu_dt(s);
     if (dt == CU_F32 || w1->ld > BK_MLP2_FUSED_MAX_IN || hid == 0) {
-        if (mlp2_composed(s, x, ldx, rows, w1, b1, act1, w2, add, ldadd, y, ldy, err) ||
+        /* the addend into y, then the composition adds to it in place */
+        if (a && cuda_linear(s, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE, y, ldy, err))
+            return -1;
+        cu_prof_scope prof_(s, "mlp2");
+        if (prof_.on())
+            prof_.work(2.0 * rows * hid * (in + out),
+                       ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
+        if (mlp2_composed(s, x, ldx, rows, w1, b1, act1, w2, a ? y : NULL, ldy, y, ldy, err) ||
             (addu && cu_add_rows(s, y, ldy, addu, out, map, y, ldy, rows, out, "mlp2 addu", err)))
             return -1;
         return act2 == BK_ACT_NONE ? 0 : cu_act_rows(s, y, ldy, rows, out, act2, err);
     }
     const int relu = act1 == BK_ACT_RELU;
-    const mlp2_tail t = {add, addu, map, ldadd, (int)act2};
+    const mlp2_tail t = {NULL, addu, map, 0, (int)act2};
     return dt == CU_BF16
-               ? mlp2_launch<__nv_bfloat16>(s, x, ldx, in, rows, w1, b1, relu, w2, t, y, ldy, err)
-               : mlp2_launch<__half>(s, x, ldx, in, rows, w1, b1, relu, w2, t, y, ldy, err);
+               ? mlp2_launch<__nv_bfloat16>(s, x, ldx, in, rows, w1, b1, relu, w2, a, t, y, ldy, err)
+               : mlp2_launch<__half>(s, x, ldx, in, rows, w1, b1, relu, w2, a, t, y, ldy, err);
 }

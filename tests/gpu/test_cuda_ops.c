@@ -506,9 +506,12 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
 /* mlp2 against the CPU's (whose hidden values are fp32; the GPU's are
  * rounded to the dtype as a stored linear output is): k_mlp2 at in <= 16 in
  * bf16/fp16, the composition in fp32 and at in > 16. addmode 0: no addend,
- * 1: its own buffer, 2: y itself. nu > 0: a user addend of nu rows read
- * through a map, and act2 after it (the fold's tail). Padding columns keep
- * their poison. */
+ * 1: an addend linear of ka inputs with a bias, 2: without one (mlp2.cu
+ * runs it on the stream beside the kernel on the lane). nu > 0: a user
+ * addend of nu rows read through a map, and act2 after it (the fold's
+ * tail). Padding columns keep their poison. With an addend in a 16-bit
+ * dtype the same call on the lane itself (no lane of its own: the kernel
+ * and the linear in turn) must give the same bits. */
 /* test_mlp2 records the GPU's call into a graph (backend.h graph_capture;
  * the comparison's download ends the recording and runs it): on fresh
  * weights, whose W1a (mlp2.cu) cannot be built while capturing. */
@@ -542,46 +545,78 @@ static void check_w1a(const char *what, int in, int hid, size_t grew, size_t lef
     }
 }
 
+/* The same mlp2 call on gs's lane (a lane runs the kernel and the addend's
+ * linear in turn on the plan the stream's call used): its output must
+ * equal the stream's, y (already computed there), bit for bit. */
+static void mlp2_on_lane(const char *what, const void *x, int ldx, int rows, const bk_weight *w1,
+                         const bk_weight *b1, enum bk_act act, const bk_weight *w2,
+                         const bk_mlp2_addend *a, const void *u, const void *m, enum bk_act act2,
+                         const void *y, int ldy, size_t ny)
+{
+    bk_err e = {{0}};
+    bk_stream *ls = gpu->lane(gs, &e);
+    if (!ls) DIE("lane: %s", e.msg);
+    void *y2 = gpu->alloc(gpu, ny * gpu->act_size, BK_TAG_CAND, &e);
+    float *h1 = xmalloc(ny * sizeof(float)), *h2 = xmalloc(ny * sizeof(float));
+    if (!y2) DIE("alloc: %s", e.msg);
+    ok_or_die(gpu->lane_wait(ls, gs, &e), "lane_wait", &e);
+    ok_or_die(gpu->mlp2(ls, x, ldx, rows, w1, b1, act, w2, a, u, m, act2, y2, ldy, &e), "lane mlp2",
+              &e);
+    ok_or_die(gpu->lane_wait(gs, ls, &e), "lane_wait", &e);
+    ok_or_die(gpu->download_f32(gs, h1, y, ny, &e), "download_f32", &e);
+    ok_or_die(gpu->download_f32(gs, h2, y2, ny, &e), "download_f32", &e);
+    size_t bad = 0;
+    for (size_t i = 0; i < ny; i++) /* (padding: both keep their NaN poison) */
+        bad += memcmp(&h1[i], &h2[i], sizeof(float)) != 0 && !(isnan(h1[i]) && isnan(h2[i]));
+    checks++;
+    if (bad) {
+        failures++;
+        printf("FAIL %s: %zu of %zu outputs differ between the stream and its lane\n", what, bad, ny);
+    }
+    gpu->free(gpu, y2, ny * gpu->act_size, BK_TAG_CAND);
+    free(h1), free(h2);
+}
+
 static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, int addmode,
-                      int pady, int nu, enum bk_act act2)
+                      int pady, int nu, enum bk_act act2, int ka)
 {
     bk_err ec = {{0}}, eg = {{0}};
-    const int ldx = in, ldy = out + pady;
+    const int ldx = in, ldy = out + pady, lda = ka + (ka % 3 == 1 ? 4 : 0);
     const size_t ny = (size_t)rows * ldy;
     float *w1 = rand_vec((size_t)hid * in, (float)(1.0 / sqrt(in))), *b1 = rand_vec(hid, 0.5f);
     float *w2 = rand_vec((size_t)out * hid, (float)(1.0 / sqrt(hid))), *x = rand_vec((size_t)rows * ldx, 1.0f);
-    float *ad = rand_vec(ny, 1.0f);
-    for (size_t i = 0; i < ny; i++)
-        if ((int)(i % (size_t)ldy) >= out) ad[i] = NAN;
+    float *xa = rand_vec((size_t)rows * lda, 1.0f), *wa = rand_vec((size_t)out * ka, (float)(1.0 / sqrt(ka)));
+    float *ba = rand_vec(out, 0.5f);
     const size_t wb0 = weight_bytes();
     wpair p1 = weight_pair(w1, hid, in), pb = weight_pair(b1, 1, hid), p2 = weight_pair(w2, out, hid);
-    pair px = act_pair(x, (size_t)rows * ldx), py = addmode == 2 ? act_pair(ad, ny) : out_pair(ny);
-    pair pa = {0};
-    if (addmode == 1) pa = act_pair(ad, ny);
-    const void *ac = addmode == 1 ? pa.c : addmode == 2 ? py.c : NULL;
-    const void *ag = addmode == 1 ? pa.g : addmode == 2 ? py.g : NULL;
+    wpair pwa = weight_pair(wa, out, ka), pba = weight_pair(ba, 1, out);
+    pair px = act_pair(x, (size_t)rows * ldx), py = out_pair(ny), pxa = act_pair(xa, (size_t)rows * lda);
+    const bk_mlp2_addend ac = {pxa.c, lda, pwa.c, addmode == 1 ? pba.c : NULL};
+    const bk_mlp2_addend ag = {pxa.g, lda, pwa.g, addmode == 1 ? pba.g : NULL};
     const enum bk_act act = relu ? BK_ACT_RELU : BK_ACT_NONE;
     float *u = rand_vec((size_t)(nu ? nu : 1) * out, 1.0f);
     int32_t *map = xmalloc((size_t)(rows ? rows : 1) * sizeof(int32_t));
     for (int r = 0; r < rows; r++) map[r] = nu ? irand(0, nu - 1) : 0;
     pair pu = act_pair(u, (size_t)(nu ? nu : 1) * out);
     pair pm = raw_pair(map, (size_t)(rows ? rows : 1) * sizeof(int32_t));
-    ok_or_die(cpu->mlp2(cs, px.c, ldx, rows, p1.c, has_b1 ? pb.c : NULL, act, p2.c, ac, ldy,
-                        nu ? pu.c : NULL, nu ? pm.c : NULL, act2, py.c, ldy, &ec),
+    ok_or_die(cpu->mlp2(cs, px.c, ldx, rows, p1.c, has_b1 ? pb.c : NULL, act, p2.c,
+                        addmode ? &ac : NULL, nu ? pu.c : NULL, nu ? pm.c : NULL, act2, py.c, ldy,
+                        &ec),
               "cpu mlp2", &ec);
     if (mlp2_capture) { /* the uploads' staging must be free before a capture */
         ok_or_die(gpu->sync(gs, &eg), "sync", &eg);
         ok_or_die(gpu->graph_capture(gs, &eg), "graph_capture", &eg);
     }
     const size_t wb1 = weight_bytes();
-    ok_or_die(gpu->mlp2(gs, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g, ag, ldy,
-                        nu ? pu.g : NULL, nu ? pm.g : NULL, act2, py.g, ldy, &eg),
+    ok_or_die(gpu->mlp2(gs, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g,
+                        addmode ? &ag : NULL, nu ? pu.g : NULL, nu ? pm.g : NULL, act2, py.g, ldy,
+                        &eg),
               "gpu mlp2", &eg);
     const size_t grew = weight_bytes() - wb1;
     char what[192];
     snprintf(what, sizeof what,
-             "mlp2 rows %d in %d hidden %d out %d b1 %d relu %d add %d ldy %d users %d act2 %d%s",
-             rows, in, hid, out, has_b1, relu, addmode, ldy, nu, (int)act2,
+             "mlp2 rows %d in %d hidden %d out %d b1 %d relu %d add %d (%d) ldy %d users %d act2 %d%s",
+             rows, in, hid, out, has_b1, relu, addmode, ka, ldy, nu, (int)act2,
              mlp2_capture ? " (in a graph)" : "");
     compare(what, &py, rows, out, ldy);
     if (mlp2_capture) {
@@ -592,32 +627,37 @@ static void test_mlp2(int rows, int in, int hid, int out, int has_b1, int relu, 
             printf("FAIL %s: no graph recorded\n", what);
         }
         gpu->graph_free(g);
+    } else if (addmode && gpu->act_size == 2) {
+        mlp2_on_lane(what, px.g, ldx, rows, p1.g, has_b1 ? pb.g : NULL, act, p2.g, &ag,
+                     nu ? pu.g : NULL, nu ? pm.g : NULL, act2, py.g, ldy, ny);
     }
     if (pady) check_pads(what, &py, rows, out, ldy);
-    pair_free(&px), pair_free(&py), pair_free(&pu), pair_free(&pm);
-    if (addmode == 1) pair_free(&pa);
-    wpair_free(&p1), wpair_free(&pb), wpair_free(&p2);
+    pair_free(&px), pair_free(&py), pair_free(&pu), pair_free(&pm), pair_free(&pxa);
+    wpair_free(&p1), wpair_free(&pb), wpair_free(&p2), wpair_free(&pwa), wpair_free(&pba);
     check_w1a(what, in, hid, grew, weight_bytes() - wb0);
-    free(w1), free(b1), free(w2), free(x), free(ad), free(u), free(map);
+    free(w1), free(b1), free(w2), free(x), free(xa), free(wa), free(ba), free(u), free(map);
 }
 
 static void suite_mlp2(void)
 {
-    /* the bench model's c_r1 through the fold at 1 x 70 (and 16 x 70 unless --quick) */
-    /* (the fold's tail: its 1 or 16 users' term, then ReLU) */
-    test_mlp2(70, 16, 190464, 64, 1, 1, 1, 0, 1, BK_ACT_RELU);
-    if (!quick) test_mlp2(1120, 16, 190464, 64, 1, 1, 2, 0, 16, BK_ACT_RELU);
+    /* the bench model's c_r1 through the fold at 1 x 70 (and 16 x 70 unless
+     * --quick), with the other parts' linear (X and the attention's output,
+     * 128 tokens of 256) as the addend and the fold's tail (its 1 or 16
+     * users' term, then ReLU) */
+    test_mlp2(70, 16, 190464, 64, 1, 1, 1, 0, 1, BK_ACT_RELU, 32768);
+    if (!quick) test_mlp2(1120, 16, 190464, 64, 1, 1, 1, 0, 16, BK_ACT_RELU, 32768);
     mlp2_capture = 1; /* the kernels without W1a (the scratch is already large enough) */
-    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3, 0, BK_ACT_NONE);
-    test_mlp2(70, 9, 777, 70, 0, 0, 1, 0, 3, BK_ACT_RELU);
+    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3, 0, BK_ACT_NONE, 1);
+    test_mlp2(70, 9, 777, 70, 0, 0, 1, 0, 3, BK_ACT_RELU, 100);
     mlp2_capture = 0;
-    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3, 0, BK_ACT_NONE); /* from 256 rows: wgmma, 3 output tiles */
-    test_mlp2(400, 9, 777, 70, 0, 0, 1, 2, 7, BK_ACT_GELU); /* no b1 or ReLU, partial chunk and tile */
-    test_mlp2(5, 7, 129, 3, 0, 0, 2, 5, 0, BK_ACT_NONE);    /* W1's ld 8, a partial chunk */
-    test_mlp2(33, 40, 300, 20, 1, 1, 1, 0, 3, BK_ACT_SIGMOID); /* in > 16: the composition */
-    test_mlp2(1, 16, 1, 1, 1, 1, 0, 0, 0, BK_ACT_NONE);
+    test_mlp2(300, 16, 1000, 130, 1, 1, 0, 3, 0, BK_ACT_NONE, 1); /* from 256 rows: wgmma, 3 output tiles */
+    test_mlp2(400, 9, 777, 70, 0, 0, 1, 2, 7, BK_ACT_GELU, 333); /* no b1 or ReLU, partial chunk and tile */
+    test_mlp2(5, 7, 129, 3, 0, 0, 2, 5, 0, BK_ACT_NONE, 8);    /* W1's ld 8, a partial chunk */
+    test_mlp2(33, 40, 300, 20, 1, 1, 1, 0, 3, BK_ACT_SIGMOID, 64); /* in > 16: the composition */
+    test_mlp2(1, 16, 1, 1, 1, 1, 0, 0, 0, BK_ACT_NONE, 1);
     test_mlp2(irand(1, 600), irand(1, 16), irand(1, 3000), irand(1, 100), 1, irand(0, 1),
-              irand(0, 2), irand(0, 4), irand(0, 20), (enum bk_act)irand(0, BK_ACT_COUNT - 1));
+              irand(0, 2), irand(0, 4), irand(0, 20), (enum bk_act)irand(0, BK_ACT_COUNT - 1),
+              irand(1, 2000));
 }
 
 /* counts[u] candidates for user u (zero allowed); map grouped by user. */

@@ -348,31 +348,35 @@ static void test_scores_match_unfolded_mlp2(void **s)
 }
 
 /* The mlp2 part: c_r1, c_rest and e_cand leave the plan; the other parts
- * are one stack, flatten and linear (their columns of the folded weight),
- * and mlp2 computes c_r1's share from candidate.dense with that linear as
- * its addend, adds the user term and applies top1's ReLU (no add or
- * activation layer); the plan names all six layers folded. */
+ * are one stack and flatten, mlp2's addend input, whose linear (their
+ * columns of the folded weight, top1's bias) mlp2 runs itself; mlp2
+ * computes c_r1's share from candidate.dense, adds the user term and
+ * applies top1's ReLU (no add or activation layer); the plan names all six
+ * layers folded. */
 static void test_mlp2_part_plan(void **s)
 {
     (void)s;
     char *json = with_mlp2_part();
     model_def *m = plan(json);
-    static const char *const names[] = {"flat__u", "top1__u", "e_cand__r",
-                                        "flat__c", "top1__r", "top1"};
-    static const enum md_op ops[] = {MD_FLATTEN, MD_LINEAR, MD_STACK, MD_FLATTEN, MD_LINEAR, MD_MLP2};
-    static const enum md_domain doms[] = {MD_USER, MD_USER, MD_CAND, MD_CAND, MD_CAND, MD_CAND};
-    static const int dims[] = {32, 8, 8, 32, 8, 8};
-    expect_layers(m, names, ops, doms, dims, 6);
+    static const char *const names[] = {"flat__u", "top1__u", "e_cand__r", "flat__c", "top1"};
+    static const enum md_op ops[] = {MD_FLATTEN, MD_LINEAR, MD_STACK, MD_FLATTEN, MD_MLP2};
+    static const enum md_domain doms[] = {MD_USER, MD_USER, MD_CAND, MD_CAND, MD_CAND};
+    static const int dims[] = {32, 8, 8, 32, 8};
+    expect_layers(m, names, ops, doms, dims, 5);
     assert_null(layer(m, "c_r1"));
     assert_null(layer(m, "c_rest"));
     assert_null(layer(m, "e_cand"));
-    const md_layer *r = layer(m, "top1__r"), *c = layer(m, "top1");
+    assert_null(layer(m, "top1__r"));
+    const md_layer *c = layer(m, "top1");
     assert_int_equal(c->n_in, 3);
+    assert_string_equal(m->layers[c->in[1].index].name, "flat__c");
     assert_string_equal(m->layers[c->in[2].index].name, "top1__u");
     assert_int_equal(c->act, BK_ACT_RELU), assert_int_equal(c->act2, BK_ACT_RELU);
-    assert_int_equal(r->w[0].cols, 32);                               /* 4 tokens x D */
+    assert_int_equal(c->n_w, 5);
     assert_int_equal(c->w[0].rows, 16), assert_int_equal(c->w[0].cols, 3); /* c_r1's W1 */
     assert_int_equal(c->w[2].rows, 8), assert_int_equal(c->w[2].cols, 16); /* its 2 tokens x D */
+    assert_int_equal(c->w[3].rows, 8), assert_int_equal(c->w[3].cols, 32); /* 4 tokens x D */
+    assert_int_equal(c->w[4].cols, 8);                                     /* top1's bias */
     for (const char *const *n = (const char *const[]){"c_r1", "c_rest", "e_cand", "lce", NULL}; *n; n++)
         assert_int_equal(rw_of(m, *n), MD_RW_FOLDED);
     for (int i = 0; i < m->plan.n; i++) /* the report says where c_r1 went */

@@ -927,36 +927,40 @@ typedef struct pack_arg {
 } pack_arg;
 
 /* mlp2: without an addend, bit for bit linear(linear(x, W1, b1, act1), W2)
- * (cpu_internal.h: the sums over hidden continue one accumulator); with one
- * (a separate buffer or y itself), within the sum bound of a double
- * reference over the composition's hidden values; padding keeps its poison;
- * hidden widths cross the 256-unit chunks. Then the refusals. */
+ * (cpu_internal.h: the sums over hidden continue one accumulator); with
+ * one (a linear over its own input, with or without a bias), from exactly
+ * what linear stores for it, within the sum bound of a double reference
+ * over the composition's hidden values; padding keeps its poison; hidden
+ * widths cross the 256-unit chunks. Then the refusals. */
 static void run_mlp2_case(T *t, int it)
 {
     const int rows = it < 3 ? 1 : rint_(t, 1, 70), in = rint_(t, 1, 20);
     const int hid = it % 7 == 1 ? 1 : rint_(t, 1, it % 2 ? 600 : 256), out = rint_(t, 1, 70);
     const int ldx = in + (it % 3 ? 0 : 3), ldy = out + (it % 4 ? 0 : 5), ldh = hid;
-    const int mode = it % 3; /* 0: no addend, 1: its own buffer, 2: y itself */
+    const int mode = it % 3; /* 0: no addend, 1: an addend with a bias, 2: without */
+    const int ka = rint_(t, 1, 300), lda = ka + (it % 5 ? 0 : 2);
     const enum bk_act act = it % 2 ? BK_ACT_RELU : BK_ACT_NONE;
     float *x = rand_floats(t, (size_t)rows * ldx, 1.0f), *w1 = rand_floats(t, (size_t)hid * in, 1.0f);
     float *b1 = rand_floats(t, (size_t)hid, 1.0f), *w2 = rand_floats(t, (size_t)out * hid, 1.0f);
-    float *ad = rand_floats(t, (size_t)rows * ldy, 4.0f);
-    for (int r = 0; r < rows; r++) /* the addend's (and y's) padding: poison */
-        for (int j = out; j < ldy; j++) ad[(size_t)r * ldy + j] = poison_f();
+    float *xa = rand_floats(t, (size_t)rows * lda, 1.0f), *wa = rand_floats(t, (size_t)out * ka, 1.0f);
+    float *ba = rand_floats(t, (size_t)out, 1.0f);
     bk_weight *W1 = wnew(t, w1, hid, in), *B1 = it % 5 ? wnew(t, b1, 1, hid) : NULL;
-    bk_weight *W2 = wnew(t, w2, out, hid);
+    bk_weight *W2 = wnew(t, w2, out, hid), *WA = wnew(t, wa, out, ka);
+    bk_weight *BA = mode == 1 ? wnew(t, ba, 1, out) : NULL;
     void *dx = dfloats(t, x, (size_t)rows * ldx, BK_TAG_CAND);
+    void *dxa = dfloats(t, xa, (size_t)rows * lda, BK_TAG_CAND);
     void *dh = dpoisoned(t, (size_t)rows * ldh, BK_TAG_CAND);
     void *dc = dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
-    void *dy = mode == 2 ? dfloats(t, ad, (size_t)rows * ldy, BK_TAG_CAND)
-                         : dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
-    void *da = mode == 1 ? dfloats(t, ad, (size_t)rows * ldy, BK_TAG_CAND) : mode ? dy : NULL;
-    OK(t, t->be->mlp2(t->s, dx, ldx, rows, W1, B1, act, W2, da, ldy, NULL, NULL, BK_ACT_NONE, dy,
-                      ldy, &t->err));
+    void *da = dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
+    void *dy = dpoisoned(t, (size_t)rows * ldy, BK_TAG_CAND);
+    const bk_mlp2_addend A = {dxa, lda, WA, BA};
+    OK(t, t->be->mlp2(t->s, dx, ldx, rows, W1, B1, act, W2, mode ? &A : NULL, NULL, NULL,
+                      BK_ACT_NONE, dy, ldy, &t->err));
     OK(t, t->be->linear(t->s, dx, ldx, rows, W1, B1, act, dh, ldh, &t->err));
     OK(t, t->be->linear(t->s, dh, ldh, rows, W2, NULL, BK_ACT_NONE, dc, ldy, &t->err));
+    OK(t, t->be->linear(t->s, dxa, lda, rows, WA, BA, BK_ACT_NONE, da, ldy, &t->err));
     float *got = download(t, dy, (size_t)rows * ldy), *comp = download(t, dc, (size_t)rows * ldy);
-    float *h = download(t, dh, (size_t)rows * ldh);
+    float *h = download(t, dh, (size_t)rows * ldh), *ad = download(t, da, (size_t)rows * ldy);
     if (!mode) {
         for (int r = 0; r < rows; r++)
             if (memcmp(got + (size_t)r * ldy, comp + (size_t)r * ldy, (size_t)out * sizeof(float)))
@@ -975,9 +979,20 @@ static void run_mlp2_case(T *t, int it)
             allow[(size_t)r * out + o] = 2.0 * (hid + 2) * U32 * m;
         }
     check_rows(t, "mlp2", got, ldy, ref, allow, (size_t)rows, out);
-    free(got), free(comp), free(h), free(ref), free(allow);
-    free(x), free(w1), free(b1), free(w2), free(ad);
+    free(got), free(comp), free(h), free(ad), free(ref), free(allow);
+    free(x), free(w1), free(b1), free(w2), free(xa), free(wa), free(ba);
     free_bufs(t);
+}
+
+/* One refusal: mlp2 with these arguments fails naming `what`. */
+static void mlp2_refused(T *t, const float *dx, int ldx, const bk_weight *w1, const bk_weight *b1,
+                         enum bk_act act1, const bk_weight *w2, const bk_mlp2_addend *a,
+                         enum bk_act act2, float *dy, const char *what)
+{
+    assert_int_equal(t->be->mlp2(t->s, dx, ldx, 2, w1, b1, act1, w2, a, NULL, NULL, act2, dy, 2,
+                                 &t->err),
+                     -1);
+    if (!strstr(t->err.msg, what)) fail_msg("mlp2: error '%s' does not name '%s'", t->err.msg, what);
 }
 
 static void test_mlp2(void **state)
@@ -990,26 +1005,26 @@ static void test_mlp2(void **state)
     new_case(t, "mlp2_errors", 0);
     float w[64] = {0};
     bk_weight *w1 = wnew(t, w, 4, 3), *w2 = wnew(t, w, 2, 4), *w2b = wnew(t, w, 2, 5);
-    bk_weight *b5 = wnew(t, w, 1, 5);
+    bk_weight *b5 = wnew(t, w, 1, 5), *wa = wnew(t, w, 2, 6), *wa3 = wnew(t, w, 3, 6);
+    bk_weight *b3 = wnew(t, w, 1, 3);
     float *dx = dpoisoned(t, 64, BK_TAG_CAND), *dy = dpoisoned(t, 64, BK_TAG_CAND);
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_RELU, w2b,
-                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
-    assert_non_null(strstr(t->err.msg, "hidden width"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_SIGMOID, w2,
-                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
-    assert_non_null(strstr(t->err.msg, "activation"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, b5, BK_ACT_NONE, w2,
-                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
-    assert_non_null(strstr(t->err.msg, "b1"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 2, 2, w1, NULL, BK_ACT_NONE, w2,
-                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dy, 2, &t->err), -1);
-    assert_non_null(strstr(t->err.msg, "ldx 2"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_NONE, w2,
-                                 NULL, 0, NULL, NULL, BK_ACT_NONE, dx + 1, 2, &t->err), -1);
-    assert_non_null(strstr(t->err.msg, "overlaps"));
-    assert_int_equal(t->be->mlp2(t->s, dx, 3, 2, w1, NULL, BK_ACT_NONE, w2, NULL, 0, NULL, NULL,
-                                 (enum bk_act)BK_ACT_COUNT, dy, 2, &t->err), -1);
-    assert_non_null(strstr(t->err.msg, "output activation"));
+    float *dxa = dpoisoned(t, 64, BK_TAG_CAND);
+    const enum bk_act none = BK_ACT_NONE;
+    mlp2_refused(t, dx, 3, w1, NULL, BK_ACT_RELU, w2b, NULL, none, dy, "hidden width");
+    mlp2_refused(t, dx, 3, w1, NULL, BK_ACT_SIGMOID, w2, NULL, none, dy, "activation");
+    mlp2_refused(t, dx, 3, w1, b5, none, w2, NULL, none, dy, "b1");
+    mlp2_refused(t, dx, 2, w1, NULL, none, w2, NULL, none, dy, "ldx 2");
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, NULL, none, dx + 1, "overlaps");
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, NULL, (enum bk_act)BK_ACT_COUNT, dy,
+                 "output activation");
+    const bk_mlp2_addend no_w = {dxa, 6, NULL, NULL}, rows3 = {dxa, 6, wa3, NULL},
+                         ld5 = {dxa, 5, wa, NULL}, bias3 = {dxa, 6, wa, b3},
+                         over = {dy, 6, wa, NULL};
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, &no_w, none, dy, "addend's weight is NULL");
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, &rows3, none, dy, "addend's weight is [3, 6]");
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, &ld5, none, dy, "its ldx 5");
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, &bias3, none, dy, "its bias 3 elements");
+    mlp2_refused(t, dx, 3, w1, NULL, none, w2, &over, none, dy, "overlap");
     free_bufs(t);
 }
 
@@ -1027,21 +1042,22 @@ static void test_mlp2_tail(void **state)
         const enum bk_act act2 = (enum bk_act)(it % BK_ACT_COUNT);
         float *x = rand_floats(t, (size_t)rows * in, 1.0f), *w1 = rand_floats(t, (size_t)hid * in, 1.0f);
         float *w2 = rand_floats(t, (size_t)out * hid, 0.1f), *u = rand_floats(t, (size_t)nu * out, 2.0f);
-        float *ad = rand_floats(t, (size_t)rows * out, 1.0f);
+        const int ka = rint_(t, 1, 40);
+        float *xa = rand_floats(t, (size_t)rows * ka, 1.0f), *wa = rand_floats(t, (size_t)out * ka, 0.5f);
         int32_t *map = malloc((size_t)rows * sizeof *map);
         assert_non_null(map);
         for (int r = 0; r < rows; r++) map[r] = it % 3 ? rint_(t, 0, nu - 1) : r;
-        bk_weight *W1 = wnew(t, w1, hid, in), *W2 = wnew(t, w2, out, hid);
+        bk_weight *W1 = wnew(t, w1, hid, in), *W2 = wnew(t, w2, out, hid), *WA = wnew(t, wa, out, ka);
         void *dx = dfloats(t, x, (size_t)rows * in, BK_TAG_CAND);
-        void *da = dfloats(t, ad, (size_t)rows * out, BK_TAG_CAND);
+        const bk_mlp2_addend A = {dfloats(t, xa, (size_t)rows * ka, BK_TAG_CAND), ka, WA, NULL};
         void *du = dfloats(t, u, (size_t)nu * out, BK_TAG_USER);
         void *dy = dpoisoned(t, (size_t)rows * out, BK_TAG_CAND);
         void *dr = dpoisoned(t, (size_t)rows * out, BK_TAG_CAND);
         void *ds = dpoisoned(t, (size_t)rows * out, BK_TAG_CAND);
         const int32_t *m = it % 3 ? map : NULL;
-        OK(t, t->be->mlp2(t->s, dx, in, rows, W1, NULL, BK_ACT_RELU, W2, da, out, du, m, act2, dy,
-                          out, &t->err));
-        OK(t, t->be->mlp2(t->s, dx, in, rows, W1, NULL, BK_ACT_RELU, W2, da, out, NULL, NULL,
+        OK(t, t->be->mlp2(t->s, dx, in, rows, W1, NULL, BK_ACT_RELU, W2, &A, du, m, act2, dy, out,
+                          &t->err));
+        OK(t, t->be->mlp2(t->s, dx, in, rows, W1, NULL, BK_ACT_RELU, W2, &A, NULL, NULL,
                           BK_ACT_NONE, dr, out, &t->err));
         OK(t, t->be->add(t->s, dr, du, m, rows, out, ds, &t->err));
         if (act2 != BK_ACT_NONE) /* (the activation op has no identity) */
@@ -1049,7 +1065,7 @@ static void test_mlp2_tail(void **state)
         float *got = download(t, dy, (size_t)rows * out), *want = download(t, ds, (size_t)rows * out);
         if (memcmp(got, want, (size_t)rows * out * sizeof(float)))
             fail_msg("mlp2 with its tail differs from mlp2, add and activation [%s]", t->ctx);
-        free(got), free(want), free(map), free(x), free(w1), free(w2), free(u), free(ad);
+        free(got), free(want), free(map), free(x), free(w1), free(w2), free(u), free(xa), free(wa);
         free_bufs(t);
     }
 }
