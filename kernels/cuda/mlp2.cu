@@ -1033,7 +1033,9 @@ static int mlp2_w1a(bk_stream *s, const bk_weight *w1, const bk_weight *b1, int 
  * (the fold's other parts: 1120 x [32768 -> 64] at the bench model's 16 x
  * 70) memory-bound, so a few SMs run it at most of its speed while the
  * kernel loses only their share (bench/RESULTS.md, thirty-second session). */
+#ifndef MLP2_ADDEND_SMS /* (a -D for a timing build only) */
 #define MLP2_ADDEND_SMS 24
+#endif
 
 /* Production's kernel (mlp2_production's plan), the addend's linear and
  * k_mlp2_sum, in T (bf16 or fp16). With an addend the kernel runs on the
