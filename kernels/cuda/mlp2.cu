@@ -1038,12 +1038,15 @@ static int mlp2_w1a(bk_stream *s, const bk_weight *w1, const bk_weight *b1, int 
 #endif
 
 /* Production's kernel (mlp2_production's plan), the addend's linear and
- * k_mlp2_sum, in T (bf16 or fp16). With an addend the kernel runs on the
- * stream's lane (its highest priority, so its one-CTA-an-SM grid takes its
- * SMs first), planned for MLP2_ADDEND_SMS fewer SMs, while the addend's
- * linear (cuBLASLt, into y) runs on the stream on the SMs left, then on all;
- * the sum waits for both. A lane's own call (no lane of its own) runs them
- * in turn on the same plan, so a result never depends on where it ran. */
+ * k_mlp2_sum, in T (bf16 or fp16). With an addend the kernel, planned for
+ * MLP2_ADDEND_SMS fewer SMs, is launched on the stream, so its one-CTA-an-SM
+ * grid is dispatched as soon as the stream's previous op ends, and the
+ * linear (cuBLASLt, into y) on the stream's lane, which waits for that same
+ * point by an event and so starts a moment later, on the SMs the kernel
+ * left (then on all); the sum waits for both. (The other way round, the
+ * linear on the stream took every SM first: bench/RESULTS.md, thirty-second
+ * session.) A lane's own call (no lane of its own) runs them in turn on the
+ * same plan, so a result never depends on where it ran. */
 template <typename T>
 static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, const bk_weight *w1,
                        const bk_weight *b1, int relu, const bk_weight *w2,
@@ -1054,25 +1057,22 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
     if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
     const int sms = cu_impl(s->be)->sm_count - (a ? MLP2_ADDEND_SMS : 0);
     const mlp2_plan p = mlp2_production(rows, hid, out, sms > 8 ? sms : 8, w1a ? ks : 0);
-    bk_stream *ln = a && !s->owner ? s->be->lane(s, err) : NULL, *ks_ = ln ? ln : s;
-    if (a && !s->owner && !ln) return -1;
-    /* the lane waits first: growing its scratch then also waits for the
-     * stream's earlier sums, which read the lane's partials */
-    if ((ln && s->be->lane_wait(ln, s, err)) ||
-        cu_scratch_get(ks_, &ks_->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
+    bk_stream *ln = a && !s->owner ? s->be->lane(s, err) : NULL;
+    if ((a && !s->owner && !ln) || (ln && s->be->lane_wait(ln, s, err)) ||
+        cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
         cu_smem_limit(s, mlp2_fn<T>(p, relu), (int)mlp2_smem(p), err))
         return -1;
-    float *part = (float *)ks_->mlp2_part.p;
+    float *part = (float *)s->mlp2_part.p;
     const T *W2 = (const T *)w2->data;
     {
-        cu_prof_scope prof_(ks_, "mlp2");
+        cu_prof_scope prof_(s, "mlp2");
         if (prof_.on())
             prof_.work(2.0 * rows * hid * (in + out),
                        ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
         if (p.ks) {
             auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
                                  : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
-            const int rc = run(p, ks_->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out,
+            const int rc = run(p, s->st, (const T *)x, ldx, in, rows, w1a, W2, w2->ld, hid, out,
                                part);
             if (rc) {
                 bk_seterr(err, "mlp2: encoding a TMA tensor map failed (CUresult %d; hidden %d, "
@@ -1082,13 +1082,14 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
         } else {
             auto run = p.wg ? mlp2_run_wgo<T, MLP2_PROD_NWG, MLP2_PROD_NS>
                             : mlp2_run<T, 1, MLP2_PROD_NW, MLP2_PROD_NS>;
-            run(p, ks_->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
+            run(p, s->st, (const T *)x, ldx, in, rows, (const T *)w1->data, w1->ld,
                 b1 ? (const T *)b1->data : NULL, relu, W2, w2->ld, hid, out, part);
         }
-        if (cu_check_launch(ks_, err, "mlp2")) return -1;
+        if (cu_check_launch(s, err, "mlp2")) return -1;
     }
     if (a) {
-        if (cuda_linear(s, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE, y, ldy, err)) return -1;
+        if (cuda_linear(ln ? ln : s, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE, y, ldy, err))
+            return -1;
         t.add = y;
         t.ldadd = ldy;
     }
