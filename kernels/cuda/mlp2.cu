@@ -1028,6 +1028,15 @@ static int mlp2_w1a(bk_stream *s, const bk_weight *w1, const bk_weight *b1, int 
     return rc;
 }
 
+/* mlp2's compulsory work for the profile (its addend's linear is profiled
+ * as a linear of its own). */
+static void mlp2_work(cu_prof_scope &prof, int rows, int in, int hid, int out, size_t act_size)
+{
+    if (prof.on())
+        prof.work(2.0 * rows * hid * (in + out),
+                  ((double)rows * (in + out) + (double)hid * (in + out + 1)) * act_size);
+}
+
 /* SMs the hidden layer's kernel leaves to the addend's linear when the two
  * run side by side (mlp2_launch): the kernel is compute-bound, the linear
  * (the fold's other parts: 1120 x [32768 -> 64] at the bench model's 16 x
@@ -1066,9 +1075,7 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
     const T *W2 = (const T *)w2->data;
     {
         cu_prof_scope prof_(s, "mlp2");
-        if (prof_.on())
-            prof_.work(2.0 * rows * hid * (in + out),
-                       ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
+        mlp2_work(prof_, rows, in, hid, out, s->be->act_size);
         if (p.ks) {
             auto run = p.ks == 2 ? (relu ? mlp2_run_wgh<T, 2, true> : mlp2_run_wgh<T, 2, false>)
                                  : (relu ? mlp2_run_wgh<T, 1, true> : mlp2_run_wgh<T, 1, false>);
@@ -1124,9 +1131,7 @@ int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w
         if (a && cuda_linear(s, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE, y, ldy, err))
             return -1;
         cu_prof_scope prof_(s, "mlp2");
-        if (prof_.on())
-            prof_.work(2.0 * rows * hid * (in + out),
-                       ((double)rows * (in + out) + (double)hid * (in + out + 1)) * s->be->act_size);
+        mlp2_work(prof_, rows, in, hid, out, s->be->act_size);
         if (mlp2_composed(s, x, ldx, rows, w1, b1, act1, w2, a ? y : NULL, ldy, y, ldy, err) ||
             (addu && cu_add_rows(s, y, ldy, addu, out, map, y, ldy, rows, out, "mlp2 addu", err)))
             return -1;
