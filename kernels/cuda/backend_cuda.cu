@@ -1820,6 +1820,10 @@ static int algo_plan(bk_stream *s, cu_algo_entry *e, const void *bias, const voi
         BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof bias),
                  "bias");
+    if (e->sms > 0)
+        BLAS_TRY(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                &e->sms, sizeof e->sms),
+                 "SM count target");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->la, ty, e->k, e->m, e->lda), "layout W");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->lb, ty, e->k, e->n, e->ldb), "layout x");
     BLAS_TRY(cublasLtMatrixLayoutCreate(&e->ld, ty, e->m, e->n, e->ldd), "layout y");
@@ -1892,7 +1896,7 @@ fail:
  * is made on its first call and kept in the stream's cache (cu_algo_entry).
  * The epilogue applies bias and relu; other activations are the caller's. */
 static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows, int batch,
-                     const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
+                     int sms, const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
                      int64_t sy, bk_err *err)
 {
     size_t es = s->be->act_size;
@@ -1916,6 +1920,7 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
     key.batch = batch;
     key.sb = batch > 1 ? sx : 0;
     key.sd = batch > 1 ? sy : 0;
+    key.sms = sms;
     cu_algo_entry *hit = NULL;
     for (int i = 0; i < CU_ALGO_CACHE && !hit; i++) {
         cu_algo_entry *e = &s->algos[i];
@@ -1923,7 +1928,7 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
             e->ldb == key.ldb && e->ldd == key.ldd && e->epi == key.epi &&
             e->align_a == key.align_a && e->align_b == key.align_b &&
             e->align_d == key.align_d && e->dtype == key.dtype && e->batch == key.batch &&
-            e->sb == key.sb && e->sd == key.sd)
+            e->sb == key.sb && e->sd == key.sd && e->sms == key.sms)
             hit = e;
     }
     if (!hit) {
@@ -1952,8 +1957,8 @@ static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows,
  * linear_tk.cu (in <= 64, many outputs), linear_small.cu (<= 16 rows) and
  * cuBLASLt. (linear_wr.cu's kernel lost to cuBLASLt on the plain K|V
  * projection in the forward, 15.9 against 15.2 us: bench/RESULTS.md.) */
-int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
-                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+static int linear_run(bk_stream *s, int sms, const void *x, int ldx, int rows, const bk_weight *w,
+                      const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
 {
     int out = w->rows, in = w->cols;
     cu_prof_scope prof_(s, s->prof ? prof_shape_name(s->prof, "linear", rows, in, out) : "linear");
@@ -1989,11 +1994,23 @@ int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight 
         return cu_linear_tk(s, x, ldx, rows, w, bias, act, y, ldy, err);
     } else if (cu_linear_small_fits(rows, w)) {
         return cu_linear_small(s, x, ldx, rows, w, bias, act, y, ldy, err);
-    } else if (lt_linear(s, x, ldx, 0, rows, 1, w, bias, act, y, ldy, 0, err)) {
+    } else if (lt_linear(s, x, ldx, 0, rows, 1, sms, w, bias, act, y, ldy, 0, err)) {
         return -1;
     }
     /* What the epilogue lacks: sigmoid, exact gelu, silu, tanh (elementwise.cu). */
     return act == BK_ACT_RELU ? 0 : cu_act_rows(s, y, ldy, rows, out, act, err);
+}
+
+int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
+                const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+{
+    return linear_run(s, 0, x, ldx, rows, w, bias, act, y, ldy, err);
+}
+
+int cu_linear_on_sms(bk_stream *s, int sms, const void *x, int ldx, int rows, const bk_weight *w,
+                     const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err)
+{
+    return linear_run(s, sms, x, ldx, rows, w, bias, act, y, ldy, err);
 }
 
 /* linear_grouped: plain linear when the groups are evenly spaced, else
@@ -2030,7 +2047,7 @@ static int cuda_linear_grouped(bk_stream *s, const void *x, int ldx, int64_t gx,
     }
     if (cu_linear_wr_fits(cu_dt(s), groups * g, w, x, ldx, gx, y, ldy, gy))
         return cu_linear_wr(s, x, ldx, gx, groups, g, w, bias, act, y, ldy, gy, err);
-    return lt_linear(s, x, ldx, gx, g, groups, w, bias, act, y, ldy, gy, err);
+    return lt_linear(s, x, ldx, gx, g, groups, 0, w, bias, act, y, ldy, gy, err);
 }
 
 /* ------------------------------------------------------------ profile ceilings
@@ -2119,7 +2136,7 @@ static int ceil_gemm(bk_stream *s, enum cu_dtype dt, double *fps, bk_err *err)
     float ms = 0, alpha = 1.0f, beta = 0.0f;
     int rc = -1;
     cu_algo_entry e = {1, n, n, n, n, n, n, (int)CUBLASLT_EPILOGUE_DEFAULT, 256, 256, 256, (int)dt,
-                       1, 0, 0, NULL, NULL, NULL, NULL, {}};
+                       1, 0, 0, 0, NULL, NULL, NULL, NULL, {}};
     auto gemm = [&](bk_err *er) {
         return blas_check(cublasLtMatmul(s->lt, e.op, &alpha, w, e.la, x, e.lb, &beta, y, e.ld, y,
                                          e.ld, &e.algo, s->ws, s->ws_size, s->st),

@@ -81,6 +81,7 @@ typedef struct cu_algo_entry {
     int valid;
     int m, n, k, lda, ldb, ldd, epi, align_a, align_b, align_d, dtype;
     int batch;          /* > 1: a strided batch (linear_grouped), W shared */
+    int sms;            /* > 0: planned for that many SMs (cu_linear_on_sms) */
     int64_t sb, sd;     /* x's and y's batch strides, elements */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, ld;
@@ -412,6 +413,11 @@ int cu_linear_wr(bk_stream *s, const void *x, int ldx, int64_t gx, int groups, i
  * W may be a view of another weight's rows or columns, ld its row stride). */
 int cuda_linear(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w,
                 const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
+/* cuda_linear planned for `sms` SMs of the device (cuBLASLt's SM count
+ * target), for a linear run beside a kernel that holds the other SMs
+ * (mlp2.cu's addend). The plan, so the result's bits, depend on sms. */
+int cu_linear_on_sms(bk_stream *s, int sms, const void *x, int ldx, int rows, const bk_weight *w,
+                     const bk_weight *bias, enum bk_act act, void *y, int ldy, bk_err *err);
 /* backend.h's mlp2 (mlp2.cu). */
 int cuda_mlp2(bk_stream *s, const void *x, int ldx, int rows, const bk_weight *w1,
               const bk_weight *b1, enum bk_act act1, const bk_weight *w2,

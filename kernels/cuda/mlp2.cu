@@ -1095,7 +1095,8 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
         if (cu_check_launch(s, err, "mlp2")) return -1;
     }
     if (a) {
-        if (cuda_linear(ln ? ln : s, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE, y, ldy, err))
+        if (cu_linear_on_sms(ln ? ln : s, MLP2_ADDEND_SMS, a->x, a->ldx, rows, a->w, a->b,
+                             BK_ACT_NONE, y, ldy, err))
             return -1;
         t.add = y;
         t.ldadd = ldy;
