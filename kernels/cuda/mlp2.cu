@@ -1041,18 +1041,23 @@ static void mlp2_work(cu_prof_scope &prof, int rows, int in, int hid, int out, s
  * run side by side (mlp2_launch): the kernel is compute-bound, the linear
  * (the fold's other parts: 1120 x [32768 -> 64] at the bench model's 16 x
  * 70) memory-bound, so a few SMs run it at most of its speed while the
- * kernel loses only their share (bench/RESULTS.md, thirty-second session). */
+ * kernel loses only their share. The linear is planned for those SMs too
+ * (cuBLASLt's SM count target): planned for the whole GPU, its grid queued
+ * behind the kernel's and took 82 us beside it against 38 alone. 14 was
+ * the best of 8, 14, 20 and 24 on the H100 (bench/RESULTS.md,
+ * thirty-third session): cuBLASLt's choice at a target is not monotonic in
+ * it (24 SMs: 108 us; 20: 61; 14: 71; 8: 157). */
 #ifndef MLP2_ADDEND_SMS /* (a -D for a timing build only) */
-#define MLP2_ADDEND_SMS 24
+#define MLP2_ADDEND_SMS 14
 #endif
 
 /* Production's kernel (mlp2_production's plan), the addend's linear and
  * k_mlp2_sum, in T (bf16 or fp16). With an addend the kernel, planned for
  * MLP2_ADDEND_SMS fewer SMs, is launched on the stream, so its one-CTA-an-SM
  * grid is dispatched as soon as the stream's previous op ends, and the
- * linear (cuBLASLt, into y) on the stream's lane, which waits for that same
- * point by an event and so starts a moment later, on the SMs the kernel
- * left (then on all); the sum waits for both. (The other way round, the
+ * linear (cuBLASLt planned for MLP2_ADDEND_SMS SMs, into y) on the
+ * stream's lane, which waits for that same point by an event and so starts
+ * a moment later, on the SMs the kernel left; the sum waits for both. (The other way round, the
  * linear on the stream took every SM first: bench/RESULTS.md, thirty-second
  * session.) A lane's own call (no lane of its own) runs them in turn on the
  * same plan, so a result never depends on where it ran. */
