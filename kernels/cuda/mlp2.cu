@@ -1050,17 +1050,27 @@ static void mlp2_work(cu_prof_scope &prof, int rows, int in, int hid, int out, s
 #ifndef MLP2_ADDEND_SMS /* (a -D for a timing build only) */
 #define MLP2_ADDEND_SMS 14
 #endif
+/* Rows from which the two run side by side; below it the linear runs after
+ * the kernel on the stream, on the whole GPU. At 70 rows the pair was 9 us
+ * faster alone but the daemon's four instances at 1 x 70 served 9-12% fewer
+ * candidates/s (the linear planned for 14 SMs takes 24 us against 13 on
+ * all, and under load the kernel's SMs are not free either); at 1120 rows
+ * 3.6% more (bench/RESULTS.md, thirty-third session). Nothing was measured
+ * between: 256 is where the kernel's plan changes form (mlp2_production). */
+#define MLP2_BESIDE_MIN_ROWS 256
 
 /* Production's kernel (mlp2_production's plan), the addend's linear and
- * k_mlp2_sum, in T (bf16 or fp16). With an addend the kernel, planned for
- * MLP2_ADDEND_SMS fewer SMs, is launched on the stream, so its one-CTA-an-SM
- * grid is dispatched as soon as the stream's previous op ends, and the
- * linear (cuBLASLt planned for MLP2_ADDEND_SMS SMs, into y) on the
- * stream's lane, which waits for that same point by an event and so starts
- * a moment later, on the SMs the kernel left; the sum waits for both. (The other way round, the
- * linear on the stream took every SM first: bench/RESULTS.md, thirty-second
- * session.) A lane's own call (no lane of its own) runs them in turn on the
- * same plan, so a result never depends on where it ran. */
+ * k_mlp2_sum, in T (bf16 or fp16). With an addend of MLP2_BESIDE_MIN_ROWS
+ * rows or more, the kernel, planned for MLP2_ADDEND_SMS fewer SMs, is
+ * launched on the stream, so its one-CTA-an-SM grid is dispatched as soon
+ * as the stream's previous op ends, and the linear (cuBLASLt planned for
+ * MLP2_ADDEND_SMS SMs, into y) on the stream's lane, which waits for that
+ * same point by an event and so starts a moment later, on the SMs the
+ * kernel left; the sum waits for both. (The other way round, the linear on
+ * the stream took every SM first: bench/RESULTS.md, thirty-second session.)
+ * A lane's own call (no lane of its own) runs them in turn on the same
+ * plan, so a result never depends on where it ran. Fewer rows: the kernel
+ * and the linear in turn on the stream, each on the whole GPU. */
 template <typename T>
 static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, const bk_weight *w1,
                        const bk_weight *b1, int relu, const bk_weight *w2,
@@ -1069,10 +1079,11 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
     const int out = w2->rows, hid = w1->rows, ks = in < 16 ? 1 : 2;
     const T *w1a = NULL;
     if (mlp2_w1a<T>(s, w1, b1, ks, &w1a, err)) return -1;
-    const int sms = cu_impl(s->be)->sm_count - (a ? MLP2_ADDEND_SMS : 0);
+    const int beside = a && rows >= MLP2_BESIDE_MIN_ROWS ? MLP2_ADDEND_SMS : 0;
+    const int sms = cu_impl(s->be)->sm_count - beside;
     const mlp2_plan p = mlp2_production(rows, hid, out, sms > 8 ? sms : 8, w1a ? ks : 0);
-    bk_stream *ln = a && !s->owner ? s->be->lane(s, err) : NULL;
-    if ((a && !s->owner && !ln) || (ln && s->be->lane_wait(ln, s, err)) ||
+    bk_stream *ln = beside && !s->owner ? s->be->lane(s, err) : NULL;
+    if ((beside && !s->owner && !ln) || (ln && s->be->lane_wait(ln, s, err)) ||
         cu_scratch_get(s, &s->mlp2_part, (size_t)p.S * rows * out * sizeof(float), err) ||
         cu_smem_limit(s, mlp2_fn<T>(p, relu), (int)mlp2_smem(p), err))
         return -1;
@@ -1100,8 +1111,8 @@ static int mlp2_launch(bk_stream *s, const void *x, int ldx, int in, int rows, c
         if (cu_check_launch(s, err, "mlp2")) return -1;
     }
     if (a) {
-        if (cu_linear_on_sms(ln ? ln : s, MLP2_ADDEND_SMS, a->x, a->ldx, rows, a->w, a->b,
-                             BK_ACT_NONE, y, ldy, err))
+        if (cu_linear_on_sms(ln ? ln : s, beside, a->x, a->ldx, rows, a->w, a->b, BK_ACT_NONE,
+                             y, ldy, err))
             return -1;
         t.add = y;
         t.ldadd = ldy;
