@@ -12,12 +12,13 @@
 # Steps, each skipped once AB_SECONDS (default 280) have passed since the
 # start (a skipped step is named in the table):
 #   1. batch_phases models/bench/1 --shapes "16x70 1x70" --iters 100
-#      --warmup 10, A B A B A B: ops GPU us and ratio to floors at 16 x 70,
+#      --warmup 10, A B A B A B (each of ab_pack.sh's variants after B in
+#      every round): ops GPU us and ratio to floors at 16 x 70,
 #      and score[0] of each shape, equal across A and B to the five
 #      decimals batch_phases prints (a sanity check, not a bitwise one)
 #      unless AB_SAME_SCORES=0 (a change that reorders a sum may move them;
 #      the checks of step 4 judge numerics either way);
-#   2. 1 x 70 with batch graphs (--graphs 16 --no-profile), A then B;
+#   2. 1 x 70 with batch graphs (--graphs 16 --no-profile), A, B, the variants;
 #   3. with AB_NCU=REGEX, ncu of the kernels matching it in the 16 x 70
 #      forward, A then B (time, grid, registers, DRAM bytes);
 #   4. B's test_cuda_ops --quick bf16, test_cuda_model bf16 over the nine
@@ -50,9 +51,10 @@ cat v/REFS
   { echo "ab_device: making the bench model failed" >&2; exit 1; }
 
 # 1. The forward alternated; scores compared across builds.
+BUILDS=$(awk '{print $1}' v/REFS | paste -sd' ') # A B, then ab_pack.sh's variants
 declare -A score
-for run in A1 B1 A2 B2 A3 B3; do
-  v=${run:0:1}
+for run in $(for i in 1 2 3; do for v in $BUILDS; do echo "$v$i"; done; done); do
+  v=${run%?}
   left || { note "phases $run" "skipped (budget)"; continue; }
   log=$RUN_LOG
   timeout 60 v/$v/batch_phases models/bench/1 --device cuda:0 --shapes "16x70 1x70" \
@@ -79,7 +81,7 @@ if [ -n "${score[A]:-}" ] && [ -n "${score[B]:-}" ]; then
 fi
 
 # 2. 1 x 70 with batch graphs.
-for v in A B; do
+for v in $BUILDS; do
   left || { note "graphs 1x70 $v" "skipped (budget)"; continue; }
   log=$RUN_LOG
   timeout 60 v/$v/batch_phases models/bench/1 --device cuda:0 --shapes 1x70 --iters 400 \

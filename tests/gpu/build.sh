@@ -7,14 +7,18 @@
 # compiles. Also writes the random test models (tools/reference) once;
 # --no-models skips that (no PyTorch needed, e.g. a compile-only CI step);
 # --checks-only builds test_cuda_ops, test_cuda_model and batch_phases alone,
-# no models (what bench/kernels/ab_pack.sh carries).
+# no models (what bench/kernels/ab_pack.sh carries); --phases-only builds
+# batch_phases alone. LIB=path links that library instead of making
+# build/libikbo.a (ab_pack.sh's variants: build/libikbo.a with one object
+# rebuilt with other -D flags).
 set -euo pipefail
-models=1 bench=1
+models=1 bench=1 checks=1
 for a in "$@"; do
   case $a in
   --no-models) models=0 ;;
   --checks-only) bench=0 ;;
-  *) echo "build.sh: unknown argument $a (expected --no-models, --checks-only)" >&2; exit 2 ;;
+  --phases-only) bench=0 checks=0 ;;
+  *) echo "build.sh: unknown argument $a (expected --no-models, --checks-only, --phases-only)" >&2; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/../.."
@@ -22,24 +26,26 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 B=${B:-build/gpu}
 mkdir -p $B
-make -s build/libikbo.a
+[ -n "${LIB:-}" ] || { make -s build/libikbo.a; LIB=build/libikbo.a; }
 CUDA_LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudart"
 CFLAGS="-O2 -g -std=gnu11 -Wall -Wextra -Werror -I. -DIKBO_CUDA"
-gcc $CFLAGS -o $B/test_cuda_ops tests/gpu/test_cuda_ops.c build/libikbo.a $CUDA_LIBS -lm -lpthread -lstdc++
-gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c build/libikbo.a \
-    -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+if [ $checks = 1 ]; then
+  gcc $CFLAGS -o $B/test_cuda_ops tests/gpu/test_cuda_ops.c "$LIB" $CUDA_LIBS -lm -lpthread -lstdc++
+  gcc $CFLAGS -o $B/test_cuda_model tests/gpu/test_cuda_model.c "$LIB" \
+      -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
+fi
 # Where a batch's time goes (bench/e2e/batch_phases.c, run by bench/e2e/device.sh phases).
-gcc $CFLAGS -o $B/batch_phases bench/e2e/batch_phases.c build/libikbo.a \
+gcc $CFLAGS -o $B/batch_phases bench/e2e/batch_phases.c "$LIB" \
     -Wl,-Bstatic -ljansson -Wl,-Bdynamic $CUDA_LIBS -lm -lpthread -lstdc++
 [ $bench = 1 ] || { du -sh $B; exit 0; }
 # backend.h lost() against a real illegal address (bench/e2e/device.sh faults).
 "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
-    -o $B/test_cuda_lost tests/gpu/test_cuda_lost.cu build/libikbo.a \
+    -o $B/test_cuda_lost tests/gpu/test_cuda_lost.cu "$LIB" \
     -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
 # The benchmark links the bench-only kernel variants (bench/kernels/variants.cuh).
 "$NVCC" -O3 -lineinfo -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall -I. \
     -o $B/bench_kernels bench/kernels/bench_kernels.cu bench/kernels/lce_v*.cu \
-    bench/kernels/attention_v*.cu build/libikbo.a \
+    bench/kernels/attention_v*.cu "$LIB" \
     -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64" -lcublasLt -lcublas
 [ $models = 1 ] || { du -sh $B; exit 0; }
 # Random models of several shapes (SIMT and tensor-core paths, adds, no history).
