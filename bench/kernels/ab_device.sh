@@ -53,8 +53,8 @@ cat v/REFS
 # 1. The forward alternated; scores compared across builds.
 BUILDS=$(awk '{print $1}' v/REFS | paste -sd' ') # A B, then ab_pack.sh's variants
 declare -A score
-for run in $(for i in 1 2 3; do for v in $BUILDS; do echo "$v$i"; done; done); do
-  v=${run%?}
+for run in $(for i in 1 2 3; do for v in $BUILDS; do echo "$v.$i"; done; done); do
+  v=${run%.*}
   left || { note "phases $run" "skipped (budget)"; continue; }
   log=$RUN_LOG
   timeout 60 v/$v/batch_phases models/bench/1 --device cuda:0 --shapes "16x70 1x70" \
