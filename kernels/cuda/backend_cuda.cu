@@ -1893,11 +1893,12 @@ fail:
 /* y = act(x W^T + b) through cuBLASLt over `rows` rows of x, or with batch
  * > 1 a strided batch of `rows` rows each (x and y batch strides sx, sy,
  * elements; W shared). The shape's plan
- * is made on its first call and kept in the stream's cache (cu_algo_entry).
+ * is made on its first call and kept in the stream's cache (cu_algo_entry),
+ * for sms SMs where sms > 0 (cu_linear_on_sms), else the whole device.
  * The epilogue applies bias and relu; other activations are the caller's. */
 static int lt_linear(bk_stream *s, const void *x, int ldx, int64_t sx, int rows, int batch,
-                     int sms, const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y, int ldy,
-                     int64_t sy, bk_err *err)
+                     int sms, const bk_weight *w, const bk_weight *bias, enum bk_act act, void *y,
+                     int ldy, int64_t sy, bk_err *err)
 {
     size_t es = s->be->act_size;
     cublasLtEpilogue_t epi = bias ? (act == BK_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS

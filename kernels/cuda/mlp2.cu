@@ -1038,15 +1038,17 @@ static void mlp2_work(cu_prof_scope &prof, int rows, int in, int hid, int out, s
 }
 
 /* SMs the hidden layer's kernel leaves to the addend's linear when the two
- * run side by side (mlp2_launch): the kernel is compute-bound, the linear
- * (the fold's other parts: 1120 x [32768 -> 64] at the bench model's 16 x
- * 70) memory-bound, so a few SMs run it at most of its speed while the
- * kernel loses only their share. The linear is planned for those SMs too
- * (cuBLASLt's SM count target): planned for the whole GPU, its grid queued
- * behind the kernel's and took 82 us beside it against 38 alone. 14 was
- * the best of 8, 14, 20 and 24 on the H100 (bench/RESULTS.md,
- * thirty-third session): cuBLASLt's choice at a target is not monotonic in
- * it (24 SMs: 108 us; 20: 61; 14: 71; 8: 157). */
+ * run side by side (mlp2_launch). The kernel is one wave of one CTA an SM;
+ * the linear (the fold's other parts: 1120 x [32768 -> 64] at the bench
+ * model's 16 x 70) is memory-bound on the whole GPU (38 us) and needs only
+ * a share of its SMs' time, so on a few SMs it ends about when the kernel,
+ * slowed by their share, does. The linear is planned for those SMs
+ * (cuBLASLt's SM count target); planned for the whole GPU, its grid queued
+ * behind the kernel's and took 82 us beside it. 14 was the best of 8, 14,
+ * 20 and 24 on the H100 (bench/RESULTS.md, thirty-third session), where the
+ * linear took 71 us, as the two's SM time says (bench/kernels/NOTES.md);
+ * cuBLASLt's pick is not monotonic in the target (24 SMs: 108 us; 20: 61;
+ * 8: 157). */
 #ifndef MLP2_ADDEND_SMS /* (a -D for a timing build only) */
 #define MLP2_ADDEND_SMS 14
 #endif
@@ -1055,8 +1057,9 @@ static void mlp2_work(cu_prof_scope &prof, int rows, int in, int hid, int out, s
  * faster alone but the daemon's four instances at 1 x 70 served 9-12% fewer
  * candidates/s (the linear planned for 14 SMs takes 24 us against 13 on
  * all, and under load the kernel's SMs are not free either); at 1120 rows
- * 3.6% more (bench/RESULTS.md, thirty-third session). Nothing was measured
- * between: 256 is where the kernel's plan changes form (mlp2_production). */
+ * 3.5-5.7% more (bench/RESULTS.md, thirty-third session). Nothing was
+ * measured between: 256 is where the kernel's plan changes form
+ * (mlp2_production). */
 #define MLP2_BESIDE_MIN_ROWS 256
 
 /* Production's kernel (mlp2_production's plan), the addend's linear and
