@@ -1054,12 +1054,11 @@ static void mlp2_work(cu_prof_scope &prof, int rows, int in, int hid, int out, s
 #endif
 /* Rows from which the two run side by side; below it the linear runs after
  * the kernel on the stream, on the whole GPU. At 70 rows the pair was 9 us
- * faster alone but the daemon's four instances at 1 x 70 served 9-12% fewer
- * candidates/s (the linear planned for 14 SMs takes 24 us against 13 on
- * all, and under load the kernel's SMs are not free either); at 1120 rows
- * 3.5-5.7% more (bench/RESULTS.md, thirty-third session). Nothing was
- * measured between: 256 is where the kernel's plan changes form
- * (mlp2_production). */
+ * faster alone, but the daemon's four instances at 1 x 70 served 9-12%
+ * fewer candidates/s (why is not established; the linear planned for 14
+ * SMs takes 24 us there against 13 on all); at 1120 rows 3.5-5.7% more
+ * (bench/RESULTS.md, thirty-third session). Nothing was measured between:
+ * 256 is where the kernel's plan changes form (mlp2_production). */
 #define MLP2_BESIDE_MIN_ROWS 256
 
 /* Production's kernel (mlp2_production's plan), the addend's linear and
