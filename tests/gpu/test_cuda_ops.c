@@ -506,8 +506,9 @@ static void test_linear(int rows, int in, int out, int has_bias, int act, int pa
 /* mlp2 against the CPU's (whose hidden values are fp32; the GPU's are
  * rounded to the dtype as a stored linear output is): k_mlp2 at in <= 16 in
  * bf16/fp16, the composition in fp32 and at in > 16. addmode 0: no addend,
- * 1: an addend linear of ka inputs with a bias, 2: without one (mlp2.cu
- * runs it on the stream beside the kernel on the lane). nu > 0: a user
+ * 1: an addend linear of ka inputs with a bias, 2: without one (from 256
+ * rows mlp2.cu runs it on the lane beside the kernel on the stream; below,
+ * after the kernel on the stream). nu > 0: a user
  * addend of nu rows read through a map, and act2 after it (the fold's
  * tail). Padding columns keep their poison. With an addend in a 16-bit
  * dtype the same call on the lane itself (no lane of its own: the kernel
