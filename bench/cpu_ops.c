@@ -208,7 +208,7 @@ static int run_attention(ctx *c, void *p)
 {
     att_arg *a = p;
     return c->be->attention(c->s, a->q, a->k, a->v, a->h * a->dh, a->off, a->nu, a->map, a->nc, a->tq, a->h,
-                            a->dh, a->o, &c->err);
+                            a->dh, a->o, (int64_t)a->tq * a->h * a->dh, &c->err);
 }
 
 static void bench_attention(ctx *c, int nc, int nu, int tq, int L, int h, int dh)

@@ -527,7 +527,14 @@ static int take_one(const ap_wsrc *s, model_def *from, md_weight *to)
     md_weight *w = s->src < 0 ? NULL : &from->layers[s->src].w[s->src_w];
     if (w && !w->data) return 0; /* planned without weights */
     if (s->comp) return take_composed(s, from, w, to);
-    if (s->fold_d > 0) return fold_cols(s, w, &from->layers[s->fold_src].w[0], to);
+    if (s->fold_d > 0) {
+        if (fold_cols(s, w, &from->layers[s->fold_src].w[0], to)) return -1;
+        for (int k = 0; k < s->n_wo; k++) {
+            const md_layer *a = &from->layers[s->wo[k].layer];
+            if (fold_compose_wo(to, s->fold_d, s->wo[k].tok, a->tokens, &a->w[3])) return -1;
+        }
+        return 0;
+    }
     if (!(to->data = malloc((n ? n : 1) * sizeof(float)))) return -1;
     for (int r = 0; r < to->rows; r++)
         for (int c = 0; c < to->cols; c++)

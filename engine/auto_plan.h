@@ -42,6 +42,13 @@
  * columns of tokens ccols[0..n_ccols) composed with the weight of linear
  * comp_src; AP_COMP_BIAS, those tokens' columns times comp_src's bias. */
 enum { AP_COMP_NONE = 0, AP_COMP_WEIGHT, AP_COMP_BIAS };
+/* With n_wo (fold.h's composed attention parts, fold_compose_wo): after the
+ * fold, the fold_d columns of each token tok .. tok + the layer's tokens - 1
+ * are right-multiplied by target_attention `layer`'s wo. */
+#define AP_MAX_WO 4
+typedef struct ap_wo {
+    int layer, tok;
+} ap_wo;
 typedef struct ap_wsrc {
     int src, src_w;
     int *cols;
@@ -50,6 +57,8 @@ typedef struct ap_wsrc {
     int comp, comp_src;
     int *ccols;
     int n_ccols;
+    ap_wo wo[AP_MAX_WO];
+    int n_wo;
 } ap_wsrc;
 
 /* One layer of the rewritten document, in its order. */

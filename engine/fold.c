@@ -43,6 +43,11 @@
  *
  * and the part's stack, reshape and linear leave the plan.
  *
+ * A composed attention part of the candidate stack (fold.h) is emitted in
+ * its place with "project_output": false and its wq, wk, wv; the candidate
+ * term's weight (the linear's, or mlp2's addend weight) has that part's
+ * token columns multiplied by its wo (fold_compose_wo).
+ *
  * every other layer is copied as it is. All of them are ops with a CPU
  * kernel, a CUDA kernel and a reference (mlp2 is internal: only this pass
  * writes it).
@@ -67,6 +72,10 @@ typedef struct chain {
      * same four for a linear with no activation, composed into the user
      * term's weight (fold.h) */
     int ustack, upart, ureshape, ulin;
+    /* target_attention parts of the candidate operand's stack whose wo is
+     * composed into the candidate term's weight (fold.h): the layers and
+     * their first token in that weight's column order */
+    int wo[FOLD_MAX_WO], wo_tok[FOLD_MAX_WO], n_wo;
 } chain;
 
 /* Readers of each layer (inputs of later layers, and the logits). */
@@ -134,6 +143,29 @@ static int compose_ok(const model_def *m, const md_layer *q, const md_layer *rs)
            md_ref_width(m, q->in[0]) < rs->tokens * rs->dim;
 }
 
+/* The candidate stack's target_attention parts whose wo composes (fold.h):
+ * read only by the stack (itself read only by the lce), not shared_with, H
+ * dh = D. Their first tokens count the stack's parts before them, less the
+ * mlp2 part's (its columns are not in the same weight). */
+static void wo_parts(const model_def *m, const int *readers, md_ref e, chain *c)
+{
+    if (e.src != MD_SRC_LAYER || readers[e.index] != 1 || m->layers[e.index].op != MD_STACK)
+        return;
+    const md_layer *s = &m->layers[e.index];
+    for (int k = 0, tok = 0; k < s->n_in; k++) {
+        md_ref r = s->in[k];
+        const int n = md_ref_tokens(m, r);
+        if (c->stack >= 0 && k == c->part) continue;
+        const md_layer *a = r.src == MD_SRC_LAYER ? &m->layers[r.index] : NULL;
+        if (a && a->op == MD_TARGET_ATTENTION && readers[r.index] == 1 && a->shared < 0 &&
+            !a->no_wo && a->heads * a->head_dim == a->dim && c->n_wo < FOLD_MAX_WO) {
+            c->wo[c->n_wo] = r.index;
+            c->wo_tok[c->n_wo++] = tok;
+        }
+        tok += n;
+    }
+}
+
 /* Whether linear i closes a chain worth folding (fold.h's rule). */
 static int chain_at(const model_def *m, const int *readers, int i, chain *c)
 {
@@ -151,8 +183,9 @@ static int chain_at(const model_def *m, const int *readers, int i, chain *c)
     *c = (chain){.lce = f->in[0].index, .flat = t->in[0].index, .lin = i,
                  .user = side_folds(md_ref_tokens(m, l->in[0]), M, D, N), .stack = -1,
                  .part = -1, .reshape = -1, .mlin = -1, .ustack = -1, .upart = -1,
-                 .ureshape = -1, .ulin = -1};
+                 .ureshape = -1, .ulin = -1, .n_wo = 0};
     stack_part(m, readers, l->in[1], mlp2_ok, &c->stack, &c->part, &c->reshape, &c->mlin);
+    wo_parts(m, readers, l->in[1], c);
     if (c->user)
         stack_part(m, readers, l->in[0], compose_ok, &c->ustack, &c->upart, &c->ureshape, &c->ulin);
     return 1;
@@ -228,6 +261,29 @@ oom:
     return -1;
 }
 
+/* The wo compositions of chain c on candidate weight source ws. */
+static void wo_sources(const chain *c, ap_wsrc *ws)
+{
+    ws->n_wo = c->n_wo;
+    for (int k = 0; k < c->n_wo; k++) ws->wo[k] = (ap_wo){.layer = c->wo[k], .tok = c->wo_tok[k]};
+}
+
+/* A composed attention part (fold.h) as written but for "project_output":
+ * false, its wq, wk and wv taken across (no wo). -1: out of memory. */
+static int emit_no_wo(fw *w, const json_t *src, int i)
+{
+    json_t *o = json_deep_copy(src);
+    if (!o || json_object_set_new(o, "project_output", json_false())) {
+        json_decref(o);
+        return -1;
+    }
+    ap_layer *a = ap_emit(w->res, w->out, o, i, 0);
+    if (!a) return -1;
+    for (int j = 0; j < 3; j++) a->w[j] = (ap_wsrc){.src = i, .src_w = j};
+    a->n_w = 3;
+    return 0;
+}
+
 /* The candidate term and the sum with an mlp2 part (fold.h): the stack's other parts
  * as <stack>__r and its flatten (fc), then mlp2 over the part's linear
  * input (its W1 and b1, the part's columns of W_top W_cand as W2) with
@@ -259,6 +315,7 @@ static int cand_with_mlp2(fw *w, const chain *c, const char *fc, const char *y, 
                         .fold_src = c->lin, .fold_d = l->dim};
     a->w[3] = (ap_wsrc){.src = c->lce, .src_w = 1, .cols = keep, .n_cols = nk,
                         .fold_src = c->lin, .fold_d = l->dim};
+    wo_sources(c, &a->w[3]);
     a->w[4] = (ap_wsrc){.src = c->lin, .src_w = 1};
     a->n_w = 5;
     return 0;
@@ -346,10 +403,10 @@ static int emit_chain(fw *w, const json_t *src, const chain *c)
             return -1;
     }
     if (c->stack >= 0) return cand_with_mlp2(w, c, fc, t->name, yu, has_act ? act : "none");
+    ap_wsrc wc = {.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim};
+    wo_sources(c, &wc);
     if (flat_of(w, l->in[1], fc, c->flat, &in) ||
-        linear(w, yc, in, t->dim, c->lin,
-               (ap_wsrc){.src = c->lce, .src_w = 1, .fold_src = c->lin, .fold_d = l->dim},
-               (ap_wsrc){.src = c->lin, .src_w = 1}))
+        linear(w, yc, in, t->dim, c->lin, wc, (ap_wsrc){.src = c->lin, .src_w = 1}))
         return -1;
     if (!ap_emit(w->res, w->out,
                  json_pack("{s:s, s:s, s:[s, s]}", "name", sum, "op", "add", "inputs", yc, yu),
@@ -376,6 +433,7 @@ static int find_chains(const model_def *m, int *folded_into, chain *ch)
         folded_into[c.lce] = folded_into[c.flat] = folded_into[c.lin] = i;
         if (c.stack >= 0) folded_into[c.stack] = folded_into[c.reshape] = folded_into[c.mlin] = i;
         if (c.ustack >= 0) folded_into[c.ustack] = folded_into[c.ureshape] = folded_into[c.ulin] = i;
+        for (int k = 0; k < c.n_wo; k++) folded_into[c.wo[k]] = i;
         ch[i] = c;
         n++;
     }
@@ -392,6 +450,8 @@ static int write_layers(fw *w, const json_t *layers, const int *folded_into, con
         const json_t *src = json_array_get(layers, (size_t)i);
         if (folded_into[i] < 0) {
             if (!ap_emit(w->res, w->out, json_deep_copy(src), i, 1)) return -1;
+        } else if (m->layers[i].op == MD_TARGET_ATTENTION) { /* in place, wo composed away */
+            if (emit_no_wo(w, src, i)) return -1;
         } else if (folded_into[i] == i && emit_chain(w, src, &ch[i])) {
             return -1; /* (the lce and flatten go with their linear) */
         }
@@ -436,6 +496,13 @@ void fold_note(const model_def *m, const int *folded_into, int i, md_plan_entry 
     const md_layer *l = &m->layers[f->in[0].index];
     e->rw = MD_RW_FOLDED;
     const md_layer *self = &m->layers[i];
+    if (self->op == MD_TARGET_ATTENTION) { /* a composed attention part */
+        snprintf(e->note, sizeof e->note,
+                 "folded into linear '%s': its wo is composed into that linear's weight (the "
+                 "layer writes its heads' outputs; no [C, %d] projection)",
+                 t->name, self->tokens * self->dim);
+        return;
+    }
     if (self != t && self != l && self != f && self->domain == MD_USER) { /* the composed part's */
         snprintf(e->note, sizeof e->note,
                  "folded into linear '%s': its part of the user term is composed into the user "
@@ -615,6 +682,23 @@ int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_
         memcpy(out + (size_t)j * ldo, row, (size_t)in * sizeof *row);
     }
     free(g);
+    free(row);
+    return 0;
+}
+
+int fold_compose_wo(md_weight *w, int D, int tok, int n, const md_weight *wo)
+{
+    if (wo->rows != D || wo->cols != D || (size_t)w->cols < (size_t)(tok + n) * D || !w->data)
+        return -1; /* cannot happen: the pass checked H dh = D */
+    float *row = malloc((size_t)D * sizeof *row);
+    if (!row) return -1;
+    for (int j = 0; j < w->rows; j++)
+        for (int t = tok; t < tok + n; t++) {
+            float *blk = w->data + (size_t)j * w->cols + (size_t)t * D;
+            memset(row, 0, (size_t)D * sizeof *row);
+            for (int d = 0; d < D; d++) axpy(row, wo->data + (size_t)d * D, blk[d], D);
+            memcpy(blk, row, (size_t)D * sizeof *row);
+        }
     free(row);
     return 0;
 }

@@ -47,6 +47,20 @@
  * model's u_d2 ([U, 32] -> [U, 300800]) is no longer written, and the user
  * linear reads 2336 columns instead of 303104.
  *
+ * A composed attention part: a target_attention part of the candidate
+ * stack (the stack read only by the lce, the attention only by the stack,
+ * without shared_with, H dh = D) ends in its output projection, y_t = wo o_t
+ * for each token t, with nothing non-linear after it, so its columns of the
+ * candidate term compose with wo:
+ *
+ *   W_c'[:, t] (wo o_t) = (W_c'[:, t] wo) o_t,
+ *
+ * a [N, D] block times [D, D], the same width. The layer is planned with
+ * "project_output": false (a key only this pass writes) and writes its
+ * heads' outputs o in its place in the stack; its [C, tq, D] projection (the
+ * bench model's 36.7 MB written and read at 16 x 70) is not run. Up to
+ * FOLD_MAX_WO such parts per stack.
+ *
  * Numerics: the function is the same; the roundings differ. The activation-
  * dtype rounding of the lce output (and of a composed part's output) is
  * gone, the folded weights are computed in fp32 and rounded once to the
@@ -68,6 +82,8 @@
 
 /* The largest folded weight (elements) the pass makes. */
 #define FOLD_MAX_ELEMS (1LL << 27)
+/* The most target_attention parts of one candidate stack whose wo composes. */
+#define FOLD_MAX_WO AP_MAX_WO
 
 /* m: a model planned with the IKBO rules (its layers are root's "layers",
  * one for one). On a fold, *out is the rewritten document (its layers'
@@ -108,5 +124,13 @@ int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *
  * match. Called from the loading thread only. */
 int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_top, int D,
                  const float *wq, int in, size_t rows, float *out, int ldo);
+
+/* A composed attention part's columns (fold.h): tokens tok .. tok + n - 1
+ * of the folded weight w ([N, K*D], D columns a token) right-multiplied in
+ * place by wo [D, D] (its [D, H*dh] with H dh = D):
+ *   w[j, t*D + e] <- sum_d w[j, t*D + d] wo[d, e],  summed in d order.
+ * Returns 0, or -1 on out of memory or shapes that do not match. Called
+ * from the loading thread only. */
+int fold_compose_wo(md_weight *w, int D, int tok, int n, const md_weight *wo);
 
 #endif

@@ -109,6 +109,8 @@ typedef struct md_layer {
     int causal;           /* self_attention */
     enum bk_att_kind att_kind; /* self_attention */
     int shared;           /* target_attention: the self_attention layer it shares, -1 none */
+    int no_wo;            /* target_attention: 1 when the lce fold composed wo into its reader's
+                             weight (engine/fold.h): the layer writes its heads' outputs */
     int hidden;           /* din_attention: H1 */
     int normalize;        /* din_attention: softmax over events */
     float eps;            /* layer_norm */
@@ -119,7 +121,7 @@ typedef struct md_layer {
     /* Weights, op-specific order:
      *   linear: weight [out, in], bias [1, out]
      *   history_embedding: action [actions, dim], position [max_len, dim]
-     *   target_attention: wq, wk, wv [H*dh, D], wo [D, H*dh]
+     *   target_attention: wq, wk, wv [H*dh, D], wo [D, H*dh] (no wo with no_wo)
      *   lce: w_user [M, Ku], w_cand [M, Kc]
      *   see engine/ops/ for the others (op_weight order) */
     md_weight w[MD_MAX_WEIGHTS];

@@ -92,7 +92,8 @@ typedef struct bk_seq_att {
     int causal;
     enum bk_att_kind kind;
     /* Target part (tq NULL: none): the attention op's semantics with
-     * q = tq [nc*tq_tokens, heads*dh], map [nc] non-decreasing, o = to. */
+     * q = tq [nc*tq_tokens, heads*dh], map [nc] non-decreasing, o = to
+     * packed (go = tq_tokens*heads*dh). */
     const void *tq;
     const int32_t *map;
     int nc, tq_tokens;
@@ -367,12 +368,18 @@ struct bk_backend {
      * ldkv >= H*dh elements apart (user u's events are rows [offsets[u],
      * offsets[u+1]); ldkv = 2*H*dh reads K and V from one [K | V] GEMM
      * output, v = k + H*dh); map int32 [nc], non-decreasing. For candidate
-     * c, query row i, head h:
-     *   o[c*tq+i, h*dh:(h+1)*dh] = softmax_j(q . k_j / sqrt(dh)) v_j over u's events;
-     * a user with no events gives zeros. o [nc*tq, H*dh]. */
+     * c, query row i, head h, the dh elements at
+     *   o + c*go + i*H*dh + h*dh  =  softmax_j(q . k_j / sqrt(dh)) v_j over u's events;
+     * a user with no events gives zeros. So candidate c's tq rows of H*dh
+     * are one packed span [c*go, c*go + tq*H*dh) of o, and go (elements) is
+     * the distance between consecutive candidates' spans: go = tq*H*dh is
+     * o [nc*tq, H*dh] packed; a larger go writes each candidate's tokens in
+     * place inside a wider row (the engine's stacked rows), and elements of
+     * o outside every span are never written. go < tq*H*dh is an error
+     * (err names go), returned before any work. */
     int (*attention)(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                      const int64_t *offsets, int nu, const int32_t *map, int nc, int tq,
-                     int heads, int dh, void *o, bk_err *err);
+                     int heads, int dh, void *o, int64_t go, bk_err *err);
 
     /* Self-attention over packed jagged histories. For user u with events
      * [e0, e1) = [offsets[u], offsets[u+1]), n = e1 - e0, event i, head h,

@@ -85,7 +85,7 @@ static int att_diag_t(bk_stream *s, const char *off, const void *q, const void *
     att_job<T> j = {};
     j.q = (const T *)q, j.k = (const T *)k, j.v = (const T *)v, j.o = (T *)o;
     j.off = offsets, j.map = map, j.nu = nu, j.nc = nc, j.tq = tq, j.heads = heads;
-    j.ldkv = heads * dh;
+    j.ldkv = heads * dh, j.go = (int64_t)tq * heads * dh; /* packed */
     return dh == 64 ? att_diag<T, 64>(s, off, j, err) : att_diag<T, 128>(s, off, j, err);
 }
 

@@ -424,14 +424,16 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     double flops = 4.0 * C * H * Tq * (double)L * dh;
 
     double ours = median_ms(s->st, [&] {
-        BK(be->attention(s, q, k, v, H * dh, doff, U, dmap, C, Tq, H, dh, o, &berr));
+        BK(be->attention(s, q, k, v, H * dh, doff, U, dmap, C, Tq, H, dh, o, (int64_t)Tq * hd,
+                         &berr));
     }, warm, reps);
     double gath = median_ms(s->st, [&] {
         BK(be->gather(s, k, doff, dmap, C, dboff, hd, kb, &berr));
         BK(be->gather(s, v, doff, dmap, C, dboff, hd, vb, &berr));
     }, warm, reps);
     double bker = median_ms(s->st, [&] {
-        BK(be->attention(s, q, kb, vb, H * dh, dboff, C, did, C, Tq, H, dh, o2, &berr));
+        BK(be->attention(s, q, kb, vb, H * dh, dboff, C, did, C, Tq, H, dh, o2, (int64_t)Tq * hd,
+                         &berr));
     }, warm, reps);
     CK(cudaStreamSynchronize(s->st));
     double diff = reldiff<T>(o2, o, (size_t)C * Tq * hd);
@@ -441,7 +443,8 @@ static void bench_attention(const char *dtname, double rate, int L, int uneven)
     bk_stream *s2 = be2->stream_new(be2, &berr);
     BK(!s2);
     double mma = median_ms(s2->st, [&] {
-        BK(be2->attention(s2, q, k, v, H * dh, doff, U, dmap, C, Tq, H, dh, o2, &berr));
+        BK(be2->attention(s2, q, k, v, H * dh, doff, U, dmap, C, Tq, H, dh, o2, (int64_t)Tq * hd,
+                          &berr));
     }, warm, reps);
     CK(cudaStreamSynchronize(s2->st));
     double diff2 = reldiff<T>(o2, o, (size_t)C * Tq * hd);
@@ -564,7 +567,8 @@ static void bench_attention_point(const char *dtname, int L, int uneven, int Tq,
         BK(!s);
         T *out = var ? o2 : o;
         ms[var] = median_ms(s->st, [&] {
-            BK(be->attention(s, q, k, v, H * dh, doff, U, dmap, C, Tq, H, dh, out, &berr));
+            BK(be->attention(s, q, k, v, H * dh, doff, U, dmap, C, Tq, H, dh, out,
+                             (int64_t)Tq * H * dh, &berr));
         }, 3, quick ? 5 : 20);
         CK(cudaStreamSynchronize(s->st));
         be->stream_free(s);
@@ -664,7 +668,8 @@ template <typename T> static void bench_self_attention(const char *dtname, doubl
     f.tq = tq, f.map = dmap, f.nc = C, f.tq_tokens = 1, f.to = to;
     double two = median_ms(s->st, [&] {
         BK(be->self_attention(s, &a, &berr));
-        BK(be->attention(s, tq, k, v, H * dh, doff, U, dmap, C, 1, H, dh, to, &berr));
+        BK(be->attention(s, tq, k, v, H * dh, doff, U, dmap, C, 1, H, dh, to, (int64_t)H * dh,
+                         &berr));
     }, warm, reps);
     double fused = median_ms(s->st, [&] { BK(be->self_attention(s, &f, &berr)); }, warm, reps);
     double fl = 4.0 * dh * H * (work_causal + (double)ratio * (double)ev);

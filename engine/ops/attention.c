@@ -30,7 +30,9 @@
 /* aux slots of a self_attention layer */
 enum { AUX_K, AUX_V, AUX_TO };
 
-static int plan_heads(op_plan *p, int D)
+/* Declares wq, wk, wv and, unless wo is off (a target_attention whose wo
+ * the lce fold composed away), wo. */
+static int plan_heads(op_plan *p, int D, int wo)
 {
     long long H, dh;
     if (op_int(p, "heads", 1, 0, 1, INT_MAX, &H) || op_int(p, "head_dim", 1, 0, 1, INT_MAX, &dh))
@@ -40,7 +42,7 @@ static int plan_heads(op_plan *p, int D)
     p->l->heads = (int)H;
     p->l->head_dim = (int)dh;
     return op_weight(p, "wq", H * dh, D) || op_weight(p, "wk", H * dh, D) ||
-                   op_weight(p, "wv", H * dh, D) || op_weight(p, "wo", D, H * dh)
+                   op_weight(p, "wv", H * dh, D) || (wo && op_weight(p, "wo", D, H * dh))
                ? -1
                : 0;
 }
@@ -89,6 +91,27 @@ static int query_proj(op_run *r, value q, int D, int tq, int hd, const bk_weight
                                  (int64_t)tq * hd, r->err);
 }
 
+/* "project_output": false is the lce fold's (engine/fold.h): wo composed
+ * into the weight of the linear that reads this layer's tokens, so the layer
+ * writes its heads' outputs ([tq, H*dh], H*dh = D) in their place. Only a
+ * rewritten plan may carry it. */
+static int plan_no_wo(op_plan *p, int S, int D)
+{
+    int proj;
+    if (op_bool(p, "project_output", 1, &proj))
+        return -1;
+    p->l->no_wo = !proj;
+    if (proj)
+        return 0;
+    if (op_planning(p) != OP_PASS_REWRITTEN)
+        return op_fail(p, "'project_output' is set by the engine's lce fold only; remove it");
+    if (S >= 0)
+        return op_fail(p, "'project_output': false cannot go with shared_with");
+    if ((long long)p->l->heads * p->l->head_dim != D)
+        return op_fail(p, "'project_output': false needs heads * head_dim = D (%d)", D);
+    return 0;
+}
+
 static int plan_target_attention(op_plan *p)
 {
     md_shape s, sb;
@@ -100,8 +123,12 @@ static int plan_target_attention(op_plan *p)
         return -1;
     if (op_output(p, MD_CAND, MD_TOKENS, s.tokens, s.dim))
         return -1;
-    if (S < 0)
-        return plan_heads(p, s.dim);
+    if (S < 0) {
+        int proj = !json_is_false(json_object_get(p->o, "project_output"));
+        return plan_heads(p, s.dim, proj) || plan_no_wo(p, S, s.dim) ? -1 : 0;
+    }
+    if (plan_no_wo(p, S, s.dim))
+        return -1;
     const md_layer *sl = &p->m->layers[S];
     if (sl->op != MD_SELF_ATTENTION)
         return op_fail(p, "shared_with '%s' is a %s layer; it must name a self_attention layer",
@@ -145,7 +172,10 @@ static int run_target_attention(op_run *r)
     int nu = r->U;
     int64_t ev = f->n_events;
     void *Q = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
-    void *O = op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
+    /* With no_wo the heads' outputs are the layer's (hd = D): written in
+     * place, ld apart a candidate. */
+    void *O = l->no_wo ? out : op_take(r, BK_TAG_CAND, (size_t)C * tq, (size_t)hd);
+    int64_t go = l->no_wo ? ld : (int64_t)tq * hd;
     const void *K, *V;
     int ldkv = hd;
     if (r->bc) {
@@ -184,9 +214,10 @@ static int run_target_attention(op_run *r)
     }
     OP_TRY(r, query_proj(r, q, D, tq, hd, wq, Q));
     OP_TRY(r, op_join(r)); /* K and V (or the shared ones) were made on the lane */
-    OP_TRY(r, be->attention(r->s, Q, K, V, ldkv, hoff, nu, map, C, tq, H, dh, O, r->err));
-    OP_TRY(r, be->linear_grouped(r->s, O, hd, (int64_t)tq * hd, C, tq, wo, NULL, BK_ACT_NONE,
-                                 out, D, ld, r->err));
+    OP_TRY(r, be->attention(r->s, Q, K, V, ldkv, hoff, nu, map, C, tq, H, dh, O, go, r->err));
+    if (!l->no_wo)
+        OP_TRY(r, be->linear_grouped(r->s, O, hd, (int64_t)tq * hd, C, tq, wo, NULL, BK_ACT_NONE,
+                                     out, D, ld, r->err));
     return 0;
 }
 
@@ -216,19 +247,20 @@ static int prepare_target_attention(md_layer *l, bk_err *err)
     *wk = (md_weight){.name = name, .rows = 2 * wk->rows, .cols = wk->cols, .data = kv};
     l->w[TA_WO] = l->w[3];
     l->w[3] = (md_weight){0};
-    l->n_w = 3;
+    l->n_w = l->no_wo ? 2 : 3;
     return 0;
 }
 
-static const char *const ta_keys[] = {"name",     "op",       "query",       "history",
-                                      "heads",    "head_dim", "shared_with", NULL};
+static const char *const ta_keys[] = {"name",     "op",          "query",          "history",
+                                      "heads",    "head_dim",    "shared_with",    "project_output",
+                                      NULL};
 /* K and V once per user (none when shared: the self_attention computes
  * them); Q, the two score/value products and Wo per candidate. */
 static md_cost cost_target_attention(const model_def *m, const md_layer *l)
 {
     double L = m->hist_max_len, D = l->dim, hd = (double)l->heads * l->head_dim, tq = l->tokens;
     double kv = l->shared >= 0 ? 0 : 4.0 * L * D * hd;
-    return (md_cost){.u = kv, .c = 4.0 * tq * D * hd + 4.0 * tq * L * hd};
+    return (md_cost){.u = kv, .c = (l->no_wo ? 2.0 : 4.0) * tq * D * hd + 4.0 * tq * L * hd};
 }
 
 const md_op_def md_op_target_attention = {"target_attention", ta_keys,
@@ -249,7 +281,7 @@ static int plan_self_attention(op_plan *p)
         return -1;
     p->l->causal = causal;
     p->l->att_kind = (enum bk_att_kind)kind;
-    return op_output(p, MD_USER, MD_JAGGED, 1, s.dim) || plan_heads(p, s.dim) ? -1 : 0;
+    return op_output(p, MD_USER, MD_JAGGED, 1, s.dim) || plan_heads(p, s.dim, 1) ? -1 : 0;
 }
 
 static int run_self_attention(op_run *r)

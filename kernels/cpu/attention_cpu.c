@@ -77,15 +77,26 @@ static void keys_t(const float *ku, size_t hd, int L, int dh, float *kt, int lp)
 
 /* Query rows q[0 .. nrows) (stride hd, head offset applied) against the
  * transposed keys kt [dh, lp] and values vu (stride ldv) of L events; o
- * at stride hd. causal: row i sees keys j <= i0 + i (i0 = the rows' first
- * event index), else all L. */
+ * at stride hd, or, otq > 0 (target rows into candidate spans, the
+ * attention op's go), row r at o + (r / otq) * go + (r % otq) * hd.
+ * causal: row i sees keys j <= i0 + i (i0 = the rows' first event index),
+ * else all L. */
 typedef struct att_rows_args {
     const float *q, *kt, *vu;
     float *o, *sc;
-    size_t hd, ldv;
-    int nrows, L, lp, dh, causal, i0;
+    size_t hd, ldv, go;
+    int nrows, L, lp, dh, causal, i0, otq;
     enum bk_att_kind kind;
 } att_rows_args;
+
+/* Output row r of att_rows: only the address depends on the layout, so a
+ * row's arithmetic is the same packed or strided (the determinism rule). */
+static inline float *att_orow(const att_rows_args *x, int r)
+{
+    if (x->otq <= 0)
+        return x->o + (size_t)r * x->hd;
+    return x->o + (size_t)(r / x->otq) * x->go + (size_t)(r % x->otq) * x->hd;
+}
 
 static void att_rows(const att_rows_args *x)
 {
@@ -125,7 +136,7 @@ static void att_rows(const att_rows_args *x)
             const int nr = min_i(GEMM_NR, x->dh - d0);
             float *c[GEMM_MR];
             for (int i = 0; i < GEMM_MR; i++)
-                c[i] = i < mr ? x->o + (size_t)(r0 + i) * x->hd + d0 : dummy;
+                c[i] = i < mr ? att_orow(x, r0 + i) + d0 : dummy;
             gemm_cpu_tile(a, x->vu + d0, x->ldv, kn, nr, c, 0);
             for (int i = 0; i < mr; i++) {
                 if (nr == GEMM_NR) { /* the same divisions, 4 lanes at a time */
@@ -156,10 +167,10 @@ static int bad_sizes(const char *op, int nu, int n, int tq, int heads, int dh, b
 }
 
 /* Target attention rows (the attention op), scratch already sized; K and
- * V rows ldkv apart. */
+ * V rows ldkv apart; candidate c's tq output rows at o + c * go. */
 static void target_rows(const float *q, const float *k, const float *v, size_t ldkv,
                         const int64_t *offsets, const int32_t *map, int nc, int tq, int heads,
-                        int dh, float *o, const att_scratch *w)
+                        int dh, float *o, size_t go, const att_scratch *w)
 {
     const size_t hd = (size_t)heads * dh;
     for (int c0 = 0, c1; c0 < nc; c0 = c1) {
@@ -171,8 +182,9 @@ static void target_rows(const float *q, const float *k, const float *v, size_t l
         const size_t row0 = (size_t)c0 * tq;
         const int nrows = (c1 - c0) * tq;
         const int L = (int)(offsets[u + 1] - offsets[u]);
-        if (L == 0) {
-            memset(o + row0 * hd, 0, (size_t)nrows * hd * sizeof(float));
+        if (L == 0) { /* each span alone: nothing between them is written */
+            for (int c = c0; c < c1; c++)
+                memset(o + (size_t)c * go, 0, (size_t)tq * hd * sizeof(float));
             continue;
         }
         const int lp = (L + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
@@ -181,20 +193,22 @@ static void target_rows(const float *q, const float *k, const float *v, size_t l
             const size_t ho = (size_t)h * dh;
             keys_t(ku + ho, ldkv, L, dh, w->kt, lp);
             att_rows(&(att_rows_args){.q = q + row0 * hd + ho, .kt = w->kt, .vu = vu + ho,
-                                      .o = o + row0 * hd + ho, .sc = w->sc, .hd = hd,
-                                      .ldv = ldkv, .nrows = nrows, .L = L, .lp = lp, .dh = dh,
-                                      .kind = BK_ATT_SOFTMAX});
+                                      .o = o + (size_t)c0 * go + ho, .sc = w->sc, .hd = hd,
+                                      .go = go, .otq = tq, .ldv = ldkv, .nrows = nrows, .L = L,
+                                      .lp = lp, .dh = dh, .kind = BK_ATT_SOFTMAX});
         }
     }
 }
 
 int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                   const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
-                  int dh, void *o, bk_err *err)
+                  int dh, void *o, int64_t go, bk_err *err)
 {
     const char *op = "attention";
     if (bad_sizes(op, nu, nc, tq, heads, dh, err) ||
-        bk_bad_stride(op, "K/V row stride", ldkv, "heads * head_dim", (int64_t)heads * dh, err))
+        bk_bad_stride(op, "K/V row stride", ldkv, "heads * head_dim", (int64_t)heads * dh, err) ||
+        bk_bad_stride(op, "output candidate stride go", go, "tq * heads * head_dim",
+                      (int64_t)tq * heads * dh, err))
         return -1;
     if (nc == 0 || tq == 0)
         return 0;
@@ -211,7 +225,7 @@ int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v, int
     att_scratch w;
     if (scratch_get(s, op, offsets, nu, dh, &w, err))
         return -1;
-    target_rows(q, k, v, (size_t)ldkv, offsets, map, nc, tq, heads, dh, o, &w);
+    target_rows(q, k, v, (size_t)ldkv, offsets, map, nc, tq, heads, dh, o, (size_t)go, &w);
     cpu_free(s->be, w.kt, w.bytes, BK_TAG_USER);
     return 0;
 }
@@ -265,7 +279,7 @@ int cpu_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
     }
     if (a->tq && a->nc > 0 && a->tq_tokens > 0)
         target_rows(a->tq, kf, vf, hd, a->offsets, a->map, a->nc, a->tq_tokens, a->heads, a->dh,
-                    a->to, &w);
+                    a->to, (size_t)a->tq_tokens * hd, &w); /* to is packed */
     cpu_free(s->be, w.kt, w.bytes, BK_TAG_USER);
     return 0;
 }

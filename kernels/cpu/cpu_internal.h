@@ -145,7 +145,7 @@ int cpu_lce(bk_stream *s, const void *eu, int nu, const void *ec, int nc, const 
             void *z, bk_err *err);
 int cpu_attention(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                   const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
-                  int dh, void *o, bk_err *err);
+                  int dh, void *o, int64_t go, bk_err *err);
 int cpu_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err);
 int cpu_din_attention(bk_stream *s, const void *q, const void *qp, const void *h, const void *hp,
                       const int64_t *offsets, const int32_t *map, int n, int d, int h1,

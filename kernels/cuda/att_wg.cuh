@@ -29,7 +29,18 @@ template <typename T> struct att_job {
     int nu, nc, tq, heads, causal, silu;
     int ldkv; /* K/V row stride in elements (>= heads * dh) */
     int64_t ev; /* event rows: self part sizing */
+    int64_t go; /* target part: elements between candidates' output spans (>= tq * heads * dh) */
 };
+
+/* Target query row `row` = c * tq + i's output row: candidate c's span at
+ * o + c * go, its rows hd apart (backend.h's attention). go = tq * hd is
+ * packed; self rows are packed (tq 1, go hd). Epilogues only: one division
+ * a row. */
+template <typename T>
+__device__ __forceinline__ T *att_orow(T *o, long row, int tq, int64_t go, int hd)
+{
+    return o + (row / tq) * go + (row % tq) * hd;
+}
 
 /* Builds the tile table(s) of a launch into the stream's scratch: target
  * tiles of at most 128 query rows first, then self tiles (longest first).
@@ -162,6 +173,8 @@ template <typename T> struct attw_args {
     const int4 *tiles;
     const int *ntiles;
     int heads, flags, ldkv;
+    int tq;             /* target tiles: rows per candidate, output spans go apart (att_orow) */
+    int64_t go;
     int causal, silu;   /* self tiles: keys j <= i; silu(q.k / sqrt(dh)) / n weights */
     float scale_log2;   /* log2(e) / sqrt(dh) */
     float scale;        /* 1 / sqrt(dh) */
@@ -587,7 +600,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
-                T *orow = (self_t ? a.os : a.o) + (size_t)row * hd + h * DH;
+                T *orow = (self_t ? a.os + (size_t)row * hd : att_orow(a.o, row, a.tq, a.go, hd)) +
+                          h * DH;
 #pragma unroll
                 for (int a = 0; a < DH / 32; a++) {
                     uint32_t w4[4];
@@ -611,7 +625,8 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
                 int row = ti.x + wg * 64 + wq * 16 + g + r * 8;
                 if (row >= ti.y)
                     continue;
-                T *orow = (self_t ? a.os : a.o) + (size_t)row * hd + h * DH;
+                T *orow = (self_t ? a.os + (size_t)row * hd : att_orow(a.o, row, a.tq, a.go, hd)) +
+                          h * DH;
 #pragma unroll
                 for (int j = 0; j < DH / 8; j++)
                     *(uint32_t *)(orow + j * 8 + 2 * t) =
@@ -627,10 +642,10 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
 }
 
 /* Production's launch flags: Q prefetch always, 16-byte stores where o (and
- * os) are 16-byte aligned. */
+ * os) are 16-byte aligned, and so is every candidate's span (go). */
 template <typename T> static int attw_flags(const att_job<T> &j)
 {
-    bool al16 = ((uintptr_t)j.o | (uintptr_t)j.os) % 16 == 0;
+    bool al16 = ((uintptr_t)j.o | (uintptr_t)j.os) % 16 == 0 && j.go * sizeof(T) % 16 == 0;
     return ATTW_PREFETCH_Q | (al16 ? ATTW_VEC_STORE : 0) | ATTW_TMA_KV;
 }
 
@@ -657,6 +672,7 @@ static int launch_wg(bk_stream *s, const att_job<T> &j, int flags, bk_err *err)
     attw_args<T> a = {};
     a.q = j.q, a.k = j.k, a.v = j.v, a.qs = j.qs, a.o = j.o, a.os = j.os, a.off = j.off;
     a.tiles = tiles, a.ntiles = ntiles, a.heads = j.heads, a.flags = flags, a.ldkv = j.ldkv;
+    a.tq = j.tq, a.go = j.go;
     a.causal = j.causal, a.silu = j.silu, a.scale = (float)rs;
     a.scale_log2 = (float)(1.4426950408889634 * rs);
     a.lbo_v = attw_cfg<DH>::BN * 128, a.sbo_v = 1024;

@@ -2,6 +2,9 @@
  *
  * For candidate c, query row i, head h (u = map[c], keys = u's events):
  *   o[c*tq+i, h] = softmax_j(q[c*tq+i, h] . k_j[h] / sqrt(dh)) v_j[h]
+ * with o's row c*tq+i at c*go + i*H*dh: candidate c's tq rows are one
+ * packed span, spans go apart (backend.h; every kernel's epilogue writes
+ * through att_orow, att_wg.cuh).
  *
  * Why this exists: the broadcast formulation copies each user's K/V to every
  * candidate and runs attention per candidate, moving the history once per
@@ -180,7 +183,8 @@ template <typename T, int DH>
 __global__ void __launch_bounds__(256, 1)
 k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
          const int64_t *__restrict__ off, const int4 *__restrict__ tiles,
-         const int *__restrict__ ntiles, int hd, int ldkv, float scale_log2, T *__restrict__ o)
+         const int *__restrict__ ntiles, int hd, int ldkv, float scale_log2, T *__restrict__ o,
+         int tq, int64_t go)
 {
     constexpr int BM = ATT_BM, BN = ATT_BN, LD = att_cfg<DH>::LD, NT = 256, CH = DH / 8;
     if ((int)blockIdx.x >= *ntiles)
@@ -341,7 +345,7 @@ k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
         int row = row0 + warp * 16 + g + r * 8;
         if (row >= row_end)
             continue;
-        T *orow = o + (size_t)row * hd + h * DH;
+        T *orow = att_orow(o, row, tq, go, hd) + h * DH;
 #pragma unroll
         for (int dj = 0; dj < DH / 8; dj++)
             *(uint32_t *)(orow + dj * 8 + 2 * t) =
@@ -354,16 +358,16 @@ k_att_tc(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__
 #define SIMT_MAX_DH 256
 
 /* One warp per (query row, head); lane owns head columns lane, lane+32, ...
- * Target rows (nu_self = 0): user map[row / tq], all its keys, softmax.
- * Self rows (nu_self = nu): the user whose events hold the row (binary
- * search of off), keys j <= the row's position when causal, softmax or
- * silu(s) / n. */
+ * Target rows (nu_self = 0): user map[row / tq], all its keys, softmax;
+ * output spans go apart (att_orow). Self rows (nu_self = nu; tq 1, go hd:
+ * packed): the user whose events hold the row (binary search of off), keys
+ * j <= the row's position when causal, softmax or silu(s) / n. */
 template <typename T>
 __global__ void __launch_bounds__(256)
 k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
            const int64_t *__restrict__ off, const int32_t *__restrict__ map, long rows, int tq,
-           int heads, int dh, int ldkv, float scale, T *__restrict__ o, int nu_self, int causal,
-           int silu)
+           int heads, int dh, int ldkv, float scale, T *__restrict__ o, int64_t go, int nu_self,
+           int causal, int silu)
 {
     long wid = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -428,11 +432,12 @@ k_att_simt(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict
         }
     }
     float inv = silu ? (L > 0 ? 1.0f / (float)L : 0.0f) : l > 0.0f ? 1.0f / l : 0.0f;
+    T *orow = att_orow(o, row, tq, go, hd) + h * dh;
 #pragma unroll
     for (int i = 0; i < SIMT_MAX_DH / 32; i++) {
         int c = lane + 32 * i;
         if (c < dh)
-            o[row * hd + h * dh + c] = cu_fromf<T>(acc[i] * inv);
+            orow[c] = cu_fromf<T>(acc[i] * inv);
     }
 }
 
@@ -463,9 +468,9 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
     if (j.qs && j.ev > 0) {
         if (simt_blocks((long)j.ev, j.heads, err, &blocks))
             return -1;
-        k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(j.qs, j.k, j.v, j.off, NULL, (long)j.ev,
-                                                            1, j.heads, dh, j.ldkv, scale, j.os,
-                                                            j.nu, j.causal, j.silu);
+        k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(
+            j.qs, j.k, j.v, j.off, NULL, (long)j.ev, 1, j.heads, dh, j.ldkv, scale, j.os,
+            (int64_t)j.heads * dh, j.nu, j.causal, j.silu);
         if (cu_check_launch(s, err, "self_attention (SIMT)"))
             return -1;
     }
@@ -474,7 +479,7 @@ static int launch_simt(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
             return -1;
         k_att_simt<T><<<(unsigned)blocks, 256, 0, s->st>>>(j.q, j.k, j.v, j.off, j.map,
                                                             (long)j.nc * j.tq, j.tq, j.heads, dh,
-                                                            j.ldkv, scale, j.o, 0, 0, 0);
+                                                            j.ldkv, scale, j.o, j.go, 0, 0, 0);
         if (cu_check_launch(s, err, "attention (SIMT)"))
             return -1;
     }
@@ -533,7 +538,8 @@ static int launch_mma(bk_stream *s, const att_job<T> &j, bk_err *err)
         return -1;
     dim3 grid((unsigned)cap, (unsigned)j.heads);
     kern<<<grid, 256, att_cfg<DH>::SMEM, s->st>>>(j.q, j.k, j.v, j.off, tiles, ntiles,
-                                                  j.heads * DH, j.ldkv, scale_log2, j.o);
+                                                  j.heads * DH, j.ldkv, scale_log2, j.o, j.tq,
+                                                  j.go);
     return cu_check_launch(s, err, "attention (tensor cores)");
 }
 
@@ -542,9 +548,10 @@ static int launch_mma(bk_stream *s, const att_job<T> &j, bk_err *err)
  *
  *   dtype      when                                           kernel
  *   bf16/fp16  dh 64 or 128; q, qs, k, v 16-byte aligned,     k_att_wg (att_wg.cuh), both
- *              o, os 4-byte aligned                           parts in one launch; 16-byte
- *                                                             stores where o, os are 16-byte
- *                                                             aligned, 4-byte ones otherwise
+ *              o, os and every candidate's span (go) 4-byte   parts in one launch; 16-byte
+ *              aligned                                        stores where o, os and the
+ *                                                             spans are 16-byte aligned,
+ *                                                             4-byte ones otherwise
  *   bf16/fp16  target part only, dh 32, 96 (or 64, 128 when   k_att_tc (mma.sync)
  *              forced), same alignment
  *   any        otherwise (fp32, other dh <= 256, a self part  k_att_simt
@@ -558,7 +565,8 @@ static int attention_t(bk_stream *s, const att_job<T> &j, int dh, bk_err *err)
 {
     const int force = cu_impl(s->be)->force_att;
     bool al = (((uintptr_t)j.q | (uintptr_t)j.qs | (uintptr_t)j.k | (uintptr_t)j.v) & 15) == 0 &&
-              (((uintptr_t)j.o | (uintptr_t)j.os) & 3) == 0 && j.ldkv * sizeof(T) % 16 == 0;
+              (((uintptr_t)j.o | (uintptr_t)j.os) & 3) == 0 && j.ldkv * sizeof(T) % 16 == 0 &&
+              j.go * sizeof(T) % 4 == 0; /* the tensor-core epilogues store pairs */
     if constexpr (sizeof(T) == 2) {
         if (force != CU_PATH_SIMT && al) {
             if (force == CU_PATH_AUTO && dh == 64)
@@ -613,13 +621,15 @@ static void att_work(bk_stream *s, cu_prof_scope &pr, const int64_t *off, int nu
 
 int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v, int ldkv,
                    const int64_t *offsets, int nu, const int32_t *map, int nc, int tq, int heads,
-                   int dh, void *o, bk_err *err)
+                   int dh, void *o, int64_t go, bk_err *err)
 {
     cu_prof_scope prof_(s, "attention");
     if (nc <= 0 || tq <= 0 || heads <= 0 || dh <= 0)
         return 0;
     if (bk_bad_stride("attention", "K/V row stride", ldkv, "heads * head_dim",
-                      (int64_t)heads * dh, err))
+                      (int64_t)heads * dh, err) ||
+        bk_bad_stride("attention", "output candidate stride go", go, "tq * heads * head_dim",
+                      (int64_t)tq * heads * dh, err))
         return -1;
     if (nu <= 0) {
         bk_seterr(err, "attention: %d candidates but no users", nc);
@@ -634,7 +644,7 @@ int cuda_attention(bk_stream *s, const void *q, const void *k, const void *v, in
         att_job<T> j = {};
         j.q = (const T *)q, j.k = (const T *)k, j.v = (const T *)v, j.o = (T *)o;
         j.off = offsets, j.map = map, j.nu = nu, j.nc = nc, j.tq = tq, j.heads = heads;
-        j.ldkv = ldkv;
+        j.ldkv = ldkv, j.go = go;
         rc = attention_t<T>(s, j, dh, err);
     });
     return rc;
@@ -676,7 +686,7 @@ int cuda_self_attention(bk_stream *s, const bk_seq_att *a, bk_err *err)
             j.qs = (const T *)a->q, j.os = (T *)a->o, j.ev = a->events;
         if (tgt_part)
             j.q = (const T *)a->tq, j.o = (T *)a->to, j.map = a->map, j.nc = a->nc,
-            j.tq = a->tq_tokens;
+            j.tq = a->tq_tokens, j.go = (int64_t)a->tq_tokens * a->heads * a->dh; /* packed */
         rc = attention_t<T>(s, j, a->dh, err);
     });
     return rc;

@@ -733,9 +733,11 @@ static void test_lce(int nu, const int *counts, int ku, int kc, int m, int d)
 /* oshift: o starts oshift elements into its buffer. kvgap < 0: K and V in
  * buffers of their own (rows H dh apart); else in one buffer, each row K
  * then V then kvgap unused elements (ldkv = 2 H dh + kvgap), as the
- * engine's one [wk; wv] GEMM writes them when kvgap is 0. */
+ * engine's one [wk; wv] GEMM writes them when kvgap is 0. gpad: candidates'
+ * output spans of tq H dh go = tq H dh + gpad apart (the engine's tokens
+ * inside a stacked row); the gaps between them must keep their poison. */
 static void test_attention_at(int nu, const int *counts, const int *lens, int tq, int heads,
-                              int dh, int oshift, int kvgap)
+                              int dh, int oshift, int kvgap, int gpad)
 {
     bk_err ec = {{0}}, eg = {{0}};
     int nc;
@@ -745,6 +747,7 @@ static void test_attention_at(int nu, const int *counts, const int *lens, int tq
     for (int u = 0; u < nu; u++)
         off[u + 1] = off[u] + lens[u];
     size_t hd = (size_t)heads * dh, nq = (size_t)nc * tq * hd, rows = off[nu] ? off[nu] : 1;
+    size_t span = (size_t)tq * hd, go = span + (size_t)gpad;
     size_t ld = kvgap < 0 ? hd : 2 * hd + (size_t)kvgap, nk = rows * ld;
     /* Scores of O(1): q, k ~ U(-1.5, 1.5) gives q.k/sqrt(dh) of a few units. */
     float *q = rand_vec(nq, 1.5f), *k = rand_vec(nk, 1.5f), *v = rand_vec(nk, 1.0f);
@@ -752,21 +755,26 @@ static void test_attention_at(int nu, const int *counts, const int *lens, int tq
     pair vk = pk, vv = kvgap < 0 ? pv : shifted(&pk, hd);
     pair pm = raw_pair(map, (size_t)nc * sizeof(int32_t));
     pair po = raw_pair(off, (size_t)(nu + 1) * sizeof(int64_t));
-    pair out = out_pair(nq + oshift), vo = shifted(&out, oshift);
+    pair out = out_pair((size_t)nc * go + oshift), vo = shifted(&out, oshift);
     ok_or_die(cpu->attention(cs, pq.c, vk.c, vv.c, (int)ld, po.c, nu, pm.c, nc, tq, heads, dh,
-                             vo.c, &ec),
+                             vo.c, (int64_t)go, &ec),
               "cpu attention", &ec);
     ok_or_die(gpu->attention(gs, pq.g, vk.g, vv.g, (int)ld, po.g, nu, pm.g, nc, tq, heads, dh,
-                             vo.g, &eg),
+                             vo.g, (int64_t)go, &eg),
               "gpu attention", &eg);
     char what[192];
     int lmax = 0;
     for (int u = 0; u < nu; u++)
         lmax = lens[u] > lmax ? lens[u] : lmax;
     snprintf(what, sizeof what,
-             "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d oshift %d ldkv %zu", nu, nc,
-             tq, heads, dh, lmax, lens[0], oshift, ld);
-    compare(what, &vo, (size_t)nc * tq, hd, hd);
+             "attention nu %d nc %d tq %d H %d dh %d Lmax %d Lu0 %d oshift %d ldkv %zu go %zu", nu,
+             nc, tq, heads, dh, lmax, lens[0], oshift, ld, go);
+    if (gpad) { /* one compared row a candidate's span */
+        compare(what, &vo, (size_t)nc, span, go);
+        check_pads(what, &vo, (size_t)nc, span, go);
+    } else {
+        compare(what, &vo, (size_t)nc * tq, hd, hd);
+    }
     pair_free(&pq);
     pair_free(&pk);
     pair_free(&pv);
@@ -782,7 +790,7 @@ static void test_attention_at(int nu, const int *counts, const int *lens, int tq
 
 static void test_attention(int nu, const int *counts, const int *lens, int tq, int heads, int dh)
 {
-    test_attention_at(nu, counts, lens, tq, heads, dh, 0, -1);
+    test_attention_at(nu, counts, lens, tq, heads, dh, 0, -1, 0);
 }
 
 /* self_attention over jagged histories of lens[u] events; with counts, the
@@ -1490,6 +1498,9 @@ static void test_refusals(void)
     bad += gpu->activation(gs, NULL, 4, BK_ACT_NONE, NULL, &e) != -1 || !e.msg[0];
     e.msg[0] = 0;
     bad += gpu->pool(gs, NULL, NULL, 4, 2, 8, (enum bk_pool)7, NULL, 8, &e) != -1 || !e.msg[0];
+    e.msg[0] = 0; /* candidates' output spans overlapping: go 15 < tq * H * dh = 16 */
+    bad += gpu->attention(gs, NULL, NULL, NULL, 8, NULL, 1, NULL, 1, 2, 1, 8, NULL, 15, &e) != -1 ||
+           !strstr(e.msg, "output candidate stride go");
     checks++;
     if (bad) {
         failures++;
@@ -1615,8 +1626,8 @@ static void suite_attention(void)
     test_attention(2, cm, lm, 2, 1, 128);
     /* o only 4-byte aligned: the wgmma kernel's 4-byte stores (bf16/fp16). */
     int cs[] = {3, 2}, ls[] = {129, 40};
-    test_attention_at(2, cs, ls, 5, 2, 64, 2, -1);
-    test_attention_at(2, cs, ls, 3, 1, 128, 2, -1);
+    test_attention_at(2, cs, ls, 5, 2, 64, 2, -1, 0);
+    test_attention_at(2, cs, ls, 3, 1, 128, 2, -1, 0);
     /* More work items than SMs (210: up to two a CTA on the H200's 132),
      * so the persistent wgmma kernel moves from unit to unit (Q, the K/V
      * ring and the turns carried over) between units of 3, 8 and 2 key
@@ -1629,10 +1640,23 @@ static void suite_attention(void)
      * mma.sync kernel at 32 and 96; an odd gap takes the SIMT kernel. */
     for (int i = 0; i < 6; i++) {
         int cnt[] = {1, 3, 0, 2, 5}, lens[] = {63, 300, 10, 129, 0};
-        test_attention_at(5, cnt, lens, 7, 2, dhs[i], 0, 0);
+        test_attention_at(5, cnt, lens, 7, 2, dhs[i], 0, 0, 0);
     }
-    test_attention_at(5, cmt, lmt, 64, 2, 128, 0, 0);
-    test_attention_at(2, cs, ls, 5, 2, 64, 0, 3);
+    test_attention_at(5, cmt, lmt, 64, 2, 128, 0, 0, 0);
+    test_attention_at(2, cs, ls, 5, 2, 64, 0, 3, 0);
+    /* Output spans go = tq H dh + gpad apart (the engine's tokens in its
+     * stacked rows): gpad 8 keeps every span 16-byte aligned (the wgmma
+     * kernel's 16-byte stores at dh 64 and 128, mma.sync at 32 and 96), 2
+     * only 4-byte (wgmma's 4-byte stores; with oshift 2 too), 3 leaves go
+     * odd (2-byte dtypes: the SIMT kernel). Gaps keep their poison. */
+    for (int i = 0; i < 6; i++) {
+        int cnt[] = {1, 3, 0, 2, 5}, lens[] = {63, 300, 10, 129, 0};
+        test_attention_at(5, cnt, lens, 7, 2, dhs[i], 0, -1, 8);
+        test_attention_at(5, cnt, lens, 7, 2, dhs[i], 0, 0, 2);
+        test_attention_at(5, cnt, lens, 3, 1, dhs[i], 0, -1, 3);
+    }
+    test_attention_at(5, cmt, lmt, 64, 2, 128, 0, -1, 48);
+    test_attention_at(5, cmt, lmt, 64, 2, 64, 2, -1, 2);
     if (!quick) {
         int cb[] = {3, 4, 1}, lb[] = {1000, 513, 2048};
         test_attention(3, cb, lb, 64, 2, 128);

@@ -122,20 +122,22 @@ static float *score(ikbo_ctx *ctx, const ikbo_batch *b, size_t last[BK_TAG_COUNT
 }
 
 /* Candidate-domain bytes the plan needs at C rows: every candidate tensor's
- * width, plus attention's Q and O. A user tensor at C would add to this.
+ * width, plus attention's Q. A user tensor at C would add to this.
  * Stacks in place (engine.c): c_item and c_d1 (8 each) are written into
  * x_cand, their only reader; x_cand (16), read by e_cand and as the
- * attention's query, lives in e_cand's rows; the attention's output (16)
- * is written into e_cand too. The lce -> flatten -> top1 chain is folded
- * (engine/fold.h): no [C, 3, 8] lce output; top1 is its candidate linear,
- * the sum through the map and the activation (8 each). */
+ * attention's query, lives in e_cand's rows; the attention's heads' output
+ * (16) is written into e_cand too, with no O buffer: the lce -> flatten ->
+ * top1 chain is folded (engine/fold.h) and ta's wo composed into its
+ * weight, so the kernel writes there directly. No [C, 3, 8] lce output;
+ * top1 is its candidate linear, the sum through the map and the activation
+ * (8 each). */
 static size_t expected_cand_bytes(int C)
 {
     size_t widths[] = {32, 8, 8, 8, 8, 2};
     size_t n = 0;
     for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
         n += (C * widths[i] * 4 + 255) / 256 * 256;
-    n += 2 * ((C * 2 * 8 * 4 + 255) / 256 * 256); /* Q and O: C*Tq rows of H*dh */
+    n += (C * 2 * 8 * 4 + 255) / 256 * 256; /* Q: C*Tq rows of H*dh */
     return n;
 }
 

@@ -132,8 +132,54 @@ static void test_fixture_folds(void **s)
     md_plan_totals t;
     md_plan_totals_of(m, 70, &t);
     assert_true(t.flops[1] < t.flops[0]);
-    assert_int_equal(t.rewritten, 3);
+    assert_int_equal(t.rewritten, 4); /* lce, flat, top1 and ta (its wo composed) */
     model_def_free(m);
+}
+
+/* The composed attention part: ta stays where it was, planned with no wo
+ * (wq, wk, wv), and the plan says where its wo went; the candidate linear
+ * keeps its shape. Refused where wo would change the width (H dh != D),
+ * where ta has a second reader, and in a model as written. */
+static void test_wo_part_plan(void **s)
+{
+    (void)s;
+    model_def *m = plan(EF_MODEL_JSON);
+    const md_layer *a = layer(m, "ta");
+    assert_non_null(a);
+    assert_int_equal(a->no_wo, 1);
+    assert_int_equal(a->n_w, 3);
+    assert_true(a < layer(m, "e_cand")); /* in place, before the stack that reads it */
+    assert_int_equal(layer(m, "top1__c")->w[0].cols, 32);
+    assert_int_equal(rw_of(m, "ta"), MD_RW_FOLDED);
+    for (int i = 0; i < m->plan.n; i++)
+        if (!strcmp(m->plan.e[i].name, "ta"))
+            assert_non_null(strstr(m->plan.e[i].note, "wo is composed into that linear's weight"));
+    model_def_free(m);
+    static const struct { const char *from, *to, *why; } cases[] = {
+        {"\"heads\": 2, \"head_dim\": 4}", "\"heads\": 1, \"head_dim\": 4}", "H dh 4 != D 8"},
+        {"{\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\"",
+         "{\"name\": \"tp\", \"op\": \"pool\", \"input\": \"ta\", \"fn\": \"sum\"},"
+         "  {\"name\": \"logits\", \"op\": \"linear\", \"input\": \"mix\"",
+         "ta read twice"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char *json = variant(cases[k].from, cases[k].to);
+        m = plan(json);
+        assert_int_equal(rw_of(m, "top1"), MD_RW_FOLDED); /* the chain still folds */
+        if (layer(m, "ta")->no_wo) fail_msg("wo composed although %s", cases[k].why);
+        assert_int_equal(layer(m, "ta")->n_w, 4);
+        model_def_free(m);
+        free(json);
+    }
+    /* "project_output" is the fold's own key: refused as written. */
+    char *json = variant("\"heads\": 2, \"head_dim\": 4}",
+                         "\"heads\": 2, \"head_dim\": 4, \"project_output\": false}");
+    bk_err e = {{0}};
+    m = NULL;
+    assert_int_not_equal(model_def_plan("/fold/1", json, strlen(json), &m, &e), 0);
+    assert_null(m);
+    assert_non_null(strstr(e.msg, "'project_output' is set by the engine's lce fold only"));
+    free(json);
 }
 
 /* Ku 10 (u_d as 8 tokens): the user side fails the rule (2*10*8*8 = 1280
@@ -490,6 +536,43 @@ static void test_fold_compose(void **s)
     free(wf.data);
 }
 
+/* fold_compose_wo against its definition summed in double: only the named
+ * tokens' columns change; shapes that do not match are refused. */
+static void test_fold_compose_wo(void **s)
+{
+    (void)s;
+    enum { N = 3, K = 4, D = 5 };
+    md_weight w = {.rows = N, .cols = K * D}, wo = {.rows = D, .cols = D};
+    float before[N * K * D];
+    w.data = malloc(sizeof before);
+    wo.data = malloc(sizeof(float) * D * D);
+    uint64_t r = 7;
+#define RND() (r = r * 6364136223846793005ULL + 1442695040888963407ULL, \
+               (float)((double)(r >> 11) / (double)(1ULL << 53) - 0.5))
+    for (int i = 0; i < N * K * D; i++) before[i] = w.data[i] = RND();
+    for (int i = 0; i < D * D; i++) wo.data[i] = RND();
+#undef RND
+    assert_int_equal(fold_compose_wo(&w, D, 1, 2, &wo), 0); /* tokens 1 and 2 */
+    for (int j = 0; j < N; j++)
+        for (int t = 0; t < K; t++)
+            for (int e = 0; e < D; e++) {
+                const size_t at = (size_t)j * K * D + t * D + e;
+                double want = before[at];
+                if (t == 1 || t == 2) {
+                    want = 0;
+                    for (int d = 0; d < D; d++)
+                        want += (double)before[(size_t)j * K * D + t * D + d] * wo.data[d * D + e];
+                }
+                if (fabs(w.data[at] - want) > 1e-6 * (1 + fabs(want)))
+                    fail_msg("w[%d, %d] = %g, want %g", j, t * D + e, w.data[at], want);
+            }
+    assert_int_equal(fold_compose_wo(&w, D, 3, 2, &wo), -1); /* past the weight */
+    wo.cols = D - 1;
+    assert_int_equal(fold_compose_wo(&w, D, 0, 1, &wo), -1); /* wo not [D, D] */
+    free(w.data);
+    free(wo.data);
+}
+
 /* One user tensor of the batch in the CPU arena: fp32, 256-byte blocks. */
 static size_t user_block(size_t rows, size_t width) { return (rows * width * 4 + 255) / 256 * 256; }
 
@@ -523,6 +606,8 @@ int main(void)
         cmocka_unit_test(test_scores_match_unfolded_mlp2),
         cmocka_unit_test(test_user_part_plan),
         cmocka_unit_test(test_fold_compose),
+        cmocka_unit_test(test_wo_part_plan),
+        cmocka_unit_test(test_fold_compose_wo),
         cmocka_unit_test(test_scores_match_unfolded_user_part),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

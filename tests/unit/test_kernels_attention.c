@@ -101,7 +101,7 @@ static void self_case(int nu, int lmax, int heads, int dh, int causal, enum bk_a
     if (nc) {
         /* The fused target part equals the attention op, bitwise. */
         assert_int_equal(be->attention(st, tqv, k, v, heads * dh, off, nu, map, nc, tq, heads, dh, to2,
-                                       &err), 0);
+                                       (int64_t)tq * heads * dh, &err), 0);
         assert_memory_equal(to, to2, (size_t)nc * tq * hd * sizeof(float));
     }
     free(off), free(q), free(k), free(v), free(o), free(ref), free(map), free(tqv), free(to),

@@ -1253,7 +1253,7 @@ static void run_attention_case(T *t, att_case ac, int broadcast_too)
     void *dmap = dbytes(t, map, (size_t)ac.nc * sizeof(int32_t));
     void *dout = dpoisoned(t, nq * hd, BK_TAG_CAND);
     OK(t, t->be->attention(t->s, dq, dk, dv, (int)hd, doff, ac.nu, dmap, ac.nc, ac.tq, ac.heads,
-                           ac.dh, dout, &t->err));
+                           ac.dh, dout, (int64_t)ac.tq * hd, &t->err));
     float *got = download(t, dout, nq * hd);
     double *ref = dvec(nq * hd), *allow = dvec(nq * hd);
     ref_attention(q, k, v, off, map, ac.nc, ac.tq, ac.heads, ac.dh, ref, allow);
@@ -1272,7 +1272,7 @@ static void run_attention_case(T *t, att_case ac, int broadcast_too)
     float *dkv = dfloats(t, kv, (ne + 1) * ldkv, BK_TAG_USER);
     void *dout3 = dpoisoned(t, nq * hd, BK_TAG_CAND);
     OK(t, t->be->attention(t->s, dq, dkv, dkv + hd, (int)ldkv, doff, ac.nu, dmap, ac.nc, ac.tq,
-                           ac.heads, ac.dh, dout3, &t->err));
+                           ac.heads, ac.dh, dout3, (int64_t)ac.tq * hd, &t->err));
     float *got3 = download(t, dout3, nq * hd);
     if (memcmp(got, got3, nq * hd * sizeof(float)) != 0)
         fail_msg("attention with K/V rows %zu apart != contiguous K, V [%s]", ldkv, t->ctx);
@@ -1297,7 +1297,7 @@ static void run_attention_case(T *t, att_case ac, int broadcast_too)
         OK(t, t->be->gather(t->s, dv, doff, dmap, ac.nc, ddoffs, (int)hd, dvb, &t->err));
         void *dout2 = dpoisoned(t, nq * hd, BK_TAG_CAND);
         OK(t, t->be->attention(t->s, dq, dkb, dvb, (int)hd, ddoffs, ac.nc, dident, ac.nc, ac.tq,
-                               ac.heads, ac.dh, dout2, &t->err));
+                               ac.heads, ac.dh, dout2, (int64_t)ac.tq * hd, &t->err));
         float *got2 = download(t, dout2, nq * hd);
         if (memcmp(got, got2, nq * hd * sizeof(float)) != 0)
             fail_msg("attention through map != attention of gathered keys [%s]", t->ctx);
@@ -1334,6 +1334,65 @@ static void test_attention_random(void **state)
     }
 }
 
+/* Output spans go apart (backend.h's attention): each candidate's tq rows
+ * land at o + c * go, bit for bit the packed result (only the address
+ * changes), and nothing outside the spans is written - o starts inside a
+ * poisoned buffer, so the poison before it, in every gap and after the
+ * last span must survive. go below tq * heads * dh is an error naming go
+ * that writes nothing. */
+static void test_attention_strided_output(void **state)
+{
+    T *t = *state;
+    for (int it = 0; it < 24; it++) {
+        new_case(t, "attention_strided_output", it);
+        const int nu = rint_(t, 1, 5), nc = rint_(t, nu, 30), tq = rint_(t, 1, 5);
+        const int heads = rint_(t, 1, 3), dh = it % 4 == 0 ? rint_(t, 1, 3) : rint_(t, 1, 24);
+        int64_t *off = rand_offsets(t, nu, it == 0 ? 0 : 60, 0);
+        if (nu > 1 && rint_(t, 0, 1))
+            off[1] = off[0]; /* user 0 has no events: its candidates' zeros go to spans too */
+        int32_t *map = rand_map(t, nc, nu, 1);
+        const size_t hd = (size_t)heads * dh, span = (size_t)tq * hd, ne = (size_t)off[nu];
+        const size_t go = span + (size_t)rint_(t, 1, 9) * (it % 3 == 0 ? 8 : 1);
+        const size_t lead = (size_t)rint_(t, 0, 5), total = lead + (size_t)nc * go + 3;
+        float *q = rand_floats(t, (size_t)nc * span, 2), *k = rand_floats(t, (ne + 1) * hd, 2);
+        float *v = rand_floats(t, (ne + 1) * hd, 1);
+        void *dq = dfloats(t, q, (size_t)nc * span, BK_TAG_CAND);
+        void *dk = dfloats(t, k, (ne + 1) * hd, BK_TAG_USER);
+        void *dv = dfloats(t, v, (ne + 1) * hd, BK_TAG_USER);
+        void *doff = dbytes(t, off, (size_t)(nu + 1) * sizeof(int64_t));
+        void *dmap = dbytes(t, map, (size_t)nc * sizeof(int32_t));
+        void *dpk = dpoisoned(t, (size_t)nc * span, BK_TAG_CAND);
+        float *dst = dpoisoned(t, total, BK_TAG_CAND);
+        OK(t, t->be->attention(t->s, dq, dk, dv, (int)hd, doff, nu, dmap, nc, tq, heads, dh, dpk,
+                               (int64_t)span, &t->err));
+        OK(t, t->be->attention(t->s, dq, dk, dv, (int)hd, doff, nu, dmap, nc, tq, heads, dh,
+                               dst + lead, (int64_t)go, &t->err));
+        float *pk = download(t, dpk, (size_t)nc * span), *got = download(t, dst, total);
+        for (int c = 0; c < nc; c++)
+            if (memcmp(got + lead + (size_t)c * go, pk + (size_t)c * span, span * sizeof(float)))
+                fail_msg("attention: candidate %d's span at go %zu != packed [%s]", c, go, t->ctx);
+        for (size_t e = 0; e < total; e++) {
+            const size_t x = e - lead; /* wraps below lead: outside */
+            if (!(e >= lead && x < (size_t)nc * go && x % go < span) && !is_poison(got[e]))
+                fail_msg("attention wrote element %zu outside the spans (lead %zu, go %zu, "
+                         "span %zu) [%s]", e, lead, go, span, t->ctx);
+        }
+
+        /* go one below the span: an error naming go, nothing written. */
+        float *dbad = dpoisoned(t, total, BK_TAG_CAND);
+        assert_int_equal(t->be->attention(t->s, dq, dk, dv, (int)hd, doff, nu, dmap, nc, tq, heads,
+                                          dh, dbad, (int64_t)span - 1, &t->err), -1);
+        if (!strstr(t->err.msg, "attention: output candidate stride go"))
+            fail_msg("attention: go below tq * heads * dh gave \"%s\" [%s]", t->err.msg, t->ctx);
+        float *bad = download(t, dbad, total);
+        for (size_t e = 0; e < total; e++)
+            if (!is_poison(bad[e]))
+                fail_msg("attention with a bad go wrote element %zu [%s]", e, t->ctx);
+        free(bad), free(pk), free(got), free(q), free(k), free(v), free(off), free(map);
+        free_bufs(t);
+    }
+}
+
 /* Full target attention from the model format, composed from backend ops
  * (linear projections at U for keys/values and at C for queries, the IKBO
  * core, the output projection), with heads * dh != D. Tolerance: each stage
@@ -1367,7 +1426,7 @@ static void test_target_attention_composed(void **state)
         OK(t, t->be->linear(t->s, dh_, D, (int)ne, hk, NULL, BK_ACT_NONE, dK, (int)hd, &t->err));
         OK(t, t->be->linear(t->s, dh_, D, (int)ne, hv, NULL, BK_ACT_NONE, dV, (int)hd, &t->err));
         OK(t, t->be->attention(t->s, dQ, dK, dV, H * dh, doff, nu, dmap, nc, tq, H, dh, dO,
-                                &t->err));
+                                (int64_t)tq * H * dh, &t->err));
         OK(t, t->be->linear(t->s, dO, (int)hd, (int)nq, ho, NULL, BK_ACT_NONE, dout, D, &t->err));
         float *got = download(t, dout, nq * D);
 
@@ -1501,9 +1560,9 @@ static void test_determinism_attention(void **state)
         void *dout = dpoisoned(t, (size_t)nc * tq * hd, BK_TAG_CAND);
         void *dout1 = dpoisoned(t, (size_t)tq * hd, BK_TAG_CAND);
         OK(t, t->be->attention(t->s, dq, dk, dv, heads * dh, doff, nu, dmap, nc, tq, heads, dh,
-                                dout, &t->err));
+                                dout, (int64_t)tq * heads * dh, &t->err));
         OK(t, t->be->attention(t->s, dq1, dk1, dv1, heads * dh, doff1, 1, dzero, 1, tq, heads, dh,
-                                dout1, &t->err));
+                                dout1, (int64_t)tq * heads * dh, &t->err));
         float *o = download(t, dout, (size_t)nc * tq * hd), *o1 = download(t, dout1, (size_t)tq * hd);
         if (memcmp(o + (size_t)pos * tq * hd, o1, (size_t)tq * hd * sizeof(float)) != 0)
             fail_msg("attention candidate %d of %d differs from the candidate alone [%s]", pos,
@@ -1660,12 +1719,12 @@ static void test_index_validation(void **state)
                                 &t->err), -1);
     assert_non_null(strstr(t->err.msg, "lce: map[1] = 2"));
     assert_int_equal(t->be->attention(t->s, buf, buf + 64, buf + 96, 2, doff, 2, dmap, 1, 1, 1, 2,
-                                      buf + 128, &t->err), -1);
+                                      buf + 128, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "attention"));
     int64_t ok_off[3] = {0, 1, 2};
     void *dok = dbytes(t, ok_off, sizeof ok_off);
     assert_int_equal(t->be->attention(t->s, buf, buf + 64, buf + 96, 1, dok, 2, dmap, 1, 1, 1, 2,
-                                      buf + 128, &t->err), -1);
+                                      buf + 128, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "K/V row stride 1 is below heads * head_dim = 2"));
     assert_int_equal(t->be->pool(t->s, buf, doff, 2, 0, 2, BK_POOL_MEAN, buf + 128, 2, &t->err), -1);
     assert_non_null(strstr(t->err.msg, "pool: offsets decrease"));
@@ -1700,6 +1759,7 @@ int main(void)
         T_(test_lce_map_equals_broadcast),
         T_(test_softmax_row),
         T_(test_attention_random),
+        T_(test_attention_strided_output),
         T_(test_target_attention_composed),
         T_(test_determinism_linear),
         T_(test_determinism_lce),
