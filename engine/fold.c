@@ -588,48 +588,39 @@ static void fold_rows(const md_weight *w, const md_weight *w_top, int D, float *
     }
 }
 
-/* One thread's share of the rows. */
+/* One thread's share of a row-parallel job: rows(job, j0, j1) returns 0,
+ * or -1 (out of memory). */
+typedef int (*fold_rows_fn)(const void *job, int j0, int j1);
 typedef struct fold_share {
-    const md_weight *w, *w_top;
-    int D, j0, j1;
-    float *out;
-    int rc;
+    fold_rows_fn rows;
+    const void *job;
+    int j0, j1, rc;
 } fold_share;
 
 static void *fold_share_run(void *arg)
 {
     fold_share *f = arg;
-    float *acc = malloc((size_t)FOLD_KB * f->D * sizeof(float));
-    if (!acc) {
-        f->rc = -1;
-        return NULL;
-    }
-    fold_rows(f->w, f->w_top, f->D, f->out, f->j0, f->j1, acc);
-    free(acc);
-    f->rc = 0;
+    f->rc = f->rows(f->job, f->j0, f->j1);
     return NULL;
 }
 
-int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *to, int threads)
+/* rows over [0, n) on `threads` threads (clamped to 1..min(n,
+ * FOLD_MAX_THREADS)): share t takes rows [t n / threads, (t + 1) n /
+ * threads); the caller runs the last one, and any share whose thread did
+ * not start. Each row must be computed the same way whoever computes it,
+ * so the result does not depend on the thread count. 0, or -1 if a share
+ * failed. */
+static int fold_rows_par(int n, int threads, fold_rows_fn rows, const void *job)
 {
-    int M = w->rows, N = w_top->rows;
-    size_t row = (size_t)w->cols * D;
-    if (to->rows != N || (size_t)to->cols != row || (size_t)w_top->cols != (size_t)M * D)
-        return -1; /* cannot happen: the planner made these shapes */
-    if (!(to->data = malloc((size_t)N * row * sizeof(float)))) return -1;
-    if (threads > N) threads = N;
+    if (threads > n) threads = n;
     if (threads > FOLD_MAX_THREADS) threads = FOLD_MAX_THREADS;
     if (threads < 1) threads = 1;
-    /* Share t takes rows [t N / threads, (t + 1) N / threads); the caller
-     * runs the last one, and any share whose thread did not start. Each
-     * row is summed the same way whoever sums it, so the result does not
-     * depend on the thread count. */
     fold_share sh[FOLD_MAX_THREADS];
     pthread_t tid[FOLD_MAX_THREADS];
     int started[FOLD_MAX_THREADS] = {0}, rc = 0;
     for (int t = 0; t < threads; t++) {
-        sh[t] = (fold_share){w, w_top, D, (int)((long)t * N / threads),
-                             (int)((long)(t + 1) * N / threads), to->data, -1};
+        sh[t] = (fold_share){rows, job, (int)((long)t * n / threads),
+                             (int)((long)(t + 1) * n / threads), -1};
         if (t < threads - 1)
             started[t] = pthread_create(&tid[t], NULL, fold_share_run, &sh[t]) == 0;
     }
@@ -639,7 +630,41 @@ int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *
         if (started[t]) pthread_join(tid[t], NULL);
         rc |= sh[t].rc;
     }
-    if (rc) {
+    return rc ? -1 : 0;
+}
+
+/* A thread per FOLD_THREAD_WORK multiply-adds, up to the online CPUs. */
+static int fold_threads(double work)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = (int)(work / FOLD_THREAD_WORK);
+    return threads > cpus ? (int)cpus : threads;
+}
+
+typedef struct fold_job {
+    const md_weight *w, *w_top;
+    int D;
+    float *out;
+} fold_job;
+
+static int fold_job_rows(const void *job, int j0, int j1)
+{
+    const fold_job *f = job;
+    float *acc = malloc((size_t)FOLD_KB * f->D * sizeof(float));
+    if (!acc) return -1;
+    fold_rows(f->w, f->w_top, f->D, f->out, j0, j1, acc);
+    free(acc);
+    return 0;
+}
+
+int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *to, int threads)
+{
+    int M = w->rows, N = w_top->rows;
+    size_t row = (size_t)w->cols * D;
+    if (to->rows != N || (size_t)to->cols != row || (size_t)w_top->cols != (size_t)M * D)
+        return -1; /* cannot happen: the planner made these shapes */
+    if (!(to->data = malloc((size_t)N * row * sizeof(float)))) return -1;
+    if (fold_rows_par(N, threads, fold_job_rows, &(fold_job){w, w_top, D, to->data})) {
         free(to->data);
         to->data = NULL;
         return -1;
@@ -649,12 +674,7 @@ int fold_weight_n(const md_weight *w, const md_weight *w_top, int D, md_weight *
 
 int fold_weight(const md_weight *w, const md_weight *w_top, int D, md_weight *to)
 {
-    /* A thread per FOLD_THREAD_WORK multiply-adds, up to the online CPUs. */
-    double work = (double)w->rows * w->cols * D * w_top->rows;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = (int)(work / FOLD_THREAD_WORK);
-    if (threads > cpus) threads = (int)cpus;
-    return fold_weight_n(w, w_top, D, to, threads);
+    return fold_weight_n(w, w_top, D, to, fold_threads((double)w->rows * w->cols * D * w_top->rows));
 }
 
 int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_top, int D,
@@ -686,19 +706,34 @@ int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_
     return 0;
 }
 
-int fold_compose_wo(md_weight *w, int D, int tok, int n, const md_weight *wo)
+typedef struct wo_job {
+    md_weight *w;
+    int D, tok, n;
+    const md_weight *wo;
+} wo_job;
+
+/* Rows j0 .. j1 - 1 of fold_compose_wo, each token's block in d order. */
+static int wo_rows(const void *job, int j0, int j1)
 {
-    if (wo->rows != D || wo->cols != D || (size_t)w->cols < (size_t)(tok + n) * D || !w->data)
-        return -1; /* cannot happen: the pass checked H dh = D */
+    const wo_job *c = job;
+    const int D = c->D;
     float *row = malloc((size_t)D * sizeof *row);
     if (!row) return -1;
-    for (int j = 0; j < w->rows; j++)
-        for (int t = tok; t < tok + n; t++) {
-            float *blk = w->data + (size_t)j * w->cols + (size_t)t * D;
+    for (int j = j0; j < j1; j++)
+        for (int t = c->tok; t < c->tok + c->n; t++) {
+            float *blk = c->w->data + (size_t)j * c->w->cols + (size_t)t * D;
             memset(row, 0, (size_t)D * sizeof *row);
-            for (int d = 0; d < D; d++) axpy(row, wo->data + (size_t)d * D, blk[d], D);
+            for (int d = 0; d < D; d++) axpy(row, c->wo->data + (size_t)d * D, blk[d], D);
             memcpy(blk, row, (size_t)D * sizeof *row);
         }
     free(row);
     return 0;
+}
+
+int fold_compose_wo(md_weight *w, int D, int tok, int n, const md_weight *wo)
+{
+    if (wo->rows != D || wo->cols != D || (size_t)w->cols < (size_t)(tok + n) * D || !w->data)
+        return -1; /* cannot happen: the pass checked H dh = D */
+    return fold_rows_par(w->rows, fold_threads((double)w->rows * n * D * D), wo_rows,
+                         &(wo_job){w, D, tok, n, wo});
 }
