@@ -129,8 +129,9 @@ int fold_compose(const md_weight *w, const int *cols, int n, const md_weight *w_
  * of the folded weight w ([N, K*D], D columns a token) right-multiplied in
  * place by wo [D, D] (its [D, H*dh] with H dh = D):
  *   w[j, t*D + e] <- sum_d w[j, t*D + d] wo[d, e],  summed in d order.
- * Returns 0, or -1 on out of memory or shapes that do not match. Called
- * from the loading thread only. */
+ * Rows split among threads as fold_weight's are (the same bits on any
+ * count). Returns 0, or -1 on out of memory or shapes that do not match.
+ * Called from the loading thread only. */
 int fold_compose_wo(md_weight *w, int D, int tok, int n, const md_weight *wo);
 
 #endif
