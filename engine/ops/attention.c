@@ -98,13 +98,15 @@ static int query_proj(op_run *r, value q, int D, int tq, int hd, const bk_weight
 static int plan_no_wo(op_plan *p, int S, int D)
 {
     int proj;
+    if (!json_object_get(p->o, "project_output"))
+        return 0;
+    if (op_planning(p) != OP_PASS_REWRITTEN)
+        return op_fail(p, "'project_output' is set by the engine's lce fold only; remove it");
     if (op_bool(p, "project_output", 1, &proj))
         return -1;
     p->l->no_wo = !proj;
     if (proj)
         return 0;
-    if (op_planning(p) != OP_PASS_REWRITTEN)
-        return op_fail(p, "'project_output' is set by the engine's lce fold only; remove it");
     if (S >= 0)
         return op_fail(p, "'project_output': false cannot go with shared_with");
     if ((long long)p->l->heads * p->l->head_dim != D)

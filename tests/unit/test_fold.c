@@ -171,15 +171,18 @@ static void test_wo_part_plan(void **s)
         model_def_free(m);
         free(json);
     }
-    /* "project_output" is the fold's own key: refused as written. */
-    char *json = variant("\"heads\": 2, \"head_dim\": 4}",
-                         "\"heads\": 2, \"head_dim\": 4, \"project_output\": false}");
-    bk_err e = {{0}};
-    m = NULL;
-    assert_int_not_equal(model_def_plan("/fold/1", json, strlen(json), &m, &e), 0);
-    assert_null(m);
-    assert_non_null(strstr(e.msg, "'project_output' is set by the engine's lce fold only"));
-    free(json);
+    /* "project_output" is the fold's own key: refused as written, either value. */
+    for (int v = 0; v < 2; v++) {
+        char *json = variant("\"heads\": 2, \"head_dim\": 4}",
+                             v ? "\"heads\": 2, \"head_dim\": 4, \"project_output\": true}"
+                               : "\"heads\": 2, \"head_dim\": 4, \"project_output\": false}");
+        bk_err e = {{0}};
+        m = NULL;
+        assert_int_not_equal(model_def_plan("/fold/1", json, strlen(json), &m, &e), 0);
+        assert_null(m);
+        assert_non_null(strstr(e.msg, "'project_output' is set by the engine's lce fold only"));
+        free(json);
+    }
 }
 
 /* Ku 10 (u_d as 8 tokens): the user side fails the rule (2*10*8*8 = 1280
