@@ -94,8 +94,8 @@ static int query_proj(op_run *r, value q, int D, int tq, int hd, const bk_weight
 /* "project_output": false is the lce fold's (engine/fold.h): wo composed
  * into the weight of the linear that reads this layer's tokens, so the layer
  * writes its heads' outputs ([tq, H*dh], H*dh = D) in their place. Only a
- * rewritten plan may carry it. */
-static int plan_no_wo(op_plan *p, int S, int D)
+ * rewritten plan may carry the key. Sets l->no_wo. */
+static int plan_no_wo(op_plan *p, int S)
 {
     int proj;
     if (!json_object_get(p->o, "project_output"))
@@ -105,12 +105,8 @@ static int plan_no_wo(op_plan *p, int S, int D)
     if (op_bool(p, "project_output", 1, &proj))
         return -1;
     p->l->no_wo = !proj;
-    if (proj)
-        return 0;
-    if (S >= 0)
+    if (p->l->no_wo && S >= 0)
         return op_fail(p, "'project_output': false cannot go with shared_with");
-    if ((long long)p->l->heads * p->l->head_dim != D)
-        return op_fail(p, "'project_output': false needs heads * head_dim = D (%d)", D);
     return 0;
 }
 
@@ -125,12 +121,15 @@ static int plan_target_attention(op_plan *p)
         return -1;
     if (op_output(p, MD_CAND, MD_TOKENS, s.tokens, s.dim))
         return -1;
-    if (S < 0) {
-        int proj = !json_is_false(json_object_get(p->o, "project_output"));
-        return plan_heads(p, s.dim, proj) || plan_no_wo(p, S, s.dim) ? -1 : 0;
-    }
-    if (plan_no_wo(p, S, s.dim))
+    if (plan_no_wo(p, S))
         return -1;
+    if (S < 0) {
+        if (plan_heads(p, s.dim, !p->l->no_wo))
+            return -1;
+        if (p->l->no_wo && (long long)p->l->heads * p->l->head_dim != s.dim)
+            return op_fail(p, "'project_output': false needs heads * head_dim = D (%d)", s.dim);
+        return 0;
+    }
     const md_layer *sl = &p->m->layers[S];
     if (sl->op != MD_SELF_ATTENTION)
         return op_fail(p, "shared_with '%s' is a %s layer; it must name a self_attention layer",
