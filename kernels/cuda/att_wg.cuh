@@ -35,11 +35,16 @@ template <typename T> struct att_job {
 /* Target query row `row` = c * tq + i's output row: candidate c's span at
  * o + c * go, its rows hd apart (backend.h's attention). go = tq * hd is
  * packed; self rows are packed (tq 1, go hd). Epilogues only: one division
- * a row. */
-template <typename T>
-__device__ __forceinline__ T *att_orow(T *o, long row, int tq, int64_t go, int hd)
+ * a row, in the row's own type R (int in the tensor-core kernels, whose
+ * rows are ints; long in the SIMT one). Not in 64 bits for an int row: in
+ * k_att_wg that form spilled one more register and the attention took 10%
+ * longer at the bench model's 16 x 70 (bench/RESULTS.md, thirty-fifth
+ * session). */
+template <typename T, typename R>
+__device__ __forceinline__ T *att_orow(T *o, R row, int tq, int64_t go, int hd)
 {
-    return o + (row / tq) * go + (row % tq) * hd;
+    const R c = row / (R)tq;
+    return o + c * go + (int64_t)(row - c * (R)tq) * hd;
 }
 
 /* Builds the tile table(s) of a launch into the stream's scratch: target
