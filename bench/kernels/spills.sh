@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# spills.sh - each kernel's registers and spills (ptxas -v), at a git ref
+# and in the working tree, side by side.
+#
+# Why this exists: an edit that looks local to a kernel's epilogue can move
+# the register allocation of the whole kernel. In the thirty-fifth session
+# a 64-bit division of the attention's output row added 4 bytes of spills
+# to k_att_wg (48 -> 52) and cost the attention 10% of its time at the
+# bench model's 16 x 70 (bench/RESULTS.md). ptxas says so at compile time,
+# here, without a GPU; a change in spills predicts a change in time. Read
+# this before a kernel change goes to the device.
+#
+#   bench/kernels/spills.sh [--ref REF] [FILE.cu ...]
+#     REF: the commit to compare with (default HEAD); FILE: sources under
+#     kernels/cuda (default: all of them). Compiled for sm_90a with the
+#     Makefile's -O3 and -DIKBO_CUDA, objects thrown away.
+#
+# Prints one line per kernel instance whose registers, stack frame or
+# spills differ (all of them with SPILLS_ALL=1), then a count. Exit 0 when
+# none differ, 1 when some do, 2 on bad usage or a failed compile.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+NVCC=${NVCC:-$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)}
+REF=HEAD
+if [ "${1:-}" = --ref ]; then
+  [ $# -ge 2 ] || { echo "spills: --ref needs a commit" >&2; exit 2; }
+  REF=$2
+  shift 2
+fi
+[ -x "$NVCC" ] || { echo "spills: nvcc not found (set NVCC)" >&2; exit 2; }
+git -C "$ROOT" rev-parse -q --verify "$REF^{commit}" > /dev/null ||
+  { echo "spills: $REF is not a commit" >&2; exit 2; }
+FILES=("$@")
+if [ ${#FILES[@]} = 0 ]; then
+  mapfile -t FILES < <(cd "$ROOT" && ls kernels/cuda/*.cu)
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/ref"
+git -C "$ROOT" archive "$REF" | tar -x -C "$TMP/ref"
+
+# table DIR OUT: "kernel<TAB>registers<TAB>stack<TAB>spill stores<TAB>spill
+# loads" for every entry function of FILES compiled in DIR.
+table() {
+  local dir=$1 out=$2 f
+  : > "$out"
+  for f in "${FILES[@]}"; do
+    [ -f "$dir/$f" ] || { echo "spills: $f is not in $dir" >&2; exit 2; }
+    (cd "$dir" && "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -DIKBO_CUDA \
+        -Xptxas -v -c "$f" -o "$TMP/x.o") > "$TMP/log" 2>&1 ||
+      { echo "spills: compiling $f in $dir failed:" >&2; tail -n 20 "$TMP/log" >&2; exit 2; }
+    awk '/Compiling entry function/ { k = $0; sub(/.*function .\047?/, "", k); sub(/\047.*/, "", k) }
+         /bytes stack frame/ { st = $1; ss = $5; sl = $9 }
+         /Used [0-9]+ registers/ && k != "" { r = $0; sub(/.*Used /, "", r); sub(/ registers.*/, "", r)
+           print k "\t" r "\t" st "\t" ss "\t" sl; k = "" }' "$TMP/log" >> "$out"
+  done
+  sort -o "$out" "$out"
+}
+table "$TMP/ref" "$TMP/a"
+table "$ROOT" "$TMP/b"
+join -t $'\t' -a 1 -a 2 -e - -o 0,1.2,1.3,1.4,1.5,2.2,2.3,2.4,2.5 "$TMP/a" "$TMP/b" |
+  awk -F'\t' -v all="${SPILLS_ALL:-0}" -v ref="$REF" '
+    BEGIN { printf "%-10s %-22s %-22s %s\n", "", ref " regs/stack/spills", "tree", "kernel" }
+    { a = $2 "/" $3 "/" $4 "+" $5; b = $6 "/" $7 "/" $8 "+" $9; d = a != b; n += d
+      if (d || all) printf "%-10s %-22s %-22s %s\n", d ? "differs" : "same", a, b, $1 }
+    END { printf "%d of %d kernel instances differ\n", n, NR; exit n > 0 }'
