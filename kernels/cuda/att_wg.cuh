@@ -58,8 +58,8 @@ int cu_att_tiles(bk_stream *s, bool target, bool self, const int32_t *map, int n
 
 /* Warp-specialized, persistent, ping-pong (the FA3 recipe):
  * - 384 threads: warpgroup 0 is the producer (56 registers), warpgroups 1
- *   and 2 are consumers (224 registers) that each own 64 query rows of a
- *   128-row tile. One CTA per SM loops
+ *   and 2 are consumers (224 registers; ATTW_PRODUCER_REGS) that each own
+ *   64 query rows of a 128-row tile. One CTA per SM loops
  *   over (tile, head) work items w = blockIdx.x, + gridDim.x, ... in tile
  *   table order (w = tile * heads + head), so the CTAs in flight cover a
  *   few users' K/V at a time and share it through L2.
@@ -128,6 +128,22 @@ template <int DH> struct attw_cfg {
     static constexpr size_t BAR_OFS = (size_t)Q_BYTES + 2 * (size_t)STAGES * KV_BYTES;
     static constexpr size_t SMEM = 1024 + BAR_OFS + (2 * STAGES + 2) * 8;
 };
+
+/* Registers a thread after setmaxnreg: the CTA is launched with 168 a
+ * thread (384 threads, one CTA an SM), and what the producer's 128 threads
+ * give back the consumers' 256 take, exactly: (168 - P) 128 = (C - 168) 256.
+ * At P = 56 ptxas reports 48 bytes of spills in the dh 128 instances, all
+ * in the producer: fewer producer registers spill more (P = 40: 216
+ * bytes), P = 72 (C = 216) spills none (bench/kernels/spills.sh). Whether
+ * that is faster is not measured yet (bench/kernels/NOTES.md, thirty-fifth
+ * session); a -D build of this file sets another P. */
+#ifndef ATTW_PRODUCER_REGS
+#define ATTW_PRODUCER_REGS 56
+#endif
+#define ATTW_CONSUMER_REGS (168 + (168 - ATTW_PRODUCER_REGS) / 2)
+static_assert(ATTW_PRODUCER_REGS % 8 == 0 && ATTW_CONSUMER_REGS % 8 == 0 &&
+                  ATTW_PRODUCER_REGS >= 24 && ATTW_CONSUMER_REGS <= 256,
+              "setmaxnreg: multiples of 8 in [24, 256], the producer's and consumers' sum kept");
 
 #define ATTW_PP_BAR 1 /* named barriers 1, 2: consumer warpgroup 0, 1's turn */
 #define ATTW_MAX_SLACK 8.0f /* log2 of how far P may exceed 1 (softmax_p) */
@@ -239,7 +255,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
         }
         /* ---- producer: chunk lc of rows lr, lr + RSTEP, ...; RSTEP is a
          * multiple of 8, so one swizzle phase per thread ---- */
-        setmaxnreg_dec<56>();
+        setmaxnreg_dec<ATTW_PRODUCER_REGS>();
         constexpr int RSTEP = 128 / CH, NR = BN / RSTEP;
         static_assert(RSTEP % 8 == 0, "fixed swizzle phase per thread");
         const int lr = tid / CH, lc = tid % CH;
@@ -325,7 +341,7 @@ k_att_wg(const __grid_constant__ attw_args<T> a)
     }
 
     /* ---- consumers ---- */
-    setmaxnreg_inc<224>();
+    setmaxnreg_inc<ATTW_CONSUMER_REGS>();
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
     const bool lead = lane == 0;
     const int my_bar = ATTW_PP_BAR + wg, other_bar = ATTW_PP_BAR + (wg ^ 1);
