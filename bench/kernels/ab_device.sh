@@ -13,7 +13,8 @@
 # start (a skipped step is named in the table):
 #   1. batch_phases models/bench/1 --shapes "16x70 1x70" --iters 100
 #      --warmup 10, A B A B A B (each of ab_pack.sh's variants after B in
-#      every round): ops GPU us and ratio to floors at 16 x 70,
+#      every round): ops GPU us and ratio to floors at 16 x 70, the ops
+#      whose median moved against A's (bench/kernels/phases_ops.py),
 #      and score[0] of each shape, equal across A and B to the five
 #      decimals batch_phases prints (a sanity check, not a bitwise one)
 #      unless AB_SAME_SCORES=0 (a change that reorders a sum may move them;
@@ -78,6 +79,14 @@ if [ -n "${score[A]:-}" ] && [ -n "${score[B]:-}" ]; then
     note "scores A vs B" "differ: ${score[A]} / ${score[B]}"
     [ "${AB_SAME_SCORES:-1}" = 0 ] || rc=1
   fi
+fi
+
+# Each op's median per build, the ops that moved against A named in the table
+# (a gain in one op can hide a loss in another behind the totals).
+if [ -s "$OUT/phases.log" ]; then
+  while IFS= read -r line; do
+    note "op moved" "$line"
+  done < <(python3 bench/kernels/phases_ops.py "$OUT/phases.log" 2>&1 | tail -n 25)
 fi
 
 # 2. 1 x 70 with batch graphs.
