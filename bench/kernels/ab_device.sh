@@ -81,6 +81,13 @@ if [ -n "${score[A]:-}" ] && [ -n "${score[B]:-}" ]; then
   fi
 fi
 
+# B's registers and spills against A's, as ab_pack.sh found them (compile time).
+if [ -f v/SPILLS ]; then
+  while IFS= read -r line; do
+    note "spills B vs A" "$line"
+  done < <(grep -E '^differs|kernel instances differ|no CUDA source|^spills:' v/SPILLS | tail -n 12)
+fi
+
 # Each op's median per build, the ops that moved against A named in the table
 # (a gain in one op can hide a loss in another behind the totals).
 if [ -s "$OUT/phases.log" ]; then

@@ -7,7 +7,9 @@
 # be ready to decide in one call the moment one does. This builds, here,
 # each ref in a worktree of its own (tests/gpu/build.sh --checks-only:
 # batch_phases, test_cuda_ops, test_cuda_model), strips them, and packs
-# them with the random models test_cuda_model checks and the refs' commits:
+# them with the random models test_cuda_model checks and the refs' commits,
+# and B's kernels' registers and spills against A's (bench/kernels/spills.sh:
+# a change in spills predicts a change in time, read before the device):
 #
 #   bench/kernels/ab_pack.sh [--variant NAME=FILE:FLAGS]... REF_A REF_B [OUT]
 #   (OUT: .carry/ab.tar.xz); then, on the device: bash bench/kernels/ab_device.sh OUT
@@ -73,6 +75,23 @@ variant() {
   cp "$wt/$vb/gpu/batch_phases" "$STG/v/$name/" && strip "$STG/v/$name/batch_phases"
   echo "$name B+$file:$flags $sha" >> "$STG/v/REFS"
 }
+# spills WORKTREE SHA_A: B's kernels' registers and spills against A's
+# (bench/kernels/spills.sh, when B has it) over the CUDA sources that
+# differ, or all of them when a header does; printed here, before any
+# device time is spent, and packed as v/SPILLS for ab_device.sh's table.
+spills() {
+  local wt=$1 a=$2 files
+  [ -x "$wt/bench/kernels/spills.sh" ] || return 0
+  files=$(git -C "$wt" diff --name-only "$a" HEAD -- kernels/cuda)
+  if [ -z "$files" ]; then
+    echo "no CUDA source differs" > "$STG/v/SPILLS"
+  else
+    if grep -qv '\.cu$' <<< "$files"; then files=""; fi # a header changed: every .cu
+    # shellcheck disable=SC2086 # one argument a file
+    (cd "$wt" && bench/kernels/spills.sh --ref "$a" $files) > "$STG/v/SPILLS" 2>&1 || true
+  fi
+  echo "ab_pack: registers and spills, B against A: $(tail -n 1 "$STG/v/SPILLS")"
+}
 STG=$(mktemp -d /tmp/ikbo-ab-stage.XXXXXX)
 trap 'rm -rf "$STG"' EXIT
 mkdir -p "$STG/v" "$STG/build/gpu/models"
@@ -94,6 +113,7 @@ for tag in A B; do
   done
   echo "$tag $ref $sha" >> "$STG/v/REFS"
   [ $tag = B ] && for v in "${VARIANTS[@]}"; do variant "$wt" "$v" "$sha"; done
+  [ $tag = B ] && spills "$wt" "$(git -C "$ROOT" rev-parse --verify "$REF_A^{commit}")"
   git -C "$ROOT" worktree remove --force "$wt"
 done
 for m in $MODELS; do cp -r "$ROOT/build/gpu/models/$m" "$STG/build/gpu/models/"; done

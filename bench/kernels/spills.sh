@@ -12,8 +12,12 @@
 #
 #   bench/kernels/spills.sh [--ref REF] [FILE.cu ...]
 #     REF: the commit to compare with (default HEAD); FILE: sources under
-#     kernels/cuda (default: all of them). Compiled for sm_90a with the
-#     Makefile's -O3 and -DIKBO_CUDA, objects thrown away.
+#     kernels/cuda (default: all of them in the tree). A FILE on one side
+#     only (added or deleted) lists its kernels with "-" on the other, and
+#     so does a kernel whose parameters changed: kernels pair by mangled
+#     name, which the parameter list is part of.
+#     Compiled for sm_90a with the Makefile's -O3 and -DIKBO_CUDA, objects
+#     thrown away.
 #
 # Prints one line per kernel instance whose registers, stack frame or
 # spills differ (all of them with SPILLS_ALL=1), then a count. Exit 0 when
@@ -45,7 +49,7 @@ table() {
   local dir=$1 out=$2 f
   : > "$out"
   for f in "${FILES[@]}"; do
-    [ -f "$dir/$f" ] || { echo "spills: $f is not in $dir" >&2; exit 2; }
+    [ -f "$dir/$f" ] || continue # on the other side only (checked below)
     (cd "$dir" && "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -DIKBO_CUDA \
         -Xptxas -v -c "$f" -o "$TMP/x.o") > "$TMP/log" 2>&1 ||
       { echo "spills: compiling $f in $dir failed:" >&2; tail -n 20 "$TMP/log" >&2; exit 2; }
@@ -56,6 +60,10 @@ table() {
   done
   sort -o "$out" "$out"
 }
+for f in "${FILES[@]}"; do
+  [ -f "$TMP/ref/$f" ] || [ -f "$ROOT/$f" ] ||
+    { echo "spills: $f is neither at $REF nor in the tree" >&2; exit 2; }
+done
 table "$TMP/ref" "$TMP/a"
 table "$ROOT" "$TMP/b"
 join -t $'\t' -a 1 -a 2 -e - -o 0,1.2,1.3,1.4,1.5,2.2,2.3,2.4,2.5 "$TMP/a" "$TMP/b" |

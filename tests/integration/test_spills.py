@@ -12,8 +12,9 @@ repository, so that its ref is that repository's commit.
 Cases: the tree equal to the ref (exit 0, nothing listed; SPILLS_ALL=1
 lists every instance as same); one kernel's spills changed (exit 1, that
 kernel named with both figures, the other not listed); a kernel only in
-the tree (exit 1, "-" for the ref); a ref that is not a commit, a file that
-is not there and a failed compile (exit 2, named).
+the tree (exit 1, "-" for the ref); a file added and one deleted (their
+kernels against "-"); a ref that is not a commit, a file on neither side
+and a failed compile (exit 2, named).
 """
 import os
 import shutil
@@ -137,6 +138,18 @@ def test_new_kernel():
     check(line is not None and line.split()[:3] == ["differs", "-/-/-+-", "64/0/0+0"], out)
 
 
+def test_file_on_one_side():
+    setup()
+    write("kernels/cuda/c.cu", "// kernel _Z5k_addv 32 0 0 0\n")
+    os.remove(os.path.join(WORK, "repo", "kernels", "cuda", "b.cu"))
+    rc, out, err = tool("kernels/cuda/a.cu", "kernels/cuda/b.cu", "kernels/cuda/c.cu")
+    check_eq(rc, 1, "added and deleted files: exit status (%s)" % err)
+    added, gone = line_of(out, "_Z5k_addv"), line_of(out, "_Z5k_mlpv")
+    check(added is not None and added.split()[:3] == ["differs", "-/-/-+-", "32/0/0+0"], out)
+    check(gone is not None and gone.split()[:3] == ["differs", "90/0/0+0", "-/-/-+-"], out)
+    check("2 of 4 kernel instances differ" in out, out)
+
+
 def test_bad_input():
     setup()
     rc, _, err = tool("--ref", "nosuchref")
@@ -144,7 +157,7 @@ def test_bad_input():
     check("nosuchref is not a commit" in err, err)
     rc, _, err = tool("kernels/cuda/absent.cu")
     check_eq(rc, 2, "absent file: exit status")
-    check("kernels/cuda/absent.cu is not in" in err, err)
+    check("kernels/cuda/absent.cu is neither at HEAD nor in the tree" in err, err)
     write("kernels/cuda/a.cu", A_CU + "// broken\n")
     rc, _, err = tool()
     check_eq(rc, 2, "failed compile: exit status")
@@ -154,7 +167,8 @@ def test_bad_input():
 def main():
     global WORK
     with tempfile.TemporaryDirectory(prefix="ikbo-spills-") as WORK:
-        tests = [test_unchanged, test_spills_changed, test_new_kernel, test_bad_input]
+        tests = [test_unchanged, test_spills_changed, test_new_kernel, test_file_on_one_side,
+                 test_bad_input]
         failed, t_all = run_tests(tests)
         rc = summary(len(tests), failed, t_all)
     sys.exit(rc)
