@@ -13,9 +13,9 @@
 #   bench/kernels/spills.sh [--ref REF] [FILE.cu ...]
 #     REF: the commit to compare with (default HEAD); FILE: sources under
 #     kernels/cuda (default: all of them in the tree). A FILE on one side
-#     only (added or deleted) lists its kernels with "-" on the other, and
-#     so does a kernel whose parameters changed: kernels pair by mangled
-#     name, which the parameter list is part of.
+#     only (added or deleted) lists its kernels with "-" on the other. A
+#     kernel whose parameters changed (its mangled name with them) is
+#     paired with its old name when that is unambiguous, and marked so.
 #     Compiled for sm_90a with the Makefile's -O3 and -DIKBO_CUDA, objects
 #     thrown away.
 #
@@ -66,9 +66,33 @@ for f in "${FILES[@]}"; do
 done
 table "$TMP/ref" "$TMP/a"
 table "$ROOT" "$TMP/b"
+# A kernel on one side only is paired with one on the other side whose
+# mangled name differs only in its parameters (a parameter added renames
+# every instance), when exactly one of each shares that prefix.
 join -t $'\t' -a 1 -a 2 -e - -o 0,1.2,1.3,1.4,1.5,2.2,2.3,2.4,2.5 "$TMP/a" "$TMP/b" |
   awk -F'\t' -v all="${SPILLS_ALL:-0}" -v ref="$REF" '
-    BEGIN { printf "%-10s %-22s %-22s %s\n", "", ref " regs/stack/spills", "tree", "kernel" }
-    { a = $2 "/" $3 "/" $4 "+" $5; b = $6 "/" $7 "/" $8 "+" $9; d = a != b; n += d
-      if (d || all) printf "%-10s %-22s %-22s %s\n", d ? "differs" : "same", a, b, $1 }
-    END { printf "%d of %d kernel instances differ\n", n, NR; exit n > 0 }'
+    # The name without its parameters: _Z<len><name>, then the template
+    # arguments through the return type ("...Ev") when it has some.
+    function stem(n,   len, base, rest, p) {
+      if (!match(n, /^_Z[0-9]+/)) return n
+      len = substr(n, 3, RLENGTH - 2) + 0
+      base = substr(n, 1, RLENGTH + len); rest = substr(n, RLENGTH + len + 1)
+      if (substr(rest, 1, 1) == "I" && (p = index(rest, "Ev"))) return base substr(rest, 1, p + 1)
+      return base
+    }
+    { k[NR] = $1; a[NR] = $2 "/" $3 "/" $4 "+" $5; b[NR] = $6 "/" $7 "/" $8 "+" $9
+      if (a[NR] == "-/-/-+-") { nb[stem($1)]++; ib[stem($1)] = NR }
+      if (b[NR] == "-/-/-+-") { na[stem($1)]++; ia[stem($1)] = NR } }
+    END {
+      printf "%-10s %-22s %-22s %s\n", "", ref " regs/stack/spills", "tree", "kernel"
+      for (i = 1; i <= NR; i++) {
+        if (b[i] == "-/-/-+-" && na[stem(k[i])] == 1 && nb[stem(k[i])] == 1) continue # paired below
+        name = k[i]; x = a[i]
+        if (x == "-/-/-+-" && na[stem(k[i])] == 1 && nb[stem(k[i])] == 1) {
+          x = a[ia[stem(k[i])]]; name = k[i] " (parameters changed)"
+        }
+        d = x != b[i]; n += d; m++
+        if (d || all) printf "%-10s %-22s %-22s %s\n", d ? "differs" : "same", x, b[i], name
+      }
+      printf "%d of %d kernel instances differ\n", n, m; exit n > 0
+    }'

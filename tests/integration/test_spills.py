@@ -13,7 +13,8 @@ Cases: the tree equal to the ref (exit 0, nothing listed; SPILLS_ALL=1
 lists every instance as same); one kernel's spills changed (exit 1, that
 kernel named with both figures, the other not listed); a kernel only in
 the tree (exit 1, "-" for the ref); a file added and one deleted (their
-kernels against "-"); a ref that is not a commit, a file on neither side
+kernels against "-"); a kernel whose parameters changed paired with its
+old name; a ref that is not a commit, a file on neither side
 and a failed compile (exit 2, named).
 """
 import os
@@ -150,6 +151,24 @@ def test_file_on_one_side():
     check("2 of 4 kernel instances differ" in out, out)
 
 
+def test_parameters_changed():
+    setup()
+    write("kernels/cuda/b.cu", "// kernel _Z8k_att_tcI6__halfLi128EEvPKT_i 200 0 0 0\n"
+          "// kernel _Z8k_att_tcI6__halfLi64EEvPKT_i 137 0 0 0\n")
+    sh("git", "-C", os.path.join(WORK, "repo"), "-c", "user.name=t", "-c", "user.email=t@t",
+       "commit", "-qam", "two instances")
+    # A parameter added renames both; one of them spills now.
+    write("kernels/cuda/b.cu", "// kernel _Z8k_att_tcI6__halfLi128EEvPKT_il 200 8 4 4\n"
+          "// kernel _Z8k_att_tcI6__halfLi64EEvPKT_il 137 0 0 0\n")
+    rc, out, err = tool("kernels/cuda/b.cu")
+    check_eq(rc, 1, "parameters changed: exit status (%s)" % err)
+    check("1 of 2 kernel instances differ" in out, out)
+    line = [l for l in out.splitlines() if "Li128" in l]
+    check(len(line) == 1 and line[0].split()[:3] == ["differs", "200/0/0+0", "200/8/4+4"] and
+          line[0].endswith("_Z8k_att_tcI6__halfLi128EEvPKT_il (parameters changed)"), out)
+    check("Li64" not in out, out)
+
+
 def test_bad_input():
     setup()
     rc, _, err = tool("--ref", "nosuchref")
@@ -168,7 +187,7 @@ def main():
     global WORK
     with tempfile.TemporaryDirectory(prefix="ikbo-spills-") as WORK:
         tests = [test_unchanged, test_spills_changed, test_new_kernel, test_file_on_one_side,
-                 test_bad_input]
+                 test_parameters_changed, test_bad_input]
         failed, t_all = run_tests(tests)
         rc = summary(len(tests), failed, t_all)
     sys.exit(rc)
