@@ -79,7 +79,7 @@ LIBSERVER := $(BUILD)/libikbo_server.a
 # What links the engine and the server core (no transport).
 CORE_LINK  = $(LIBSERVER) $(LIBIKBO) $(CORE_LIBS) $(CUDA_LIBS) $(LDLIBS) -lstdc++
 
-.PHONY: FORCE all run test deps deps-build unit check-layers golden integration fuzz fuzz-long _fuzz_libfuzzer tsan alloc-fail clean help
+.PHONY: FORCE all run test deps deps-build unit check-layers golden integration fuzz fuzz-long _fuzz_libfuzzer tsan alloc-fail clean help nvcc-flags
 .DEFAULT_GOAL := all
 # Keep generated headers and test objects between runs.
 .SECONDARY:
@@ -150,6 +150,11 @@ $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP) | $(GEN_H)
 $(BUILD)/obj/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# The flags a CUDA source is compiled with, for tools that compile one
+# themselves (bench/kernels/spills.sh), less the dependency-file ones.
+nvcc-flags:
+	@echo $(filter-out -MMD -MP,$(NVCCFLAGS))
 
 $(LIBIKBO): $(ENGINE_OBJS) $(CUDA_OBJS)
 	@rm -f $@

@@ -16,7 +16,8 @@
 #     only (added or deleted) lists its kernels with "-" on the other. A
 #     kernel whose parameters changed (its mangled name with them) is
 #     paired with its old name when that is unambiguous, and marked so.
-#     Compiled for sm_90a with the Makefile's -O3 and -DIKBO_CUDA, objects
+#     Both sides are compiled with the tree's flags (`make nvcc-flags`:
+#     the Makefile's, one place), so only source changes show; objects are
 #     thrown away.
 #
 # Prints one line per kernel instance whose registers, stack frame or
@@ -38,6 +39,8 @@ FILES=("$@")
 if [ ${#FILES[@]} = 0 ]; then
   mapfile -t FILES < <(cd "$ROOT" && ls kernels/cuda/*.cu)
 fi
+FLAGS=$(make -s --no-print-directory -C "$ROOT" nvcc-flags) ||
+  { echo "spills: 'make nvcc-flags' failed in $ROOT" >&2; exit 2; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/ref"
@@ -50,8 +53,8 @@ table() {
   : > "$out"
   for f in "${FILES[@]}"; do
     [ -f "$dir/$f" ] || continue # on the other side only (checked below)
-    (cd "$dir" && "$NVCC" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -DIKBO_CUDA \
-        -Xptxas -v -c "$f" -o "$TMP/x.o") > "$TMP/log" 2>&1 ||
+    # shellcheck disable=SC2086 # FLAGS: one argument a word
+    (cd "$dir" && "$NVCC" $FLAGS -Xptxas -v -c "$f" -o "$TMP/x.o") > "$TMP/log" 2>&1 ||
       { echo "spills: compiling $f in $dir failed:" >&2; tail -n 20 "$TMP/log" >&2; exit 2; }
     awk '/Compiling entry function/ { k = $0; sub(/.*function .\047?/, "", k); sub(/\047.*/, "", k) }
          /bytes stack frame/ { st = $1; ss = $5; sl = $9 }

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Test of bench/kernels/spills.sh, the ptxas registers-and-spills
 comparison read before a kernel change goes to the device (README.md). No
-GPU and no CUDA toolkit: a stand-in nvcc (NVCC=...) prints ptxas's -v lines
-for the kernels a source file declares in comments ("// kernel NAME REGS
+GPU and no CUDA toolkit: a stand-in nvcc (NVCC=...), which fails unless
+given the scratch Makefile's `nvcc-flags`, prints ptxas's -v lines for the
+kernels a source file declares in comments ("// kernel NAME REGS
 STACK STORES LOADS"), in the order and format ptxas uses, and fails on a
 file holding "// broken". The tool runs from a copy inside a scratch git
 repository, so that its ref is that repository's commit.
@@ -32,6 +33,9 @@ WORK = None
 
 FAKE_NVCC = r"""#!/usr/bin/python3
 import sys
+if "-DFLAGS_FROM_MAKEFILE" not in sys.argv or "-MMD" in sys.argv:
+    sys.stderr.write("fake nvcc: not called with make nvcc-flags' flags: %r\n" % sys.argv)
+    sys.exit(1)
 src = [a for a in sys.argv[1:] if a.endswith(".cu")][0]
 text = open(src).read()
 if "// broken" in text:
@@ -78,6 +82,7 @@ def setup():
     shutil.copy(TOOL, os.path.join(repo, "bench", "kernels", "spills.sh"))
     write("kernels/cuda/a.cu", A_CU)
     write("kernels/cuda/b.cu", B_CU)
+    write("Makefile", "nvcc-flags:\n\t@echo -O3 -DFLAGS_FROM_MAKEFILE\n")
     sh("git", "init", "-q", repo)
     sh("git", "-C", repo, "add", "-A")
     sh("git", "-C", repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
