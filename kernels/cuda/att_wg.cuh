@@ -133,8 +133,9 @@ template <int DH> struct attw_cfg {
  * thread (384 threads, one CTA an SM), and what the producer's 128 threads
  * give back the consumers' 256 take, exactly: (168 - P) 128 = (C - 168) 256.
  * At P = 56 ptxas reports 48 bytes of spills in the dh 128 instances, all
- * in the producer: fewer producer registers spill more (P = 40: 216
- * bytes), P = 72 (C = 216) spills none (bench/kernels/spills.sh). Whether
+ * in the producer: fewer producer registers spill more though the
+ * consumers gain them (P = 40: 216 bytes), and P = 72 (C = 216) spills
+ * none (ptxas -v; bench/kernels/spills.sh). Whether
  * that is faster is not measured yet (bench/kernels/NOTES.md, thirty-fifth
  * session); a -D build of this file sets another P. */
 #ifndef ATTW_PRODUCER_REGS
