@@ -98,6 +98,7 @@ help:
 	@echo "make fuzz       fuzz targets: standalone loops, then libFuzzer FUZZ_SECONDS=20 each"
 	@echo "make fuzz-long  libFuzzer only, FUZZ_SECONDS=3600 per target (tests/fuzz)"
 	@echo "make tsan       batcher unit tests under ThreadSanitizer (objects in build/tsan)"
+	@echo "make nvcc-flags  print the flags a CUDA source is compiled with (bench/kernels/spills.sh uses them)"
 	@echo "make alloc-fail out-of-memory sweeps: fail the N-th allocation, check errors and leaks"
 	@echo "make deps       install missing Debian packages (needs root)"
 	@echo "make clean      remove build/"
