@@ -282,6 +282,7 @@ cu_prof_scope::cu_prof_scope(bk_stream *st, const char *name, bool closes_batch)
     i = p->n++;
     p->name[i] = name;
     p->kind[i] = CU_WORK_NONE;
+    p->lane[i] = s->owner != NULL;
     cudaEventRecord(p->ev[2 * i], s->st);
 }
 
@@ -395,6 +396,31 @@ static void prof_add(cu_prof *p, int k, double gpu_us)
     }
 }
 
+/* The batch's calls into the timeline (cu_prof): t0[k], t1[k] = call k's
+ * start and end after the first op's start, in us. */
+static void prof_timeline_add(cu_prof *p, const double *t0, const double *t1)
+{
+    if (p->tl_batches == 0 && p->tl_other == 0) {
+        p->tl_n = p->n;
+        for (int k = 0; k < p->n; k++) {
+            p->tl_name[k] = p->name[k];
+            p->tl_lane[k] = p->lane[k];
+        }
+    }
+    int same = p->n == p->tl_n;
+    for (int k = 0; same && k < p->n; k++)
+        same = p->name[k] == p->tl_name[k] && p->lane[k] == p->tl_lane[k];
+    if (!same) {
+        p->tl_other++;
+        return;
+    }
+    for (int k = 0; k < p->n; k++) {
+        p->tl_t0[k] += t0[k];
+        p->tl_t1[k] += t1[k];
+    }
+    p->tl_batches++;
+}
+
 /* The stream is idle: read the batch's events and add them up. A batch of
  * nothing but sync calls (a second sync after download_f32) is folded into
  * the previous batch rather than counted as one. */
@@ -412,6 +438,7 @@ static void prof_close(bk_stream *s)
     }
     cudaEventSynchronize(p->ev[2 * (p->n - 1) + 1]);
     double busy = 0, op0 = 1e300, op1 = -1e300;
+    double *ts0 = p->tl_c0, *ts1 = p->tl_c1;
     for (int k = 0; k < p->n; k++) {
         float ms = 0, t0 = 0, t1 = 0;
         if (cudaEventElapsedTime(&ms, p->ev[2 * k], p->ev[2 * k + 1]) != cudaSuccess)
@@ -421,14 +448,22 @@ static void prof_close(bk_stream *s)
         /* The ops' wall: first op's start to last op's end, transfers left
          * out; ops on a lane overlap, so this, not their sum, is the
          * forward's time then. */
-        if (p->kind[k] != CU_WORK_TRANSFER &&
-            cudaEventElapsedTime(&t0, p->ev[0], p->ev[2 * k]) == cudaSuccess &&
-            cudaEventElapsedTime(&t1, p->ev[0], p->ev[2 * k + 1]) == cudaSuccess) {
-            op0 = t0 < op0 ? t0 : op0;
-            op1 = t1 > op1 ? t1 : op1;
+        if (cudaEventElapsedTime(&t0, p->ev[0], p->ev[2 * k]) != cudaSuccess ||
+            cudaEventElapsedTime(&t1, p->ev[0], p->ev[2 * k + 1]) != cudaSuccess)
+            t0 = t1 = 0;
+        ts0[k] = t0 * 1e3;
+        ts1[k] = t1 * 1e3;
+        if (p->kind[k] != CU_WORK_TRANSFER) {
+            op0 = ts0[k] < op0 ? ts0[k] : op0;
+            op1 = ts1[k] > op1 ? ts1[k] : op1;
         }
     }
-    p->ops_wall_us += op1 > op0 ? (op1 - op0) * 1e3 : 0;
+    p->ops_wall_us += op1 > op0 ? op1 - op0 : 0;
+    for (int k = 0; k < p->n; k++) {
+        ts0[k] -= op1 > op0 ? op0 : 0;
+        ts1[k] -= op1 > op0 ? op0 : 0;
+    }
+    prof_timeline_add(p, ts0, ts1);
     float span = 0;
     if (cudaEventElapsedTime(&span, p->ev[0], p->ev[2 * (p->n - 1) + 1]) != cudaSuccess)
         span = 0;
@@ -498,6 +533,36 @@ static void prof_totals(const cu_prof *p, double b)
         fprintf(stderr, "ops without a floor: none\n");
 }
 
+/* The timeline (cu_prof), to stderr: each call's mean start and end after
+ * the batch's first op's start, and its wait, the gap since the previous
+ * call on the same stream ended (what the stream idled or was blocked by a
+ * wait on the other stream). Its lines are indented by 4. */
+static void prof_timeline(const cu_prof *p)
+{
+    if (!p->tl_batches)
+        return;
+    const double b = (double)p->tl_batches;
+    fprintf(stderr,
+            "  timeline: the calls in issue order, us after the first op's start, mean of %ld "
+            "batches (%ld others called other ops); wait: since the stream's previous call\n",
+            p->tl_batches, p->tl_other);
+    fprintf(stderr, "    %3s %-5s %-28s %8s %8s %8s %8s\n", "#", "on", "op", "start", "end", "gpu",
+            "wait");
+    double last[2] = {0, 0};
+    int seen[2] = {0, 0};
+    for (int k = 0; k < p->tl_n; k++) {
+        const int l = p->tl_lane[k] != 0;
+        const double t0 = p->tl_t0[k] / b, t1 = p->tl_t1[k] / b;
+        char wait[32] = "-";
+        if (seen[l])
+            snprintf(wait, sizeof wait, "%.1f", t0 - last[l]);
+        fprintf(stderr, "    %3d %-5s %-28s %8.1f %8.1f %8.1f %8s\n", k, l ? "lane" : "main",
+                p->tl_name[k], t0, t1, t1 - t0, wait);
+        last[l] = t1;
+        seen[l] = 1;
+    }
+}
+
 /* Per-batch means since the warm-up, to stderr: the diagnostic's output.
  * floor us and x floor: "-" where an op declared no work (or some of its
  * calls did not, or the ceilings are unknown); "transfer" for transfers. */
@@ -545,6 +610,7 @@ static void prof_report(bk_stream *s)
             host / b, p->busy_us / b, p->span_us / b, (p->span_us - p->busy_us) / b,
             p->wall_us / b);
     prof_totals(p, b);
+    prof_timeline(p);
 }
 
 /* ------------------------------------------------------------ memory */
