@@ -135,8 +135,8 @@ template <int DH> struct attw_cfg {
  * At P = 56 ptxas reports 48 bytes of spills in the dh 128 instances, all
  * in the producer: fewer producer registers spill more though the
  * consumers gain them (P = 40: 216 bytes), and P = 72 (C = 216) spills
- * none (ptxas -v; bench/kernels/spills.sh). Whether
- * that is faster is not measured yet (bench/kernels/NOTES.md, thirty-fifth
+ * none (ptxas -v; bench/kernels/spills.sh), and times the same as 56 (the
+ * spills are off the K/V issue path: bench/RESULTS.md, thirty-sixth
  * session); a -D build of this file sets another P. */
 #ifndef ATTW_PRODUCER_REGS
 #define ATTW_PRODUCER_REGS 56

@@ -185,6 +185,7 @@ typedef struct cu_prof {
     int n_shape;
     cu_ceil ceil;
     cu_prof_upload up[CU_PROF_UPLOADS]; /* a ring: the newest CU_PROF_UPLOADS */
+    int n_up;
     /* The timeline (backend_cuda.cu, prof_timeline): each op call of a
      * batch in issue order, on its stream (lane: the user lane), its start
      * and end after the batch's first op's start, summed over the batches
@@ -199,7 +200,6 @@ typedef struct cu_prof {
     double tl_c0[CU_PROF_MAX], tl_c1[CU_PROF_MAX]; /* the batch being closed */
     int tl_n;
     long tl_batches, tl_other;
-    int n_up;
     /* The gate: [0] the host's release count, [1] gates that timed out
      * (written by the device); pinned and mapped; NULL: no gate (host). */
     volatile unsigned *gate_h;

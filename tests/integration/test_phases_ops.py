@@ -33,7 +33,14 @@ cuda profile: 100 batches, per batch; floor = max(FLOPs / gemm, bytes / copy)
 ROWS_16 = """  linear grouped 71680x256>256     1.0        8.6       {lin}       24.6    1.27x
   attention                        1.0       20.0      {att}       95.5    1.68x
 """
+# The profile's timeline (one line a call, indented by 4): not op rows
+# (test_thresholds_and_all: --all names none of its lines).
 MID = """  ops gpu us 470.7 | sum of floors us 219.8 | ratio 2.14x | ops wall us 351.4 / sum of floors 1.60x
+  timeline: the calls in issue order, us after the first op's start, mean of 100 batches (0 others called other ops); wait: since the stream's previous call
+      # on    op                              start      end      gpu     wait
+      0 main  upload                          -22.0     -1.4     20.6        -
+      9 main  attention                        95.7   1095.6    999.9     31.9
+     12 lane  linear 1120x32768>64            241.4    309.3     67.8    138.2
    profiled: ikbo_score wall mean 705.2 us (the profile's events add to it)
 == shape 1x70 (C 70): ikbo_score mean 143.9 us, p50 144.3, p90 157.6 (score[0] 0.50763)
   op                             calls    host us     gpu us   floor us  x floor
@@ -93,6 +100,7 @@ def test_thresholds_and_all():
     for op in ("16x70 upload:", "16x70 linear grouped 71680x256>256:", "16x70 attention:",
                "1x70 attention:"):
         check(op in out, "--all lacks %s:\n%s" % (op, out))
+    check(" main " not in out and " lane " not in out, "--all read the timeline:\n" + out)
 
 
 def test_bad_input():
